@@ -1,0 +1,41 @@
+# distrain workbench: every target sets itself up on a fresh machine.
+#   make lab   - create .venv, install, open JupyterLab on the quickstart notebook
+#   make demo  - run the quickstart headless; executed notebook under runs/
+#   make test  - create .venv if missing and run the whole suite
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STATE := $(CURDIR)/.state
+# torch: the CPU wheel on machines without a GPU (never a multi-GB CUDA build by accident)
+TORCH_SPEC ?= torch==2.13.0
+export IPYTHONDIR := $(STATE)/ipython
+export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
+export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
+export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
+
+.PHONY: lab demo test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[test,parquet]" mpi4py
+	# DeepSpeed builds against the torch above; build isolation would fetch another torch
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
+	touch $@
+
+lab: $(BIN)/.installed
+	$(BIN)/jupyter lab notebooks/00_quickstart.ipynb
+
+demo: $(BIN)/.installed
+	$(BIN)/python -m workbench.demo notebooks/00_quickstart.ipynb --out runs
+
+test: $(BIN)/.installed
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra --durations=15
+
+bench: $(BIN)/.installed
+	for b in benchmarks/*_bench.py; do OMP_NUM_THREADS=1 $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(STATE) runs

@@ -1,0 +1,109 @@
+"""Shared fixtures: one live rank set of each size for the whole session.
+
+Starting ranks costs seconds, so tests that only *use* ranks share the
+session-scoped ``ranks2`` / ``ranks4`` sets (they must leave them as they found
+them). Tests that kill, resize or restart ranks use ``fresh_ranks``, which starts
+its own set and checks afterwards, by pid, that nothing it started is alive.
+
+All Jupyter / IPython / ipyparallel state lives under ``.state/test`` inside the work
+tree, never in the home directory.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STATE = ROOT / ".state" / "test"
+for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
+                 ("JUPYTER_CONFIG_DIR", "jupyter/config"), ("JUPYTER_DATA_DIR", "jupyter/data"),
+                 ("MPLCONFIGDIR", "mpl")):
+    os.environ[var] = str(STATE / sub)
+    (STATE / sub).mkdir(parents=True, exist_ok=True)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+from workbench import api  # noqa: E402
+from workbench.cluster import RankSet  # noqa: E402
+
+
+def alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _session_ranks(n: int):
+    rs = RankSet.start(n=n, backend="gloo", threads=1, sys_path=(str(ROOT / "tests"),))
+    yield rs
+    pids = list(rs.started_pids)
+    rs.stop()
+    assert alive(pids) == [], f"processes left behind by the {n}-rank set: {alive(pids)}"
+
+
+@pytest.fixture(scope="session")
+def ranks4():
+    """Four live gloo ranks shared by the whole session; also the API's current set."""
+    gen = _session_ranks(4)
+    rs = next(gen)
+    previous, api._current = api._current, rs
+    yield rs
+    api._current = previous
+    next(gen, None)
+
+
+@pytest.fixture(scope="session")
+def ranks2():
+    """Two live gloo ranks shared by the whole session."""
+    yield from _session_ranks(2)
+
+
+@pytest.fixture
+def fresh_ranks():
+    """Start private rank sets (``start(n)``) through the API; stop them and check pids after.
+
+    The shared set, if it is the API's current one, is put aside and restored.
+    """
+    previous, api._current = api._current, None
+    started: list[RankSet] = []
+
+    def start(n: int = 2, **kwargs) -> RankSet:
+        kwargs.setdefault("backend", "gloo")
+        kwargs.setdefault("threads", 1)
+        kwargs.setdefault("sys_path", (str(ROOT / "tests"),))
+        rs = api.start(n, **kwargs)
+        started.append(rs)
+        return rs
+
+    start.started = started
+    try:
+        yield start
+    finally:
+        if api._current is not None and api._current not in started:
+            started.append(api._current)
+        api.stop()
+        pids = [p for rs in started for p in rs.started_pids]
+        for rs in started:
+            rs.stop()
+        api._current = previous
+        assert alive(pids) == [], f"processes left behind: {alive(pids)}"
+
+
+@pytest.fixture
+def shell(ranks4):
+    """A real IPython shell with ``%load_ext workbench``, its current rank set the shared one."""
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()  # one real InteractiveShell for the session
+    ip.run_line_magic("load_ext", "workbench")
+    api._current = ranks4
+    yield ip
+    api._current = ranks4

@@ -1,0 +1,79 @@
+"""Run a function on N fresh gloo processes (a FileStore rendezvous) and collect results.
+
+For rank-side tests that must not share state with the session's ipyparallel ranks,
+and for environments where those are not available::
+
+    results = run_ranks(fn, world_size=2, args=(...))   # fn(rank, world_size, *args)
+
+Each process initialises the default group itself (tests only: the workbench runtime
+does this on real ranks), runs ``fn``, destroys the group and returns the result.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+
+try:
+    import cloudpickle
+except ImportError:  # plain pickle: fn must be importable (module-level in a test module)
+    import pickle as cloudpickle
+import torch.multiprocessing as mp
+
+__all__ = ["run_ranks", "RankFailure"]
+
+
+class RankFailure(RuntimeError):
+    pass
+
+
+def _worker(rank: int, world: int, store_path: str, payload: bytes, queue) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+        store = dist.FileStore(store_path, world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        try:
+            out = fn(rank, world, *args, **kwargs)
+        finally:
+            dist.destroy_process_group()
+        queue.put((rank, True, cloudpickle.dumps(out)))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(fn, world_size: int = 2, *, args=(), kwargs=None, timeout: float = 300.0) -> list:
+    """``[fn(rank, world_size, *args, **kwargs) for rank in ranks]``, each in its own process."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    with tempfile.TemporaryDirectory() as d:
+        store_path = os.path.join(d, "store")
+        procs = [ctx.Process(target=_worker, args=(r, world_size, store_path, payload, queue)) for r in range(world_size)]
+        for p in procs:
+            p.start()
+        results: dict[int, object] = {}
+        errors: dict[int, str] = {}
+        try:
+            for _ in range(world_size):
+                rank, ok, data = queue.get(timeout=timeout)
+                if ok:
+                    results[rank] = cloudpickle.loads(data)
+                else:
+                    errors[rank] = data
+                    break
+        finally:
+            for p in procs:
+                p.join(timeout=5 if errors else timeout)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    if errors:
+        rank, tb = sorted(errors.items())[0]
+        raise RankFailure(f"rank {rank} of {world_size} failed:\n{tb}")
+    return [results[r] for r in range(world_size)]

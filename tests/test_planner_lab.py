@@ -1,0 +1,49 @@
+"""Execute notebooks/lab_08_plan_70b.ipynb headless and check the numbers it prints."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = ROOT / "notebooks" / "lab_08_plan_70b.ipynb"
+
+
+def _text(nb) -> str:
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            out.append(o.get("text", ""))
+            out.append(o.get("data", {}).get("text/plain", ""))
+    return "\n".join(out)
+
+
+@pytest.fixture
+def jupyter_dirs(monkeypatch):
+    state = ROOT / ".state"
+    state.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=state, prefix="lab08-") as tmp:
+        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+            path = Path(tmp) / sub
+            path.mkdir()
+            monkeypatch.setenv(var, str(path))
+        yield Path(tmp)
+
+
+def test_lab_08_executes_and_prints_the_plan(jupyter_dirs):
+    nb = nbformat.read(LAB, as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+        "save the lab without outputs"
+    NotebookClient(nb, kernel_name="python3", timeout=120,
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    text = _text(nb)
+    for needle in ("parameters: 70.55B", "model states: 1128.9 GB",
+                   "153,600 GPU-hours", "0.461M USD", "24,192 GPU-hours", "0.145M USD",
+                   "MFU 45% of the dense fp8 peak", "bubble: 10.9%", "TP within a node"):
+        assert needle in text, needle
+    assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))

@@ -1,0 +1,61 @@
+"""Tier 1: rank selections and sub-command parsing (no processes)."""
+import pytest
+
+from workbench.cluster import format_ranks, parse_ranks
+from workbench.cluster.errors import BadRanks
+from workbench.commands import UsageError, dispatch
+
+
+@pytest.mark.parametrize("text, expected", [
+    (None, [0, 1, 2, 3]), ("all", [0, 1, 2, 3]), ("2", [2]), ("0,2-3", [0, 2, 3]), ("3,1", [1, 3]),
+])
+def test_parse_ranks(text, expected):
+    assert parse_ranks(text, 4) == expected
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("5", "rank(s) 5 do not exist"), ("0-x", "bad rank selection"), ("3-1", "bad rank selection"),
+    ("-1", "bad rank selection"),
+])
+def test_bad_ranks_name_the_problem(text, fragment):
+    with pytest.raises(BadRanks) as err:
+        parse_ranks(text, 4)
+    assert fragment in str(err.value)
+    assert "0..3" in str(err.value)
+
+
+def test_format_ranks():
+    assert format_ranks([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("start -n x", "expected a whole number of ranks"),
+    ("start -n 0", "at least 1"),
+    ("start --backend mpi", "invalid choice"),
+    ("start --launcher pbs", "invalid choice"),
+    ("start --timeout -3", "timeout must be positive"),
+    ("start --bogus", "unrecognized arguments"),
+    ("launch -n 2", "unknown sub-command 'launch'"),
+])
+def test_bad_arguments_give_one_line_usage_and_start_nothing(line, fragment):
+    from workbench import api
+
+    before = api._current
+    with pytest.raises(UsageError) as err:
+        dispatch(line)
+    message = str(err.value)
+    assert fragment in message
+    assert "\n" not in message
+    assert api._current is before
+
+
+def test_commands_on_no_ranks_say_how_to_start():
+    from workbench import api
+    from workbench.cluster import NotRunning
+
+    before, api._current = api._current, None
+    try:
+        with pytest.raises(NotRunning, match="distrain start -n"):
+            dispatch("status")
+    finally:
+        api._current = before

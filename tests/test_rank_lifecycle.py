@@ -1,0 +1,79 @@
+"""Tier 2: tests that kill, resize and restart ranks (each with its own rank set)."""
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from workbench import api
+from workbench.cluster import RankDied
+
+from conftest import alive
+
+ALL_REDUCE_LOOP = """
+import torch, torch.distributed as dist
+t = torch.ones(1)
+for _ in range(100000):
+    dist.all_reduce(t)
+    t.fill_(1)
+"""
+
+
+def test_sigkill_is_reported_by_rank_and_restart_recovers(fresh_ranks):
+    rs = fresh_ranks(4, timeout=20)
+    victim = rs.procs[2].pid
+    call = rs.execute_async(ALL_REDUCE_LOOP)
+    time.sleep(1.0)
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RankDied) as err:
+        call.result()
+    assert time.monotonic() - t0 < 5
+    assert f"rank 2 (host {rs.procs[2].host}, pid {victim}) killed by SIGKILL" in str(err.value)
+    rows = api.status()
+    assert rows[2]["state"] == "dead" and rows[2]["exit"] == "killed by SIGKILL"
+    old = list(rs.started_pids)
+    new = api.restart()
+    assert new.world_size == 4 and alive(old) == []
+    assert new.apply(lambda: __import__("workbench").engine.world_size) == [4] * 4
+
+
+def test_exit_code_and_resize_without_new_kernel(fresh_ranks):
+    rs = fresh_ranks(2)
+    with pytest.raises(RankDied, match=r"rank 1 .* exited with code 3"):
+        rs.execute("from workbench import engine\nimport os\nif engine.rank == 1: os._exit(3)\n"
+                   "import time\ntime.sleep(3)")
+    bigger = api.restart(n=3)
+    assert bigger.apply(lambda: __import__("workbench").engine.rank) == [0, 1, 2]
+    smaller = api.restart(n=1)
+    assert smaller.world_size == 1
+    assert smaller.apply(lambda: __import__("torch.distributed").distributed.get_world_size()) == [1]
+
+
+def test_stop_leaves_no_process_behind(fresh_ranks):
+    rs = fresh_ranks(2)
+    pids = list(rs.started_pids)
+    assert len(pids) >= 3  # controller, engines (and their nannies)
+    assert len(alive(pids)) == len(pids)
+    assert api.stop() == []
+    assert alive(pids) == []
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs OpenMPI's mpiexec (.ci/run installs it)")
+def test_mpi_launcher_brings_up_ranks(fresh_ranks):
+    rs = fresh_ranks(2, launcher="mpi")
+
+    def mpi_rank():
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        from workbench import engine
+
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return engine.rank, int(os.environ["OMPI_COMM_WORLD_RANK"]), t.item()
+
+    assert rs.apply(mpi_rank) == [(0, 0, 2.0), (1, 1, 2.0)]

@@ -1,0 +1,94 @@
+"""Tier 2: the shared live rank sets (real ipyparallel engines, gloo)."""
+import threading
+import time
+
+import pytest
+
+from workbench.cluster import RankFailure
+
+
+def _all_reduce_rank_plus_one():
+    import torch
+    import torch.distributed as dist
+
+    from workbench import engine
+
+    t = torch.tensor([float(engine.rank + 1)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+@pytest.mark.parametrize("fixture", ["ranks2", "ranks4"])
+def test_all_reduce_gives_the_sum_on_every_rank(fixture, request):
+    rs = request.getfixturevalue(fixture)
+    n = rs.world_size
+    assert rs.apply(_all_reduce_rank_plus_one) == [n * (n + 1) / 2] * n
+
+
+def test_ranks_know_themselves(ranks4):
+    def me():
+        import os
+
+        import torch
+
+        from workbench import engine
+
+        return (engine.rank, engine.world_size, engine.local_rank, engine.local_world_size,
+                engine.device, os.environ["RANK"], os.environ["MASTER_PORT"] != "", torch.get_num_threads())
+
+    rows = ranks4.apply(me)
+    assert [r[0] for r in rows] == [0, 1, 2, 3]
+    assert {r[1] for r in rows} == {4}
+    assert [r[2] for r in rows] == [0, 1, 2, 3] and {r[3] for r in rows} == {4}
+    assert {r[4] for r in rows} == {"cpu"}
+    assert [r[5] for r in rows] == ["0", "1", "2", "3"]
+    assert all(r[6] for r in rows) and {r[7] for r in rows} == {1}
+
+
+def test_state_persists_between_cells_per_rank(ranks4):
+    ranks4.execute("from workbench import engine\nmine = engine.rank * 7")
+    ranks4.execute("mine += 1")
+    assert ranks4.pull("mine") == [1, 8, 15, 22]
+
+
+def test_subset_of_ranks(ranks4):
+    ranks4.execute("touched = False")
+    ranks4.execute("touched = True", ranks="0,2-3")
+    assert ranks4.pull("touched") == [True, False, True, True]
+    assert ranks4.pull("touched", ranks="1") == [False]
+
+
+def test_failure_names_the_rank(ranks4):
+    with pytest.raises(RankFailure) as err:
+        ranks4.execute("from workbench import engine\nif engine.rank == 2: raise ValueError('bad shard')")
+    assert err.value.ranks == [2]
+    assert "rank 2: ValueError: bad shard" in str(err.value)
+    assert ranks4.apply(_all_reduce_rank_plus_one) == [10.0] * 4  # ranks still usable
+
+
+def test_push_and_pull(ranks2):
+    ranks2.push({"lr": 3e-4, "cfg": {"layers": 2}})
+    assert ranks2.pull("lr") == [3e-4, 3e-4]
+    assert ranks2.pull("cfg", ranks="1") == [{"layers": 2}]
+
+
+def test_interrupt_stops_a_busy_loop_on_every_rank(ranks4):
+    call = ranks4.execute_async("spins = 0\nwhile True:\n    spins += 1")
+    time.sleep(1.0)
+    assert not call.ar.ready()
+    ranks4.interrupt()
+    assert call.wait(10), "the ranks did not stop after SIGINT"
+    assert sorted(call.failures()) == [0, 1, 2, 3]
+    assert {f[0] for f in call.failures().values()} == {"KeyboardInterrupt"}
+    assert all(s > 0 for s in ranks4.pull("spins"))
+    assert ranks4.apply(_all_reduce_rank_plus_one) == [10.0] * 4
+
+
+def test_status_while_a_rank_is_busy(ranks4):
+    call = ranks4.execute_async("import time\ntime.sleep(1.5)", ranks="3")
+    time.sleep(0.3)
+    rows = ranks4.status()
+    assert [r["state"] for r in rows] == ["idle", "idle", "idle", "busy"]
+    assert all(r["pid"] and r["host"] and r["memory_mb"] > 0 and r["device"] == "cpu" for r in rows)
+    call.result(timeout=10)
+    assert [r["state"] for r in ranks4.status()] == ["idle"] * 4

@@ -1,0 +1,37 @@
+"""distrain workbench: persistent PyTorch ranks in a notebook.
+
+``%load_ext workbench``, then ``%distrain start -n 4`` and ``%%distrain`` cells.
+The same steps from Python: ``workbench.start(4)``, ``workbench.run(code)``,
+``workbench.stop()``. On a rank, ``from workbench import engine``.
+"""
+from __future__ import annotations
+
+from .api import apply, current, is_running, pull, push, restart, run, start, status, stop
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython) -> None:
+    """Register the ``%distrain`` magics (called by ``%load_ext workbench``)."""
+    from .magics import DistrainMagics
+
+    ipython.register_magics(DistrainMagics)
+
+
+def unload_ipython_extension(ipython) -> None:
+    stop()
+
+
+__all__ = [
+    "apply",
+    "current",
+    "is_running",
+    "load_ipython_extension",
+    "pull",
+    "push",
+    "restart",
+    "run",
+    "start",
+    "status",
+    "stop",
+]

@@ -1,0 +1,121 @@
+"""The Python API behind the magics: one current rank set per notebook kernel.
+
+Everything ``%distrain`` does is a call here, so the same steps work from a script
+or a plain Python cell: ``workbench.start(4)``, ``workbench.run("...")``,
+``workbench.stop()``.
+"""
+from __future__ import annotations
+
+import atexit
+
+from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
+from .cluster.cell import run_cell
+
+_current: RankSet | None = None
+_hooks: dict[str, list] = {"started": [], "stopping": []}
+
+
+def on(event: str, fn) -> None:
+    """Register ``fn(rankset)`` to run when a rank set has ``started`` or is ``stopping``.
+
+    Other parts (telemetry stream, trainer control) attach to new rank sets this way
+    instead of the rank set knowing about them.
+    """
+    _hooks[event].append(fn)
+
+
+def current() -> RankSet:
+    """The running rank set; a clear error where there is none."""
+    if _current is None or not _current.running:
+        raise NotRunning("no ranks are running: start them with `%distrain start -n 2` "
+                         "(or workbench.start(2))")
+    return _current
+
+
+def is_running() -> bool:
+    return _current is not None and _current.running
+
+
+def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout: float = 300.0,
+          threads: int | None = None, launcher_options: dict | None = None,
+          profile_dir: str | None = None, sys_path: tuple[str, ...] = ()) -> RankSet:
+    """Start ``n`` ranks and initialise their process group (blocks until ready)."""
+    global _current
+    config = RankSetConfig(n=n, backend=backend, launcher=launcher, timeout=timeout, threads=threads,
+                           launcher_options=launcher_options or {}, profile_dir=profile_dir,
+                           sys_path=tuple(sys_path))
+    config.validate()
+    if is_running():
+        raise AlreadyRunning(
+            f"{_current.world_size} ranks are already running: use `%distrain restart -n {n}` "
+            "to replace them, or `%distrain stop` first"
+        )
+    _current = RankSet.start(config)
+    for fn in _hooks["started"]:
+        fn(_current)
+    return _current
+
+
+def stop() -> list[int]:
+    """Stop the current ranks. Returns pids that could not be ended (normally none)."""
+    global _current
+    if _current is None:
+        return []
+    rs, _current = _current, None
+    for fn in _hooks["stopping"]:
+        try:
+            fn(rs)
+        except Exception:
+            pass
+    return rs.stop()
+
+
+def restart(n: int | None = None, **overrides) -> RankSet:
+    """Stop the ranks (dead or alive) and start a new set with the same settings, or ``n`` ranks."""
+    if _current is None:
+        raise NotRunning("there is nothing to restart: start ranks with `%distrain start -n 2`")
+    import dataclasses
+
+    config = _current.config
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if n is not None:
+        changes["n"] = n
+    config = dataclasses.replace(config, **changes)
+    config.validate()
+    stop()
+    return start(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+
+def status() -> list[dict]:
+    """One dict per rank: rank, host, pid, device, memory, state (idle/busy/dead/stopped)."""
+    return current().status()
+
+
+def run(code: str, ranks=None, timeout: float | None = None, *, display: bool = True):
+    """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``)."""
+    return run_cell(current(), code, ranks=ranks, timeout=timeout, display=display)
+
+
+def apply(fn, *args, ranks=None, **kwargs) -> list:
+    """Call a function on the ranks; results in rank order."""
+    return current().apply(fn, *args, ranks=ranks, **kwargs)
+
+
+def push(namespace: dict, ranks=None) -> None:
+    """Copy variables from the notebook to the ranks."""
+    current().push(namespace, ranks=ranks)
+
+
+def pull(name: str, ranks=None) -> list:
+    """Fetch a variable from the ranks, one value per rank, in rank order."""
+    return current().pull(name, ranks=ranks)
+
+
+def _stop_at_exit() -> None:
+    try:
+        stop()
+    except Exception:
+        pass
+
+
+atexit.register(_stop_at_exit)

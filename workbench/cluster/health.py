@@ -1,0 +1,183 @@
+"""Watching rank processes: who is alive, who died and how, who is stuck where.
+
+A background thread polls the pids of ranks that run on this host (local and MPI
+launchers) every 0.25 s, so a dead rank is known within about half a second. Ranks
+on other hosts are watched through ipyparallel's heartbeat (the controller drops an
+engine after ~1.5 s of silence).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import psutil
+
+
+def describe_exit(code: int | None) -> str:
+    """'killed by SIGKILL' / 'exited with code 3' / 'exited (status unknown)'."""
+    if code is None:
+        return "exited (status unknown)"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class RankProcess:
+    """One rank's process as seen from the notebook (only when on this host)."""
+
+    def __init__(self, rank: int, host: str, pid: int, launcher_proc=None):
+        self.rank = rank
+        self.host = host
+        self.pid = pid
+        self.local = host == socket.gethostname()
+        self._launcher_proc = launcher_proc  # psutil.Process held by ipyparallel's launcher
+        self._proc = None
+        if self.local:
+            try:
+                self._proc = launcher_proc or psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                self._proc = None
+
+    def alive(self) -> bool:
+        if not self.local:
+            return True
+        if self._proc is None:
+            return False
+        try:
+            return self._proc.is_running() and self._proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def state(self) -> str:
+        """psutil's state: running, sleeping, stopped (SIGSTOP), zombie, dead."""
+        if not self.local:
+            return "remote"
+        try:
+            return self._proc.status() if self._proc else "dead"
+        except psutil.NoSuchProcess:
+            return "dead"
+
+    def exit_code(self) -> int | None:
+        proc = self._launcher_proc or self._proc
+        if proc is None:
+            return None
+        code = getattr(proc, "_exitcode", None)
+        if isinstance(code, int):
+            return int(code)
+        try:
+            return proc.wait(timeout=0.05)
+        except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError, OSError):
+            return None
+
+    def rss(self) -> int | None:
+        if not self.local or self._proc is None:
+            return None
+        try:
+            return int(self._proc.memory_info().rss)
+        except psutil.Error:
+            return None
+
+
+class Watcher:
+    """Polls rank processes and records the first death of each rank."""
+
+    def __init__(self, procs: list[RankProcess], period: float = 0.25):
+        self.procs = procs
+        self.period = period
+        self.deaths: dict[int, dict] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="workbench-rank-watcher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.poll()
+
+    def poll(self) -> dict[int, dict]:
+        """Check every rank now; return the deaths known so far."""
+        for p in self.procs:
+            if p.rank in self.deaths or p.alive():
+                continue
+            with self._lock:
+                if p.rank not in self.deaths:
+                    code = p.exit_code()
+                    self.deaths[p.rank] = {
+                        "rank": p.rank,
+                        "host": p.host,
+                        "pid": p.pid,
+                        "exit_code": code,
+                        "exit": describe_exit(code),
+                        "time": time.time(),
+                    }
+        return dict(self.deaths)
+
+    def mark_dead(self, rank: int, reason: str) -> None:
+        """Record a death reported by the controller (a remote rank's heartbeat stopped)."""
+        with self._lock:
+            if rank not in self.deaths:
+                p = self.procs[rank]
+                self.deaths[rank] = {"rank": rank, "host": p.host, "pid": p.pid,
+                                     "exit_code": None, "exit": reason, "time": time.time()}
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def death_message(deaths: list[dict]) -> str:
+    """One line per dead rank, and what to do."""
+    lines = [f"rank {d['rank']} (host {d['host']}, pid {d['pid']}) {d['exit']}" for d in deaths]
+    return "; ".join(lines) + ". Run `%distrain restart` to bring the rank set back."
+
+
+def process_tree(pids: list[int]) -> list[int]:
+    """The given pids and all their descendants that are alive now."""
+    out: list[int] = []
+    for pid in pids:
+        if not pid or pid <= 0:
+            continue
+        try:
+            proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            continue
+        out.append(pid)
+        try:
+            out.extend(c.pid for c in proc.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    return sorted(set(out))
+
+
+def end_pids(pids: list[int], grace: float = 3.0) -> list[int]:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, exactly these pids.
+
+    Returns the pids still alive afterwards (should be none). Ends processes by pid
+    only: never by name, so other users' and other notebooks' ranks are safe.
+    """
+    procs = []
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=grace)
+    return [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -1,0 +1,78 @@
+"""How engines are launched: ipyparallel's own launchers, chosen by a short name.
+
+The workbench does not re-implement launching; it maps ``local``, ``mpi``,
+``slurm`` and ``ssh`` onto ipyparallel's launcher classes and adds the few settings
+that make them behave on a shared, small machine (a fast heartbeat so that a dead
+rank is noticed in about a second; ``--oversubscribe`` for MPI when there are more
+ranks than cores).
+"""
+from __future__ import annotations
+
+import os
+
+LAUNCHERS = ("local", "mpi", "slurm", "ssh")
+
+# The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
+HEARTBEAT_MS = 300
+
+# Run by each engine as soon as it is up: the rank bootstrap then finds torch imported.
+PRELOAD = "import torch, torch.distributed"
+
+
+def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None) -> dict:
+    """Keyword arguments for ``ipyparallel.Cluster`` for this launcher.
+
+    ``options`` are passed through to ipyparallel (e.g. ``{"engines": {...}}`` or
+    config for Slurm/SSH such as ``SSHEngineSetLauncher.engines``).
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    from traitlets.config import Config
+
+    cfg = Config()
+    kwargs: dict = {
+        "n": n,
+        "delay": 0,
+        "log_level": 30,
+        "config": cfg,
+        # the controller runs in its own process: its settings go on its command line
+        "controller_args": [f"--HeartMonitor.period={HEARTBEAT_MS}", "--HeartMonitor.max_heartmonitor_misses=5"],
+    }
+    # import torch while the other engines register, not after (start-up time)
+    cfg.EngineLauncher.engine_args = ["--IPEngine.startup_command=" + PRELOAD]
+    if launcher == "mpi":
+        kwargs["engines"] = "mpi"
+        mpi_args = ["--oversubscribe"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            mpi_args.append("--allow-run-as-root")
+        cfg.MPILauncher.mpi_args = mpi_args
+    elif launcher in ("slurm", "ssh"):
+        kwargs["engines"] = launcher
+    for key, value in (options or {}).items():
+        if key == "config":
+            cfg.merge(value)
+        else:
+            kwargs[key] = value
+    return kwargs
+
+
+def gpu_ids() -> list[int]:
+    """GPU indices visible to the notebook, found without importing torch or CUDA.
+
+    The notebook kernel must not initialise CUDA (a forked or re-launched rank could
+    not use it then), so this reads ``CUDA_VISIBLE_DEVICES`` or asks ``nvidia-smi``.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [int(x) for x in visible.split(",") if x.strip().isdigit()]
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return list(range(sum(1 for line in out.splitlines() if line.strip().startswith("GPU "))))

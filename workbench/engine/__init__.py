@@ -1,0 +1,44 @@
+"""What a rank sees of itself: ``from workbench import engine`` inside ``%%distrain``.
+
+``engine.rank``, ``engine.world_size``, ``engine.local_rank``,
+``engine.local_world_size``, ``engine.device``, ``engine.backend`` and
+``engine.host`` are read from the rank's bootstrapped context, so they are always
+those of the live process group. Engine-side code never imports ipywidgets or plotly.
+"""
+from __future__ import annotations
+
+from . import runtime
+
+_CONTEXT_FIELDS = {
+    "rank",
+    "world_size",
+    "local_rank",
+    "local_world_size",
+    "device",
+    "backend",
+    "host",
+    "pid",
+    "threads",
+    "timeout_s",
+}
+
+
+def __getattr__(name: str):
+    if name in _CONTEXT_FIELDS:
+        return getattr(runtime.context(), name)
+    raise AttributeError(f"module 'workbench.engine' has no attribute {name!r}")
+
+
+def context() -> runtime.RankContext:
+    """The whole rank context (a frozen dataclass)."""
+    return runtime.context()
+
+
+def barrier() -> None:
+    """A barrier over all ranks of the default group."""
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+__all__ = sorted(_CONTEXT_FIELDS | {"context", "barrier", "runtime"})

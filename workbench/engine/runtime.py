@@ -1,0 +1,209 @@
+"""Rank bootstrap: environment, threads, device and the default process group.
+
+Runs inside each rank process (an ipyparallel engine). The notebook side calls
+:func:`bootstrap` once per rank, concurrently on every rank, because
+``init_process_group`` is a rendezvous. Everything the rest of the engine needs
+(rank, world size, device) is kept in one :class:`RankContext` so that nothing
+else has to read environment variables.
+
+Environment variables are set *before* torch is imported so that
+``OMP_NUM_THREADS`` and ``CUDA_VISIBLE_DEVICES`` take effect.
+"""
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+
+_CONTEXT: "RankContext | None" = None
+_STACK_FILE = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankContext:
+    """What a rank knows about itself once bootstrapped."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: str
+    host: str
+    pid: int
+    threads: int
+    master_addr: str
+    master_port: int
+    timeout_s: float
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host right now (asked of the kernel)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def identity() -> dict:
+    """Host, pid and launcher-provided rank of this process (before bootstrap)."""
+    launcher_rank = None
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            launcher_rank = int(os.environ[var])
+            break
+    return {"host": socket.gethostname(), "pid": os.getpid(), "launcher_rank": launcher_rank}
+
+
+def bootstrap(
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int,
+    master_addr: str,
+    master_port: int,
+    backend: str,
+    timeout_s: float,
+    threads: int,
+    gpu_ids: list[int] | None,
+    stack_dir: str | None = None,
+    sys_path: list[str] | None = None,
+) -> dict:
+    """Set the rank's environment, pin its device and initialise the process group.
+
+    ``sys_path`` holds the notebook's working directory, so that the user's own
+    modules beside the notebook import on the ranks too.
+
+    Returns :func:`describe` of the new context. Raises if the process group is
+    already initialised (a rank set is bootstrapped once; restart makes new ranks).
+    """
+    global _CONTEXT
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+    }
+    if gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids[local_rank % len(gpu_ids)])
+    os.environ.update(env)
+    for path in reversed(sys_path or []):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if stack_dir:
+        _install_stack_dump(stack_dir, rank)
+
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    if gpu_ids and torch.cuda.is_available():
+        torch.cuda.set_device(0)
+        device = "cuda:0"
+    else:
+        device = "cpu"
+    if backend == "auto":
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+    if dist.is_initialized():
+        raise RuntimeError(f"rank {rank}: the process group is already initialised")
+    kwargs = {}
+    if backend == "nccl":
+        kwargs["device_id"] = torch.device(device)
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        **kwargs,
+    )
+    _CONTEXT = RankContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        backend=backend,
+        device=device,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        threads=threads,
+        master_addr=master_addr,
+        master_port=master_port,
+        timeout_s=timeout_s,
+    )
+    return describe()
+
+
+def _install_stack_dump(stack_dir: str, rank: int) -> None:
+    """Let the notebook ask this rank for its Python stacks with SIGUSR1.
+
+    faulthandler writes from a signal handler in C, so it answers even while the
+    rank is blocked inside a collective (where Python code cannot run).
+    """
+    global _STACK_FILE
+    os.makedirs(stack_dir, exist_ok=True)
+    _STACK_FILE = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
+
+
+def context() -> RankContext:
+    """The bootstrapped context; a clear error where the rank set was not started."""
+    if _CONTEXT is None:
+        raise RuntimeError(
+            "this process is not a workbench rank: start ranks with `%distrain start -n N` "
+            "and run code on them with `%%distrain`"
+        )
+    return _CONTEXT
+
+
+def describe() -> dict:
+    """Status of this rank as a plain dict (sent to the notebook)."""
+    ctx = context()
+    info = dataclasses.asdict(ctx)
+    info.update(memory())
+    info["time"] = time.time()
+    return info
+
+
+def memory() -> dict:
+    """Resident memory of this rank, and GPU memory where there is a GPU."""
+    out: dict = {}
+    try:
+        import psutil
+
+        mi = psutil.Process().memory_full_info()
+        out["rss_bytes"] = int(mi.rss)
+        out["uss_bytes"] = int(getattr(mi, "uss", mi.rss))
+    except Exception:  # pragma: no cover - psutil missing fields on some platforms
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None and _CONTEXT is not None and _CONTEXT.device.startswith("cuda"):
+        out["gpu_allocated_bytes"] = int(torch.cuda.memory_allocated())
+        out["gpu_reserved_bytes"] = int(torch.cuda.memory_reserved())
+        out["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out
+
+
+def shutdown() -> None:
+    """Destroy the process group (best effort) before the rank is stopped."""
+    global _CONTEXT
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+    _CONTEXT = None

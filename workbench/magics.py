@@ -1,0 +1,35 @@
+"""``%distrain`` and ``%%distrain``: parse, then call the Python API (nothing else)."""
+from __future__ import annotations
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import api
+from .commands import UsageError, dispatch
+
+
+@magics_class
+class DistrainMagics(Magics):
+    @line_magic
+    def distrain(self, line: str):
+        """%distrain start -n 4 | status | stop | restart [-n N] | push NAME | pull NAME | ...
+
+        `%distrain help` lists every sub-command.
+        """
+        return dispatch(line, self.shell)
+
+    @magic_arguments()
+    @argument("--ranks", default=None, help="ranks to run on: 0,2-3 or all (default all)")
+    @argument("--timeout", type=float, default=None,
+              help="seconds before the cell is reported stuck (default: no timeout)")
+    @cell_magic("distrain")
+    def distrain_cell(self, line: str, cell: str):
+        """Run the cell on the ranks; variables persist per rank between cells."""
+        try:
+            args = parse_argstring(self.distrain_cell, line)
+        except Exception as exc:  # UsageError from magic_arguments
+            raise UsageError(f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S]") from None
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"--timeout must be positive, got {args.timeout}")
+        api.current().select(args.ranks)  # refuse a bad selection before anything runs
+        api.run(cell, ranks=args.ranks, timeout=args.timeout)

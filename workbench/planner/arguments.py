@@ -1,0 +1,111 @@
+"""Command-line style arguments for `%distrain plan ...` -> a `Plan`.
+
+Kept separate from the magic so that the magic stays thin (parse, call, print) and the
+parser is testable without IPython. Any bad argument raises ValueError with one line:
+what is wrong, then the usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from .layout import PRECISIONS, RECOMPUTE, SCHEDULES, PlanLayout
+from .model_spec import ModelSpec
+from .recommend import default_global_batch
+from .report import Plan, plan
+
+USAGE = ("usage: %distrain plan --model 70b --hw h100 [--gpus N] [--tp N] [--pp N] [--dp N] "
+         "[--zero 0-3] [--cp N] [--ep N] [--microbatches M] [--mbs B] "
+         "[--schedule 1f1b|gpipe|interleaved] [--virtual-stages V] "
+         "[--precision bf16|fp32|fp16|fp8] [--recompute none|selective|full] [--offload] "
+         "[--no-sp] [--seq-len S] [--tokens 1e12] [--price USD/h]")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print and sys.exit
+        raise ValueError(f"{message}. {USAGE}")
+
+
+def _positive(text: str) -> int:
+    value = int(float(text))
+    if value < 1 or value != float(text):
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="%distrain plan", add_help=False, allow_abbrev=False)
+    p.add_argument("--model", required=True)
+    p.add_argument("--hw", "--hardware", dest="hw", required=True)
+    p.add_argument("--gpus", type=_positive)
+    p.add_argument("--tp", type=_positive, default=1)
+    p.add_argument("--pp", type=_positive, default=1)
+    p.add_argument("--dp", type=_positive, help="dp_shard if --zero > 0 else dp_replicate")
+    p.add_argument("--dp-replicate", type=_positive)
+    p.add_argument("--dp-shard", type=_positive)
+    p.add_argument("--zero", type=int, default=0, choices=range(4))
+    p.add_argument("--fsdp", action="store_true", help="same as --zero 3")
+    p.add_argument("--cp", type=_positive, default=1)
+    p.add_argument("--ep", type=_positive, default=1)
+    p.add_argument("--microbatches", "-m", type=_positive, default=None)
+    p.add_argument("--mbs", type=_positive, default=1)
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--virtual-stages", type=_positive, default=None)
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    p.add_argument("--offload", action="store_true")
+    p.add_argument("--no-sp", action="store_true")
+    p.add_argument("--seq-len", type=_positive)
+    p.add_argument("--tokens", type=float)
+    p.add_argument("--price", type=float)
+    return p
+
+
+def plan_from_args(argv: "list[str] | str") -> Plan:
+    """Parse magic arguments (a list, or one string split like a shell) into a Plan.
+
+    --dp fills dp_shard when ZeRO is on and dp_replicate otherwise; if neither --dp
+    nor --dp-* is given and --gpus is, dp is what --gpus leaves after tp*pp*cp.
+    Microbatches default to what a ~4M-token global batch leaves per data-parallel
+    rank (as `recommend` assumes), rounded up to a multiple of pp.
+    """
+    if isinstance(argv, str):
+        argv = shlex.split(argv)
+    args = _parser().parse_args(list(argv))
+    zero = 3 if args.fsdp else args.zero
+    try:
+        model = ModelSpec.preset(args.model, seq_len=args.seq_len)
+        rep, shard = args.dp_replicate or 1, args.dp_shard or 1
+        if args.dp is not None:
+            if args.dp_replicate or args.dp_shard:
+                raise ValueError("give --dp or --dp-replicate/--dp-shard, not both")
+            rep, shard = (1, args.dp) if zero else (args.dp, 1)
+        elif args.gpus and not (args.dp_replicate or args.dp_shard):
+            inner = args.tp * args.pp * args.cp
+            if args.gpus % inner:
+                raise ValueError(f"--gpus {args.gpus} is not divisible by "
+                                 f"tp*pp*cp={inner}")
+            dp = args.gpus // inner
+            rep, shard = (1, dp) if zero else (dp, 1)
+        virtual = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)
+        micro = args.microbatches or _default_microbatches(model, rep * shard, args)
+        layout = PlanLayout(dp_replicate=rep, dp_shard=shard, zero_stage=zero, tp=args.tp,
+                            pp=args.pp, cp=args.cp, ep=args.ep, microbatches=micro,
+                            schedule=args.schedule, virtual_stages=virtual,
+                            precision=args.precision, recompute=args.recompute,
+                            optimizer_offload=args.offload, micro_batch_size=args.mbs,
+                            seq_parallel=not args.no_sp)
+        if args.gpus and layout.world_size != args.gpus:
+            raise ValueError(
+                f"--gpus {args.gpus} but the layout uses pp*dp*cp*tp = {layout.world_size}"
+            )
+        return plan(model, layout, args.hw, tokens=args.tokens, price=args.price)
+    except ValueError as err:
+        raise ValueError(f"{err}. {USAGE}") from None
+
+
+def _default_microbatches(model: ModelSpec, dp: int, args: argparse.Namespace) -> int:
+    sequences = default_global_batch(model, 1)
+    micro = max(1, -(-sequences // (dp * args.mbs)))
+    return -(-micro // args.pp) * args.pp

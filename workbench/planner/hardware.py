@@ -1,0 +1,92 @@
+"""Accelerator catalogue, kept as data in `hardware.json` so figures can be updated
+without touching code (and read by people who do not read Python).
+
+Conventions (stated once, used everywhere): FLOP/s are dense peak tensor-core rates;
+bandwidths are GB/s per device in one direction, the "bus bandwidth" of nccl-tests
+(NVIDIA nccl-tests doc/PERFORMANCE.md), so a ring collective takes
+bytes-moved-per-rank / bandwidth; prices are indicative 2026 quotes (low, high).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+
+GB = 1e9  # vendors quote decimal gigabytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One accelerator type. Sizes in GB (1e9 bytes), rates in TFLOP/s and GB/s."""
+
+    key: str
+    name: str
+    memory_gb: float
+    memory_bandwidth_gbs: float
+    bf16_tflops: float
+    fp8_tflops: float
+    intra_node_gbs: float
+    inter_node_gbs: float
+    devices_per_node: int
+    price_usd_per_hour: tuple[float, float]
+    notes: str = ""
+    aliases: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * GB
+
+    @property
+    def price_mid(self) -> float:
+        low, high = self.price_usd_per_hour
+        return (low + high) / 2
+
+    def peak_flops(self, precision: str = "bf16") -> float:
+        """Dense peak FLOP/s for the matmul precision of a layout.
+
+        fp32 training runs its matmuls as TF32 on tensor cores, half the bf16 rate on
+        every listed part; fp16 runs at the bf16 rate.
+        """
+        if precision in ("bf16", "fp16"):
+            return self.bf16_tflops * 1e12
+        if precision == "fp8":
+            return self.fp8_tflops * 1e12
+        if precision == "fp32":
+            return self.bf16_tflops * 1e12 / 2
+        raise ValueError(f"unknown precision {precision!r}; use bf16, fp16, fp8 or fp32")
+
+    def link_bandwidth(self, intra_node: bool) -> float:
+        """Bytes/s per device over the scale-up fabric (True) or the NIC (False)."""
+        return (self.intra_node_gbs if intra_node else self.inter_node_gbs) * GB
+
+
+def _load_catalogue() -> dict[str, Hardware]:
+    text = resources.files(__package__).joinpath("hardware.json").read_text()
+    raw = json.loads(text)
+    catalogue: dict[str, Hardware] = {}
+    for key, entry in raw.items():
+        if key.startswith("_"):
+            continue
+        entry = dict(entry)
+        entry["price_usd_per_hour"] = tuple(entry["price_usd_per_hour"])
+        entry["aliases"] = tuple(entry.get("aliases", ()))
+        catalogue[key] = Hardware(key=key, **entry)
+    return catalogue
+
+
+HARDWARE: dict[str, Hardware] = _load_catalogue()
+
+
+def load_hardware(name: "str | Hardware") -> Hardware:
+    """Look up hardware by key or alias, case-insensitively ("h100", "H100-SXM", "v5p").
+
+    A `Hardware` passes through unchanged, so functions can accept either.
+    """
+    if isinstance(name, Hardware):
+        return name
+    wanted = str(name).strip().lower().replace("_", "-")
+    for key, hw in HARDWARE.items():
+        if wanted == key or wanted in (a.lower().replace("_", "-") for a in hw.aliases):
+            return hw
+    raise ValueError(f"unknown hardware {name!r}; known: {', '.join(HARDWARE)}")

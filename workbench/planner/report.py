@@ -1,0 +1,146 @@
+"""`plan()`: one layout on one machine type, every estimate in one `Plan`.
+
+The `Plan` is plain data (dataclasses of floats and strings) so the notebook side can
+print it (`summary()`), tabulate it (`to_frame()`) or send it as an event, without
+importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .communication import CommBreakdown, communication_per_step
+from .compute import (DEFAULT_KERNEL_EFFICIENCY, ComputeEstimate, RunCost, estimate_compute,
+                      run_cost)
+from .hardware import Hardware, load_hardware
+from .layout import PlanLayout
+from .memory import MemoryBreakdown, fmt_bytes, memory_per_rank
+from .model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSpec
+    layout: PlanLayout
+    hardware: Hardware
+    memory: MemoryBreakdown
+    comm: CommBreakdown
+    compute: ComputeEstimate
+    tokens: float | None = None
+    cost: RunCost | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits(self.hardware)
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.world_size
+
+    def to_frame(self):
+        """Long table: one row per (section, item) with value and unit."""
+        import pandas as pd
+
+        rows = []
+        for part, nbytes in self.memory.parts().items():
+            rows.append(("memory", part, nbytes / 1e9, "GB/GPU"))
+        rows.append(("memory", "total", self.memory.total / 1e9, "GB/GPU"))
+        rows.append(("memory", "capacity", self.hardware.memory_gb, "GB/GPU"))
+        for item in self.comm.items:
+            rows.append(("comm", f"{item.collective} ({item.group})", item.bytes / 1e9,
+                         "GB/step/GPU"))
+            rows.append(("comm_time", f"{item.collective} ({item.group})", item.seconds,
+                         "s/step"))
+        c = self.compute
+        rows += [
+            ("compute", "tokens per step", c.tokens_per_step, "tokens"),
+            ("compute", "bubble", c.bubble, "fraction of compute"),
+            ("compute", "compute time", c.compute_seconds, "s/step"),
+            ("compute", "exposed comm", c.exposed_comm_seconds, "s/step"),
+            ("compute", "step time", c.step_seconds, "s/step"),
+            ("compute", "MFU", c.mfu, "fraction"),
+            ("compute", "tokens/s", c.tokens_per_second, "tokens/s"),
+        ]
+        if self.cost is not None:
+            rows += [("cost", "days", self.cost.days, "days"),
+                     ("cost", "GPU-hours", self.cost.gpu_hours, "GPU-h"),
+                     ("cost", "cost", self.cost.usd, "USD")]
+        return pd.DataFrame(rows, columns=["section", "item", "value", "unit"])
+
+    def summary(self) -> str:
+        m, c, hw = self.memory, self.compute, self.hardware
+        state = "fits" if self.fits else "DOES NOT FIT"
+        lines = [
+            f"plan: {self.model.name} ({self.model.params().total / 1e9:.1f}B params) on "
+            f"{self.gpus} x {hw.name}",
+            f"layout: {self.layout.describe()}  [{self.layout.precision}]",
+            f"memory per GPU (stage {m.stage}): {fmt_bytes(m.total)} of "
+            f"{hw.memory_gb:g} GB -> {state}",
+        ]
+        lines += [f"  {part:<12}{fmt_bytes(v):>10}" for part, v in m.parts().items() if v]
+        if m.cpu_offload:
+            lines.append(f"  {'(cpu)':<12}{fmt_bytes(m.cpu_offload):>10} optimizer offloaded")
+        lines.append(f"comm per step per GPU: {fmt_bytes(self.comm.total_bytes)}")
+        for i in self.comm.items:
+            where = "intra-node" if i.intra_node else "inter-node"
+            lines.append(f"  {i.collective:<15}{i.group:<13}{fmt_bytes(i.bytes):>10}"
+                         f"  {i.seconds * 1e3:8.1f} ms  {where}")
+        lines += [
+            f"bubble: {c.bubble:.1%} of compute ({self.layout.schedule}, "
+            f"pp={self.layout.pp}, m={self.layout.microbatches})",
+            f"step: {c.step_seconds:.2f} s = compute {c.compute_seconds:.2f} s "
+            f"(at {c.kernel_efficiency:.0%} of peak) + bubble {c.bubble_seconds:.2f} s "
+            f"+ exposed comm {c.exposed_comm_seconds:.2f} s",
+            f"MFU: {c.mfu:.1%}   tokens/s: {c.tokens_per_second:,.0f}   "
+            f"tokens/step: {c.tokens_per_step:,}",
+        ]
+        if self.cost is not None:
+            lines.append(f"cost: {self.cost}")
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def plan(model: ModelSpec, layout: PlanLayout, hardware: "Hardware | str",
+         tokens: float | None = None, price: float | None = None, *,
+         kernel_efficiency: float = DEFAULT_KERNEL_EFFICIENCY) -> Plan:
+    """Estimate memory, communication, step time, MFU and (with tokens) cost.
+
+    The run's days come from the ESTIMATED throughput of this layout; `price` is USD per
+    GPU-hour (default: middle of the hardware's quoted range).
+    """
+    hw = load_hardware(hardware)
+    layout.validate_for(model)
+    memory = memory_per_rank(model, layout)
+    comm = communication_per_step(model, layout, hw)
+    first = estimate_compute(model, layout, hw, 0.0, kernel_efficiency)
+    exposed = comm.exposed_seconds(first.compute_seconds)
+    compute = estimate_compute(model, layout, hw, exposed, kernel_efficiency)
+    cost = None
+    if tokens is not None:
+        days = tokens / compute.tokens_per_second / 86_400
+        cost = run_cost(layout.world_size, days, price, hardware=hw)
+    return Plan(model, layout, hw, memory, comm, compute, tokens, cost,
+                tuple(_warnings(model, layout, hw, memory)))
+
+
+def _warnings(model: ModelSpec, layout: PlanLayout, hw: Hardware,
+              memory: MemoryBreakdown) -> list[str]:
+    out = []
+    if not memory.fits(hw):
+        out.append(f"needs {fmt_bytes(memory.total)} per GPU but {hw.key} has "
+                   f"{hw.memory_gb:g} GB (90% usable): raise zero_stage, tp or pp, "
+                   "or turn on recompute")
+    if layout.tp > hw.devices_per_node:
+        out.append(f"tp={layout.tp} spans nodes ({hw.devices_per_node} per node): TP "
+                   "all-reduces would cross the slow inter-node links")
+    if layout.pp > 1 and layout.microbatches < layout.pp:
+        out.append(f"microbatches={layout.microbatches} < pp={layout.pp}: the bubble "
+                   f"is {(layout.pp - 1) / layout.microbatches:.0%}; use m >= 4*pp")
+    if layout.zero_stage == 3 and layout.pp > 1:
+        out.append("ZeRO-3 with pipeline parallelism re-gathers parameters every "
+                   "micro-batch; ZeRO-1 is the usual partner of PP")
+    return out

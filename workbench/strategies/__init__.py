@@ -1,0 +1,16 @@
+"""Parallelism strategies, one module per backend, behind one small Protocol.
+
+``prepare(model, optimizer_factory, spec)`` is the entry point; ``StrategySpec`` says what
+to apply and validates it before any rank changes.
+"""
+from .spec import KINDS, MeshPlan, SpecError, StrategySpec, spec_from_args
+from .base import Prepared, PrepareError, Strategy, check_optimizer_matches, get_strategy, lm_loss, register, registered
+from .accelerate_path import reset_accelerate_state
+from .prepare import model_config_of, prepare
+from .layout import LAYOUT_VERSION
+
+__all__ = [
+    "StrategySpec", "SpecError", "spec_from_args", "KINDS", "MeshPlan", "prepare", "Prepared",
+    "PrepareError", "Strategy", "register", "registered", "get_strategy", "lm_loss",
+    "check_optimizer_matches", "reset_accelerate_state", "model_config_of", "LAYOUT_VERSION",
+]

@@ -1,0 +1,126 @@
+"""The Accelerate path: on CUDA, DDP / FSDP2 / DeepSpeed ZeRO go through
+``accelerate.Accelerator`` (``FullyShardedDataParallelPlugin(fsdp_version=2)``,
+``DeepSpeedPlugin``); on CPU the same spec takes the native path — never a silent
+downgrade: the layout's ``"path"`` and notes say which was taken and why.
+
+Accelerate keeps process-wide singletons (``PartialState``, ``AcceleratorState``,
+``GradientState``). ``prepare`` calls :func:`reset_accelerate_state` on every strategy
+switch so a previous Accelerator's plugin or mixed precision never leaks into the next.
+Accelerate never initialises the process group here: it finds the one the workbench
+runtime created (``torch.distributed.is_initialized()``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .base import TORCH_DTYPES, Context, Prepared, PrepareError, all_reduce_mean
+from .layout import describe_params, make_layout
+
+__all__ = ["reset_accelerate_state", "ACCELERATE_KINDS", "choose_path", "accelerate_prepare", "AcceleratePrepared"]
+
+ACCELERATE_KINDS = ("ddp", "fsdp2", "zero")
+
+
+def reset_accelerate_state() -> None:
+    """Forget every Accelerate singleton on this process (safe when none exists)."""
+    try:
+        from accelerate.state import AcceleratorState, GradientState
+    except ImportError:  # pragma: no cover
+        return
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def choose_path(spec, device_type: str) -> tuple[str, str]:
+    """``(path, reason)``: ``"accelerate"`` on CUDA for the kinds Accelerate has a path for."""
+    if spec.kind == "zero" and (device_type != "cuda" or spec.via == "native"):
+        return "deepspeed", "DeepSpeed engine used directly (deepspeed.initialize on the existing group)"
+    if spec.via == "native":
+        return "native", "via='native' requested"
+    if spec.kind not in ACCELERATE_KINDS:
+        return "native", f"Accelerate has no path for kind={spec.kind!r} here: torch.distributed APIs used"
+    if device_type != "cuda":
+        return "native", "CPU ranks: Accelerate's path is used on CUDA only; the same strategy runs natively on gloo"
+    return "accelerate", f"Accelerate {spec.kind} path on CUDA"
+
+
+class AcceleratePrepared(Prepared):
+    def __init__(self, *, accelerator, **kw):
+        super().__init__(**kw)
+        self.accelerator = accelerator
+
+    def check(self) -> None:
+        pass  # Accelerate swaps the optimizer's tensors itself (fsdp2_switch_optimizer_parameters)
+
+    def train_step(self, batch) -> float:
+        x, y = (t.to(self.device) for t in batch)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.accelerator.autocast():
+            out = self.model(x)
+        loss = self.compute_loss(out, y)
+        self.accelerator.backward(loss)
+        self.optimizer.step()
+        self.steps += 1
+        return float(all_reduce_mean(loss.detach(), self.loss_group))
+
+    def unwrap(self):
+        return self.accelerator.unwrap_model(self.model)
+
+    def close(self) -> None:
+        reset_accelerate_state()
+
+
+def accelerate_prepare(model, optimizer, ctx: Context) -> Prepared:
+    from accelerate import Accelerator
+
+    s = ctx.spec
+    reset_accelerate_state()
+    mp = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[s.param_dtype]
+    kwargs: dict = {}
+    if s.kind == "fsdp2":
+        from accelerate.utils import FullyShardedDataParallelPlugin
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+        block_cls = {type(b).__name__ for b in getattr(model, "layers", {}).values()} if hasattr(model, "layers") else set()
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            reshard_after_forward=s.reshard_after_forward,
+            mixed_precision_policy=MixedPrecisionPolicy(
+                param_dtype=TORCH_DTYPES[s.param_dtype] if s.param_dtype != "fp32" else None,
+                reduce_dtype=TORCH_DTYPES[s.reduce],
+            ),
+            cpu_offload=CPUOffloadPolicy() if s.cpu_offload else False,
+            auto_wrap_policy="transformer_based_wrap" if block_cls else None,
+            transformer_cls_names_to_wrap=sorted(block_cls) or None,
+            activation_checkpointing=s.activation_checkpointing != "none",
+            state_dict_type="SHARDED_STATE_DICT",
+        )
+        mp = "no"  # the policy above carries the dtypes
+    elif s.kind == "zero":
+        from accelerate.utils import DeepSpeedPlugin
+
+        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(
+            zero_stage=s.zero_stage,
+            offload_optimizer_device="cpu" if s.cpu_offload else "none",
+            offload_param_device="cpu" if s.cpu_offload and s.zero_stage == 3 else "none",
+            gradient_accumulation_steps=1,
+        )
+        kwargs["deepspeed_plugin"].deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+    accelerator = Accelerator(mixed_precision=mp, **kwargs)
+    if not callable(optimizer) or isinstance(optimizer, torch.optim.Optimizer):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise PrepareError("optimizer must be an optimizer or a factory params -> optimizer")
+        opt = optimizer
+    else:
+        opt = optimizer([p for p in model.parameters() if p.requires_grad])
+    pmodel, popt = accelerator.prepare(model, opt)
+    inner = accelerator.unwrap_model(pmodel)
+    ctx.notes.append(f"Accelerate {s.kind} ({accelerator.distributed_type}), mixed_precision={s.param_dtype}")
+    layout = make_layout(strategy=s.kind, path="accelerate", mesh_shape=(ctx.world_size,), dim_names=("dp",),
+                         rank=ctx.rank, world_size=ctx.world_size, params=describe_params(inner, 1),
+                         notes=ctx.notes, dp_rank=ctx.rank, dp_size=ctx.world_size)
+    return AcceleratePrepared(accelerator=accelerator, model=pmodel, optimizer=popt, layout=layout, spec=s,
+                              ctx=ctx, loss_group=dist.group.WORLD, dp_rank=ctx.rank, dp_size=ctx.world_size,
+                              inner=inner)

@@ -1,0 +1,66 @@
+"""``prepare(model, optimizer, spec)``: validate, then apply one strategy on this rank.
+
+Order of work: (1) parse and validate the spec against the world size, model config and
+device — nothing has touched the model or the process group yet, so a bad spec leaves the
+ranks exactly as they were; (2) reset Accelerate's process-wide state; (3) move the model
+to the device and hand it to the registered strategy (or the Accelerate path on CUDA).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import ddp, fsdp2, pipeline, tensor_parallel, two_d, zero  # noqa: F401  (registration)
+from .accelerate_path import accelerate_prepare, choose_path, reset_accelerate_state
+from .base import Context, Prepared, PrepareError, get_strategy, lm_loss
+from .spec import SpecError, StrategySpec
+
+__all__ = ["prepare", "model_config_of"]
+
+
+def _world() -> tuple[int, int, bool]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), True
+    return 0, 1, False
+
+
+def model_config_of(model: nn.Module):
+    """The config ``validate`` checks against: an MoE config, a GPT config, or ``None``."""
+    return getattr(model, "moe_cfg", None) or getattr(model, "cfg", None)
+
+
+def prepare(model: nn.Module, optimizer, spec: StrategySpec | str, *, mesh_device: str = "cpu",
+            loss_fn=lm_loss) -> Prepared:
+    """Shard ``model`` on this rank according to ``spec`` and build its optimizer.
+
+    ``optimizer`` is preferably a factory ``lambda params: torch.optim.AdamW(params, lr=...)``,
+    called AFTER sharding; an un-stepped optimizer instance is rebuilt from its class and
+    defaults. Call on every rank, with identically initialised models (rank 0's weights
+    are broadcast where a strategy shards). Returns :class:`Prepared`.
+    """
+    if isinstance(spec, str):
+        spec = StrategySpec.parse(spec)
+    rank, world, has_pg = _world()
+    resolved = spec.validate(world, model_config_of(model), device_type=mesh_device)
+    if mesh_device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("mesh_device='cuda' but CUDA is not available on this rank; use mesh_device='cpu'")
+    if not has_pg and spec.kind != "none":
+        raise PrepareError(f"kind={spec.kind!r} needs the default process group; start ranks with "
+                           "'%distrain start' (or torch.distributed.init_process_group) first")
+    if getattr(model, "_workbench_prepared", None):
+        raise PrepareError(f"this model was already prepared with {model._workbench_prepared!r}; its "
+                           "parameters are changed in place. Build a fresh model (same seed) for a new strategy.")
+    reset_accelerate_state()
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh_device == "cuda" else torch.device("cpu")
+    model.to(device)
+    path, reason = choose_path(resolved, mesh_device)
+    ctx = Context(spec=resolved, rank=rank, world_size=world, device=device, mesh_device=mesh_device,
+                  loss_fn=loss_fn, notes=[f"path {path}: {reason}"])
+    if path == "accelerate":
+        prepared = accelerate_prepare(model, optimizer, ctx)
+    else:
+        prepared = get_strategy(resolved.kind).apply(model, optimizer, ctx)
+    object.__setattr__(model, "_workbench_prepared", resolved.kind)
+    return prepared

@@ -1,0 +1,368 @@
+"""What parallelism to apply: a frozen, keyword-only ``StrategySpec`` and its validation.
+
+Pure logic (no torch.distributed): the notebook side validates a spec against the world
+size and model before any rank is touched, and ranks validate it again in ``prepare``.
+``validate`` raises ``SpecError`` with one message naming what is wrong and what would
+work instead.
+"""
+from __future__ import annotations
+
+import difflib
+import shlex
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+__all__ = ["StrategySpec", "SpecError", "spec_from_args", "KINDS", "MeshPlan"]
+
+KINDS = ("none", "ddp", "fsdp2", "zero", "tp", "pp", "fsdp2_tp")
+DTYPES = ("fp32", "bf16", "fp16")
+AC_MODES = ("none", "full", "selective")
+SCHEDULES = ("gpipe", "1f1b")
+VIA = ("auto", "native", "accelerate")
+KIND_HELP = {
+    "none": "no parallelism: every rank trains its own full copy",
+    "ddp": "DistributedDataParallel: full replicas, gradients all-reduced",
+    "fsdp2": "fully_shard (FSDP2): parameters, gradients and optimizer state sharded",
+    "zero": "DeepSpeed ZeRO stage 0-3",
+    "tp": "tensor parallel (DTensor) over all ranks",
+    "pp": "pipeline parallel (torch.distributed.pipelining) over all ranks",
+    "fsdp2_tp": "2D: FSDP2 over 'dp_shard' x tensor parallel over 'tp'",
+}
+
+
+class SpecError(ValueError):
+    """An invalid strategy: the message says what is wrong and what would work."""
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """The resolved device-mesh shape of a spec at a given world size."""
+
+    shape: tuple[int, ...]
+    dim_names: tuple[str, ...]
+
+    def size(self, name: str) -> int:
+        return self.shape[self.dim_names.index(name)] if name in self.dim_names else 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategySpec:
+    """How to parallelise a model. Sizes left at their defaults fill the world:
+    ``dp_shard=-1`` takes what the other sizes leave, and for ``kind="tp"``/``"pp"`` a
+    ``tp``/``pp`` of 1 means "all ranks"."""
+
+    kind: str = "ddp"
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    tp: int = 1
+    pp: int = 1
+    pp_schedule: str = "gpipe"
+    pp_microbatches: int | None = None  # None: 2 x pp
+    zero_stage: int = 2
+    reshard_after_forward: bool = True
+    param_dtype: str = "fp32"
+    reduce_dtype: str | None = None  # None: fp32
+    activation_checkpointing: str = "none"
+    compile: bool = False
+    cpu_offload: bool = False
+    sequence_parallel: bool = True
+    via: str = "auto"  # "auto": Accelerate on CUDA where it has the path, native otherwise
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def parse(cls, text: str) -> "StrategySpec":
+        """``StrategySpec.parse("fsdp2 tp=2 dtype=bf16")``; also accepts ``--tp 2`` style."""
+        return spec_from_args(shlex.split(text))
+
+    def with_(self, **changes) -> "StrategySpec":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StrategySpec":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise SpecError(f"unknown StrategySpec field(s) {sorted(unknown)}; valid: {sorted(names)}")
+        return cls(**d)
+
+    # ------------------------------------------------------------------ resolution
+    @property
+    def microbatches(self) -> int:
+        return self.pp_microbatches if self.pp_microbatches is not None else 2 * self.pp
+
+    @property
+    def reduce(self) -> str:
+        return self.reduce_dtype or "fp32"
+
+    def resolve(self, world_size: int) -> "StrategySpec":
+        """A copy with every size made explicit for ``world_size`` (``validate`` first)."""
+        return _resolve(self, world_size)
+
+    def mesh_plan(self, world_size: int) -> MeshPlan:
+        s = self.resolve(world_size)
+        if s.kind in ("none", "ddp", "zero"):
+            return MeshPlan((world_size,), ("dp",))
+        if s.kind == "fsdp2":
+            if s.dp_replicate > 1:
+                return MeshPlan((s.dp_replicate, s.dp_shard), ("dp_replicate", "dp_shard"))
+            return MeshPlan((s.dp_shard,), ("dp_shard",))
+        if s.kind == "tp":
+            return MeshPlan((s.tp,), ("tp",))
+        if s.kind == "pp":
+            return MeshPlan((s.pp,), ("pp",))
+        return MeshPlan((s.dp_shard, s.tp), ("dp_shard", "tp"))
+
+    def validate(self, world_size: int, model_config=None, device_type: str = "cpu") -> "StrategySpec":
+        """Raise :class:`SpecError` if this spec cannot run; return the resolved spec."""
+        _check_values(self)
+        s = _resolve(self, world_size)
+        _check_device(s, device_type)
+        if model_config is not None:
+            _check_model(s, model_config)
+        return s
+
+    def describe(self, world_size: int | None = None) -> str:
+        parts = [self.kind]
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "kind" and v != f.default:
+                parts.append(f"{f.name}={v}")
+        text = " ".join(parts)
+        if world_size is not None:
+            m = self.mesh_plan(world_size)
+            text += " | mesh " + " x ".join(f"{n}={k}" for n, k in zip(m.dim_names, m.shape))
+        return text
+
+
+# ---------------------------------------------------------------------- validation parts
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise SpecError(f"{name}={value!r} is not one of {list(allowed)}{hint}")
+
+
+def _check_values(s: StrategySpec) -> None:
+    _choice("kind", s.kind, KINDS)
+    _choice("pp_schedule", s.pp_schedule, SCHEDULES)
+    _choice("param_dtype", s.param_dtype, DTYPES)
+    if s.reduce_dtype is not None:
+        _choice("reduce_dtype", s.reduce_dtype, DTYPES)
+    _choice("activation_checkpointing", s.activation_checkpointing, AC_MODES)
+    _choice("via", s.via, VIA)
+    _choice("zero_stage", s.zero_stage, (0, 1, 2, 3))
+    for name in ("dp_replicate", "tp", "pp"):
+        v = getattr(s, name)
+        if not isinstance(v, int) or v < 1:
+            raise SpecError(f"{name}={v!r} must be a positive integer")
+    if not isinstance(s.dp_shard, int) or (s.dp_shard < 1 and s.dp_shard != -1):
+        raise SpecError(f"dp_shard={s.dp_shard!r} must be a positive integer, or -1 to fill the world")
+    if s.pp_microbatches is not None and s.pp_microbatches < 1:
+        raise SpecError(f"pp_microbatches={s.pp_microbatches} must be >= 1")
+    unused = {
+        "tp": s.tp > 1 and s.kind not in ("tp", "fsdp2_tp"),
+        "pp": s.pp > 1 and s.kind != "pp",
+        "dp_replicate": s.dp_replicate > 1 and s.kind not in ("fsdp2",),
+    }
+    for name, bad in unused.items():
+        if bad:
+            fix = {"tp": "kind='tp' or kind='fsdp2_tp'", "pp": "kind='pp'", "dp_replicate": "kind='fsdp2' (HSDP)"}[name]
+            raise SpecError(f"kind={s.kind!r} has no {name} dimension but {name}={getattr(s, name)}; use {fix}, or drop {name}")
+    if s.compile and s.kind == "pp":
+        raise SpecError("compile=True with pipeline parallel is not supported here; set compile=False")
+    if s.compile and s.kind == "zero":
+        raise SpecError("compile=True with DeepSpeed ZeRO is not supported here; set compile=False or use kind='fsdp2'")
+    if s.cpu_offload and s.kind not in ("fsdp2", "zero", "fsdp2_tp"):
+        raise SpecError(f"cpu_offload=True is implemented for fsdp2, fsdp2_tp and zero, not {s.kind!r}")
+    if s.kind == "zero" and s.activation_checkpointing == "selective":
+        raise SpecError("activation_checkpointing='selective' is not wired for DeepSpeed; use 'full' or 'none'")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _resolve(s: StrategySpec, world: int) -> StrategySpec:
+    if world < 1:
+        raise SpecError(f"world_size={world} must be >= 1")
+    k = s.kind
+    if k in ("none", "ddp", "zero"):
+        dp = world if s.dp_shard == -1 else s.dp_shard
+        if dp != world:
+            raise SpecError(f"kind={k!r} with dp_shard={s.dp_shard} needs {s.dp_shard} ranks but the world has {world}; use dp_shard=-1 (all {world} ranks)")
+        return replace(s, dp_shard=dp)
+    if k == "fsdp2":
+        if world % s.dp_replicate:
+            raise SpecError(f"dp_replicate={s.dp_replicate} does not divide world_size={world}; use one of {_divisors(world)}")
+        shard = world // s.dp_replicate if s.dp_shard == -1 else s.dp_shard
+        if s.dp_replicate * shard != world:
+            fits = [f"dp_replicate={r} x dp_shard={world // r}" for r in _divisors(world)]
+            raise SpecError(f"dp_replicate={s.dp_replicate} x dp_shard={shard} = {s.dp_replicate * shard} ranks, but the world has {world}; sizes that fit: {', '.join(fits)}")
+        return replace(s, dp_shard=shard)
+    if k == "tp":
+        tp = world if s.tp == 1 else s.tp
+        if s.dp_shard not in (-1, 1) or tp != world:
+            raise SpecError(f"kind='tp' uses all ranks for tensor parallel: tp={tp} x dp_shard={s.dp_shard if s.dp_shard != -1 else 1} != world_size={world}; use tp={world}, or kind='fsdp2_tp' to combine with data parallel")
+        return replace(s, tp=tp, dp_shard=1)
+    if k == "pp":
+        pp = world if s.pp == 1 else s.pp
+        if s.dp_shard not in (-1, 1) or pp != world:
+            raise SpecError(f"kind='pp' uses all ranks as pipeline stages: pp={pp} != world_size={world}; use pp={world} (pipeline x data parallel is not implemented)")
+        return replace(s, pp=pp, dp_shard=1)
+    # fsdp2_tp
+    if world % s.tp:
+        fits = [f"tp={t} x dp_shard={world // t}" for t in _divisors(world)]
+        raise SpecError(f"tp={s.tp} does not divide world_size={world}; sizes that fit: {', '.join(fits)}")
+    shard = world // s.tp if s.dp_shard == -1 else s.dp_shard
+    if shard * s.tp != world:
+        fits = [f"tp={t} x dp_shard={world // t}" for t in _divisors(world)]
+        raise SpecError(f"dp_shard={shard} x tp={s.tp} = {shard * s.tp} ranks, but the world has {world}; sizes that fit: {', '.join(fits)}")
+    return replace(s, dp_shard=shard)
+
+
+def _check_device(s: StrategySpec, device: str) -> None:
+    if device not in ("cpu", "cuda"):
+        raise SpecError(f"device_type={device!r}: use 'cpu' or 'cuda'")
+    if device == "cpu":
+        for name in ("param_dtype", "reduce_dtype"):
+            if getattr(s, name) == "fp16":
+                raise SpecError(f"{name}='fp16' is not supported on CPU (gloo, no fp16 kernels for training); use 'bf16' or 'fp32'")
+        if s.cpu_offload:
+            raise SpecError("cpu_offload=True on a CPU device: parameters and optimizer state already live in host memory; set cpu_offload=False (offload needs CUDA)")
+        if s.via == "accelerate":
+            raise SpecError("via='accelerate' needs CUDA ranks here; on CPU use via='auto' or 'native' (the same strategy through torch.distributed)")
+        if s.kind == "zero" and s.param_dtype != "fp32":
+            raise SpecError(f"DeepSpeed ZeRO with param_dtype={s.param_dtype!r} on CPU is not supported here; use param_dtype='fp32' or kind='fsdp2'")
+    if s.kind in ("ddp", "tp", "pp", "none") and s.reduce not in ("fp32",):
+        raise SpecError(f"reduce_dtype={s.reduce_dtype!r} with kind={s.kind!r}: gradients are reduced in fp32 (param_dtype sets autocast only); use kind='fsdp2' for low-precision reduction")
+
+
+def _check_model(s: StrategySpec, cfg) -> None:
+    gcfg = getattr(cfg, "gpt", cfg)
+    is_moe = hasattr(cfg, "n_experts")
+    if s.tp > 1:
+        heads, kv = gcfg.n_heads, gcfg.kv_heads
+        bad = [f"{n}={v}" for n, v in (("n_heads", heads), ("n_kv_heads", kv), ("ffn hidden", gcfg.hidden_dim), ("vocab", gcfg.vocab)) if v % s.tp]
+        if bad:
+            from math import gcd
+            ok = [t for t in _divisors(gcd(gcd(heads, kv), gcd(gcfg.hidden_dim, gcfg.vocab))) if t > 1]
+            raise SpecError(f"tp={s.tp} does not divide {', '.join(bad)}; tensor parallel splits whole heads, so use tp in {ok or [1]}")
+        if s.sequence_parallel and gcfg.max_seq_len % s.tp:
+            raise SpecError(f"sequence_parallel with tp={s.tp} needs max_seq_len={gcfg.max_seq_len} divisible by {s.tp}; set sequence_parallel=False")
+        if is_moe and s.sequence_parallel:
+            raise SpecError("MoE blocks with tensor parallel need sequence_parallel=False (experts are replicated across tp ranks)")
+        if gcfg.tie_embeddings:
+            raise SpecError("tie_embeddings=True with tensor parallel is not supported; use a config with tie_embeddings=False")
+    if s.kind == "pp":
+        if s.pp > gcfg.n_layers:
+            raise SpecError(f"pp={s.pp} pipeline stages for n_layers={gcfg.n_layers}: each stage needs a layer; use pp <= {gcfg.n_layers} (or a deeper model)")
+        if gcfg.tie_embeddings and s.pp > 1:
+            raise SpecError("tie_embeddings=True across pipeline stages is not supported (the tied weight would live on two stages)")
+        if is_moe:
+            raise SpecError("MoE models with pipeline parallel are not supported here (the auxiliary loss would not reach the last stage)")
+
+
+# ---------------------------------------------------------------------- argv parsing
+ALIASES = {
+    "dtype": "param_dtype", "precision": "param_dtype", "reduce": "reduce_dtype",
+    "ac": "activation_checkpointing", "checkpointing": "activation_checkpointing",
+    "mb": "pp_microbatches", "microbatches": "pp_microbatches", "schedule": "pp_schedule",
+    "stage": "zero_stage", "offload": "cpu_offload", "sp": "sequence_parallel",
+    "reshard": "reshard_after_forward", "dp": "dp_shard", "replicate": "dp_replicate",
+    "shard": "dp_shard",
+}
+KIND_ALIASES = {
+    "fsdp": ("fsdp2", {}), "2d": ("fsdp2_tp", {}), "fsdp_tp": ("fsdp2_tp", {}),
+    "deepspeed": ("zero", {}), "zero1": ("zero", {"zero_stage": 1}), "zero2": ("zero", {"zero_stage": 2}),
+    "zero3": ("zero", {"zero_stage": 3}), "zero0": ("zero", {"zero_stage": 0}),
+    "pipeline": ("pp", {}), "tensor": ("tp", {}), "single": ("none", {}),
+}
+TRUE, FALSE = ("1", "true", "yes", "on", "y"), ("0", "false", "no", "off", "n")
+
+
+def _convert(name: str, raw: str):
+    f = next(f for f in fields(StrategySpec) if f.name == name)
+    t = str(f.type)
+    if "bool" in t:
+        if raw.lower() in TRUE:
+            return True
+        if raw.lower() in FALSE:
+            return False
+        raise SpecError(f"{name}={raw!r}: expected true/false")
+    if "int" in t:
+        if raw.lower() in ("none", "auto") and "None" in t:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise SpecError(f"{name}={raw!r}: expected an integer") from None
+    if raw.lower() == "none" and "None" in t and name != "activation_checkpointing":
+        return None
+    return raw.lower()
+
+
+def _field_name(key: str) -> str:
+    key = key.strip().lstrip("-").replace("-", "_").lower()
+    key = ALIASES.get(key, key)
+    names = [f.name for f in fields(StrategySpec)]
+    if key not in names:
+        near = difflib.get_close_matches(key, names + list(ALIASES), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise SpecError(f"unknown strategy option {key!r}{hint}; valid: {', '.join(names)}")
+    return key
+
+
+def spec_from_args(argv: list[str]) -> StrategySpec:
+    """Build a spec from ``["fsdp2", "--tp", "2", "--dtype=bf16", "compile"]``-style args.
+
+    The first bare word is the kind (``fsdp``, ``zero3``, ``2d`` ... are accepted);
+    options are ``key=value``, ``--key value``, ``--key=value``, ``--flag`` / ``--no-flag``.
+    """
+    values: dict[str, Any] = {}
+    kind = None
+    i = 0
+    bool_names = {f.name for f in fields(StrategySpec) if "bool" in str(f.type)}
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if "=" in tok:
+            key, raw = tok.split("=", 1)
+        elif tok.startswith("--"):
+            key = tok[2:]
+            neg = key.startswith("no-") or key.startswith("no_")
+            name = _field_name(key[3:] if neg else key)
+            if name in bool_names:
+                nxt = argv[i].lower() if i < len(argv) else ""
+                if not neg and nxt in TRUE + FALSE:
+                    values[name] = nxt in TRUE
+                    i += 1
+                else:
+                    values[name] = not neg
+                continue
+            if i >= len(argv):
+                raise SpecError(f"option {tok} needs a value")
+            raw = argv[i]
+            i += 1
+        else:
+            word = tok.lower()
+            if kind is None and (word in KINDS or word in KIND_ALIASES):
+                kind, extra = (word, {}) if word in KINDS else KIND_ALIASES[word]
+                values = {**extra, **values}
+                continue
+            name = _field_name(word) if kind is not None else None
+            if name in bool_names:
+                values[name] = True
+                continue
+            raise SpecError(f"unexpected word {tok!r}: start with a kind ({', '.join(KINDS)}) then key=value options")
+        name = _field_name(key)
+        values[name] = _convert(name, raw)
+    if kind is not None:
+        values["kind"] = kind
+    if values.get("kind") == "fsdp2" and values.get("tp", 1) > 1:
+        values["kind"] = "fsdp2_tp"  # "fsdp2 --tp 2" means FSDP2 x TP (2-D)
+    spec = StrategySpec(**values)
+    _check_values(spec)
+    return spec

@@ -1,0 +1,121 @@
+"""DeepSpeed ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
+Trillion Parameter Models"): stage 1 partitions optimizer state, stage 2 also gradients,
+stage 3 also parameters. Stage 0 is plain data parallel through the DeepSpeed engine.
+
+DeepSpeed picks its accelerator once per process (``deepspeed.accelerator.get_accelerator``,
+cached): ``DS_ACCELERATOR`` if set, else it probes for CUDA and friends and falls back to
+``CPU_Accelerator``, whose communication backend is ``gloo`` when oneCCL is absent. We set
+``DS_ACCELERATOR`` to the mesh device before the first DeepSpeed import on the rank, and
+because the default process group already exists, ``deepspeed.comm.init_distributed``
+wraps it (``TorchBackend``) instead of creating one. The engine reads ``LOCAL_RANK``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+from .base import Context, Prepared, PrepareError, apply_activation_checkpointing, register
+from .layout import describe_params, make_layout
+
+__all__ = ["ZeroStrategy", "DeepSpeedPrepared", "deepspeed_config", "import_deepspeed"]
+
+
+def import_deepspeed(device_type: str):
+    """Import DeepSpeed with the accelerator matching ``device_type`` (see module doc)."""
+    want = "cuda" if device_type == "cuda" else "cpu"
+    os.environ.setdefault("DS_ACCELERATOR", want)
+    try:
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+    except ImportError as e:  # pragma: no cover - deepspeed is an optional extra
+        raise PrepareError("kind='zero' needs DeepSpeed: pip install 'distrain-workbench[deepspeed]'") from e
+    got = get_accelerator().device_name()
+    if not got.startswith(want):
+        raise PrepareError(f"DeepSpeed's accelerator on this rank is {got!r} but the mesh device is {device_type!r}; "
+                           f"it is chosen once per process: restart the ranks with DS_ACCELERATOR={want}")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    return deepspeed
+
+
+def deepspeed_config(spec, *, world_size: int) -> dict:
+    zero: dict = {"stage": spec.zero_stage}
+    if spec.cpu_offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if spec.zero_stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,  # bookkeeping only: batches come from the caller
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,  # torch optimizers (AdamW) on partitions
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if spec.param_dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif spec.param_dtype == "fp16":
+        cfg["fp16"] = {"enabled": True}
+    return cfg
+
+
+class DeepSpeedPrepared(Prepared):
+    def check(self) -> None:
+        pass  # the engine owns its optimizer and parameters
+
+    def train_step(self, batch) -> float:
+        engine = self.model
+        x, y = (t.to(self.device) for t in batch)
+        engine.train()
+        engine.zero_grad()
+        out = engine(x)
+        loss = self.compute_loss(out, y)
+        engine.backward(loss)
+        engine.step()
+        self.steps += 1
+        from .base import all_reduce_mean
+
+        return float(all_reduce_mean(loss.detach(), self.loss_group))
+
+    def unwrap(self):
+        return self.model.module
+
+    def close(self) -> None:
+        try:
+            self.model.destroy()
+        except Exception:  # older engines have no destroy()
+            pass
+
+
+@register
+class ZeroStrategy:
+    kind = "zero"
+
+    def apply(self, model, optimizer, ctx: Context) -> Prepared:
+        s = ctx.spec
+        if ctx.device.type == "cuda":
+            os.environ.setdefault("LOCAL_RANK", str(ctx.device.index or 0))
+        else:
+            os.environ.setdefault("LOCAL_RANK", "0")
+        ds = import_deepspeed(ctx.device.type)
+        apply_activation_checkpointing(model, s.activation_checkpointing, ctx.notes)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            if any(optimizer.state.values()):
+                raise PrepareError("the optimizer passed to prepare() already has state; pass a factory params -> optimizer")
+            opt_cls, defaults = type(optimizer), dict(optimizer.defaults)
+            optimizer = lambda params: opt_cls(params, **defaults)  # noqa: E731
+        engine, opt, _, _ = ds.initialize(model=model, optimizer=optimizer,
+                                          config=deepspeed_config(s, world_size=ctx.world_size),
+                                          dist_init_required=False)
+        ctx.notes.append(f"DeepSpeed ZeRO stage {s.zero_stage} over {ctx.world_size} rank(s) "
+                         f"({['plain DP', 'optimizer state', 'optimizer state + gradients', 'optimizer state + gradients + parameters'][s.zero_stage]} partitioned)")
+        if s.cpu_offload:
+            ctx.notes.append("optimizer state offloaded to CPU")
+        layout = make_layout(strategy=self.kind, path="deepspeed", mesh_shape=(ctx.world_size,), dim_names=("dp",),
+                             rank=ctx.rank, world_size=ctx.world_size, params=describe_params(engine.module, 1),
+                             notes=ctx.notes, dp_rank=ctx.rank, dp_size=ctx.world_size)
+        return DeepSpeedPrepared(model=engine, optimizer=opt, layout=layout, spec=s, ctx=ctx,
+                                 loss_group=dist.group.WORLD, dp_rank=ctx.rank, dp_size=ctx.world_size,
+                                 inner=engine.module)
