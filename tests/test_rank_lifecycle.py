@@ -21,7 +21,7 @@ for _ in range(100000):
 
 
 def test_sigkill_is_reported_by_rank_and_restart_recovers(fresh_ranks):
-    rs = fresh_ranks(4, timeout=20)
+    rs = fresh_ranks(4, timeout=6)
     victim = rs.procs[2].pid
     call = rs.execute_async(ALL_REDUCE_LOOP)
     time.sleep(1.0)
@@ -33,6 +33,11 @@ def test_sigkill_is_reported_by_rank_and_restart_recovers(fresh_ranks):
     assert f"rank 2 (host {rs.procs[2].host}, pid {victim}) killed by SIGKILL" in str(err.value)
     rows = api.status()
     assert rows[2]["state"] == "dead" and rows[2]["exit"] == "killed by SIGKILL"
+    # survivors come out of their collective by the collective timeout (6 s) at the latest
+    deadline = t0 + 6 + 4
+    while time.monotonic() < deadline and any(r["state"] == "busy" for r in api.status()):
+        time.sleep(0.2)
+    assert [r["state"] for r in api.status()] == ["idle", "idle", "dead", "idle"]
     old = list(rs.started_pids)
     new = api.restart()
     assert new.world_size == 4 and alive(old) == []
@@ -77,3 +82,19 @@ def test_mpi_launcher_brings_up_ranks(fresh_ranks):
         return engine.rank, int(os.environ["OMPI_COMM_WORLD_RANK"]), t.item()
 
     assert rs.apply(mpi_rank) == [(0, 0, 2.0), (1, 1, 2.0)]
+
+
+@pytest.mark.parametrize("launcher, engine_class", [
+    ("slurm", "SlurmEngineSetLauncher"), ("ssh", "SSHEngineSetLauncher"), ("mpi", "MPIEngineSetLauncher"),
+])
+def test_cluster_launchers_pass_through_to_ipyparallel(launcher, engine_class):
+    """Slurm and SSH cannot run here (no cluster): check the pass-through, start nothing."""
+    import ipyparallel as ipp
+
+    from workbench.cluster.launchers import cluster_kwargs
+
+    kwargs = cluster_kwargs(launcher, 8, options={"config": {"SlurmLauncher": {"timelimit": "1:00:00"}}})
+    cluster = ipp.Cluster(**kwargs)
+    assert cluster.n == 8
+    assert cluster.engine_launcher_class.__name__ == engine_class
+    assert "--HeartMonitor.period=300" in cluster.controller_args

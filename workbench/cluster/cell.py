@@ -46,7 +46,7 @@ def run_cell(rankset, code: str, ranks=None, timeout: float | None = None, *, di
         raise Interrupted(f"interrupted: sent SIGINT to ranks {format_ranks(call.ranks)}") from None
     if display:
         show(call, printed)
-    deaths = call.deaths()
+    deaths = [] if done and call.ar.successful() else call.deaths()
     if deaths:
         raise RankDied(death_message(deaths), deaths)
     if not done:

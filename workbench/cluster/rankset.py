@@ -67,6 +67,7 @@ class RankSet:
         self.started_pids: list[int] = []
         self.stopped = False
         self.start_seconds: float | None = None
+        self._views: dict[tuple[int, ...], object] = {}
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -206,12 +207,18 @@ class RankSet:
         return [deaths[r] for r in sorted(deaths)]
 
     def view(self, ranks=None):
-        """An ipyparallel DirectView on the selected ranks (rank order)."""
+        """An ipyparallel DirectView on the selected ranks (rank order), cached per selection."""
         self.require_running()
-        sel = self.select(ranks)
-        return self.client[[self.engine_ids[r] for r in sel]]
+        sel = tuple(self.select(ranks))
+        view = self._views.get(sel)
+        if view is None:
+            view = self._views[sel] = self.client[[self.engine_ids[r] for r in sel]]
+        return view
 
     def select(self, ranks) -> list[int]:
+        self.require_running()
+        if ranks is None:
+            return list(range(self.world_size))
         if isinstance(ranks, (list, tuple)) and all(isinstance(r, int) for r in ranks):
             return parse_ranks(",".join(map(str, ranks)), self.world_size)
         return parse_ranks(ranks, self.world_size)
@@ -219,7 +226,6 @@ class RankSet:
     # -------------------------------------------------------------- running
     def submit(self, fn, *args, ranks=None, **kwargs) -> "RankCall":
         """Run ``fn(*args, **kwargs)`` on the ranks without waiting."""
-        self.require_running()
         sel = self.select(ranks)
         ar = self.view(sel).apply_async(fn, *args, **kwargs)
         return RankCall(self, sel, ar)
@@ -230,7 +236,6 @@ class RankSet:
 
     def execute_async(self, code: str, ranks=None) -> "RankCall":
         """Run a code string on the ranks (as a cell) without waiting."""
-        self.require_running()
         sel = self.select(ranks)
         ar = self.view(sel).execute(code, silent=False, block=False)
         return RankCall(self, sel, ar)
@@ -318,16 +323,18 @@ class RankSet:
                 self.client.close()
             except Exception:
                 pass
-        # Ranks first, by pid (a busy or stuck rank would make ipyparallel wait 5 s per
-        # engine); then ipyparallel stops the controller and tidies its files.
-        health.end_pids([p.pid for p in self.procs if p.local], grace=2.0)
+        # Ranks (and their nannies) first, by pid: their state is being thrown away, and a
+        # busy or stuck rank would make ipyparallel wait 5 s per engine. Then ipyparallel
+        # stops the controller and tidies its files.
+        controller = set(self._controller_pids())
+        health.end_pids([p for p in pids if p not in controller], grace=0.2)
         if self.cluster is not None:
             try:
                 self.cluster.stop_cluster_sync()
             except Exception:
                 pass
         self.stopped = True
-        return health.end_pids(pids)
+        return health.end_pids(pids, grace=1.0)
 
     def __repr__(self) -> str:
         state = "stopped" if self.stopped else "running"
@@ -367,7 +374,7 @@ class RankCall:
     def result(self, timeout: float | None = None) -> list:
         """Per-rank results in rank order; raises RankDied / RankFailure / TimeoutError."""
         done = self.wait(timeout)
-        deaths = self.deaths()
+        deaths = [] if done and self.ar.successful() else self.deaths()
         if deaths:
             raise RankDied(health.death_message(deaths), deaths)
         if not done:

@@ -34,6 +34,13 @@ def context() -> runtime.RankContext:
     return runtime.context()
 
 
+def report(step: int, loss: float | None = None, **metrics) -> dict:
+    """Send this rank's numbers for ``step`` to the notebook's dashboard and ``workbench.metrics()``."""
+    from .reporting import report as _report
+
+    return _report(step, loss, **metrics)
+
+
 def barrier() -> None:
     """A barrier over all ranks of the default group."""
     import torch.distributed as dist
@@ -41,4 +48,4 @@ def barrier() -> None:
     dist.barrier()
 
 
-__all__ = sorted(_CONTEXT_FIELDS | {"context", "barrier", "runtime"})
+__all__ = sorted(_CONTEXT_FIELDS | {"context", "barrier", "runtime", "report"})

@@ -207,6 +207,18 @@ class Prepared:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self._autocast)
 
+    def set_optimizer(self, optimizer) -> torch.optim.Optimizer:
+        """Replace the optimizer (a factory or an un-stepped instance), built over the
+        model's current sharded parameters."""
+        self.reshard()
+        notes: list[str] = []
+        self.optimizer = build_optimizer(self.model, optimizer, notes)
+        self.check()
+        return self.optimizer
+
+    def reshard(self) -> None:
+        """Return parameters to their sharded form (FSDP2 overrides; no-op elsewhere)."""
+
     def check(self) -> None:
         """Guard run before every step (FSDP2 re-shards a root left unsharded here)."""
         check_optimizer_matches(self.model, self.optimizer, where=f"rank {self.layout['rank']}: ")

@@ -71,9 +71,7 @@ def shard_model(model: nn.Module, mesh, spec, notes: list[str]) -> nn.Module:
 
 
 class FSDP2Prepared(Prepared):
-    def check(self) -> None:
-        """Re-shard a module left unsharded (a ``torch.no_grad()`` forward skips the
-        post-backward reshard of the root), then verify the optimizer's tensors."""
+    def reshard(self) -> None:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor
 
@@ -81,6 +79,14 @@ class FSDP2Prepared(Prepared):
             for m in self.model.modules():
                 if isinstance(m, FSDPModule):
                     m.reshard()
+
+    def check(self) -> None:
+        """Re-shard modules left unsharded (a ``torch.no_grad()`` forward with
+        ``reshard_after_forward=False`` never reaches the post-backward reshard), then verify
+        the optimizer holds the model's sharded parameters."""
+        from torch.distributed.tensor import DTensor
+
+        self.reshard()
         check_optimizer_matches(self.model, self.optimizer, where=f"rank {self.layout['rank']}: ")
         if not all(isinstance(p, DTensor) for p in self.model.parameters()):
             raise PrepareError(f"rank {self.layout['rank']}: FSDP2 parameters are not sharded after reshard(); re-run prepare()")

@@ -37,6 +37,14 @@ def import_deepspeed(device_type: str):
         raise PrepareError(f"DeepSpeed's accelerator on this rank is {got!r} but the mesh device is {device_type!r}; "
                            f"it is chosen once per process: restart the ranks with DS_ACCELERATOR={want}")
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    if want == "cpu":
+        # TorchBackend JIT-compiles a shared-memory all-reduce kernel (~100 s, needs a C++
+        # compiler) on first use; it only serves inference all-reduce. Training uses gloo.
+        import sys
+
+        import deepspeed.comm.torch  # noqa: F401
+
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     return deepspeed
 
 
@@ -50,7 +58,8 @@ def deepspeed_config(spec, *, world_size: int) -> dict:
         "train_micro_batch_size_per_gpu": 1,  # bookkeeping only: batches come from the caller
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
-        "zero_allow_untested_optimizer": True,  # torch optimizers (AdamW) on partitions
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": 0.0,  # DeepSpeed 0.19 defaults to clipping at 1.0; torch does not clip  # torch optimizers (AdamW) on partitions
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }

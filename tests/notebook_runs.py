@@ -1,0 +1,115 @@
+"""Notebook runs shared by several test modules (each runs at most once per session).
+
+The quickstart is executed once, through the ``make demo`` entry point
+(``python -m workbench.demo``, which drives nbclient with the ``python3`` kernel);
+``test_demo`` checks the run and its summary, ``test_quickstart`` the notebook's outputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+
+import nbformat
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "notebooks" / "00_quickstart.ipynb"
+RUNS = ROOT / ".state" / "test" / "runs"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    executed: pathlib.Path | None
+    run_dir: pathlib.Path | None
+
+    def notebook(self):
+        assert self.executed is not None and self.executed.is_file(), (
+            f"the demo wrote no executed notebook\nstdout:\n{self.stdout}\nstderr:\n{self.stderr[-3000:]}")
+        return nbformat.read(self.executed, as_version=4)
+
+
+def run_demo(notebook: pathlib.Path, out: pathlib.Path, *extra: str, timeout: float = 400) -> DemoRun:
+    """``python -m workbench.demo NOTEBOOK --out OUT`` in a subprocess, as ``make demo`` runs it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "workbench.demo", str(notebook), "--out", str(out), *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    executed = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("executed copy "):
+            executed = pathlib.Path(line.removeprefix("executed copy ").strip())
+    return DemoRun(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - t0, executed,
+                   executed.parent if executed else None)
+
+
+@functools.lru_cache(maxsize=None)
+def quickstart() -> DemoRun:
+    """The quickstart notebook executed headless (once per test session)."""
+    return run_demo(QUICKSTART, RUNS, "--timeout", "180")
+
+
+def code_cell(nb, startswith: str):
+    """The code cell whose source starts with ``startswith`` (exactly one)."""
+    found = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(startswith)]
+    assert len(found) == 1, f"{len(found)} code cells start with {startswith!r}"
+    return found[0]
+
+
+def stream_text(cell, name: str = "stdout") -> str:
+    return "".join(o.get("text", "") for o in cell.outputs
+                   if o.output_type == "stream" and o.get("name") == name)
+
+
+def errors(nb) -> list[str]:
+    return [f"{c.source.splitlines()[0]!r}: {o.get('ename')}: {o.get('evalue')}"
+            for c in nb.cells if c.cell_type == "code"
+            for o in c.outputs if o.output_type == "error"]
+
+
+class _Table(HTMLParser):
+    """The cells of the HTML tables in a fragment, row by row."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.body: list[bool] = []  # per row: inside <tbody>
+        self._cell: list[str] | None = None
+        self._in_body = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tbody":
+            self._in_body = True
+        elif tag == "tr":
+            self.rows.append([])
+            self.body.append(self._in_body)
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag == "tbody":
+            self._in_body = False
+        elif tag in ("td", "th") and self._cell is not None and self.rows:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def table_column(html: str, column: str) -> list[str]:
+    """Values of ``column`` in a pandas DataFrame's HTML table (header row found by name)."""
+    parser = _Table()
+    parser.feed(html)
+    header = next(r for r, body in zip(parser.rows, parser.body) if not body and column in r)
+    i = header.index(column)
+    return [r[i] for r, body in zip(parser.rows, parser.body) if body and len(r) == len(header)]

@@ -1,0 +1,126 @@
+"""Loading a checkpoint into the live model, at any world size and strategy (every rank).
+
+Resharding is DCP's: each rank asks for the tensors its model holds *now* (full
+tensors under DDP, its shards under FSDP2/TP, its stage's under pipeline), with their
+global shapes, and DCP reads exactly those slices from whichever files hold them. So a
+checkpoint saved from FSDP2 on 4 ranks loads into DDP on 2, or DeepSpeed, or 1 rank.
+
+Before any tensor is read: the manifest is read (JSON), DCP's ``.metadata`` is read
+through the restricted unpickler of :mod:`.safety` (a tampered file is refused), and
+the checkpoint's tensor names and shapes are compared with the model's on every rank;
+a mismatch raises :class:`~.safety.IncompatibleCheckpoint` naming the tensors, with
+the model untouched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from . import save as _save
+from .manifest import Manifest, read_manifest
+from .safety import IncompatibleCheckpoint, compare, mismatch_message, read_metadata_file
+from .state import Target, apply_state, capture, merge_optimizer, set_rng_state, split_optimizer
+
+__all__ = ["load", "check_compatible"]
+
+
+def _gather_keys(keys: set[str], pg) -> set[str]:
+    """Union of every rank's keys (pipeline stages each hold only some)."""
+    from .save import _dist
+
+    dist = _dist()
+    if dist is None:
+        return set(keys)
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, sorted(keys), group=pg)
+    return set().union(*(set(o) for o in out))
+
+
+def check_compatible(manifest: Manifest, msd: dict, otensors: dict, *, pg=None, with_optimizer: bool = True) -> None:
+    """Raise :class:`IncompatibleCheckpoint` naming missing/unexpected/mis-shaped tensors."""
+    wanted = {k: list(v.shape) for k, v in msd.items() if isinstance(v, torch.Tensor)}
+    saved = {k: v[0] for k, v in manifest.model_tensors.items()}
+    union = _gather_keys(set(wanted), pg)
+    missing, _, shapes = compare(saved, wanted)
+    unexpected = sorted(k for k in saved if k not in union)
+    problems = _all_problems(missing, shapes, pg)
+    msg = mismatch_message("model", problems[0], unexpected, problems[1])
+    if msg:
+        raise IncompatibleCheckpoint(msg)
+    if with_optimizer and otensors:
+        if not manifest.has_optimizer:
+            raise IncompatibleCheckpoint("the checkpoint has no optimizer state: load it with model_only=True "
+                                         "(`%distrain ckpt load ... --model-only`) to start a fresh optimizer")
+        owanted = {k: list(v.shape) for k, v in otensors.items()}
+        osaved = {k: v[0] for k, v in manifest.optim_tensors.items()}
+        ounion = _gather_keys(set(owanted), pg)
+        omissing, _, oshapes = compare(osaved, owanted)
+        ounexp = sorted(k for k in osaved if k not in ounion)
+        problems = _all_problems(omissing, oshapes, pg)
+        msg = mismatch_message(f"optimizer ({manifest.optimizer} state saved)", problems[0], ounexp, problems[1])
+        if msg:
+            raise IncompatibleCheckpoint(msg + "; or load with --model-only to start a fresh optimizer")
+
+
+def _all_problems(missing, shapes, pg):
+    """Every rank raises the same error (never one rank raising while others wait)."""
+    from .save import _dist
+
+    dist = _dist()
+    if dist is None:
+        return missing, shapes
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, (list(missing), [list(s) for s in shapes]), group=pg)
+    m = sorted({k for o in out for k in o[0]})
+    s = sorted({tuple(map(lambda x: tuple(x) if isinstance(x, list) else x, t)) for o in out for t in o[1]})
+    return m, [(k, list(a), list(b)) for k, a, b in s]
+
+
+def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: bool = True) -> dict:
+    """Load the checkpoint in ``folder`` into ``target`` (collective: call on every rank)."""
+    import torch.distributed.checkpoint as dcp
+
+    from .safety import SafeLoadPlanner, SafeReader
+
+    _save.wait()  # a save in flight finishes first
+    t0 = time.perf_counter()
+    dist = _save._dist()
+    pg = _save.ckpt_group()
+    rank = dist.get_rank() if dist else 0
+    world = dist.get_world_size() if dist else 1
+    manifest = read_manifest(folder)
+    read_metadata_file(folder)  # refuses tampered / pickled content before anything else
+    with_opt = not model_only and target.optimizer is not None
+    msd, osd = capture(target, with_optimizer=with_opt)
+    otensors, _ = split_optimizer(osd)
+    check_compatible(manifest, msd, otensors, pg=pg, with_optimizer=with_opt)
+    state = {"model": msd}
+    if with_opt and otensors:
+        state["optim"] = otensors
+    dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), process_group=pg,
+             no_dist=dist is None)
+    full_osd = merge_optimizer(osd, state.get("optim", {}), manifest.optim_values) if with_opt else None
+    apply_state(target, state["model"], full_osd)
+    target.state.step = manifest.step
+    target.state.loss = manifest.loss
+    target.state.data = dict(manifest.data or {})
+    notes = []
+    rf = os.path.join(folder, _save.rank_file(rank))
+    if restore_rng:
+        if os.path.exists(rf):
+            with open(rf, encoding="utf-8") as fh:
+                set_rng_state(json.load(fh).get("rng", {}))
+            if world != manifest.world_size:
+                notes.append(f"RNG: rank {rank} took saved rank {rank}'s state (world size {manifest.world_size} -> {world})")
+        else:
+            notes.append(f"RNG: the checkpoint has no state for rank {rank} (saved on {manifest.world_size} ranks); "
+                         "this rank keeps its current RNG")
+    if dist is not None:
+        dist.barrier(group=pg)
+    return {"name": manifest.name, "step": manifest.step, "loss": manifest.loss, "path": folder,
+            "from_world_size": manifest.world_size, "from_strategy": manifest.strategy,
+            "world_size": world, "strategy": target.strategy, "model_only": not with_opt,
+            "load_s": time.perf_counter() - t0, "notes": notes}

@@ -1,0 +1,241 @@
+"""What a checkpoint captures on a rank: model + optimizer tensors, step, data position, RNG.
+
+Model and optimizer go through ``torch.distributed.checkpoint.state_dict.get_state_dict``
+with ``flatten_optimizer_state_dict=True``: keys are the model's own parameter names
+(no ``module.`` prefix from DDP, global shapes for FSDP2/TP DTensors), and optimizer
+state is keyed ``state.<param fqn>.<name>``. That is what makes a checkpoint saved under
+one strategy and world size loadable under another (DCP reshards on read).
+
+Non-tensor optimizer entries (``param_groups.<fqn>.lr``, betas...) and all other
+non-tensor state (step, data position, RNG states) go to JSON, never to pickles.
+
+DeepSpeed: its ZeRO optimizer keeps flat fp32 partitions, not per-parameter state, so
+``get_state_dict`` cannot read it. The DeepSpeed engine is read and written through
+``deepspeed.utils.safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state`` (and
+their ``safe_set_*`` twins), which gather full per-parameter tensors under every ZeRO
+stage; they are stored under the same keys as the torch path, so a DeepSpeed checkpoint
+loads into DDP/FSDP2 and back, at any world size.
+"""
+from __future__ import annotations
+
+import base64
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["TrainState", "Target", "target_from_prepared", "capture", "split_optimizer", "merge_optimizer",
+           "rng_state", "set_rng_state", "tensor_shapes"]
+
+
+@dataclass
+class TrainState:
+    """Where training is: the next step to run, last loss, and a JSON data position."""
+
+    step: int = 0
+    loss: float | None = None
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class Target:
+    """The things a checkpoint reads from and writes into, on one rank."""
+
+    model: torch.nn.Module  # as prepared (DDP / FSDP2 / TP module) or the DeepSpeed engine
+    optimizer: object | None
+    state: TrainState
+    strategy: str = "none"
+    spec: dict = field(default_factory=dict)
+    mesh: dict = field(default_factory=dict)
+
+    @property
+    def is_deepspeed(self) -> bool:
+        return type(self.model).__name__ == "DeepSpeedEngine" or hasattr(self.model, "zero_optimization_stage")
+
+
+def target_from_prepared(prepared, state: TrainState | None = None) -> Target:
+    """A :class:`Target` for a ``workbench.strategies.Prepared``."""
+    layout = getattr(prepared, "layout", {}) or {}
+    spec = getattr(prepared, "spec", None)
+    return Target(model=prepared.model, optimizer=prepared.optimizer, state=state or TrainState(),
+                  strategy=layout.get("strategy", getattr(spec, "kind", "none")),
+                  spec=spec.to_dict() if hasattr(spec, "to_dict") else {},
+                  mesh=layout.get("mesh", {}))
+
+
+def _opts():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def capture(target: Target, *, with_optimizer: bool = True) -> tuple[dict, dict]:
+    """(model state dict, flat optimizer state dict) as torch's state_dict API returns them."""
+    if target.is_deepspeed:
+        return _ds_capture(target, with_optimizer)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if with_optimizer and target.optimizer is not None:
+        msd, osd = get_state_dict(target.model, [target.optimizer], options=_opts())
+        return msd, dict(osd)
+    return get_model_state_dict(target.model, options=_opts()), {}
+
+
+def apply_state(target: Target, msd: dict, osd: dict | None) -> None:
+    """Write loaded state into the model (and optimizer where ``osd`` is given)."""
+    if target.is_deepspeed:
+        return _ds_apply(target, msd, osd)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    if osd is not None and target.optimizer is not None:
+        set_state_dict(target.model, [target.optimizer], model_state_dict=msd, optim_state_dict=osd, options=_opts())
+    else:
+        set_model_state_dict(target.model, msd, options=_opts())
+
+
+def split_optimizer(osd: dict) -> tuple[dict, dict]:
+    """(tensor entries, JSON-able entries) of a flat optimizer state dict."""
+    tensors, values = {}, {}
+    for k, v in osd.items():
+        if isinstance(v, torch.Tensor):
+            tensors[k] = v
+        else:
+            values[k] = _jsonable(k, v)
+    return tensors, values
+
+
+def _jsonable(key, v):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(key, x) for x in v]
+    raise TypeError(f"optimizer entry {key!r} holds a {type(v).__name__}; only numbers, strings, lists and "
+                    "tensors can be checkpointed without pickles")
+
+
+def merge_optimizer(template: dict, tensors: dict, values: dict) -> dict:
+    """A full flat optimizer state dict: loaded tensors, saved values typed like the template."""
+    out = dict(template)
+    out.update(tensors)
+    for k, v in values.items():
+        if k in template:
+            t = template[k]
+            out[k] = tuple(v) if isinstance(t, tuple) and isinstance(v, list) else v
+    return out
+
+
+def tensor_shapes(sd: dict) -> dict:
+    """key -> [global shape, dtype] (DTensor shapes are global)."""
+    return {k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+# ------------------------------------------------------------------------------ RNG (JSON)
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def rng_state() -> dict:
+    """This rank's RNG states as JSON: torch CPU/CUDA, python ``random``, numpy."""
+    v, st, gauss = random.getstate()
+    out: dict = {"python": [v, list(st), gauss], "torch_cpu": _b64(torch.get_rng_state())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["torch_cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    try:
+        import numpy as np
+
+        s = np.random.get_state()
+        out["numpy"] = [s[0], [int(x) for x in s[1]], int(s[2]), int(s[3]), float(s[4])]
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+def set_rng_state(d: dict) -> None:
+    if "python" in d:
+        v, st, gauss = d["python"]
+        random.setstate((v, tuple(st), gauss))
+    if "torch_cpu" in d:
+        torch.set_rng_state(_unb64(d["torch_cpu"]))
+    if "torch_cuda" in d and torch.cuda.is_available():
+        states = [_unb64(s) for s in d["torch_cuda"]]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+    if "numpy" in d:
+        try:
+            import numpy as np
+
+            name, key, pos, has_gauss, cached = d["numpy"]
+            np.random.set_state((name, np.array(key, dtype=np.uint32), pos, has_gauss, cached))
+        except ImportError:  # pragma: no cover
+            pass
+
+
+# ------------------------------------------------------------------------------ DeepSpeed
+def _ds_named_params(engine):
+    return [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+
+
+def _ds_capture(target: Target, with_optimizer: bool) -> tuple[dict, dict]:
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    engine = target.model
+    msd: dict = {}
+    osd: dict = {}
+    for name, p in _ds_named_params(engine):
+        full = safe_get_full_fp32_param(p)
+        msd[name] = (full if full is not None else p.detach()).detach().cpu().clone()
+        if with_optimizer:
+            for key in ("exp_avg", "exp_avg_sq"):
+                s = safe_get_full_optimizer_state(p, key)
+                if s is not None:
+                    osd[f"state.{name}.{key}"] = s.detach().cpu().clone()
+    for name, b in engine.module.named_buffers():
+        msd[name] = b.detach().cpu().clone()
+    if with_optimizer and osd:
+        step = _ds_step(engine)
+        for name, _ in _ds_named_params(engine):
+            osd[f"state.{name}.step"] = torch.tensor(float(step))
+        opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
+        group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+        for name, _ in _ds_named_params(engine):
+            for k, v in group.items():
+                if v is None or isinstance(v, (bool, int, float, str, tuple, list)):
+                    osd[f"param_groups.{name}.{k}"] = v
+    return msd, osd
+
+
+def _ds_step(engine) -> int:
+    opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    for st in getattr(opt, "state", {}).values():
+        if "step" in st:
+            s = st["step"]
+            return int(s.item() if isinstance(s, torch.Tensor) else s)
+    return 0
+
+
+def _ds_apply(target: Target, msd: dict, osd: dict | None) -> None:
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    engine = target.model
+    for name, p in _ds_named_params(engine):
+        safe_set_full_fp32_param(p, msd[name].to(torch.float32))
+        if osd:
+            for key in ("exp_avg", "exp_avg_sq"):
+                k = f"state.{name}.{key}"
+                if k in osd:
+                    safe_set_full_optimizer_state(p, osd[k].to(torch.float32), key)
+    with torch.no_grad():
+        for name, b in engine.module.named_buffers():
+            if name in msd:
+                b.copy_(msd[name])
+    if osd:
+        steps = [v for k, v in osd.items() if k.endswith(".step") and isinstance(v, torch.Tensor)]
+        if steps:
+            opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
+            for st in getattr(opt, "state", {}).values():
+                if "step" in st:
+                    st["step"] = steps[0].clone() if isinstance(st["step"], torch.Tensor) else int(steps[0].item())

@@ -1,0 +1,85 @@
+"""The calls the notebook makes on each rank to drive its trainer (plain functions for ``apply``).
+
+Each returns a small plain dict, so the notebook never unpickles a torch object.
+:func:`build_default` makes the teaching setup (tiny GPT on the bundled text under a
+strategy) so that ``%distrain train start --model tiny --strategy ddp`` works with no
+cell of setup code.
+"""
+from __future__ import annotations
+
+from . import trainer as trainer_mod
+
+
+def build_default(strategy: str = "ddp", *, model: str = "tiny", batch_size: int = 8, seq_len: int = 32,
+                  lr: float = 1e-3, seed: int = 0, **config) -> dict:
+    """A tiny GPT on the bundled corpus, prepared under ``strategy``, wrapped in a Trainer."""
+    import torch
+
+    from ..models import GPT, GPTConfig, TextDataset, batch_at
+    from ..strategies import prepare
+
+    presets = {"tiny": GPTConfig.tiny, "small": GPTConfig.small}
+    if model not in presets:
+        raise ValueError(f"unknown model preset {model!r}: use one of {', '.join(presets)}")
+    cfg = presets[model](max_seq_len=seq_len)
+    torch.manual_seed(seed)
+    net = GPT(cfg)
+    prepared = prepare(net, lambda params: torch.optim.AdamW(params, lr=lr), strategy)
+    dataset = TextDataset(seq_len)
+    dp_rank, dp_size = prepared.dp_rank, prepared.dp_size
+
+    def data(i: int):
+        return batch_at(dataset, batch_size, i, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
+
+    t = trainer_mod.Trainer(prepared, data=data, **config)
+    return {**t.status(), "layout": repr(prepared)}
+
+
+def start(steps: int) -> dict:
+    return trainer_mod.current().start(steps)
+
+
+def request(action: str, reason: str = "") -> dict:
+    t = trainer_mod.current()
+    if action == "pause":
+        t.pause(reason or "requested from the notebook")
+    elif action == "resume":
+        t.resume()
+    elif action == "stop":
+        t.stop()
+    else:
+        raise ValueError(f"unknown action {action!r}: pause, resume or stop")
+    return t.status()
+
+
+def stage(version: int, hparams: dict) -> dict:
+    return trainer_mod.current().stage(version, hparams)
+
+
+def commit(version: int) -> dict:
+    t = trainer_mod.current()
+    t.commit(version)
+    return t.status()
+
+
+def next_version() -> int:
+    t = trainer_mod.current()
+    with t._lock:
+        return max([t._flags["version"], t._applied_version, *t._staged]) + 1
+
+
+def status() -> dict:
+    t = trainer_mod._CURRENT
+    if t is None:
+        return {"state": "none", "step": 0}
+    return t.status()
+
+
+def wait(timeout: float | None = None) -> dict:
+    return trainer_mod.current().wait(timeout)
+
+
+def inject(kind: str = "nan", step: int | None = None) -> dict:
+    t = trainer_mod.current()
+    t.inject(kind, step)
+    return t.status()

@@ -1,0 +1,129 @@
+"""Rank side of the event stream: a bounded queue and a sender thread PUSHing to the notebook.
+
+ipyparallel's ``publish_data`` keeps only the latest message per engine, so steps would
+be lost; instead the notebook binds a ZMQ PULL socket and each rank PUSHes batches to it.
+The training thread only appends to a queue (``emit`` never blocks, never touches the
+network), so a slow notebook can never slow a step; the sender thread batches whatever
+is queued every few milliseconds. The queue is bounded: should the notebook stop
+reading for long, new events are counted as dropped (reported, never silent) rather
+than growing memory without limit. ``flush`` waits until everything queued is sent,
+which the trainer calls at the end of a run.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from .. import events
+
+MAX_QUEUED = 200_000
+BATCH = 1000
+INTERVAL_S = 0.02
+
+_PUBLISHER: "Publisher | None" = None
+
+
+class Publisher:
+    """One per rank process; connected to the notebook's collector address."""
+
+    def __init__(self, address: str, rank: int):
+        import zmq
+
+        self.address = address
+        self.rank = rank
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.LINGER, 2000)
+        self._sock.setsockopt(zmq.SNDHWM, 10_000)  # messages (batches), not events
+        self._sock.connect(address)
+        self._queue: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._sent = 0
+        self._queued = 0
+        self.dropped = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="workbench-publisher", daemon=True)
+        self._thread.start()
+
+    def emit(self, event: dict) -> None:
+        """Queue an event; never blocks (drops, and counts, when the queue is full)."""
+        if self._closed:
+            return
+        if len(self._queue) >= MAX_QUEUED:
+            self.dropped += 1
+            return
+        self._queue.append(event)  # deque.append is atomic: no lock on the hot path
+        self._queued += 1
+
+    def _run(self) -> None:
+        import zmq
+
+        while True:
+            if not self._queue:
+                if self._closed:
+                    break
+                time.sleep(INTERVAL_S)
+                continue
+            batch = []
+            while self._queue and len(batch) < BATCH:
+                batch.append(self._queue.popleft())
+            data = events.encode(batch)
+            while True:
+                try:
+                    self._sock.send(data, flags=zmq.NOBLOCK)
+                    break
+                except zmq.Again:  # the notebook is behind: wait here, not in the training thread
+                    if self._closed and self._sock.closed:
+                        return
+                    time.sleep(0.01)
+            with self._cv:
+                self._sent += len(batch)
+                self._cv.notify_all()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event queued so far has been handed to ZMQ; True when done."""
+        target = self._queued
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._sent < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.flush(timeout)
+        self._closed = True
+        self._thread.join(timeout)
+        self._sock.close()
+
+
+def connect(address: str, rank: int | None = None) -> dict:
+    """Point this rank's stream at the notebook (called by the notebook on every rank)."""
+    global _PUBLISHER
+    from . import runtime
+
+    if rank is None:
+        rank = runtime.context().rank
+    if _PUBLISHER is not None and _PUBLISHER.address == address:
+        return {"rank": rank, "address": address, "reused": True}
+    if _PUBLISHER is not None:
+        _PUBLISHER.close(timeout=1.0)
+    _PUBLISHER = Publisher(address, rank)
+    return {"rank": rank, "address": address, "reused": False}
+
+
+def get() -> "Publisher | None":
+    return _PUBLISHER
+
+
+def emit(event: dict) -> None:
+    """Queue an event for the notebook; a no-op where no notebook is listening."""
+    if _PUBLISHER is not None:
+        _PUBLISHER.emit(event)
+
+
+def flush(timeout: float = 10.0) -> bool:
+    return True if _PUBLISHER is None else _PUBLISHER.flush(timeout)

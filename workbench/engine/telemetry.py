@@ -1,0 +1,147 @@
+"""Per-step measurements on a rank: phase clocks, memory, throughput and MFU.
+
+Kept apart from the trainer so that a user's own loop (``engine.report``) and the
+trainer measure the same way, and so the costs are visible in one place: a phase clock
+is two ``perf_counter`` calls; on GPU the clock synchronises the stream at phase ends
+(otherwise forward would look free and the optimizer would take the blame); reading
+CPU memory is cheap for RSS (``/proc/self/statm``) but USS walks the page tables, so
+USS (and ``malloc_trim``, which returns freed heap to the OS so that RSS means
+something) runs every ``memory_every`` steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import sys
+import time
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_LIBC = None
+
+
+class PhaseClock:
+    """Accumulates seconds per phase of one step (``with clock.phase("forward"): ...``)."""
+
+    def __init__(self, sync=None):
+        self.sync = sync  # callable run at phase ends (CUDA synchronise), or None on CPU
+        self.seconds: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.seconds = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync is not None:
+                self.sync()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+def malloc_trim() -> None:
+    """Give freed heap back to the OS (glibc only) so RSS reflects live memory."""
+    global _LIBC
+    try:
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL("libc.so.6")
+        _LIBC.malloc_trim(0)
+    except OSError:  # not glibc
+        _LIBC = False
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+
+class MemoryProbe:
+    """Memory metrics of this rank, torchtitan names on GPU, RSS/USS on CPU."""
+
+    def __init__(self, device: str, every: int = 10):
+        self.cuda = device.startswith("cuda")
+        self.every = max(1, every)
+        self._n = 0
+        self._uss = None
+        self._max_rss = 0
+
+    def read(self) -> dict:
+        out = {}
+        torch = sys.modules.get("torch")
+        if self.cuda and torch is not None:
+            s = torch.cuda.memory_stats()
+            out["memory_active_bytes"] = s.get("active_bytes.all.current", 0)
+            out["memory_reserved_bytes"] = s.get("reserved_bytes.all.current", 0)
+            out["memory_max_active_bytes"] = s.get("active_bytes.all.peak", 0)
+            out["memory_max_reserved_bytes"] = s.get("reserved_bytes.all.peak", 0)
+        if self._n % self.every == 0:
+            malloc_trim()
+            try:
+                import psutil
+
+                self._uss = psutil.Process().memory_full_info().uss
+            except Exception:
+                self._uss = None
+        self._n += 1
+        rss = _rss_bytes()
+        self._max_rss = max(self._max_rss, rss)
+        out["memory_rss_bytes"] = rss
+        out["memory_uss_bytes"] = self._uss
+        # the kernel's high-water mark (KiB on Linux) includes moments between our reads
+        out["memory_max_rss_bytes"] = max(self._max_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        return out
+
+
+def device_peak_flops(device: str, precision: str = "bf16") -> float | None:
+    """Dense peak FLOP/s of this rank's accelerator from the planner's catalogue; None on CPU."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    from ..planner.hardware import HARDWARE
+
+    name = torch.cuda.get_device_name().lower()
+    for key, hw in HARDWARE.items():
+        if key.split("-")[0] in name.replace(" ", ""):
+            return hw.peak_flops(precision)
+    return None
+
+
+def flops_per_token(model) -> float | None:
+    """Training FLOPs per token: 6 N + 12 L d s (Kaplan et al. 2020; torchtitan's count).
+
+    Needs a ``cfg`` with ``n_layers``, ``dim``, ``max_seq_len`` (the workbench GPT);
+    otherwise falls back to 6 N from the parameter count.
+    """
+    inner = getattr(model, "module", model)
+    cfg = getattr(inner, "cfg", None)
+    try:
+        n = cfg.num_params() if cfg is not None else None
+    except Exception:
+        n = None
+    if n is None:
+        try:
+            n = sum(p.numel() for p in inner.parameters())
+        except Exception:
+            return None
+    extra = 0
+    if cfg is not None and all(hasattr(cfg, a) for a in ("n_layers", "dim", "max_seq_len")):
+        extra = 12 * cfg.n_layers * cfg.dim * cfg.max_seq_len
+    return 6.0 * n + extra
+
+
+def throughput(tokens: int, samples: int, seconds: float, flops_tok: float | None,
+               peak: float | None) -> dict:
+    """tps, samples/s and MFU of one step on one rank."""
+    seconds = max(seconds, 1e-9)
+    tps = tokens / seconds
+    mfu = (tps * flops_tok / peak) if (flops_tok and peak) else None
+    return {"tps": tps, "samples_per_s": samples / seconds, "mfu": mfu}

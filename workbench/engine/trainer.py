@@ -1,0 +1,428 @@
+"""The training loop on a rank: runs in a background thread, obeys pause/resume/stop/set.
+
+Why a thread: an ipyparallel engine answers one request at a time, so a loop run as a
+cell would leave the notebook unable to pause it, change the learning rate or even ask
+for status. The loop runs beside the engine's main thread; the notebook's control calls
+land on the main thread and only flip flags.
+
+Why an all-reduce per step: a pause that reached rank 0 before rank 1 must still stop
+both at the same step (DDP/FSDP collectives would otherwise mismatch and hang). Before
+every step each rank contributes its flags ``[stop, pause, set_version, reason]`` to an
+all-reduce MAX on a private gloo group, and all ranks act on the same result. Being
+MAX, a request from ANY rank wins everywhere: a step hook on one rank (the checkpoint
+package's loss-divergence guard) can pause the whole run. The private group keeps the
+default group free while paused, so a cell (a checkpoint save) may run collectives then.
+Its cost is measured per step as ``time_control_s``.
+
+A step (``Prepared`` whose ``train_step`` is the plain one, or a plain model +
+optimizer) is split into data / forward / backward / optimizer phases so each is timed;
+gradient accumulation skips gradient sync on all but the last micro-batch; gradients
+are clipped (``grad_clip``, default 1.0; the norm before clipping is ``grad_norm``).
+A non-finite loss or gradient norm skips the optimizer step and pauses (every rank sees
+the same averaged loss and norm, so every rank decides the same); a loss above
+``spike_factor`` times the median of the last ``spike_window`` losses pauses after the
+step. The reason is kept in ``trainer.reason`` and sent as a status event.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, replace
+
+import torch
+
+from .. import events
+from . import comm_timing, publisher, runtime, telemetry
+
+REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike", 3: "non-finite loss or gradient"}
+_CURRENT: "Trainer | None" = None
+_RUN_COUNTER = [0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    """How the loop behaves; every field can be changed later with ``train set``."""
+
+    grad_clip: float | None = 1.0  # max total gradient norm; None or 0: no clipping
+    grad_accum: int = 1  # micro-batches per optimizer step
+    spike_factor: float = 10.0  # pause when loss > factor * median of the recent window
+    spike_window: int = 20
+    memory_every: int = 10  # steps between USS reads (malloc_trim + page walk)
+    pause_poll_s: float = 0.05  # how often paused ranks re-check their flags
+
+
+class Trainer:
+    """Train ``prepared`` (or ``model`` + ``optimizer``) on ``data`` in a background thread.
+
+    ``data``: an iterator of batches ``(x, y)`` for this rank, or a function
+    ``micro_batch_index -> (x, y)`` (deterministic: a restored run sees the same data).
+    Build one on every rank (its constructor makes a small process group), then
+    ``start(steps)``; from the notebook ``%distrain train start --steps N``.
+    """
+
+    def __init__(self, prepared=None, *, model=None, optimizer=None, data, loss_fn=None,
+                 config: TrainerConfig | None = None, **config_changes):
+        import torch.distributed as dist
+
+        ctx = runtime.context()
+        self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
+        self.config = replace(config or TrainerConfig(), **config_changes)
+        if self.config.grad_accum < 1:
+            raise ValueError(f"rank {self.rank}: grad_accum must be >= 1, got {self.config.grad_accum}")
+        if prepared is None and (model is None or optimizer is None):
+            raise ValueError("give a Prepared (from workbench.strategies.prepare) or both model= and optimizer=")
+        self.prepared = prepared
+        self.model = prepared.model if prepared is not None else model
+        self.optimizer = prepared.optimizer if prepared is not None else optimizer
+        self.loss_fn = loss_fn
+        self._data = data
+        self._data_iter = None if callable(data) and not hasattr(data, "__next__") else iter(data)
+        comm_timing.install()
+        self.notes: list[str] = []
+        if hasattr(self.model, "register_comm_hook"):
+            self.notes.append(comm_timing.install_ddp_hook(self.model))
+        from ..strategies.base import Prepared
+
+        self._whole_step = prepared is not None and type(prepared).train_step is not Prepared.train_step
+        if self._whole_step:
+            self.notes.append(f"{type(prepared).__name__} runs its own train_step: timed as one phase, "
+                              "no clipping or accumulation by the trainer")
+        self._group = dist.new_group(backend="gloo") if self.world_size > 1 else None
+        self.run = self._agree_run_id()
+        self.step = 0  # completed optimizer steps
+        self.target = 0
+        self.state = "idle"
+        self.reason = ""
+        self.hooks: list = []
+        self.history: deque = deque(maxlen=max(self.config.spike_window, 1))
+        self._lock = threading.Lock()
+        self._flags = {"stop": 0, "pause": 0, "version": 0, "reason": 0}
+        self._local_reason = ""
+        self._staged: dict[int, dict] = {}
+        self._applied_version = 0
+        self._thread: threading.Thread | None = None
+        self._inject: dict[int, str] = {}
+        self._memory = telemetry.MemoryProbe(self.device, self.config.memory_every)
+        self._flops_tok = telemetry.flops_per_token(prepared.unwrap() if prepared is not None else model)
+        self._peak = telemetry.device_peak_flops(self.device)
+        self._sync = torch.cuda.synchronize if self.device.startswith("cuda") else None
+        self.last: dict = {}
+        global _CURRENT
+        _CURRENT = self
+
+    # -------------------------------------------------------------- identity
+    def _agree_run_id(self) -> str:
+        """One run id on every rank: rank 0's clock, broadcast on the private group."""
+        _RUN_COUNTER[0] += 1
+        t = torch.tensor([int(time.time() * 1000)], dtype=torch.int64)
+        if self._group is not None:
+            comm_timing.ORIGINAL["broadcast"](t, src=0, group=self._group)
+        return time.strftime("run-%Y%m%d-%H%M%S", time.localtime(t.item() / 1000)) + f"-{t.item() % 1000:03d}"
+
+    # ------------------------------------------------------------- controls
+    def add_hook(self, fn, every: int = 1) -> None:
+        """Call ``fn(record)`` after every ``every``-th step on this rank's training thread.
+
+        ``record`` is the step's metrics dict (``step``, ``loss``, ``lr``, ...). A hook may
+        call ``trainer.pause("why")``: the run pauses on every rank before the next step.
+        """
+        self.hooks.append((fn, max(1, int(every))))
+
+    def pause(self, reason: str = "", code: int = 0) -> None:
+        with self._lock:
+            self._flags["pause"] = 1
+            self._flags["reason"] = max(self._flags["reason"], code if reason or code else 0)
+            self._local_reason = reason or REASONS[code]
+
+    def resume(self) -> None:
+        with self._lock:
+            self._flags["pause"] = 0
+            self._flags["reason"] = 0
+            self._local_reason = ""
+
+    def stop(self) -> None:
+        with self._lock:
+            self._flags["stop"] = 1
+
+    def stage(self, version: int, hparams: dict) -> dict:
+        """Check and hold hyperparameter changes; :meth:`commit` makes them take effect."""
+        groups = self.optimizer.param_groups
+        clean = {}
+        for key, value in hparams.items():
+            if hasattr(self.config, key):
+                clean[key] = value
+            elif all(key in g for g in groups):
+                old = groups[0][key]
+                clean[key] = tuple(value) if isinstance(old, tuple) else type(old)(value) if isinstance(old, (int, float)) and not isinstance(old, bool) else value
+            else:
+                known = sorted({k for g in groups for k in g if k != "params"} | set(TrainerConfig.__dataclass_fields__))
+                raise KeyError(f"rank {self.rank}: {key!r} is not a hyperparameter of "
+                               f"{type(self.optimizer).__name__} or the trainer; known: {', '.join(known)}")
+        with self._lock:
+            self._staged[version] = clean
+        return clean
+
+    def commit(self, version: int) -> None:
+        with self._lock:
+            self._flags["version"] = max(self._flags["version"], version)
+
+    def set(self, **hparams) -> None:
+        """Change hyperparameters at the next step (this rank's call; the notebook calls all)."""
+        version = max([self._flags["version"], *self._staged]) + 1
+        self.stage(version, hparams)
+        self.commit(version)
+
+    def inject(self, kind: str = "nan", step: int | None = None) -> None:
+        """Fault drill: make the loss of step ``step`` (default: the next) NaN or Inf on this rank."""
+        if kind not in ("nan", "inf"):
+            raise ValueError(f"inject kind must be 'nan' or 'inf', got {kind!r}")
+        self._inject[self.step + 1 if step is None else step] = kind
+
+    # ------------------------------------------------------------- running
+    def start(self, steps: int) -> dict:
+        """Run ``steps`` more steps in the background; returns at once."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(f"rank {self.rank}: training is already {self.state} at step {self.step}: "
+                               "pause/resume/stop it, or wait for it to finish")
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        with self._lock:
+            self._flags.update(stop=0, pause=0, reason=0)
+            self._local_reason = ""
+        self.target = self.step + int(steps)
+        self.state = "running"
+        self._thread = threading.Thread(target=self._loop, name="workbench-trainer", daemon=True)
+        self._thread.start()
+        return self.status()
+
+    def wait(self, timeout: float | None = None) -> dict:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.status()
+
+    def status(self) -> dict:
+        return {"rank": self.rank, "run": self.run, "state": self.state, "step": self.step,
+                "target": self.target, "reason": self.reason, "notes": list(self.notes)}
+
+    def _set_state(self, state: str, reason: str = "") -> None:
+        self.state, self.reason = state, reason
+        publisher.emit(events.status_event(run=self.run, rank=self.rank, state=state, step=self.step, reason=reason))
+
+    def _agree(self) -> tuple[list[int], float]:
+        with self._lock:
+            local = [self._flags["stop"], self._flags["pause"], self._flags["version"], self._flags["reason"]]
+        t0 = time.perf_counter()
+        if self._group is not None:
+            t = torch.tensor(local, dtype=torch.int64)
+            comm_timing.ORIGINAL["all_reduce"](t, op=torch.distributed.ReduceOp.MAX, group=self._group)
+            local = t.tolist()
+        return local, time.perf_counter() - t0
+
+    def _apply_staged(self, version: int) -> None:
+        while self._applied_version < version:
+            self._applied_version += 1
+            with self._lock:
+                hp = self._staged.pop(self._applied_version, None)
+            if hp is None:  # never staged on this rank: refuse to diverge silently
+                raise RuntimeError(f"rank {self.rank}: hyperparameter change v{self._applied_version} "
+                                   "was committed but never staged here")
+            for key, value in hp.items():
+                if hasattr(self.config, key):
+                    self.config = replace(self.config, **{key: value})
+                else:
+                    for g in self.optimizer.param_groups:
+                        g[key] = value
+            publisher.emit(events.log_event(run=self.run, rank=self.rank, text=f"step {self.step + 1}: set "
+                                            + ", ".join(f"{k}={v}" for k, v in hp.items())))
+
+    def _loop(self) -> None:
+        self._set_state("running")
+        try:
+            while True:
+                (stop, pause, version, code), control_s = self._agree()
+                self._apply_staged(version)
+                if stop:
+                    self._set_state("stopped", "stopped from the notebook")
+                    break
+                if pause:
+                    if self.state != "paused":
+                        self._set_state("paused", self._local_reason or REASONS.get(code, ""))
+                    time.sleep(self.config.pause_poll_s)
+                    continue
+                if self.state == "paused":
+                    self._set_state("running", "resumed")
+                if self.step >= self.target:
+                    self._set_state("finished", f"{self.target} steps done")
+                    break
+                self._one_step(control_s)
+        except Exception as exc:  # the loop must never die silently
+            self._set_state("error", f"rank {self.rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        finally:
+            with self._lock:
+                self._flags["stop"] = 0
+            publisher.flush(10.0)
+
+    # ---------------------------------------------------------------- a step
+    def _next_batch(self, micro: int):
+        if self._data_iter is not None:
+            return next(self._data_iter)
+        return self._data(micro)
+
+    def _loss(self, out, y):
+        if self.loss_fn is not None:
+            return self.loss_fn(out, y)
+        if self.prepared is not None:
+            return self.prepared.compute_loss(out, y)
+        from ..strategies.base import lm_loss
+
+        return lm_loss(out, y)
+
+    def _one_step(self, control_s: float) -> None:
+        clock = telemetry.PhaseClock(self._sync)
+        comm_before = comm_timing.STATS.snapshot()
+        t0 = time.perf_counter()
+        step = self.step + 1
+        tokens = samples = 0
+        grad_norm = None
+        inject = self._inject.pop(step, None)
+        if self._whole_step:
+            with clock.phase("data"):
+                batch = self._next_batch(self.step)
+            with clock.phase("forward"):
+                loss_global = self.prepared.train_step(batch)
+            loss_local = loss_global
+            x = batch[0]
+            tokens, samples = x.numel(), x.shape[0]
+            if inject:
+                loss_global = float(inject)
+        else:
+            loss_global, loss_local, grad_norm, tokens, samples = self._decomposed(clock, step, inject)
+        bad = not math.isfinite(loss_global) or (grad_norm is not None and not math.isfinite(grad_norm))
+        spike = False
+        if not bad and len(self.history) >= self.history.maxlen:
+            spike = loss_global > self.config.spike_factor * statistics.median(self.history)
+        if not bad:
+            self.history.append(loss_global)
+        self.step = step
+        seconds = time.perf_counter() - t0
+        comm, blocking_s = comm_timing.CommStats.delta(comm_timing.STATS.snapshot(), comm_before)
+        metrics = {"loss": loss_global, "loss_local": loss_local, "lr": self.optimizer.param_groups[0].get("lr"),
+                   "grad_norm": grad_norm, "time_step_s": seconds, "time_control_s": control_s}
+        for phase in events.STEP_TIME_PHASES:
+            metrics[f"time_{phase}_s"] = clock.seconds.get(phase, 0.0)
+        metrics["time_comm_wait_s"] = blocking_s
+        metrics.update(telemetry.throughput(tokens, samples, seconds, self._flops_tok, self._peak))
+        metrics.update(self._memory.read())
+        self.last = {"step": step, **metrics}
+        publisher.emit(events.step_event(run=self.run, rank=self.rank, step=step, metrics=metrics, comm=comm))
+        if bad:
+            self.pause(f"non-finite loss ({loss_global}) or grad_norm ({grad_norm}) at step {step}: "
+                       "optimizer step skipped", code=3)
+        elif spike:
+            self.pause(f"loss spike at step {step}: {loss_global:.4g} > {self.config.spike_factor} x median "
+                       f"{statistics.median(self.history):.4g} of the last {len(self.history)} steps", code=2)
+        for fn, every in self.hooks:
+            if step % every == 0:
+                fn(dict(self.last))
+
+    def _decomposed(self, clock, step: int, inject):
+        """Forward/backward per micro-batch, clip, optimizer step; returns the numbers."""
+        model, opt, accum = self.model, self.optimizer, self.config.grad_accum
+        if self.prepared is not None:
+            self.prepared.check()
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        tokens = samples = 0
+        autocast = self.prepared._autocast_ctx if self.prepared is not None else None
+        device = torch.device(self.device)
+        for i in range(accum):
+            with clock.phase("data"):
+                x, y = self._next_batch((step - 1) * accum + i)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            tokens += x.numel()
+            samples += x.shape[0]
+            last = i == accum - 1
+            with _no_sync(model, enabled=not last):
+                with clock.phase("forward"):
+                    if autocast is not None:
+                        with autocast():
+                            out = model(x)
+                    else:
+                        out = model(x)
+                    loss = self._loss(out, y) / accum
+                    if inject:
+                        loss = loss * float(inject)
+                with clock.phase("backward"):
+                    loss.backward()
+            total += float(loss.detach())
+        with clock.phase("optimizer"):
+            grad_norm = self._clip()
+        loss_global = self._average(total)
+        with clock.phase("optimizer"):
+            if math.isfinite(loss_global) and math.isfinite(grad_norm):
+                opt.step()
+            else:
+                opt.zero_grad(set_to_none=True)
+        return loss_global, total, grad_norm, tokens, samples
+
+    def _average(self, value: float) -> float:
+        """The loss averaged over data-parallel ranks (all ranks for a plain model)."""
+        if self.prepared is not None:
+            from ..strategies.base import all_reduce_mean
+
+            return float(all_reduce_mean(torch.tensor(value), self.prepared.loss_group))
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float32)
+        torch.distributed.all_reduce(t)
+        return float(t) / self.world_size
+
+    def _clip(self) -> float:
+        """Total gradient norm (DTensor-aware, as torchtitan), clipped to ``grad_clip``."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        grads = [p.grad for p in params]
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, False, True)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        clip = self.config.grad_clip
+        if clip and math.isfinite(float(norm)):
+            torch.nn.utils.clip_grads_with_norm_(params, clip, norm, True)
+        return float(norm)
+
+
+class _no_sync:
+    """Skip gradient sync for an accumulation micro-batch (DDP ``no_sync``, FSDP2 flag)."""
+
+    def __init__(self, model, enabled: bool):
+        self.model, self.enabled, self._cm = model, enabled, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return
+        if hasattr(self.model, "no_sync"):
+            self._cm = self.model.no_sync()
+            self._cm.__enter__()
+        elif hasattr(self.model, "set_requires_gradient_sync"):
+            self.model.set_requires_gradient_sync(False)
+
+    def __exit__(self, *exc):
+        if self._cm is not None:
+            self._cm.__exit__(*exc)
+        elif self.enabled and hasattr(self.model, "set_requires_gradient_sync"):
+            self.model.set_requires_gradient_sync(True)
+        return False
+
+
+def current() -> Trainer:
+    """This rank's latest trainer; a clear error where none was built."""
+    if _CURRENT is None:
+        raise RuntimeError(f"rank {runtime.context().rank}: no trainer on this rank: build one in a %%distrain "
+                           "cell (Trainer(prepared, data=...)) or `%distrain train start --model tiny`")
+    return _CURRENT
