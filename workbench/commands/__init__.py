@@ -40,19 +40,25 @@ class Command:
     help: str
     parser: CommandParser
     handler: Callable  # handler(args, shell) -> value shown as the cell's result
+    raw: bool = False  # handler gets the argument list as is (it parses them itself)
 
 
 COMMANDS: dict[str, Command] = {}
 
 
-def command(name: str, help: str, build: Callable[[CommandParser], None] | None = None):
-    """Register ``handler(args, shell)`` as ``%distrain NAME``; ``build`` adds its arguments."""
+def command(name: str, help: str, build: Callable[[CommandParser], None] | None = None, *,
+            raw: bool = False):
+    """Register ``handler(args, shell)`` as ``%distrain NAME``; ``build`` adds its arguments.
+
+    With ``raw=True`` the handler gets the list of words instead (for sub-commands
+    that hand their options on to a parser of their own, such as the planner's).
+    """
 
     def register(handler):
         parser = CommandParser(prog=f"%distrain {name}", description=help)
         if build:
             build(parser)
-        COMMANDS[name] = Command(name, help, parser, handler)
+        COMMANDS[name] = Command(name, help, parser, handler, raw)
         return handler
 
     return register
@@ -79,6 +85,8 @@ def dispatch(line: str, shell=None):
     if name not in COMMANDS:
         raise UsageError(f"unknown sub-command {name!r}: use one of {', '.join(sorted(COMMANDS))}")
     cmd = COMMANDS[name]
+    if cmd.raw:
+        return cmd.handler(rest, shell)
     if rest in (["-h"], ["--help"]):
         print(cmd.parser.format_help())
         return None

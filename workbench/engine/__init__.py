@@ -41,6 +41,26 @@ def report(step: int, loss: float | None = None, **metrics) -> dict:
     return _report(step, loss, **metrics)
 
 
+def prepare(model, optimizer, spec="ddp", **kwargs):
+    """Lay ``model`` out across the ranks by ``spec`` (a ``StrategySpec`` or text like
+    ``"fsdp2 tp=2"``); returns the ``Prepared`` (model, optimizer, layout, train_step)
+    and keeps it as this rank's current model for the trainer and checkpoints."""
+    from ..strategies import prepare as _prepare
+
+    from . import session
+
+    prepared = _prepare(model, optimizer, spec, **kwargs)
+    session.set_prepared(prepared)
+    return prepared
+
+
+def prepared():
+    """This rank's current ``Prepared`` (set by :func:`prepare`)."""
+    from . import session
+
+    return session.prepared()
+
+
 def barrier() -> None:
     """A barrier over all ranks of the default group."""
     import torch.distributed as dist

@@ -18,7 +18,7 @@ from .spec import SpecError, StrategySpec
 
 __all__ = [
     "Strategy", "register", "get_strategy", "registered", "Prepared", "Context",
-    "PrepareError", "lm_loss", "build_optimizer", "check_optimizer_matches", "TORCH_DTYPES",
+    "PrepareError", "lm_loss", "build_optimizer", "factory_from_optimizer", "check_optimizer_matches", "TORCH_DTYPES",
 ]
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -75,6 +75,22 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
 
 
+def factory_from_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerFactory:
+    """A factory re-creating ``optimizer``'s class with its constructor defaults."""
+    import inspect
+
+    if any(optimizer.state.values()):
+        raise PrepareError(
+            "the optimizer passed to prepare() already has state, but sharding replaces the "
+            "model's parameters; pass a factory instead, e.g. "
+            "prepare(model, lambda params: torch.optim.AdamW(params, lr=1e-3), spec)"
+        )
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return lambda params: cls(params, **kwargs)
+
+
 def build_optimizer(model: nn.Module, optimizer, notes: list[str]) -> torch.optim.Optimizer:
     """Create the optimizer over the model's CURRENT (post-sharding) parameters.
 
@@ -84,14 +100,9 @@ def build_optimizer(model: nn.Module, optimizer, notes: list[str]) -> torch.opti
     """
     params = [p for p in model.parameters() if p.requires_grad]
     if isinstance(optimizer, torch.optim.Optimizer):
-        if any(optimizer.state.values()):
-            raise PrepareError(
-                "the optimizer passed to prepare() already has state, but sharding replaces the "
-                "model's parameters; pass a factory instead, e.g. "
-                "prepare(model, lambda params: torch.optim.AdamW(params, lr=1e-3), spec)"
-            )
+        factory = factory_from_optimizer(optimizer)
         notes.append(f"optimizer {type(optimizer).__name__} rebuilt from its defaults over the sharded parameters")
-        return type(optimizer)(params, **optimizer.defaults)
+        return factory(params)
     if callable(optimizer):
         return optimizer(params)
     raise PrepareError(f"optimizer must be a torch.optim.Optimizer or a factory params -> optimizer, got {type(optimizer).__name__}")

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["LAYOUT_VERSION", "describe_params", "make_layout", "dtype_name"]
+__all__ = ["LAYOUT_VERSION", "describe_params", "make_layout", "dtype_name", "placement_name"]
 
 LAYOUT_VERSION = 1
 
@@ -29,13 +29,28 @@ def dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 
 
+def placement_name(pl) -> str:
+    """Stable names across torch versions: ``Shard(0)``, ``Replicate()``, ``Partial(sum)``,
+    ``StridedShard(0,sf=2)`` (``str()`` changed to ``S(0)``/``R`` in recent releases)."""
+    kind = type(pl).__name__
+    if kind == "_StridedShard":
+        return f"StridedShard({pl.dim},sf={pl.split_factor})"
+    if hasattr(pl, "dim") and "Shard" in kind:
+        return f"Shard({pl.dim})"
+    if kind == "Replicate":
+        return "Replicate()"
+    if kind in ("Partial", "_Partial"):
+        return f"Partial({getattr(pl, 'reduce_op', 'sum')})"
+    return str(pl)
+
+
 def _param_entry(name: str, p: torch.Tensor, mesh_ndim: int, default_placement: str) -> dict:
     from torch.distributed.tensor import DTensor
 
     if isinstance(p, DTensor):
         local = p.to_local()
         gshape, lshape = list(p.shape), list(local.shape)
-        placements = [str(pl) for pl in p.placements]
+        placements = [placement_name(pl) for pl in p.placements]
         # FSDP+TP nest DTensors on a 2-D mesh; pad to the mesh's rank for the reader.
         placements += ["Replicate()"] * (mesh_ndim - len(placements))
         esize = local.element_size()

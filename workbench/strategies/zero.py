@@ -17,7 +17,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from .base import Context, Prepared, PrepareError, apply_activation_checkpointing, register
+from .base import Context, Prepared, PrepareError, apply_activation_checkpointing, factory_from_optimizer, register
 from .layout import describe_params, make_layout
 
 __all__ = ["ZeroStrategy", "DeepSpeedPrepared", "deepspeed_config", "import_deepspeed"]
@@ -111,10 +111,7 @@ class ZeroStrategy:
         ds = import_deepspeed(ctx.device.type)
         apply_activation_checkpointing(model, s.activation_checkpointing, ctx.notes)
         if isinstance(optimizer, torch.optim.Optimizer):
-            if any(optimizer.state.values()):
-                raise PrepareError("the optimizer passed to prepare() already has state; pass a factory params -> optimizer")
-            opt_cls, defaults = type(optimizer), dict(optimizer.defaults)
-            optimizer = lambda params: opt_cls(params, **defaults)  # noqa: E731
+            optimizer = factory_from_optimizer(optimizer)
         engine, opt, _, _ = ds.initialize(model=model, optimizer=optimizer,
                                           config=deepspeed_config(s, world_size=ctx.world_size),
                                           dist_init_required=False)

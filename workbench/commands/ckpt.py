@@ -1,0 +1,110 @@
+"""``%distrain ckpt save|list|load|delete|export|wait|dir|autosave|resume``: distributed checkpoints.
+
+Thin: parse, then call :mod:`workbench.checkpoint.api`, which users may call from Python.
+"""
+from __future__ import annotations
+
+from . import UsageError, command
+
+
+def _int_at_least(lo: int):
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise UsageError(f"expected a whole number, got {text!r}") from None
+        if v < lo:
+            raise UsageError(f"expected a number >= {lo}, got {v}")
+        return v
+    return conv
+
+
+def _build(p) -> None:
+    p.add_argument("action", choices=("save", "list", "load", "delete", "export", "wait", "dir", "autosave", "resume"))
+    p.add_argument("args", nargs="*", help="load: latest|STEP|TAG; delete: names; export: PATH [which]; "
+                                          "dir: PATH; resume: [which]")
+    p.add_argument("--dir", default=None, help="checkpoint folder (default ./checkpoints, or `ckpt dir`)")
+    p.add_argument("--tag", default=None, help="save: a name for this checkpoint (kept by retention)")
+    p.add_argument("--async", dest="async_", action="store_true", help="save in the background")
+    p.add_argument("--model-only", action="store_true", help="save/load without optimizer state")
+    p.add_argument("--keep", type=_int_at_least(1), default=None, help="delete/autosave: keep the newest K auto-saves")
+    p.add_argument("--every", type=_int_at_least(1), default=None, help="autosave: every N steps")
+    p.add_argument("--sync", action="store_true", help="autosave: synchronous saves (default async)")
+    p.add_argument("--off", action="store_true", help="autosave: turn it off")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="export: cast floats")
+    p.add_argument("-n", type=_int_at_least(1), default=None, help="resume: number of ranks after restart")
+    p.add_argument("--setup", default=None,
+                   help="resume: notebook variable holding the setup code (a str run on every rank) "
+                        "that builds the model and calls checkpoint_hooks.track(...)")
+
+
+@command("ckpt", "distributed checkpoints: save [--async] [--tag T] | list | load [latest|STEP|TAG] | "
+                 "delete ... | export PATH | autosave --every N | resume", _build)
+def _ckpt(args, shell):
+    from ..checkpoint import api as ck
+
+    root = args.dir
+    a = args.action
+    if a == "save":
+        _no_extra(args, 0)
+        info = ck.save(tag=args.tag, async_=args.async_, root=root, with_optimizer=not args.model_only)
+        print(ck.describe_save(info))
+        return None
+    if a == "list":
+        _no_extra(args, 0)
+        return ck.list(root)
+    if a == "load":
+        _no_extra(args, 1)
+        info = ck.load(args.args[0] if args.args else "latest", root=root, model_only=args.model_only)
+        print(ck.describe_load(info))
+        return None
+    if a == "delete":
+        if not args.args and args.keep is None:
+            raise UsageError("delete what? `%distrain ckpt delete step-00000020 mytag` or `--keep 3`")
+        removed = ck.delete(args.args, root=root, keep=args.keep)
+        print(f"deleted {', '.join(removed) if removed else 'nothing'}")
+        return None
+    if a == "export":
+        if not args.args or len(args.args) > 2:
+            raise UsageError("usage: %distrain ckpt export PATH.safetensors [latest|STEP|TAG]")
+        info = ck.export(args.args[0], args.args[1] if len(args.args) > 1 else "latest", root=root, dtype=args.dtype)
+        print(f"exported {info['tensors']} tensors ({info['params']:,} parameters, step {info['step']}) "
+              f"to {info['path']} ({info['bytes'] / 2**20:.1f} MiB)")
+        return None
+    if a == "wait":
+        info = ck.wait()
+        print(ck.describe_save(info) if info else "no save in flight")
+        return None
+    if a == "dir":
+        _no_extra(args, 1)
+        path = ck.set_dir(args.args[0]) if args.args else ck.get_dir()
+        print(f"checkpoints go to {path}")
+        return None
+    if a == "autosave":
+        if args.off:
+            ck.autosave(None)
+            print("auto-save off")
+            return None
+        if args.every is None:
+            raise UsageError("usage: %distrain ckpt autosave --every N [--keep K] [--sync] | --off")
+        ck.autosave(args.every, keep=args.keep or 3, async_=not args.sync, root=root)
+        print(f"auto-save every {args.every} steps, keeping the newest {args.keep or 3} "
+              f"({'sync' if args.sync else 'async'}) in {ck.get_dir(root)}")
+        return None
+    if a == "resume":
+        _no_extra(args, 1)
+        setup = None
+        if args.setup:
+            ns = shell.user_ns if shell is not None else {}
+            if args.setup not in ns:
+                raise UsageError(f"no notebook variable named {args.setup!r}: put the setup cell's code in it")
+            setup = ns[args.setup]
+        info = ck.resume(setup=setup, which=args.args[0] if args.args else "latest", n=args.n, root=root)
+        print(ck.describe_load(info))
+        return None
+    raise UsageError(f"unknown action {a!r}")  # pragma: no cover
+
+
+def _no_extra(args, most: int) -> None:
+    if len(args.args) > most:
+        raise UsageError(f"`ckpt {args.action}` takes at most {most} name(s), got {' '.join(args.args)}")
