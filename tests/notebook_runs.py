@@ -16,6 +16,7 @@ import time
 from html.parser import HTMLParser
 
 import nbformat
+import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "notebooks" / "00_quickstart.ipynb"
@@ -55,6 +56,18 @@ def run_demo(notebook: pathlib.Path, out: pathlib.Path, *extra: str, timeout: fl
 def quickstart() -> DemoRun:
     """The quickstart notebook executed headless (once per test session)."""
     return run_demo(QUICKSTART, RUNS, "--timeout", "180")
+
+
+def alive(pids) -> list[int]:
+    """The pids among ``pids`` that are still running (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def code_cell(nb, startswith: str):

@@ -85,3 +85,50 @@ def test_cell_timeout_reports_where_ranks_are_stuck(shell, ranks4):
     assert "still running after 1.5 s on ranks 2" in msg
     assert "waiting_for_godot" in msg
     ranks4.execute("pass", timeout=10)  # the rank finishes its sleep and is usable again
+
+
+def test_long_cell_streams_output_while_running(shell, monkeypatch):
+    """Output of a cell that runs for seconds shows up while it runs, still tagged per rank."""
+    import sys
+    import time
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append((time.monotonic(), text))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    t0 = time.monotonic()
+    r = shell.run_cell("%%distrain --ranks 0,1\nimport time\nprint('first', flush=True)\n"
+                       "time.sleep(5)\nprint('second')")
+    t_end = time.monotonic()
+    assert r.success
+    first = [t for t, text in writes if "first" in text]
+    assert first and all(t < t_end - 1.0 for t in first), "first lines only appeared at the end"
+    text = "".join(w for _, w in writes)
+    assert text.count("[rank 0] first") == 1 and text.count("[rank 1] second") == 1
+    assert t_end - t0 >= 5
+
+
+def test_stream_flag_shows_output_at_once(shell, monkeypatch):
+    import sys
+    import time
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append((time.monotonic(), text))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    r = shell.run_cell("%%distrain --stream --ranks 2\nimport time\nprint('now', flush=True)\ntime.sleep(2)")
+    t_end = time.monotonic()
+    assert r.success
+    assert [t for t, text in writes if "[rank 2] now" in text][0] < t_end - 1.0

@@ -8,8 +8,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from conftest import alive
-from notebook_runs import QUICKSTART, code_cell, errors, quickstart, stream_text, table_column
+from notebook_runs import QUICKSTART, alive, code_cell, errors, quickstart, stream_text, table_column
 
 pytestmark = pytest.mark.timeout(420)
 

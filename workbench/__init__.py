@@ -7,6 +7,11 @@ The same steps from Python: ``workbench.start(4)``, ``workbench.run(code)``,
 from __future__ import annotations
 
 from .api import apply, current, is_running, pull, push, restart, run, start, status, stop
+from . import stream as _stream  # noqa: F401  (attaches the event stream when ranks start)
+from . import training as train
+from .metrics import export_metrics, metrics
+from . import dashboard  # a callable module: workbench.dashboard() shows the live dashboard
+from .checkpoint import api as ckpt  # workbench.ckpt.save() / .load("latest") / .list() / .resume(setup)
 
 __version__ = "0.1.0"
 
@@ -24,7 +29,12 @@ def unload_ipython_extension(ipython) -> None:
 
 __all__ = [
     "apply",
+    "ckpt",
     "current",
+    "dashboard",
+    "export_metrics",
+    "metrics",
+    "train",
     "is_running",
     "load_ipython_extension",
     "pull",

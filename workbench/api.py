@@ -91,9 +91,10 @@ def status() -> list[dict]:
     return current().status()
 
 
-def run(code: str, ranks=None, timeout: float | None = None, *, display: bool = True):
+def run(code: str, ranks=None, timeout: float | None = None, *, display: bool = True,
+        stream: bool | None = None):
     """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``)."""
-    return run_cell(current(), code, ranks=ranks, timeout=timeout, display=display)
+    return run_cell(current(), code, ranks=ranks, timeout=timeout, display=display, stream=stream)
 
 
 def apply(fn, *args, ranks=None, **kwargs) -> list:

@@ -151,14 +151,16 @@ def run(notebook: str | os.PathLike, out: str | os.PathLike = "runs", *, timeout
                             resources={"metadata": {"path": str(cwd)}})
     failure = None
     t0, wall0 = time.perf_counter(), time.time() - 1
+    kernel_log = run_dir / "kernel.log"  # the kernel process's own stdout/stderr
     try:
-        client.execute()
+        with open(kernel_log, "w") as log:
+            client.execute(stdout=log, stderr=log)
     except CellTimeoutError as exc:
         failure = f"a cell ran past {timeout:g} s: {str(exc).splitlines()[0]}"
     except DeadKernelError as exc:
-        failure = f"the kernel died: {exc}"
+        failure = f"the kernel died: {exc} (kernel log: {kernel_log})"
     except Exception as exc:  # kernel could not start, ...
-        failure = f"{type(exc).__name__}: {exc}"
+        failure = f"{type(exc).__name__}: {exc} (kernel log: {kernel_log})"
     seconds = time.perf_counter() - t0
     executed = run_dir / notebook.name
     nbformat.write(nb, executed)

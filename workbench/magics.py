@@ -22,14 +22,18 @@ class DistrainMagics(Magics):
     @argument("--ranks", default=None, help="ranks to run on: 0,2-3 or all (default all)")
     @argument("--timeout", type=float, default=None,
               help="seconds before the cell is reported stuck (default: no timeout)")
+    @argument("--stream", action="store_true", default=None,
+              help="show output live as it arrives (default: after 3 s of running)")
+    @argument("--no-stream", dest="stream", action="store_false",
+              help="show output only at the end, grouped per rank")
     @cell_magic("distrain")
     def distrain_cell(self, line: str, cell: str):
         """Run the cell on the ranks; variables persist per rank between cells."""
         try:
             args = parse_argstring(self.distrain_cell, line)
         except Exception as exc:  # UsageError from magic_arguments
-            raise UsageError(f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S]") from None
+            raise UsageError(f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] [--stream|--no-stream]") from None
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout must be positive, got {args.timeout}")
         api.current().select(args.ranks)  # refuse a bad selection before anything runs
-        api.run(cell, ranks=args.ranks, timeout=args.timeout)
+        api.run(cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream)

@@ -15,6 +15,8 @@ import torch
 from .manifest import read_manifest
 from .safety import read_metadata_file
 
+from .manifest import quiet_single_process as _quiet_single_process
+
 __all__ = ["export_safetensors"]
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -37,7 +39,8 @@ def export_safetensors(folder: str, path: str, *, dtype: str | None = None) -> d
     if not want:
         raise ValueError(f"{folder} holds no model tensors")
     state = {"model": {k[len("model."):]: v for k, v in want.items()}}
-    dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), no_dist=True)
+    with _quiet_single_process():
+        dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), no_dist=True)
     tensors = state["model"]
     if dtype:
         tensors = {k: v.to(_DTYPES[dtype]) if v.is_floating_point() else v for k, v in tensors.items()}

@@ -24,6 +24,8 @@ from .manifest import Manifest, read_manifest
 from .safety import IncompatibleCheckpoint, compare, mismatch_message, read_metadata_file
 from .state import Target, apply_state, capture, merge_optimizer, set_rng_state, split_optimizer
 
+from .manifest import quiet_single_process as _quiet_single_process
+
 __all__ = ["load", "check_compatible"]
 
 
@@ -39,7 +41,8 @@ def _gather_keys(keys: set[str], pg) -> set[str]:
     return set().union(*(set(o) for o in out))
 
 
-def check_compatible(manifest: Manifest, msd: dict, otensors: dict, *, pg=None, with_optimizer: bool = True) -> None:
+def check_compatible(manifest: Manifest, msd: dict, otensors: dict, *, pg=None, with_optimizer: bool = True,
+                     optimizer: str | None = None) -> None:
     """Raise :class:`IncompatibleCheckpoint` naming missing/unexpected/mis-shaped tensors."""
     wanted = {k: list(v.shape) for k, v in msd.items() if isinstance(v, torch.Tensor)}
     saved = {k: v[0] for k, v in manifest.model_tensors.items()}
@@ -50,8 +53,12 @@ def check_compatible(manifest: Manifest, msd: dict, otensors: dict, *, pg=None, 
     msg = mismatch_message("model", problems[0], unexpected, problems[1])
     if msg:
         raise IncompatibleCheckpoint(msg)
-    if with_optimizer and otensors:
-        if not manifest.has_optimizer:
+    if with_optimizer:
+        if optimizer and manifest.optimizer and optimizer != manifest.optimizer:
+            raise IncompatibleCheckpoint(
+                f"the checkpoint holds {manifest.optimizer} state but this model's optimizer is {optimizer}: "
+                "use the same optimizer class, or load with --model-only (model_only=True) for a fresh optimizer")
+        if not manifest.has_optimizer and otensors:
             raise IncompatibleCheckpoint("the checkpoint has no optimizer state: load it with model_only=True "
                                          "(`%distrain ckpt load ... --model-only`) to start a fresh optimizer")
         owanted = {k: list(v.shape) for k, v in otensors.items()}
@@ -96,12 +103,15 @@ def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: 
     with_opt = not model_only and target.optimizer is not None
     msd, osd = capture(target, with_optimizer=with_opt)
     otensors, _ = split_optimizer(osd)
-    check_compatible(manifest, msd, otensors, pg=pg, with_optimizer=with_opt)
+    opt = getattr(target.optimizer, "optimizer", target.optimizer)
+    check_compatible(manifest, msd, otensors, pg=pg, with_optimizer=with_opt,
+                     optimizer=type(opt).__name__ if opt is not None and not target.is_deepspeed else None)
     state = {"model": msd}
     if with_opt and otensors:
         state["optim"] = otensors
-    dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), process_group=pg,
-             no_dist=dist is None)
+    with _quiet_single_process():
+        dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), process_group=pg,
+                 no_dist=dist is None)
     full_osd = merge_optimizer(osd, state.get("optim", {}), manifest.optim_values) if with_opt else None
     apply_state(target, state["model"], full_osd)
     target.state.step = manifest.step

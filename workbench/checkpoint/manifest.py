@@ -129,3 +129,17 @@ def check_tag(tag: str) -> str:
 
 def is_temp(name: str) -> bool:
     return TMP_MARK in name or OLD_MARK in name
+
+
+def quiet_single_process():
+    """Silence DCP's "assuming the intent is to save in a single process" (world size 1 is intended)."""
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def cm():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to")
+            yield
+
+    return cm()

@@ -154,12 +154,12 @@ def mismatch_message(what: str, missing, unexpected, shapes, *, limit: int = 8) 
         items = list(items)
         return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
-    parts = [f"the checkpoint does not fit this {what}:"]
+    parts = []
     if shapes:
         parts.append("shape mismatch " + cut(f"{k} checkpoint {tuple(a)} vs model {tuple(b)}" for k, a, b in shapes))
     if missing:
         parts.append("missing from the checkpoint " + cut(missing))
     if unexpected:
         parts.append("in the checkpoint but not in the model " + cut(unexpected))
-    parts.append("-- build the same model (config) that was saved, or load into a matching one")
-    return "; ".join(parts)
+    return (f"the checkpoint does not fit this {what}: " + "; ".join(parts)
+            + " -- build the same model (config) that was saved, or load into a matching one")

@@ -30,6 +30,8 @@ from . import catalog
 from .manifest import MANIFEST, Manifest, check_tag, fsync_dir, step_name, write_json_atomic
 from .state import Target, capture, rng_state, split_optimizer, tensor_shapes
 
+from .manifest import quiet_single_process as _quiet_single_process
+
 __all__ = ["save", "wait", "pending", "ckpt_group", "DRILL", "SaveError", "rank_file"]
 
 # Fault drills: seconds to pause at a point of the save, so a test can kill a rank there.
@@ -92,15 +94,41 @@ def _agree_token(pg) -> int:
     return int(t.item())
 
 
-def _stage(state: dict) -> dict:
-    """Copy every tensor to fresh CPU memory (training may change the originals next step)."""
-    try:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+_STAGE_CACHE: dict[str, torch.Tensor] = {}  # CPU buffers reused by the next async save (no page faults)
 
-        return _copy_state_dict(state, _create_cpu_state_dict(state))
-    except Exception:  # private helpers moved: plain clones
-        return {k: _stage(v) if isinstance(v, dict) else
-                (v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+
+def _stage(state: dict, prefix: str = "") -> dict:
+    """Copy every tensor to CPU memory of its own (training may change the originals next step).
+
+    Buffers are kept and reused by the next async save of the same shapes (the previous
+    save has always finished by then: saves are serialized). DTensors keep their
+    placement: the local shard is copied and re-wrapped.
+    """
+    out = {}
+    for k, v in state.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out[k] = _stage(v, key + ".")
+        elif isinstance(v, torch.Tensor):
+            out[k] = _stage_tensor(key, v)
+        else:
+            out[k] = v
+    return out
+
+
+def _stage_tensor(key: str, v: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    local = v.to_local() if isinstance(v, DTensor) else v
+    buf = _STAGE_CACHE.get(key)
+    if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
+        buf = torch.empty(local.shape, dtype=local.dtype, device="cpu",
+                          pin_memory=local.is_cuda and torch.cuda.is_available())
+        _STAGE_CACHE[key] = buf
+    buf.copy_(local.detach(), non_blocking=local.is_cuda)
+    if isinstance(v, DTensor):
+        return DTensor.from_local(buf, v.device_mesh, v.placements, run_check=False, shape=v.shape, stride=v.stride())
+    return buf
 
 
 def save(target: Target, root: str, *, tag: str | None = None, async_: bool = False, auto: bool = False,
@@ -128,6 +156,8 @@ def save(target: Target, root: str, *, tag: str | None = None, async_: bool = Fa
         state["optim"] = otensors
     if async_:
         state = _stage(state)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non-blocking device-to-host copies are done
     rank_info = {"rank": rank, "world_size": world, "step": target.state.step, "data": target.state.data,
                  "rng": rng_state()}
     manifest = Manifest(
@@ -167,7 +197,8 @@ def _write_and_commit(state, rank_info, root, tmp, name, manifest: Manifest, pg,
         fh.flush()
         os.fsync(fh.fileno())
     writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True, thread_count=1)
-    dcp.save(state, storage_writer=writer, process_group=pg, no_dist=dist is None)
+    with _quiet_single_process():
+        dcp.save(state, storage_writer=writer, process_group=pg, no_dist=dist is None)
     if DRILL.get("after_parts"):
         time.sleep(DRILL["after_parts"])
     if dist is not None:

@@ -179,29 +179,97 @@ def _ds_named_params(engine):
     return [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
 
 
+def _persistent_buffers(module) -> list:
+    """(name, buffer) of the buffers a state_dict holds (non-persistent ones, e.g. RoPE tables, are not)."""
+    out = []
+    for prefix, m in module.named_modules():
+        skip = getattr(m, "_non_persistent_buffers_set", set())
+        for n, b in m.named_buffers(recurse=False):
+            if n not in skip and b is not None:
+                out.append((f"{prefix}.{n}" if prefix else n, b))
+    return out
+
+
+def _ds_partitioned(engine) -> bool:
+    """ZeRO 1-3 keep fp32 master weights + optimizer state in flat partitions (else: plain torch)."""
+    return any(hasattr(p, "_hp_mapping") or hasattr(p, "ds_id") for _, p in _ds_named_params(engine))
+
+
+def _ds_torch_target(target: Target) -> Target:
+    """ZeRO stage 0: the engine's optimizer is a torch optimizer over the module's parameters."""
+    opt = target.model.optimizer
+    opt = opt if isinstance(opt, torch.optim.Optimizer) else getattr(opt, "optimizer", None)
+    return Target(model=target.model.module, optimizer=opt, state=target.state, strategy=target.strategy)
+
+
+def _ds_base_optimizer(engine):
+    return getattr(engine.optimizer, "optimizer", engine.optimizer)
+
+
+def _ds_init_state(engine) -> None:
+    """Create Adam state on the flat fp32 partitions: one zero-lr step on zero gradients (as
+    torch's state_dict API does for a fresh optimizer); DeepSpeed's own gradient buffers are
+    put back afterwards."""
+    base = _ds_base_optimizer(engine)
+    if any(base.state.values()):
+        return
+    flat = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
+    if flat is not None:  # ZeRO-3 steps one sub-group at a time, its params put in the group meanwhile
+        for i, fp32 in enumerate(flat):
+            gid = engine.optimizer.sub_group_to_group_id[i]
+            saved = base.param_groups[gid]["params"]
+            base.param_groups[gid]["params"] = [fp32]
+            try:
+                _zero_lr_step(base)
+            finally:
+                base.param_groups[gid]["params"] = saved
+        return
+    _zero_lr_step(base)
+
+
+def _zero_lr_step(base) -> None:
+    params = [p for g in base.param_groups for p in g["params"]]
+    old = [p.grad for p in params]
+    lrs = [g.get("lr") for g in base.param_groups]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        for g in base.param_groups:
+            if "lr" in g:
+                g["lr"] = 0.0
+        base.step()
+    finally:
+        for g, lr in zip(base.param_groups, lrs):
+            if lr is not None:
+                g["lr"] = lr
+        for p, g in zip(params, old):
+            p.grad = g
+
+
 def _ds_capture(target: Target, with_optimizer: bool) -> tuple[dict, dict]:
+    engine = target.model
+    if not _ds_partitioned(engine):
+        t = _ds_torch_target(target)
+        return capture(t, with_optimizer=with_optimizer and t.optimizer is not None)
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    engine = target.model
+    if with_optimizer:
+        _ds_init_state(engine)
     msd: dict = {}
     osd: dict = {}
-    for name, p in _ds_named_params(engine):
-        full = safe_get_full_fp32_param(p)
-        msd[name] = (full if full is not None else p.detach()).detach().cpu().clone()
+    named = _ds_named_params(engine)
+    for name, p in named:  # collectives inside: same order on every rank
+        msd[name] = safe_get_full_fp32_param(p).detach().cpu().clone()
         if with_optimizer:
             for key in ("exp_avg", "exp_avg_sq"):
-                s = safe_get_full_optimizer_state(p, key)
-                if s is not None:
-                    osd[f"state.{name}.{key}"] = s.detach().cpu().clone()
-    for name, b in engine.module.named_buffers():
+                osd[f"state.{name}.{key}"] = safe_get_full_optimizer_state(p, key).detach().cpu().clone()
+    for name, b in _persistent_buffers(engine.module):
         msd[name] = b.detach().cpu().clone()
-    if with_optimizer and osd:
+    if with_optimizer:
         step = _ds_step(engine)
-        for name, _ in _ds_named_params(engine):
+        group = {k: v for k, v in _ds_base_optimizer(engine).param_groups[0].items() if k != "params"}
+        for name, _ in named:
             osd[f"state.{name}.step"] = torch.tensor(float(step))
-        opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
-        group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
-        for name, _ in _ds_named_params(engine):
             for k, v in group.items():
                 if v is None or isinstance(v, (bool, int, float, str, tuple, list)):
                     osd[f"param_groups.{name}.{k}"] = v
@@ -209,8 +277,7 @@ def _ds_capture(target: Target, with_optimizer: bool) -> tuple[dict, dict]:
 
 
 def _ds_step(engine) -> int:
-    opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
-    for st in getattr(opt, "state", {}).values():
+    for st in _ds_base_optimizer(engine).state.values():
         if "step" in st:
             s = st["step"]
             return int(s.item() if isinstance(s, torch.Tensor) else s)
@@ -218,10 +285,24 @@ def _ds_step(engine) -> int:
 
 
 def _ds_apply(target: Target, msd: dict, osd: dict | None) -> None:
+    engine = target.model
+    if not _ds_partitioned(engine):
+        return apply_state(_ds_torch_target(target), msd, osd)
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    engine = target.model
-    for name, p in _ds_named_params(engine):
+    named = _ds_named_params(engine)
+    if engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=0):
+            with torch.no_grad():
+                for name, p in named:
+                    p.copy_(msd[name].to(p.dtype))
+    else:  # stage 1/2: every rank holds the full low-precision (here: working) parameters
+        with torch.no_grad():
+            for name, p in named:
+                p.copy_(msd[name].to(p.dtype))
+    for name, p in named:  # the fp32 master partitions
         safe_set_full_fp32_param(p, msd[name].to(torch.float32))
         if osd:
             for key in ("exp_avg", "exp_avg_sq"):
@@ -229,13 +310,12 @@ def _ds_apply(target: Target, msd: dict, osd: dict | None) -> None:
                 if k in osd:
                     safe_set_full_optimizer_state(p, osd[k].to(torch.float32), key)
     with torch.no_grad():
-        for name, b in engine.module.named_buffers():
+        for name, b in _persistent_buffers(engine.module):
             if name in msd:
                 b.copy_(msd[name])
     if osd:
-        steps = [v for k, v in osd.items() if k.endswith(".step") and isinstance(v, torch.Tensor)]
+        steps = [v for k, v in osd.items() if k.startswith("state.") and k.endswith(".step")]
         if steps:
-            opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
-            for st in getattr(opt, "state", {}).values():
+            for st in _ds_base_optimizer(engine).state.values():
                 if "step" in st:
                     st["step"] = steps[0].clone() if isinstance(st["step"], torch.Tensor) else int(steps[0].item())

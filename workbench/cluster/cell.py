@@ -2,8 +2,9 @@
 
 Output is grouped per rank and tagged ``[rank N]``; rich display data (HTML,
 images, DataFrames) from a rank is re-published in the notebook. A cell that runs
-longer than a second starts streaming its output live, still tagged per rank, so
-progress prints are seen while they happen.
+longer than a few seconds starts streaming its output live, still tagged per rank,
+so progress prints are seen while they happen (``stream=True`` from the start,
+``stream=False`` never).
 """
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from .errors import CellTimeout, Interrupted, RankDied, RankFailure
 from .health import death_message
 from .ranges import format_ranks
 
-STREAM_AFTER_S = 1.0
+STREAM_AFTER_S = 3.0
 
 
-def run_cell(rankset, code: str, ranks=None, timeout: float | None = None, *, display: bool = True):
+def run_cell(rankset, code: str, ranks=None, timeout: float | None = None, *, display: bool = True,
+             stream: bool | None = None):
     """Run ``code`` on ``ranks``; show output; raise naming the rank on failure.
 
     Returns the :class:`RankCall`. No timeout unless one is given; on timeout the
@@ -27,6 +29,7 @@ def run_cell(rankset, code: str, ranks=None, timeout: float | None = None, *, di
     call = rankset.execute_async(code, ranks)
     printed = [[0, 0] for _ in call.ranks]  # chars of stdout/stderr already shown per rank
     start = time.monotonic()
+    stream_after = {None: STREAM_AFTER_S, True: 0.0, False: float("inf")}[stream]
     done = False
     try:
         while True:
@@ -34,7 +37,7 @@ def run_cell(rankset, code: str, ranks=None, timeout: float | None = None, *, di
             done = call.wait(budget)
             if done or call.deaths():
                 break
-            if display and time.monotonic() - start > STREAM_AFTER_S:
+            if display and time.monotonic() - start > stream_after:
                 _stream(call, printed)
             if timeout is not None and time.monotonic() - start >= timeout:
                 break
@@ -96,6 +99,10 @@ def _stream(call, printed) -> None:
 def show(call, printed=None) -> None:
     """Show each rank's remaining stdout, stderr, rich outputs, result and error, in rank order."""
     printed = printed or [[0, 0] for _ in call.ranks]
+    if call.ar.ready():
+        # a rank's reply can overtake its last output (separate sockets): wait for the
+        # output streams to be flushed too, so that nothing a rank printed is missed
+        call.ar.wait_for_output(timeout=5)
     outs, errs = call.per_rank("stdout"), call.per_rank("stderr")
     displays, results = call.per_rank("outputs"), call.per_rank("execute_result")
     failures = call.failures()

@@ -2,14 +2,18 @@
 
 With arguments it plans a described run (``--model 70b --gpus 256 --hw h100 --tp 8
 --pp 8 ...``, the planner's own options). With none it plans the model that is laid
-out on the live ranks and sets the prediction beside what the ranks hold.
+out on the live ranks and sets the prediction beside what the ranks hold: the ranks run
+ONE real training step under a memory census (``workbench.engine.memory_census``), and
+the "predicted vs measured" DataFrame is the cell's result
+(``workbench.planner.live.plan_live``; draw it with
+``workbench.dashboard.plan_figure.predicted_vs_measured_figure``).
 """
 from __future__ import annotations
 
 from . import UsageError, command
 
 
-@command("plan", "predict memory, communication, step time and cost (no args: the ranks' model)", raw=True)
+@command("plan", "predict memory, communication, step time and cost (no args: the ranks' model, measured over one training step)", raw=True)
 def _plan(argv: list[str], shell):
     if not argv:
         from ..planner.live import plan_live

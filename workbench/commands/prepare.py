@@ -40,44 +40,63 @@ def _prepare(args, shell):
     except (SpecError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     model_name, opt_name = args.model, args.optimizer
-    probe = rs.apply(_probe_model, model_name, opt_name, ranks=[0])[0]
+    device_type = "cuda" if str(rs.info[0].get("device", "cpu")).startswith("cuda") else "cpu"
+    # Validate on rank 0 (it has the model's config; the notebook need not import torch)
+    # before any rank changes: a bad spec leaves every rank exactly as it was.
+    probe = rs.apply(_probe_model, model_name, opt_name, spec.to_dict(), rs.world_size, device_type,
+                     ranks=[0])[0]
     if probe["missing"]:
         raise UsageError(f"no variable {' or '.join(probe['missing'])} on rank 0: build the model and "
                          f"optimizer (or a factory `lambda params: ...`) in a %%distrain cell first")
-    device_type = "cuda" if str(rs.info[0].get("device", "cpu")).startswith("cuda") else "cpu"
-    try:
-        spec.validate(rs.world_size, probe["config"], device_type=device_type)
-    except (SpecError, ValueError) as exc:
-        raise WorkbenchError(f"{exc} (nothing was changed on the ranks)") from None
+    if probe["error"]:
+        raise WorkbenchError(f"{probe['error']} (nothing was changed on the ranks)")
     rs.push({"_workbench_spec": spec})
-    api.run(
-        "from workbench import engine as _wb_engine\n"
-        f"prepared = _wb_engine.prepare({model_name}, {opt_name}, _workbench_spec, mesh_device={device_type!r})\n"
-        f"{model_name}, {opt_name} = prepared.model, prepared.optimizer\n"
-        "del _workbench_spec\n"
-    )
+    try:
+        api.run(
+            "from workbench import engine as _wb_engine\n"
+            f"prepared = _wb_engine.prepare({model_name}, {opt_name}, _workbench_spec, mesh_device={device_type!r})\n"
+            f"{model_name}, {opt_name} = prepared.model, prepared.optimizer\n",
+            display=True,
+        )
+    finally:
+        rs.execute("globals().pop('_workbench_spec', None); globals().pop('_wb_engine', None)")
     layouts = rs.apply(_layout)
+    print(layout_summary(layouts))
+    return None
+
+
+def layout_summary(layouts: list[dict]) -> str:
+    """Strategy, path, mesh, parameter bytes per rank and the strategy's notes."""
     lay = layouts[0]
     mesh = " x ".join(f"{n}={s}" for n, s in zip(lay["mesh"]["dim_names"], lay["mesh"]["shape"]))
     held = ", ".join(f"rank {l['rank']} {l['param_bytes_local'] / 2**20:.2f} MiB" for l in layouts)
-    print(f"{lay['strategy']} via the {lay['path']} path on mesh {mesh}; parameter bytes held: {held} "
-          f"(whole model {lay['param_bytes_global'] / 2**20:.2f} MiB)")
-    for note in lay.get("notes", []):
-        print(f"  note: {note}")
+    lines = [f"{lay['strategy']} via the {lay['path']} path on mesh {mesh}; parameter bytes held: {held} "
+             f"(whole model {lay['param_bytes_global'] / 2**20:.2f} MiB)"]
+    lines += [f"  note: {note}" for note in lay.get("notes", [])]
+    return "\n".join(lines)
 
 
-def _probe_model(model_name: str, opt_name: str) -> dict:
-    """On rank 0: is the model there, and what config does it carry (for validation)?"""
+def _probe_model(model_name: str, opt_name: str, spec: dict, world_size: int, device_type: str) -> dict:
+    """On rank 0: are the variables there, and does the spec fit the world and the model?"""
     import __main__
+
+    from workbench.strategies import SpecError, StrategySpec, model_config_of
 
     ns = vars(__main__)
     missing = [n for n in (model_name, opt_name) if n not in ns]
-    config = None
-    if model_name in ns:
-        from workbench.strategies import model_config_of
-
-        config = model_config_of(ns[model_name])
-    return {"missing": missing, "config": config}
+    error = None
+    if not missing:
+        model = ns[model_name]
+        already = getattr(model, "_workbench_prepared", None)
+        if already:
+            error = (f"{model_name!r} was already prepared with {already!r} (its parameters were changed "
+                     "in place); build a fresh model (same seed) on the ranks for a new strategy")
+        else:
+            try:
+                StrategySpec.from_dict(spec).validate(world_size, model_config_of(model), device_type=device_type)
+            except (SpecError, ValueError) as exc:
+                error = str(exc)
+    return {"missing": missing, "error": error}
 
 
 def _layout() -> dict:

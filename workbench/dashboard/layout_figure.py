@@ -18,7 +18,7 @@ import re
 
 import pandas as pd
 
-_SHARD = re.compile(r"(?:_Strided)?Shard\((?:dim=)?(\d+)")
+_SHARD = re.compile(r"(?:_?Strided)?Shard\((?:dim=)?(\d+)")
 
 
 def layout_table(layouts: list[dict]) -> pd.DataFrame:

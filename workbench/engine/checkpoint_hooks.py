@@ -48,19 +48,102 @@ def untrack() -> None:
     _TARGET = None
 
 
-def _from_trainer() -> Target | None:
-    """Adapter: the trainer's model/optimizer/step where a trainer runs on this rank."""
+def _trainer():
+    """This rank's trainer (``workbench.engine.trainer``), or None."""
     try:
-        from . import trainer as tr  # written by the trainer's owner; optional
+        from . import trainer as tr
     except ImportError:
         return None
-    get = getattr(tr, "current", None) or getattr(tr, "get_trainer", None)
-    t = get() if callable(get) else getattr(tr, "TRAINER", None)
-    prepared = getattr(t, "prepared", None) if t is not None else None
-    if prepared is None:
+    try:
+        return tr.current()
+    except Exception:
         return None
-    st = TrainState(step=int(getattr(t, "step", 0) or 0), loss=getattr(t, "last_loss", None))
-    return target_from_prepared(prepared, st)
+
+
+def _trainer_for(t: Target | None):
+    tr = _trainer()
+    if tr is None:
+        return None
+    if t is None or tr.model is t.model or tr.optimizer is t.optimizer:
+        return tr
+    return None
+
+
+def _from_trainer() -> Target | None:
+    """Adapter: a Target for the trainer's model/optimizer where a trainer runs on this rank."""
+    tr = _trainer()
+    if tr is None:
+        try:
+            from . import session
+        except ImportError:
+            return None
+        if session.has_prepared():  # laid out with engine.prepare but no trainer (yet)
+            return target_from_prepared(session.prepared(), TrainState())
+        return None
+    if tr.prepared is not None:
+        return target_from_prepared(tr.prepared, TrainState())
+    return Target(model=tr.model, optimizer=tr.optimizer, state=TrainState(), strategy="none")
+
+
+def _sync_from_trainer(t: Target) -> None:
+    """Step, loss and data position as the trainer has them (the trainer counts steps)."""
+    tr = _trainer_for(t)
+    if tr is None:
+        return
+    t.state.step = int(tr.step)
+    loss = (tr.last or {}).get("loss")
+    t.state.loss = float(loss) if loss is not None else t.state.loss
+    accum = int(getattr(tr.config, "grad_accum", 1))
+    t.state.data = {"micro_batch": int(tr.step) * accum, "grad_accum": accum}
+
+
+def _sync_to_trainer(t: Target) -> None:
+    """After a load: the trainer continues from the checkpoint's step, with a fresh loss window."""
+    tr = _trainer_for(t)
+    if tr is None:
+        return
+    tr.step = int(t.state.step)
+    tr.target = max(int(getattr(tr, "target", 0)), tr.step)
+    if hasattr(tr, "history"):
+        tr.history.clear()
+    tr.last = {"step": tr.step, "loss": t.state.loss}
+
+
+class _PausedTrainer:
+    """Pause a running trainer at a step boundary (on every rank) for a save or load."""
+
+    def __init__(self, t: Target, timeout: float = 120.0):
+        self.tr = _trainer_for(t)
+        self.timeout = timeout
+        self.resume = False
+
+    def __enter__(self):
+        import time
+
+        tr = self.tr
+        if tr is None or tr.state != "running" or getattr(tr, "_thread", None) is None:
+            return self
+        if threading_current_is(tr):
+            return self  # called from the training thread itself (a step hook): already between steps
+        tr.pause("checkpoint")
+        self.resume = True
+        deadline = time.monotonic() + self.timeout
+        while tr.state == "running" and tr._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if tr.state == "running" and tr._thread.is_alive():
+            raise TimeoutError(f"rank {tr.rank}: the trainer did not pause within {self.timeout} s")
+        return self
+
+    def __exit__(self, *exc):
+        if self.resume and self.tr.state == "paused":
+            self.tr.resume()
+        return False
+
+
+def threading_current_is(tr) -> bool:
+    import threading
+
+    return getattr(tr, "_thread", None) is threading.current_thread()
 
 
 def target() -> Target:
@@ -71,8 +154,10 @@ def target() -> Target:
         rank = runtime.context().rank if runtime._CONTEXT else 0
         raise RuntimeError(
             f"rank {rank}: nothing to checkpoint. On every rank, register the model first: "
-            "`from workbench.engine import checkpoint_hooks; checkpoint_hooks.track(prepared)`"
+            "`from workbench.engine import checkpoint_hooks; checkpoint_hooks.track(prepared)` "
+            "(or build a Trainer)"
         )
+    _sync_from_trainer(t)
     return t
 
 
@@ -95,14 +180,21 @@ def step_done(loss=None, *, data: dict | None = None) -> dict | None:
 
 def rank_save(root: str | None = None, tag: str | None = None, async_: bool = False, keep: int | None = None,
               auto: bool = False, with_optimizer: bool = True) -> dict:
-    """``%distrain ckpt save`` on one rank."""
-    return _save.save(target(), root or catalog.default_dir(), tag=tag, async_=async_, keep=keep, auto=auto,
-                      with_optimizer=with_optimizer)
+    """``%distrain ckpt save`` on one rank (a running trainer is paused at a step boundary meanwhile)."""
+    t = target()
+    with _PausedTrainer(t):
+        _sync_from_trainer(t)
+        return _save.save(t, root or catalog.default_dir(), tag=tag, async_=async_, keep=keep, auto=auto,
+                          with_optimizer=with_optimizer)
 
 
 def rank_load(folder: str, model_only: bool = False) -> dict:
     """``%distrain ckpt load`` on one rank (``folder`` resolved by the notebook)."""
-    return _load.load(target(), folder, model_only=model_only)
+    t = target()
+    with _PausedTrainer(t):
+        info = _load.load(t, folder, model_only=model_only)
+        _sync_to_trainer(t)
+    return info
 
 
 def rank_wait(timeout: float | None = None) -> dict | None:
@@ -127,6 +219,9 @@ def autosave(root: str, every: int, keep: int = 3, async_: bool = True):
             t.state.loss = float(loss)
         if step % every or (loss is not None and not math.isfinite(float(loss))):
             return None
+        tr = _trainer_for(t)
+        if tr is not None and getattr(tr, "_flags", {}).get("pause"):
+            return None  # the trainer is pausing on a spike/NaN: keep the last good one as latest
         return _save.save(t, root, async_=async_, keep=keep, auto=True)
 
     hook.every, hook.keep, hook.root = every, keep, root
@@ -138,3 +233,18 @@ def set_autosave(root: str | None, every: int | None, keep: int = 3, async_: boo
     global _AUTOSAVE
     _AUTOSAVE = None if not every else autosave(root or catalog.default_dir(), every, keep, async_)
     return _AUTOSAVE
+
+
+def attach_autosave_to_trainer() -> bool:
+    """Add the installed auto-save hook to this rank's trainer, if a trainer runs here."""
+    t = _trainer()
+    if t is None:
+        return False
+    old = getattr(t, "_workbench_autosave", None)
+    t.hooks[:] = [h for h in t.hooks if h[0] is not old]  # replace an earlier auto-save hook
+    if _AUTOSAVE is None:
+        t._workbench_autosave = None
+        return False
+    t.add_hook(_AUTOSAVE)
+    t._workbench_autosave = _AUTOSAVE
+    return True

@@ -18,10 +18,12 @@ Three ways collectives happen during training, and how each is seen here:
 Count and bytes are recorded when a collective is launched (so they belong to the step
 that launched them, exactly); time is recorded when it completes: for synchronous
 calls the caller's blocked time, for ``async_op=True`` work launch-to-completion through
-the work's future (gloo cannot report ``work._get_duration()``). On gloo,
-``reduce_scatter_single`` is executed by gloo's own reduce-scatter implementation over
-the full input buffer (what the profiler shows is ``gloo:reduce_scatter``); the bytes
-counted are the full input buffer, the convention of nccl-tests for reduce-scatter.
+the work's future (gloo cannot report ``work._get_duration()``: "This Backend doesn't
+support getDuration"). gloo has no real reduce-scatter: the profiler shows
+``c10d::_reduce_scatter_base_`` executed as ``gloo:all_reduce`` of the FULL buffer,
+keeping one slice (checked on torch 2.13), so on gloo a reduce-scatter moves and costs
+what an all-reduce of its input does. The bytes counted are the full input buffer (the
+nccl-tests convention for reduce-scatter), on every backend.
 """
 from __future__ import annotations
 

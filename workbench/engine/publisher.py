@@ -11,6 +11,7 @@ which the trainer calls at the end of a run.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import threading
 import time
@@ -32,7 +33,9 @@ class Publisher:
 
         self.address = address
         self.rank = rank
-        self._ctx = zmq.Context.instance()
+        # a private context: pyzmq terms Context.instance() at exit, which would wait
+        # forever for this socket and keep a stopped rank alive until it is SIGKILLed
+        self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.PUSH)
         self._sock.setsockopt(zmq.LINGER, 2000)
         self._sock.setsockopt(zmq.SNDHWM, 10_000)  # messages (batches), not events
@@ -45,6 +48,18 @@ class Publisher:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="workbench-publisher", daemon=True)
         self._thread.start()
+        atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        """Process exit: give queued events a moment, then drop the socket without lingering."""
+        self.flush(1.0)
+        self._closed = True
+        self._thread.join(0.5)
+        try:
+            self._sock.close(linger=0)
+            self._ctx.term()
+        except Exception:
+            pass
 
     def emit(self, event: dict) -> None:
         """Queue an event; never blocks (drops, and counts, when the queue is full)."""
@@ -97,7 +112,9 @@ class Publisher:
         self.flush(timeout)
         self._closed = True
         self._thread.join(timeout)
-        self._sock.close()
+        self._sock.close(linger=0)
+        self._ctx.term()
+        atexit.unregister(self._at_exit)
 
 
 def connect(address: str, rank: int | None = None) -> dict:

@@ -36,5 +36,11 @@ def report(step: int, loss: float | None = None, *, run: str | None = None, **me
     values.update(_STATE["probe"].read())
     _STATE[run] = (now, snap)
     event = events.step_event(run=run, rank=ctx.rank, step=step, metrics=values, comm=comm, source="user")
+    if publisher.get() is None and not _STATE.get("warned"):
+        _STATE["warned"] = True
+        import warnings
+
+        warnings.warn(f"rank {ctx.rank}: engine.report: no notebook is listening yet, so this step is not "
+                      "kept; ranks started with `%distrain start` are connected automatically", stacklevel=3)
     publisher.emit(event)
     return event

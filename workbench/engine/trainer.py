@@ -51,7 +51,7 @@ class TrainerConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     spike_factor: float = 10.0  # pause when loss > factor * median of the recent window
     spike_window: int = 20
-    memory_every: int = 10  # steps between USS reads (malloc_trim + page walk)
+    memory_interval_s: float = 5.0  # seconds between USS reads (malloc_trim + page walk, ~13 ms CPU)
     pause_poll_s: float = 0.05  # how often paused ranks re-check their flags
 
 
@@ -91,6 +91,9 @@ class Trainer:
         if self._whole_step:
             self.notes.append(f"{type(prepared).__name__} runs its own train_step: timed as one phase, "
                               "no clipping or accumulation by the trainer")
+        if ctx.backend == "gloo" and type(prepared).__name__ == "FSDP2Prepared":
+            self.notes.append("gloo has no real reduce-scatter: it runs as an all-reduce of the full "
+                              "buffer (gloo:all_reduce), so reduce_scatter time here is an all-reduce's")
         self._group = dist.new_group(backend="gloo") if self.world_size > 1 else None
         self.run = self._agree_run_id()
         self.step = 0  # completed optimizer steps
@@ -106,7 +109,7 @@ class Trainer:
         self._applied_version = 0
         self._thread: threading.Thread | None = None
         self._inject: dict[int, str] = {}
-        self._memory = telemetry.MemoryProbe(self.device, self.config.memory_every)
+        self._memory = telemetry.MemoryProbe(self.device, self.config.memory_interval_s)
         self._flops_tok = telemetry.flops_per_token(prepared.unwrap() if prepared is not None else model)
         self._peak = telemetry.device_peak_flops(self.device)
         self._sync = torch.cuda.synchronize if self.device.startswith("cuda") else None
@@ -172,7 +175,7 @@ class Trainer:
 
     def set(self, **hparams) -> None:
         """Change hyperparameters at the next step (this rank's call; the notebook calls all)."""
-        version = max([self._flags["version"], *self._staged]) + 1
+        version = max([self._flags["version"], self._applied_version, *self._staged]) + 1
         self.stage(version, hparams)
         self.commit(version)
 

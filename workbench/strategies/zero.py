@@ -48,8 +48,16 @@ def import_deepspeed(device_type: str):
     return deepspeed
 
 
-def deepspeed_config(spec, *, world_size: int) -> dict:
+def deepspeed_config(spec, *, world_size: int, n_params: int | None = None) -> dict:
     zero: dict = {"stage": spec.zero_stage}
+    if n_params:
+        # DeepSpeed allocates its reduce / all-gather buckets whole (5e8 elements = 2 GB
+        # in fp32 by default) whatever the model's size: size them to the model instead.
+        bucket = int(min(5e8, max(n_params, 2**16)))
+        zero["reduce_bucket_size"] = bucket
+        zero["allgather_bucket_size"] = bucket
+        if spec.zero_stage == 3:
+            zero["stage3_prefetch_bucket_size"] = bucket
     if spec.cpu_offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if spec.zero_stage == 3:
@@ -113,7 +121,8 @@ class ZeroStrategy:
         if isinstance(optimizer, torch.optim.Optimizer):
             optimizer = factory_from_optimizer(optimizer)
         engine, opt, _, _ = ds.initialize(model=model, optimizer=optimizer,
-                                          config=deepspeed_config(s, world_size=ctx.world_size),
+                                          config=deepspeed_config(s, world_size=ctx.world_size,
+                                                                 n_params=sum(p.numel() for p in model.parameters())),
                                           dist_init_required=False)
         ctx.notes.append(f"DeepSpeed ZeRO stage {s.zero_stage} over {ctx.world_size} rank(s) "
                          f"({['plain DP', 'optimizer state', 'optimizer state + gradients', 'optimizer state + gradients + parameters'][s.zero_stage]} partitioned)")

@@ -1,0 +1,262 @@
+"""JupyterLab in headless Chromium: a Lab server per session, a fresh browser per test.
+
+* ``lab``: ``jupyter lab`` on a free port, rooted at the repository, with every
+  Jupyter / IPython state folder under ``.state/browser`` and user settings that keep
+  the tests deterministic (no autosave, so a run never writes outputs into a tracked
+  notebook; no news / update pop-ups; no cell windowing, so every output is in the DOM).
+  It is stopped by its process group afterwards, and anything it left behind (kernels,
+  their rank processes) is ended by pid.
+* ``page``: a Playwright page in Debian's ``/usr/bin/chromium`` (never a downloaded
+  browser) with a fresh user-data-dir under ``.state/browser``.
+* Screenshots go to ``test-artifacts/``; a failing test leaves ``FAILED-<test>.png``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import psutil
+import pytest
+
+from .helpers import ARTIFACTS, ROOT, STATE, shot
+
+CHROMIUM = pathlib.Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+# user settings: plugin id -> settings
+LAB_SETTINGS = {
+    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
+    "@jupyterlab/apputils-extension:notification": {"checkForUpdates": False, "fetchNews": "false"},
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if pathlib.Path(str(item.fspath)).is_relative_to(pathlib.Path(__file__).parent):
+            item.add_marker(pytest.mark.browser)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.stash[_FAILED] = report.failed
+    return report
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+def _need_browser() -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: install Debian's chromium (apt-get install chromium) "
+                    "to run the JupyterLab browser tests")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("the playwright Python package is not installed (pip install -e '.[test]')")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_settings(folder: pathlib.Path) -> None:
+    for plugin, values in LAB_SETTINGS.items():
+        package, name = plugin.split(":")
+        path = folder / package / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
+class Lab:
+    def __init__(self, proc: subprocess.Popen, port: int, token: str, log: pathlib.Path):
+        self.proc, self.port, self.token, self.log = proc, port, token, log
+        self.base = f"http://127.0.0.1:{port}"
+        self.seen: dict[int, psutil.Process] = {}  # every descendant ever seen (kernels, ranks)
+
+    def remember(self) -> None:
+        """Note the server's descendants now, so they can be ended by pid if left behind."""
+        try:
+            self.seen.update({p.pid: p for p in psutil.Process(self.proc.pid).children(recursive=True)})
+        except psutil.NoSuchProcess:
+            pass
+
+    def leftovers(self) -> list[psutil.Process]:
+        out = []
+        for p in self.seen.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def url(self, path: str, workspace: str | None = None) -> str:
+        """The Lab URL that opens ``path`` (relative to the repository) in a fresh workspace."""
+        ws = workspace or uuid.uuid4().hex[:8]
+        return f"{self.base}/lab/workspaces/{ws}/tree/{path}?reset&token={self.token}"
+
+    def api(self, method: str, path: str):
+        req = urllib.request.Request(f"{self.base}/api/{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = resp.read()
+        return json.loads(body) if body else None
+
+    def shutdown_kernels(self) -> None:
+        """Shut every kernel down (each stops its ranks at exit); wait until they are gone."""
+        for kernel in self.api("GET", "kernels"):
+            try:
+                self.api("DELETE", f"kernels/{kernel['id']}")
+            except Exception:
+                pass
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+@pytest.fixture(scope="session")
+def lab():
+    _need_browser()
+    shutil.rmtree(STATE / "lab-workspaces", ignore_errors=True)
+    env = dict(os.environ)
+    for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
+                     ("JUPYTER_CONFIG_DIR", "jupyter/config"), ("JUPYTER_DATA_DIR", "jupyter/data"),
+                     ("MPLCONFIGDIR", "mpl")):
+        env[var] = str(STATE / sub)
+        (STATE / sub).mkdir(parents=True, exist_ok=True)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+    env.pop("JUPYTERLAB_SETTINGS_DIR", None)
+    env.pop("JUPYTERLAB_WORKSPACES_DIR", None)
+    settings = STATE / "lab-settings"
+    shutil.rmtree(settings, ignore_errors=True)
+    _write_settings(settings)
+    port, token = _free_port(), secrets.token_hex(16)
+    log = STATE / "jupyter-lab.log"
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--IdentityProvider.token={token}",
+           f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.root_dir={ROOT}", "--ContentsManager.allow_hidden=True",
+           # checkpoints under .state, not as .ipynb_checkpoints/ beside tracked notebooks
+           f"--FileCheckpoints.checkpoint_dir={STATE / 'checkpoints'}",
+           f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={STATE / 'lab-workspaces'}",
+           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # containers and CI runners
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    server = Lab(proc, port, token, log)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{server.log_tail()}")
+            try:
+                server.api("GET", "status")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"jupyter lab did not answer on port {port} in 90 s:\n{server.log_tail()}")
+                time.sleep(0.5)
+        yield server
+    finally:
+        server.remember()
+        try:
+            server.shutdown_kernels()
+        except Exception:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server's own group (start_new_session)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        # kernels run in their own sessions: end by pid whatever the server left behind
+        left = server.leftovers()
+        for p in left:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, still = psutil.wait_procs(left, timeout=10)
+        for p in still:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+@pytest.fixture(scope="session")
+def playwright_driver():
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    yield pw
+    pw.stop()
+
+
+@pytest.fixture
+def page(request, lab, playwright_driver):
+    """A page in a fresh Chromium profile; kernels are shut down after the test."""
+    (ARTIFACTS / f"FAILED-{request.node.name}.png").unlink(missing_ok=True)
+    profile = STATE / "chromium" / uuid.uuid4().hex[:8]
+    profile.mkdir(parents=True)
+    context = playwright_driver.chromium.launch_persistent_context(
+        str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+        viewport={"width": 1400, "height": 1000}, timezone_id="UTC",
+    )
+    context.set_default_timeout(30_000)
+    pg = context.pages[0] if context.pages else context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.js_errors = errors  # uncaught exceptions in the page
+    console: list[str] = []
+    pg.on("console", lambda msg: console.append(msg.text[:500]) if msg.type == "error" else None)
+    pg.console_errors = console  # console.error lines (widget render failures land here)
+    try:
+        yield pg
+    finally:
+        if request.node.stash.get(_FAILED, False):
+            try:
+                shot(pg, f"FAILED-{request.node.name}")
+            except Exception:
+                pass
+        context.close()
+        shutil.rmtree(profile, ignore_errors=True)
+        lab.remember()
+        lab.shutdown_kernels()
+        _wait_no_kernels(lab)
+
+
+def _wait_no_kernels(lab: Lab, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not lab.api("GET", "kernels"):
+                return
+        except Exception:
+            return
+        time.sleep(0.5)

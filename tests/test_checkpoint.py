@@ -1,0 +1,133 @@
+"""Checkpoints on real gloo ranks (shared sets, nothing killed): reshard, magics, safety, retention.
+
+Kill / restart drills are in ``test_failures.py`` (private rank sets).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+from workbench.checkpoint import api as ck
+from workbench.checkpoint import catalog
+from workbench.cluster import RankFailure
+
+BUILD = """
+import torch
+from workbench.models import GPT, GPTConfig, SyntheticDataset, batch_at
+from workbench.strategies import prepare
+from workbench.engine import checkpoint_hooks as ch
+torch.manual_seed(0)
+_ck_model = GPT(GPTConfig.tiny({cfg}))
+_ck_prep = prepare(_ck_model, lambda ps: torch.optim.{opt}(ps, lr=1e-2), {spec!r})
+_ck_state = ch.track(_ck_prep)
+_ck_ds = SyntheticDataset("copy", n=256, seq_len=16)
+_ck_losses = {{}}
+def _ck_train(n):
+    for _ in range(n):
+        s = _ck_state.step
+        _ck_losses[s] = _ck_prep.train_step(batch_at(_ck_ds, 8, s, dp_rank=_ck_prep.dp_rank, dp_size=_ck_prep.dp_size))
+        ch.step_done(_ck_losses[s])
+"""
+
+CLEAN = """
+from workbench.engine import checkpoint_hooks as ch
+from workbench.checkpoint import save as _ck_save
+_ck_save.wait(); _ck_save.DRILL['after_parts'] = 0.0
+ch.untrack(); ch.set_autosave(None, None)
+for _n in [n for n in list(globals()) if n.startswith('_ck_')]:
+    del globals()[_n]
+"""
+
+
+def build(rs, spec="ddp", cfg="", opt="AdamW"):
+    rs.execute(BUILD.format(spec=spec, cfg=cfg, opt=opt), timeout=120)
+
+
+@pytest.fixture
+def clean4(ranks4):
+    yield ranks4
+    ranks4.execute(CLEAN, timeout=60)
+
+
+@pytest.fixture
+def clean2(ranks2):
+    yield ranks2
+    ranks2.execute(CLEAN, timeout=60)
+
+
+def close(a, b, rel=1e-5):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+def test_fsdp2_on_4_ranks_loads_into_ddp_on_2_with_equal_loss(clean4, clean2, tmp_path):
+    root = str(tmp_path)
+    build(clean4, "fsdp2")
+    clean4.execute("_ck_train(3)", timeout=120)
+    info = ck.save(root=root, rankset=clean4)
+    assert info["name"] == "step-00000003" and info["step"] == 3
+    clean4.execute("_ck_train(2)", timeout=120)
+    ref = clean4.pull("_ck_losses")[0]
+    build(clean2, "ddp")
+    loaded = ck.load("latest", root=root, rankset=clean2)
+    assert (loaded["from_strategy"], loaded["from_world_size"], loaded["world_size"]) == ("fsdp2", 4, 2)
+    assert clean2.pull("_ck_state.step") == [3, 3]
+    clean2.execute("_ck_train(2)", timeout=120)
+    got = clean2.pull("_ck_losses")[0]
+    assert sorted(got) == [3, 4]
+    for s in (3, 4):  # step 3: the restored weights; step 4: also the restored AdamW state
+        assert close(got[s], ref[s]), (s, got[s], ref[s])
+    df = ck.list(root)
+    row = df.iloc[-1]
+    assert (row["step"], row["world_size"], row["strategy"], bool(row["latest"])) == (3, 4, "fsdp2", True)
+    assert row["size_mb"] > 0 and abs(row["loss"] - ref[2]) < 1e-6
+
+
+def test_magics_async_save_list_load_export_delete(shell, clean4, tmp_path):
+    shell.run_line_magic("distrain", f"ckpt dir {tmp_path}")
+    build(clean4, "ddp")
+    clean4.execute("_ck_train(2)", timeout=60)
+    shell.run_line_magic("distrain", "ckpt save --async")
+    clean4.execute("_ck_train(1)", timeout=60)  # trains while (or after) the save is written
+    shell.run_line_magic("distrain", "ckpt wait")
+    shell.run_line_magic("distrain", "ckpt save --tag three")
+    clean4.execute("_ck_train(2)", timeout=60)
+    ref = clean4.pull("_ck_losses")[0]
+    df = shell.run_line_magic("distrain", "ckpt list")
+    assert list(df["name"]) == ["step-00000002", "three"] and list(df["step"]) == [2, 3]
+    assert {"step", "time", "world_size", "strategy", "loss", "size_mb"} <= set(df.columns)
+    shell.run_line_magic("distrain", "ckpt load 2")
+    assert clean4.pull("_ck_state.step") == [2] * 4
+    clean4.execute("_ck_losses.clear(); _ck_train(3)", timeout=60)
+    got = clean4.pull("_ck_losses")[0]
+    assert all(close(got[s], ref[s]) for s in (2, 3, 4)), (got, ref)  # async save held step 2 exactly
+    out = tmp_path / "export" / "model.safetensors"
+    shell.run_line_magic("distrain", f"ckpt export {out} three")
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(out))
+    names = clean4.execute("_ck_names = sorted(n for n, _ in _ck_model.named_parameters())") and clean4.pull("_ck_names")[0]
+    assert sorted(tensors) == names
+    shell.run_line_magic("distrain", "ckpt delete three")
+    assert list(ck.list(str(tmp_path))["name"]) == ["step-00000002"]
+    catalog.set_default_dir("checkpoints")
+
+
+def test_incompatible_model_is_refused_naming_the_tensors(clean2, tmp_path):
+    root = str(tmp_path)
+    build(clean2, "ddp")
+    clean2.execute("_ck_train(1)", timeout=60)
+    ck.save(root=root, rankset=clean2)
+    build(clean2, "ddp", cfg="ffn_dim=48")
+    with pytest.raises(RankFailure) as err:
+        ck.load(root=root, rankset=clean2)
+    msg = str(err.value)
+    assert "IncompatibleCheckpoint" in msg and "layers.0.feed_forward" in msg and "(64, 32)" in msg.replace("[", "(")
+    assert clean2.pull("_ck_state.step") == [0, 0]  # nothing was loaded
+    build(clean2, "ddp", opt="SGD")
+    with pytest.raises(RankFailure) as err:
+        ck.load(root=root, rankset=clean2)
+    assert "optimizer" in str(err.value) and "--model-only" in str(err.value)
+    info = ck.load(root=root, model_only=True, rankset=clean2)
+    assert info["model_only"] and clean2.pull("_ck_state.step") == [1, 1]

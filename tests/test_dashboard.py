@@ -1,0 +1,105 @@
+"""The dashboard and the train magics on real ranks (shared sets, left clean)."""
+import pytest
+
+from workbench import stream, training
+from workbench.dashboard import Dashboard, register_checkpoint
+from workbench.engine import comm_timing, trainer
+
+
+def _clean():
+    t = trainer._CURRENT
+    if t is not None:
+        t.stop()
+        t.resume()
+        t.wait(30)
+    trainer._CURRENT = None
+    comm_timing.uninstall()
+    return True
+
+
+@pytest.fixture
+def rs(ranks2):
+    yield ranks2
+    ranks2.apply(_clean, timeout=60)
+
+
+def test_dashboard_figures_hold_every_point_of_the_run_and_export(rs, tmp_path):
+    training.setup("ddp", rankset=rs)
+    run = training.start(30, rankset=rs)
+    dash = Dashboard(rs, run=run, live=False)
+    training.wait(rankset=rs, timeout=120)
+    assert dash.refresh()
+    loss = {t.name: t for t in dash.figures["loss"].data}
+    assert set(loss) == {"rank 0", "rank 1", "mean"}
+    assert all(list(t.x) == list(range(1, 31)) for t in loss.values())
+    for key in ("throughput", "memory", "comm", "step_time"):
+        assert dash.figures[key].data, key
+    comm = {t.name for t in dash.figures["comm"].data}
+    assert {"all_reduce r0", "all_reduce r1"} <= comm
+    assert {t.name for t in dash.figures["step_time"].data} >= {"data", "forward", "backward", "optimizer"}
+    assert "step 30" in dash.controls.status.value and "finished" in dash.controls.status.value
+    assert "mfu n/a" in dash.controls.status.value
+    assert not dash.refresh()  # nothing new: no redraw
+    assert dash.controls.checkpoint.disabled
+    path = dash.export_html(tmp_path / "run.html")
+    text = open(path, encoding="utf-8").read()
+    assert text.count("Plotly.newPlot") == 5 and "plotly.js" in text.lower() and run in text
+    assert len(text) > 1_000_000  # plotly.js inlined: opens offline
+
+
+def test_controls_drive_the_run_and_checkpoint_button_calls_the_registered_callback(rs):
+    calls = []
+    register_checkpoint(lambda: calls.append(1))
+    try:
+        training.setup("ddp", rankset=rs)
+        run = training.start(100_000, rankset=rs)
+        dash = Dashboard(rs, run=run, live=True, interval=0.1)
+        training.wait(step=2, rankset=rs, timeout=60)
+        dash.controls.pause.click()
+        assert training.wait("paused", rankset=rs, timeout=30) == {0: "paused", 1: "paused"}
+        dash.controls.lr.value = 5e-4
+        dash.controls.set_lr.click()
+        dash.controls.checkpoint.click()
+        assert calls == [1] and "checkpoint saved" in dash.controls.message.value
+        dash.controls.resume.click()
+        at = max(stream.attach(rs).store.last_steps(run).values())
+        training.wait(step=at + 2, rankset=rs, timeout=60)
+        dash.controls.stop.click()
+        training.wait(rankset=rs, timeout=30)
+        assert dash.store.wait(lambda s: dash.redraws > 1 and "stopped" in dash.controls.status.value, 5)
+        dash.close()
+        assert 5e-4 in {r["lr"] for r in stream.attach(rs).store.snapshot_rows(run)}
+    finally:
+        register_checkpoint(None)
+
+
+def test_train_magics_on_four_ranks(shell, ranks4, capsys, tmp_path):
+    try:
+        r = shell.run_cell("%distrain train start --steps 12 --model tiny --strategy ddp --no-dashboard")
+        assert r.success, r.error_in_exec
+        r = shell.run_cell("%distrain train wait")
+        assert r.success and r.result == {0: "finished", 1: "finished", 2: "finished", 3: "finished"}
+        r = shell.run_cell("%distrain train set lr_typo=1")
+        assert not r.success and "not a hyperparameter" in str(r.error_in_exec)
+        r = shell.run_cell("%distrain train set lr=2e-4 betas=0.8,0.9")
+        assert r.success
+        r = shell.run_cell("%distrain train pause now")
+        assert not r.success and "takes no NAME=VALUE" in str(r.error_in_exec)
+        r = shell.run_cell(f"%distrain dashboard --export {tmp_path / 'd.html'}")
+        assert r.success and (tmp_path / "d.html").stat().st_size > 1_000_000
+        r = shell.run_cell("%distrain train status")
+        assert r.success and list(r.result.state) == ["finished"] * 4
+        import workbench
+
+        tidy = workbench.metrics()
+        assert sorted(tidy["rank"].unique()) == [0, 1, 2, 3]
+        assert len(tidy[tidy.metric == "loss"]) == 48
+        workbench.export_metrics(tmp_path / "m.parquet")
+        workbench.export_metrics(tmp_path / "m.csv")
+        import pandas as pd
+
+        assert len(pd.read_parquet(tmp_path / "m.parquet")) == len(tidy) == len(pd.read_csv(tmp_path / "m.csv"))
+    finally:
+        ranks4.apply(_clean, timeout=60)
+    out, _ = capsys.readouterr()
+    assert "12 steps on 4 ranks" in out and "lr=0.0002" in out

@@ -1,0 +1,154 @@
+"""Execute the teaching labs (notebooks/lab_0[1-6]_*.ipynb) headless and check what they print.
+
+Each lab starts its own two gloo ranks (``%distrain start -n 2 --backend gloo --threads 1``),
+prints ``rank pids: [...]`` from ``%distrain status``, ends in ``%distrain stop``, and has
+"check yourself" cells whose asserts print a ``check passed: ...`` line in the notebook
+kernel (never on a rank, so the line does not depend on rank output reaching the notebook).
+The test runs every lab with nbclient, checks that every check cell passed, a few key
+numbers, and that none of the rank processes is alive afterwards.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+
+# lab file -> strings its outputs must contain (key numbers of the lesson)
+LABS = {
+    "lab_01_data_parallel.ipynb": [
+        "21 per-parameter all-reduces vs 2 DDP buckets, 139,904 bytes each way",
+        "check passed: DDP step == single-rank step",
+        "each rank sends 139,904 bytes per step",
+    ],
+    "lab_02_zero_fsdp_memory.ipynb": [
+        "per-rank bytes DDP 559,616 -> ZeRO-1 349,760 -> ZeRO-3 279,808 = FSDP2 279,808; planner agrees",
+    ],
+    "lab_03_tensor_parallel.ipynb": [
+        "hand-written TP forward and weight and input gradients equal the unsharded MLP",
+        "each rank holds 50% of the parameter bytes",
+        "w2 is Shard(1), (32, 32) on each rank",
+    ],
+    "lab_04_pipeline_bubbles.ipynb": [
+        "measured bubble 0.50 at m=1",
+        "GPipe and 1F1B losses and gradients match",
+        "first step equals the single-rank loss",
+    ],
+    "lab_05_precision_and_recompute.ipynb": [
+        "recompute leaves the loss unchanged",
+    ],
+    "lab_06_moe_expert_parallel.ipynb": [
+        "check passed: capacity 160",
+        "aux loss = 0.01 x",
+        "naive and all-to-all EP outputs equal the single-rank MoE",
+    ],
+}
+
+
+def _outputs(nb) -> str:
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            out.append(o.get("text", ""))
+            out.append(o.get("data", {}).get("text/plain", ""))
+    return "\n".join(out)
+
+
+def _rank_pids(text: str) -> list[int]:
+    m = re.search(r"rank pids: (\[[0-9, ]*\])", text)
+    return ast.literal_eval(m.group(1)) if m else []
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _end(pids) -> None:
+    """After a failed run: end the rank processes this lab started (by pid, children first)."""
+    for pid in _alive(pids):
+        try:
+            proc = psutil.Process(pid)
+            for child in proc.children(recursive=True):
+                child.kill()
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.fixture
+def jupyter_dirs(monkeypatch):
+    state = ROOT / ".state"
+    state.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=state, prefix="labs-") as tmp:
+        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
+                         ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                         ("MPLCONFIGDIR", "mpl")):
+            path = Path(tmp) / sub
+            path.mkdir()
+            monkeypatch.setenv(var, str(path))
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        yield Path(tmp)
+
+
+def check_cells(nb) -> int:
+    return sum(1 for c in nb.cells if c.cell_type == "code" and "check passed" in c.source)
+
+
+@pytest.mark.parametrize("name", sorted(LABS))
+def test_lab_executes_and_its_checks_pass(name, jupyter_dirs):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+        "save the lab without outputs"
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert any("%distrain start -n 2 --backend gloo --threads 1" in s for s in sources)
+    assert sources[-1].strip() == "%distrain stop"
+    expected_checks = check_cells(nb)
+    assert expected_checks >= 1, "each lab has check-yourself cells"
+
+    t0 = time.perf_counter()
+    client = NotebookClient(nb, kernel_name="python3", timeout=180,
+                            resources={"metadata": {"path": str(ROOT)}})
+    try:
+        client.execute()
+    except CellExecutionError:
+        _end(_rank_pids(_outputs(nb)))
+        raise
+    seconds = time.perf_counter() - t0
+    text = _outputs(nb)
+
+    pids = _rank_pids(text)
+    assert len(pids) == 2, "the lab prints the two rank pids from %distrain status"
+    deadline = time.monotonic() + 15
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _alive(pids)
+    _end(left)
+    assert left == [], f"{name} left rank processes behind: {left}"
+    assert "ranks stopped" in text
+
+    passed = [line for line in text.splitlines() if line.startswith("check passed")]
+    assert len(passed) == expected_checks, (len(passed), expected_checks, passed)
+    for needle in LABS[name]:
+        assert needle in text, needle
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors == []
+    assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))
+    print(f"{name}: {seconds:.1f} s")

@@ -1,0 +1,189 @@
+"""Tier 2: the trainer on real gloo ranks, watched through the stream (shared 2-rank set)."""
+import math
+import time
+
+import pytest
+
+from workbench import stream, training
+from workbench.metrics import metrics
+from workbench.engine import comm_timing, control, trainer
+
+PARAM_BYTES = 139904  # GPT tiny (seq 32): 34976 fp32 parameters
+
+
+@pytest.fixture
+def rs(ranks2):
+    """The shared 2-rank set; afterwards no trainer, no timing wrappers, nothing running."""
+    yield ranks2
+
+    def clean():
+        t = trainer._CURRENT
+        if t is not None:
+            t.stop()
+            t.resume()
+            t.wait(30)
+        trainer._CURRENT = None
+        comm_timing.uninstall()
+        return True
+
+    ranks2.apply(clean, timeout=60)
+
+
+def wide(run):
+    return metrics(run, wide=True)
+
+
+def test_50_steps_stream_every_step_of_every_rank_once(rs):
+    training.setup("ddp", rankset=rs)
+    run = training.start(50, rankset=rs)
+    assert training.wait(timeout=120, rankset=rs) == {0: "finished", 1: "finished"}
+    tidy = metrics(run)
+    assert list(tidy.columns[:5]) == ["run", "step", "rank", "metric", "value"]
+    loss = tidy[tidy.metric == "loss"]
+    for r in (0, 1):
+        assert sorted(loss[loss["rank"] == r].step) == list(range(1, 51))
+    store = stream.attach(rs).store
+    assert store.gaps == 0 and store.duplicates == 0
+    w = wide(run)
+    assert (w.memory_rss_bytes > 0).all() and (w.memory_uss_bytes.dropna() > 0).all()
+    assert w.mfu.isna().all()  # CPU: no device peak, so no MFU
+    # DDP: one comm-hook all-reduce per gradient bucket, covering every parameter's gradient,
+    # plus the 4-byte loss average
+    assert (w["comm/ddp_bucket/bytes"] == PARAM_BYTES).all()
+    assert (w["comm/all_reduce/count"] == w["comm/ddp_bucket/count"] + 1).all()
+    assert (w["comm/all_reduce/bytes"] == PARAM_BYTES + 4).all()
+    assert (w["comm/all_reduce/time_s"] > 0).all()
+    assert w.loss.iloc[-1] < w.loss.iloc[0]
+    phases = w[[f"time_{p}_s" for p in ("data", "forward", "backward", "optimizer")]].sum(axis=1)
+    assert (phases <= w.time_step_s * 1.01).all()
+
+
+def test_pause_holds_resume_continues_stop_ends_at_one_step(rs):
+    training.setup("ddp", rankset=rs)
+    run = training.start(100_000, rankset=rs)
+    training.wait(step=3, rankset=rs, timeout=60)
+    training.pause(rankset=rs)
+    training.wait("paused", rankset=rs, timeout=30)
+    held = stream.attach(rs).store.run_state(run)
+    assert held[0]["step"] == held[1]["step"]
+    time.sleep(0.6)
+    status = training.status(rankset=rs)
+    assert [s["step"] for s in status] == [held[0]["step"]] * 2 and {s["state"] for s in status} == {"paused"}
+    training.resume(rankset=rs)
+    training.wait(step=held[0]["step"] + 3, rankset=rs, timeout=60)
+    training.stop(rankset=rs)
+    states = training.wait(rankset=rs, timeout=30)
+    assert states == {0: "stopped", 1: "stopped"}
+    last = stream.attach(rs).store.last_steps(run)
+    assert last[0] == last[1] > held[0]["step"] + 2
+    assert sorted(wide(run).step.unique()) == list(range(1, last[0] + 1))
+
+
+def test_set_lr_shows_in_the_next_step_on_every_rank(rs):
+    training.setup("ddp", rankset=rs, lr=1e-3)
+    run = training.start(100_000, rankset=rs)
+    training.wait(step=2, rankset=rs, timeout=60)
+    with pytest.raises(Exception, match="not a hyperparameter"):
+        training.set(rs, lr_typo=1.0)
+    training.set(rs, lr=3e-4, grad_clip=0.5)
+    t_set = max(r["step"] for r in training.status(rankset=rs))
+    training.wait(step=t_set + 2, rankset=rs, timeout=60)
+    training.stop(rankset=rs)
+    training.wait(rankset=rs, timeout=30)
+    w = wide(run)
+    first_new = {r: w[(w["rank"] == r) & (w.lr == 3e-4)].step.min() for r in (0, 1)}
+    assert first_new[0] == first_new[1] <= t_set + 2
+    for r in (0, 1):
+        lr = w[w["rank"] == r].sort_values("step").lr.tolist()
+        k = first_new[r] - 1
+        assert set(lr[:k]) == {1e-3} and set(lr[k:]) == {3e-4}
+
+
+def test_fsdp2_reports_all_gathers_and_reduce_scatters_with_accumulation(rs):
+    training.setup("fsdp2", rankset=rs, grad_accum=2)
+    run = training.start(4, rankset=rs)
+    training.wait(rankset=rs, timeout=120)
+    w = wide(run)
+    assert len(w) == 8
+    # 2 blocks + root, all-gathered for forward and again for backward, per micro-batch
+    assert (w["comm/all_gather/count"] == 12).all()
+    assert (w["comm/all_gather/bytes"] == 2 * 2 * PARAM_BYTES).all()
+    # gradient sync only on the last micro-batch: one reduce-scatter per FSDP module
+    assert (w["comm/reduce_scatter/count"] == 3).all()
+    assert (w["comm/reduce_scatter/bytes"] == PARAM_BYTES).all()
+    assert (w.tps > 0).all() and (w.grad_norm > 0).all()
+
+
+def test_nan_loss_pauses_at_that_step_and_skips_the_update(rs):
+    training.setup("ddp", rankset=rs)
+    training.inject("nan", 5, ranks=[1], rankset=rs)
+    run = training.start(20, rankset=rs)
+    states = training.wait("paused", rankset=rs, timeout=60)
+    assert states == {0: "paused", 1: "paused"}
+    st = stream.attach(rs).store.run_state(run)
+    assert st[0]["step"] == st[1]["step"] == 5
+    assert "non-finite" in st[0]["reason"] and "step 5" in st[1]["reason"]
+    time.sleep(0.3)
+    w = wide(run)
+    assert w.step.max() == 5 and math.isnan(w[w.step == 5].loss.iloc[0])
+    training.resume(rankset=rs)
+    training.wait(step=7, rankset=rs, timeout=60)
+    training.stop(rankset=rs)
+    training.wait(rankset=rs, timeout=30)
+    w = wide(run)
+    assert w[w.step == 6].loss.map(math.isfinite).all()  # the NaN step did not poison the weights
+
+
+def test_loss_spike_beyond_factor_of_recent_median_pauses(rs):
+    training.setup("none", rankset=rs, spike_window=5)
+    run = training.start(1000, rankset=rs)
+    training.wait(step=6, rankset=rs, timeout=60)
+    training.set(rs, spike_factor=0.5)  # every loss is now a "spike" against the median
+    training.wait("paused", rankset=rs, timeout=60)
+    st = stream.attach(rs).store.run_state(run)
+    assert st[0]["step"] == st[1]["step"] and "loss spike" in st[0]["reason"] and "0.5 x median" in st[0]["reason"]
+    training.stop(rankset=rs)
+    training.wait(rankset=rs, timeout=30)
+
+
+def test_hook_sees_every_step_and_can_pause_everyone(rs):
+    training.setup("none", rankset=rs)
+
+    def add_hook():
+        t = trainer.current()
+        t.seen = []
+
+        def hook(rec):
+            t.seen.append(rec["step"])
+            if rec["step"] == 4 and t.rank == 1:
+                t.pause("hook on rank 1")
+
+        t.add_hook(hook)
+        return True
+
+    rs.apply(add_hook)
+    run = training.start(50, rankset=rs)
+    training.wait("paused", rankset=rs, timeout=60)
+    assert rs.apply(lambda: trainer.current().seen) == [[1, 2, 3, 4]] * 2
+    assert stream.attach(rs).store.run_state(run)[1]["reason"] == "hook on rank 1"
+    training.stop(rankset=rs)
+    training.wait(rankset=rs, timeout=30)
+
+
+def test_user_loop_reports_with_one_call(rs):
+    store = stream.attach(rs).store
+    rs.execute(
+        "from workbench import engine\n"
+        "for i in range(1, 6):\n"
+        "    engine.report(step=i, loss=1.0 / i, run='user-loop', accuracy=0.1 * i)\n"
+        "from workbench.engine import publisher\npublisher.flush()\n", timeout=60)
+    assert store.wait(lambda s: len(s.snapshot_rows("user-loop")) == 10, timeout=10)
+    tidy = metrics("user-loop")
+    acc = tidy[tidy.metric == "accuracy"]
+    assert len(acc) == 10 and set(tidy.source) == {"user"}
+    assert (tidy[tidy.metric == "memory_rss_bytes"].value > 0).all()
+
+
+def test_no_trainer_is_a_clear_error(rs):
+    with pytest.raises(Exception, match="no trainer on this rank"):
+        rs.apply(control.start, 3)

@@ -1,0 +1,167 @@
+"""The live training dashboard (notebook side): plotly FigureWidgets, ipywidgets controls.
+
+``workbench.dashboard()`` (or ``%distrain dashboard``) shows loss, throughput, memory,
+collective time and the step-time breakdown of the latest run, pause/resume/stop, an
+lr box, a checkpoint button and a status line. A background thread redraws at most
+every ``interval`` seconds and only when new events arrived, so plotting costs the
+ranks nothing (they only PUSH to a socket) and the kernel little. Calling it again
+re-shows the same live dashboard; ``export_html(path)`` writes a standalone page.
+"""
+from __future__ import annotations
+
+import html
+import sys
+import threading
+import types
+
+from .. import api, stream
+from . import figures
+from .controls import Controls, checkpoint_callback, register_checkpoint
+
+__all__ = ["Dashboard", "dashboard", "register_checkpoint", "checkpoint_callback"]
+
+_OPEN: dict[int, "Dashboard"] = {}
+
+
+class Dashboard:
+    def __init__(self, rankset=None, *, run: str | None = None, interval: float = 0.5, live: bool = True):
+        self.rankset = rankset if rankset is not None else api.current()
+        self.store = stream.attach(self.rankset).store
+        self.run = run  # None: follow the latest run
+        self.interval = interval
+        self.figures = figures.make_figures(widget=True)
+        self.controls = Controls(lambda: self.rankset)
+        self.redraws = 0
+        self._version = -1
+        self._closed = threading.Event()
+        self._thread = None
+        if live:
+            self._thread = threading.Thread(target=self._loop, name="workbench-dashboard", daemon=True)
+            self._thread.start()
+
+    # ---------------------------------------------------------------- drawing
+    def current_run(self) -> str | None:
+        return self.run or self.store.latest_run()
+
+    def refresh(self) -> bool:
+        """Redraw now if anything arrived since the last redraw; True when it redrew."""
+        version = self.store.version
+        if version == self._version:
+            return False
+        run = self.current_run()
+        if run is None:
+            return False
+        self._version = version
+        figures.draw(self.figures, figures.lines_for(self.store, run))
+        self.controls.status.value = self.status_line(run)
+        self.controls.refresh_checkpoint()
+        self.redraws += 1
+        return True
+
+    def _loop(self) -> None:
+        while not self._closed.wait(self.interval):
+            try:
+                self.refresh()
+            except Exception as exc:  # keep drawing; say what went wrong
+                self.controls.message.value = f"<span style='color:#c33'>redraw failed: {html.escape(str(exc))}</span>"
+
+    def status_line(self, run: str) -> str:
+        s = self.store
+        states = s.run_state(run)
+        last = s.last_steps(run)
+        state_text = ", ".join(sorted({e["state"] for e in states.values()})) or "starting"
+        reasons = {e["reason"] for e in states.values() if e["reason"] and e["state"] in ("paused", "error", "stopped")}
+        loss = s.line(run, "loss", min(last)) if last else ([], [])
+        mfu = s.line(run, "mfu", min(last)) if last else ([], [])
+        tps = [s.line(run, "tps", r)[1][-1:] for r in last]
+        total_tps = sum(v[0] for v in tps if v)
+        parts = [f"<b>{html.escape(run)}</b>", f"step {max(last.values()) if last else 0}",
+                 f"<b>{html.escape(state_text)}</b>", f"{len(last)} ranks",
+                 f"loss {loss[1][-1]:.4g}" if loss[1] else "loss -",
+                 f"{total_tps:,.0f} tokens/s", f"mfu {mfu[1][-1]:.1%}" if mfu[1] else "mfu n/a (no device peak: CPU)",
+                 f"lag {s.lag_s:.2f} s", f"events {s.received}", f"gaps {s.gaps}, duplicates {s.duplicates}"]
+        line = " · ".join(parts)
+        if reasons:
+            line += "<br><span style='color:#c60'>" + html.escape("; ".join(sorted(reasons))[:500]) + "</span>"
+        return line
+
+    # ---------------------------------------------------------------- showing
+    @property
+    def widget(self):
+        import ipywidgets as w
+
+        figs = list(self.figures.values())
+        rows = [w.HBox(figs[i:i + 2]) for i in range(0, len(figs), 2)]
+        return w.VBox([self.controls.box, *rows])
+
+    def show(self) -> "Dashboard":
+        from IPython.display import display
+
+        self.refresh()
+        display(self.widget)
+        return self
+
+    def _ipython_display_(self):
+        self.show()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(2 * self.interval + 1)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def export_html(self, path, run: str | None = None) -> str:
+        """Write the dashboard of ``run`` (default: what it shows) as one standalone HTML file."""
+        run = run or self.current_run()
+        static = figures.make_figures(widget=False)
+        if run is not None:
+            figures.draw(static, figures.lines_for(self.store, run))
+        parts = []
+        for i, fig in enumerate(static.values()):
+            parts.append(fig.to_html(include_plotlyjs=(i == 0), full_html=False))
+        status = self.status_line(run) if run else "no run yet"
+        page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>distrain workbench: "
+                f"{html.escape(run or '')}</title></head><body style='font-family:sans-serif'>"
+                f"<h2>distrain workbench</h2><p>{status}</p>"
+                + "".join(f"<div style='display:inline-block;width:49%'>{p}</div>" for p in parts)
+                + "</body></html>")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(page)
+        return str(path)
+
+
+def dashboard(rankset=None, *, run: str | None = None, show: bool = True, interval: float = 0.5) -> Dashboard:
+    """The live dashboard of the current ranks (the same one when called again)."""
+    rs = rankset if rankset is not None else api.current()
+    dash = _OPEN.get(id(rs))
+    if dash is None or dash.closed or dash.rankset is not rs:
+        dash = Dashboard(rs, run=run, interval=interval)
+        _OPEN[id(rs)] = dash
+    elif run is not None:
+        dash.run = run
+    if show:
+        dash.show()
+    return dash
+
+
+def _close_for(rankset) -> None:
+    dash = _OPEN.pop(id(rankset), None)
+    if dash is not None:
+        dash.refresh()
+        dash.close()
+
+
+api.on("stopping", _close_for)
+
+
+class _CallableModule(types.ModuleType):
+    """``workbench.dashboard()`` and ``import workbench.dashboard`` name the same thing."""
+
+    def __call__(self, *args, **kwargs):
+        return dashboard(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
