@@ -83,9 +83,6 @@ def test_stop_message(nb):
     assert "ranks stopped" in stream_text(code_cell(nb, "%distrain stop"))
 
 
-@pytest.mark.xfail(reason="ipyparallel logs engine exits to the notebook's stdout at stop: "
-                          "give ipp.Cluster a quiet logger in cluster/launchers.cluster_kwargs",
-                   strict=False)
 def test_stop_is_quiet(nb):
     assert stream_text(code_cell(nb, "%distrain stop")) == "ranks stopped\n"
 

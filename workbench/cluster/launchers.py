@@ -31,6 +31,8 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None) -> dic
 
     cfg = Config()
     kwargs: dict = {
+        # ipyparallel logs every engine exit to stdout; the workbench reports exits itself
+        "log": _quiet_logger(),
         "n": n,
         "delay": 0,
         "log_level": 30,
@@ -54,6 +56,15 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None) -> dic
         else:
             kwargs[key] = value
     return kwargs
+
+
+def _quiet_logger():
+    import logging
+
+    log = logging.getLogger("workbench.ipyparallel")
+    log.setLevel(logging.ERROR)
+    log.propagate = False
+    return log
 
 
 def gpu_ids() -> list[int]:
