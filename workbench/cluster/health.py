@@ -63,17 +63,31 @@ class RankProcess:
         except psutil.NoSuchProcess:
             return "dead"
 
-    def exit_code(self) -> int | None:
+    def exit_code(self, patience: float = 1.0) -> int | None:
+        """The exit status, or None where it cannot be known (not our child).
+
+        ipyparallel's launcher thread reaps its engines and caches the status on the
+        same psutil object; give it ``patience`` seconds to do so before reaping here.
+        """
         proc = self._launcher_proc or self._proc
         if proc is None:
             return None
-        code = getattr(proc, "_exitcode", None)
-        if isinstance(code, int):
-            return int(code)
-        try:
-            return proc.wait(timeout=0.05)
-        except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError, OSError):
-            return None
+        deadline = time.monotonic() + patience
+        while True:
+            code = getattr(proc, "_exitcode", None)
+            if isinstance(code, int):
+                return int(code)
+            try:
+                code = proc.wait(timeout=0.05)
+                if code is not None:
+                    return code
+            except psutil.TimeoutExpired:
+                pass
+            except (psutil.NoSuchProcess, ChildProcessError, OSError):
+                pass
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def rss(self) -> int | None:
         if not self.local or self._proc is None:

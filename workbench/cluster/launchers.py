@@ -13,7 +13,14 @@ import os
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 
 # The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
+# A short period also makes engines register fast (the controller admits a new engine
+# on its next heartbeat). Ranks on this host are watched by pid (``health.Watcher``,
+# 0.25 s), so there the controller may wait a minute: a rank stopped with SIGSTOP or
+# under a debugger is "stuck", not dead, and must still be there after SIGCONT. Ranks
+# on other hosts have only the heartbeat: 1.5 s of silence and they are reported dead.
 HEARTBEAT_MS = 300
+MISSES_LOCAL = 200
+MISSES_REMOTE = 5
 
 # Run by each engine as soon as it is up: the rank bootstrap then finds torch imported.
 PRELOAD = "import torch, torch.distributed"
@@ -38,7 +45,11 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None) -> dic
         "log_level": 30,
         "config": cfg,
         # the controller runs in its own process: its settings go on its command line
-        "controller_args": [f"--HeartMonitor.period={HEARTBEAT_MS}", "--HeartMonitor.max_heartmonitor_misses=5"],
+        "controller_args": [
+            f"--HeartMonitor.period={HEARTBEAT_MS}",
+            f"--HeartMonitor.max_heartmonitor_misses="
+            f"{MISSES_LOCAL if launcher in ('local', 'mpi') else MISSES_REMOTE}",
+        ],
     }
     # import torch while the other engines register, not after (start-up time)
     cfg.EngineLauncher.engine_args = ["--IPEngine.startup_command=" + PRELOAD]

@@ -201,7 +201,9 @@ class RankSet:
         if self.client is not None:
             live = set(self.client.ids)
             for rank, eid in enumerate(self.engine_ids):
-                if eid not in live and rank not in deaths:
+                # a local rank is dead when its pid is gone (the watcher); one the
+                # controller dropped while its process lives is stuck, not dead
+                if eid not in live and rank not in deaths and not self.procs[rank].local:
                     self.watcher.mark_dead(rank, "stopped answering its heartbeat")
             deaths = self.watcher.deaths
         return [deaths[r] for r in sorted(deaths)]
