@@ -50,3 +50,14 @@ def test_breakdown_before_first_step_counts_what_adam_will_hold():
     b = info["bytes"]
     assert b["optimizer state"] == 2 * b["parameters"] and b["gradients"] == b["parameters"]
     assert "out of memory on this rank" in format_report(info)
+
+
+def test_batch_shape_known_only_at_failure_time_feeds_the_activation_estimate():
+    model, opt = trained_tiny()
+    shape = [None]
+    with pytest.raises(MemoryError) as err:
+        with explain_oom(model, opt, batch_shape=lambda: shape[0]):  # how the trainer passes it
+            shape[0] = (512, 32)
+            raise MemoryError("simulated")
+    assert "activations (estimate) dominated" in str(err.value)
+

@@ -1,4 +1,4 @@
-"""Execute notebooks/lab_08_plan_70b.ipynb headless and check the numbers it prints."""
+"""Execute notebooks/lab_07_plan_70b.ipynb headless and check the numbers it prints."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
-LAB = ROOT / "notebooks" / "lab_08_plan_70b.ipynb"
+LAB = ROOT / "notebooks" / "lab_07_plan_70b.ipynb"
 
 
 def _text(nb) -> str:
@@ -35,7 +35,7 @@ def jupyter_dirs(monkeypatch):
         yield Path(tmp)
 
 
-def test_lab_08_executes_and_prints_the_plan(jupyter_dirs):
+def test_lab_07_executes_and_prints_the_plan(jupyter_dirs):
     nb = nbformat.read(LAB, as_version=4)
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
         "save the lab without outputs"

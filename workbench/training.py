@@ -11,6 +11,9 @@ from __future__ import annotations
 from . import api, stream
 
 DONE_STATES = ("finished", "stopped", "error")
+hangs: list[dict] = []  # step-timeout diagnoses (see workbench.watchdog), newest last
+_WATCHDOGS: dict[int, object] = {}  # id(rankset) -> the StepWatchdog of its latest start
+_LAST_SETUP: dict | None = None  # the latest setup() call, repeated by `restart --resume`
 _MARK: dict[str, int] = {}  # run -> index of the first status event of its latest start
 _STARTED: dict[int, str] = {}  # id(rankset) -> run id of its latest start (its events may not be here yet)
 
@@ -23,22 +26,66 @@ def setup(strategy: str = "ddp", *, model: str = "tiny", rankset=None, **options
     """Build the teaching trainer on every rank: ``model`` GPT on bundled text under ``strategy``."""
     from .engine import control
 
+    global _LAST_SETUP
     rs = _rs(rankset)
     stream.attach(rs)
-    return rs.apply(control.build_default, strategy, model=model, **options)
+    out = rs.apply(control.build_default, strategy, model=model, **options)
+    _LAST_SETUP = {"strategy": strategy, "model": model, **options}
+    from .checkpoint import api as ckpt_api
+
+    ckpt_api._SETUP = None  # the newest setup wins: `ckpt resume` repeats this one
+    return out
 
 
-def start(steps: int, *, rankset=None) -> str:
-    """Run ``steps`` more steps on every rank's trainer in the background; returns the run id."""
+def last_setup():
+    """A function repeating the latest :func:`setup` on the current ranks (None if there was none).
+
+    ``ckpt resume`` / ``restart --resume`` use it when no setup code is given.
+    """
+    if _LAST_SETUP is None:
+        return None
+    options = dict(_LAST_SETUP)
+
+    def again():
+        return setup(options.pop("strategy"), **options)
+
+    return again
+
+
+def start(steps: int, *, step_timeout: float | None = None, rankset=None) -> str:
+    """Run ``steps`` more steps on every rank's trainer in the background; returns the run id.
+
+    ``step_timeout``: when no step arrives for that many seconds while the run is
+    running, print which ranks are stuck and where (:mod:`workbench.watchdog`).
+    """
     from .engine import control
 
+    if step_timeout is not None and step_timeout <= 0:
+        raise ValueError(f"step_timeout must be positive seconds, got {step_timeout}")
     rs = _rs(rankset)
     store = stream.attach(rs).store
     mark = len(store.statuses)
     states = rs.apply(control.start, int(steps))
-    _MARK[states[0]["run"]] = mark
-    _STARTED[id(rs)] = states[0]["run"]
-    return states[0]["run"]
+    run = states[0]["run"]
+    _MARK[run] = mark
+    _STARTED[id(rs)] = run
+    old = _WATCHDOGS.pop(id(rs), None)
+    if old is not None:
+        old.close()
+    if step_timeout:
+        from .watchdog import StepWatchdog
+
+        _WATCHDOGS[id(rs)] = StepWatchdog(rs, store, run, step_timeout, mark=mark,
+                                          on_hang=lambda rep: _on_hang(store, rep))
+    return run
+
+
+def _on_hang(store, rep: dict) -> None:
+    from . import events
+
+    hangs.append(rep)
+    store.add([events.log_event(run=rep["run"], rank=-1, text=rep["text"])])
+    print(rep["text"], flush=True)
 
 
 def pause(reason: str = "", *, rankset=None) -> list[dict]:

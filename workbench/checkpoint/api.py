@@ -25,6 +25,13 @@ def _on_rank(name: str, *args, **kwargs):
     return getattr(checkpoint_hooks, name)(*args, **kwargs)
 
 
+def _next_version() -> int:
+    """Runs on a rank: the trainer's next change version (1 where no trainer runs)."""
+    from workbench.engine import trainer
+
+    return trainer.current().next_version() if trainer._CURRENT is not None else 1
+
+
 def _export_on_rank(folder: str, path: str, dtype):
     from workbench.checkpoint.export import export_safetensors
 
@@ -116,31 +123,38 @@ def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str
     _AUTOSAVE = None if not every else {"every": every, "keep": keep, "async_": async_, "root": get_dir(root)}
     if not every:
         rs.apply(_on_rank, "set_autosave", None, None)
-        rs.apply(_on_rank, "attach_autosave_to_trainer")
-        return None
-    rs.apply(_on_rank, "set_autosave", get_dir(root), every, keep, async_)
-    rs.apply(_on_rank, "attach_autosave_to_trainer")
+    else:
+        rs.apply(_on_rank, "set_autosave", get_dir(root), every, keep, async_)
+    # on a trainer (running or not) the hook changes at one agreed step on every rank:
+    # staged everywhere first, then committed (a new Trainer picks it up by itself)
+    version = max(v for v in rs.apply(_next_version))
+    if any(rs.apply(_on_rank, "attach_autosave_to_trainer", version)):
+        rs.apply(_on_rank, "commit_trainer", version)
     return _AUTOSAVE
 
 
-def resume(setup=None, which: str | int = "latest", *, n: int | None = None, root: str | None = None) -> dict:
+def resume(setup=None, which: str | int = "latest", *, n: int | None = None, root: str | None = None,
+           **restart_options) -> dict:
     """Restart the ranks (dead or alive), rebuild the model with ``setup``, load ``which``.
 
     ``setup``: code (str) run on every rank as a cell, or a function called here in the
     notebook after the restart (e.g. ``lambda: workbench.training.setup("ddp")``); it
     must build the model on every rank (``checkpoint_hooks.track(...)``, a Trainer, or
-    ``engine.prepare``). Remembered for the next resume.
+    ``engine.prepare``). Remembered for the next resume. Without one, the latest
+    ``workbench.training.setup`` (``train start --model ...``) is repeated.
+    ``restart_options``: ``backend=``, ``timeout=`` for :func:`workbench.api.restart`.
     """
     global _SETUP
-    from .. import api
+    from .. import api, training
 
-    setup = setup if setup is not None else _SETUP
+    setup = setup if setup is not None else _SETUP or training.last_setup()
     if setup is None:
         raise ValueError("resume needs the setup that builds the model and calls checkpoint_hooks.track(...): "
-                         "workbench.checkpoint.api.resume(setup_code) or `%distrain ckpt resume --setup VAR`")
+                         "workbench.checkpoint.api.resume(setup_code) or `%distrain ckpt resume --setup VAR` "
+                         "(or build the trainer with `%distrain train start --model tiny` first)")
     catalog.resolve(get_dir(root), which)  # refuse before restarting when there is nothing to load
     _SETUP = setup
-    rs = api.restart(n)
+    rs = api.restart(n, **restart_options)
     if isinstance(setup, str):
         api.run(setup, display=False)
     else:

@@ -77,6 +77,13 @@ class RankProcess:
             code = getattr(proc, "_exitcode", None)
             if isinstance(code, int):
                 return int(code)
+            if self._launcher_proc is not None:
+                # never reap here: a wait racing the launcher's thread gets ECHILD, and psutil
+                # then caches None on the shared object over the launcher's real status
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.02)
+                continue
             try:
                 code = proc.wait(timeout=0.05)
                 if code is not None:

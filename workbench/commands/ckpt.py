@@ -93,13 +93,7 @@ def _ckpt(args, shell):
         return None
     if a == "resume":
         _no_extra(args, 1)
-        setup = None
-        if args.setup:
-            ns = shell.user_ns if shell is not None else {}
-            if args.setup not in ns:
-                raise UsageError(f"no notebook variable named {args.setup!r}: put the setup cell's code in it")
-            setup = ns[args.setup]
-        info = ck.resume(setup=setup, which=args.args[0] if args.args else "latest", n=args.n, root=root)
+        info = ck.resume(setup=setup_from(args.setup, shell), which=args.args[0] if args.args else "latest", n=args.n, root=root)
         print(ck.describe_load(info))
         return None
     raise UsageError(f"unknown action {a!r}")  # pragma: no cover
@@ -108,3 +102,13 @@ def _ckpt(args, shell):
 def _no_extra(args, most: int) -> None:
     if len(args.args) > most:
         raise UsageError(f"`ckpt {args.action}` takes at most {most} name(s), got {' '.join(args.args)}")
+
+
+def setup_from(name: str | None, shell):
+    """The setup code (or function) in notebook variable ``name``; None without a name."""
+    if not name:
+        return None
+    ns = shell.user_ns if shell is not None else {}
+    if name not in ns:
+        raise UsageError(f"no notebook variable named {name!r}: put the setup cell's code in it")
+    return ns[name]

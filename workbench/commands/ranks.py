@@ -59,10 +59,23 @@ def _restart_args(p) -> None:
     p.add_argument("-n", type=_positive_int, default=None, help="new number of ranks (default: same)")
     p.add_argument("--backend", choices=BACKENDS, default=None)
     p.add_argument("--timeout", type=_seconds, default=None)
+    p.add_argument("--resume", action="store_true", help="then rebuild the model and load the latest checkpoint")
+    p.add_argument("--setup", default=None, help="with --resume: notebook variable holding the setup code")
+    p.add_argument("--dir", default=None, help="with --resume: checkpoint folder")
 
 
-@command("restart", "stop the ranks (dead or alive) and start them again", _restart_args)
+@command("restart", "stop the ranks (dead or alive) and start them again [--resume]", _restart_args)
 def _restart(args, shell):
+    if args.resume:  # the same as `%distrain ckpt resume`
+        from ..checkpoint import api as ck
+        from .ckpt import setup_from
+
+        info = ck.resume(setup=setup_from(args.setup, shell), n=args.n, root=args.dir, backend=args.backend,
+                         timeout=args.timeout)
+        print(f"{info['restarted']} ranks up again; {ck.describe_load(info)}")
+        return None
+    if args.setup or args.dir:
+        raise UsageError("--setup and --dir go with --resume")
     rs = api.restart(args.n, backend=args.backend, timeout=args.timeout)
     print(f"{rs.world_size} ranks up again in {rs.start_seconds:.1f} s")
 

@@ -22,6 +22,8 @@ def _train_args(p) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="start with --model: global batch size")
     p.add_argument("--lr", type=float, default=1e-3, help="start with --model: learning rate")
     p.add_argument("--grad-accum", type=int, default=1, help="start with --model: micro-batches per step")
+    p.add_argument("--step-timeout", type=float, default=None, metavar="S",
+                   help="start: after S s without a step, show which ranks are stuck and where")
     p.add_argument("--no-dashboard", action="store_true", help="start: do not open the dashboard")
     p.add_argument("--timeout", type=float, default=600.0, help="wait: seconds (default 600)")
 
@@ -54,10 +56,12 @@ def _train(args, shell):
         steps = 100 if args.steps is None else args.steps
         if steps < 1:
             raise UsageError(f"--steps must be at least 1, got {steps}")
+        if args.step_timeout is not None and args.step_timeout <= 0:
+            raise UsageError(f"--step-timeout must be positive seconds, got {args.step_timeout}")
         if args.model or args.strategy:
             training.setup(args.strategy or "ddp", model=args.model or "tiny", batch_size=args.batch_size,
                            lr=args.lr, grad_accum=args.grad_accum)
-        run = training.start(steps)
+        run = training.start(steps, step_timeout=args.step_timeout)
         print(f"training {run}: {steps} steps on {api.current().world_size} ranks (in the background)")
         if not args.no_dashboard:
             from ..dashboard import dashboard

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import sys
 import threading
+import time
 import types
 
 from .. import api, stream
@@ -21,6 +22,21 @@ from .controls import Controls, checkpoint_callback, register_checkpoint
 __all__ = ["Dashboard", "dashboard", "register_checkpoint", "checkpoint_callback"]
 
 _OPEN: dict[int, "Dashboard"] = {}
+_FAILED = "<span class='wb-redraw-failed' style='color:#c33'>"
+
+
+def _import_heavy() -> None:
+    """Import what a redraw may import, here, before the redraw thread starts.
+
+    plotly's validators look for pandas/numpy in ``sys.modules``; were the main thread
+    importing pandas (``workbench.metrics()``) while the redraw thread validated a trace,
+    the thread would meet a half-initialized module ("partially initialized module
+    'pandas' has no attribute 'Series'").
+    """
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+    import plotly.graph_objects  # noqa: F401
+    import ipywidgets  # noqa: F401
 
 
 class Dashboard:
@@ -29,10 +45,18 @@ class Dashboard:
         self.store = stream.attach(self.rankset).store
         self.run = run  # None: follow the latest run
         self.interval = interval
-        self.figures = figures.make_figures(widget=True)
+        _import_heavy()  # never first imported by the redraw thread (see _import_heavy)
+        try:
+            ranks = list(range(self.rankset.world_size))
+        except Exception:  # a rank set that cannot say: traces are added as they appear
+            ranks = None
+        self.figures = figures.make_figures(widget=True, ranks=ranks)
         self.controls = Controls(lambda: self.rankset)
         self.redraws = 0
         self._version = -1
+        self._synced = 0.0  # when the figures' full state was last assigned (figures.sync)
+        self._sync_pending = False
+        self._lock = threading.RLock()  # one redraw at a time (the thread's, or show()'s)
         self._closed = threading.Event()
         self._thread = None
         if live:
@@ -45,6 +69,10 @@ class Dashboard:
 
     def refresh(self) -> bool:
         """Redraw now if anything arrived since the last redraw; True when it redrew."""
+        with self._lock:
+            return self._refresh()
+
+    def _refresh(self) -> bool:
         version = self.store.version
         if version == self._version:
             return False
@@ -52,18 +80,36 @@ class Dashboard:
         if run is None:
             return False
         self._version = version
-        figures.draw(self.figures, figures.lines_for(self.store, run))
+        added = figures.draw(self.figures, figures.lines_for(self.store, run))
+        # views made from now on (a re-display, Lab drawing the plot once it scrolls into
+        # view) draw the full state: assign it when traces were added, else every few seconds
+        if added or time.monotonic() - self._synced >= self.SYNC_EVERY:
+            self.sync()
+        else:
+            self._sync_pending = True
         self.controls.status.value = self.status_line(run)
         self.controls.refresh_checkpoint()
+        if self.controls.message.value.startswith(_FAILED):
+            self.controls.message.value = ""  # drawing works again
         self.redraws += 1
         return True
+
+    SYNC_EVERY = 5.0
+
+    def sync(self) -> None:
+        """Assign the figures' full state now (see ``figures.sync``)."""
+        with self._lock:
+            self._sync_pending = False
+            self._synced = time.monotonic()
+            figures.sync(self.figures)
 
     def _loop(self) -> None:
         while not self._closed.wait(self.interval):
             try:
-                self.refresh()
+                if not self.refresh() and self._sync_pending:
+                    self.sync()  # nothing new arrived: bring the full state up to date once
             except Exception as exc:  # keep drawing; say what went wrong
-                self.controls.message.value = f"<span style='color:#c33'>redraw failed: {html.escape(str(exc))}</span>"
+                self.controls.message.value = f"{_FAILED}redraw failed: {html.escape(str(exc))}</span>"
 
     def status_line(self, run: str) -> str:
         s = self.store
@@ -98,6 +144,7 @@ class Dashboard:
         from IPython.display import display
 
         self.refresh()
+        self.sync()  # the new views draw what the figures hold now
         display(self.widget)
         return self
 
@@ -108,6 +155,8 @@ class Dashboard:
         self._closed.set()
         if self._thread is not None:
             self._thread.join(2 * self.interval + 1)
+        if self._sync_pending:
+            self.sync()
 
     @property
     def closed(self) -> bool:

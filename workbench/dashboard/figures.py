@@ -1,29 +1,32 @@
 """The dashboard's plots: which series each panel shows, and how a panel is redrawn.
 
-Each panel is a plotly ``FigureWidget`` whose traces are found by name and created the
-first time their series appears (ranks and collective kinds are not known in advance).
+Each panel is a plotly ``FigureWidget`` whose traces are found by name: those known in
+advance (per rank, the mean, the step phases) exist from the start; the others (collective
+kinds) are created the first time their series appears.
 A redraw reads the store's thinned copies (at most ~2x1000 points per line), so its cost
 does not grow with the length of the run.
 
-How a plotly 7 ``FigureWidget`` (an anywidget) reaches the browser, and why this module
-does what it does:
+Why the widgets are built the way they are (plotly 7's ``FigureWidget`` is an anywidget):
 
-* A view draws, once, from the model's full state ``_widget_data`` / ``_widget_layout``
-  as it was last *assigned* from Python (at construction, and in ``_repr_mimebundle_``,
-  which runs only when the figure itself is displayed, never when it sits inside a
-  ``VBox``). After that a view only applies the ``_py2js_*`` edit messages it receives
-  while it exists; the browser-side model does not keep them. So a panel made empty and
-  then given its title and traces by edits is drawn by any later view (a re-display,
-  Lab rendering it when it scrolls into view) as plain axes with no title, which then
-  ignores every restyle of traces it never got. Hence: the layout is passed to the
-  constructor, and :func:`sync` re-assigns the full state after redraws.
-* An edit message is a trait set to the message and at once back to ``None``. When the
-  kernel's main thread handles a message from the browser for the same figure (plotly
-  answers every edit with one), traitlets holds that figure's notifications and
-  collapses a pair set meanwhile from the redraw thread into a single ``None``: the
-  edit is lost (e.g. an ``addTraces``, after which every restyle names traces the view
-  lacks). :class:`LiveFigureWidget` takes a per-figure lock around incoming messages and
-  :func:`draw` holds it around its edits.
+* A view draws first from the model's full state ``_widget_data`` / ``_widget_layout``
+  and afterwards only applies the ``_py2js_*`` edit messages (addTraces, restyle,
+  relayout) it receives. plotly assigns that full state inside the constructor after
+  ipywidgets has already opened the comm, and re-assigns it only in
+  ``_repr_mimebundle_``, which never runs for a figure inside a ``VBox``. In JupyterLab
+  a dashboard shown while the kernel is busy had views sitting at exactly the comm_open
+  state (no title, no template, no traces) that never caught up, while the status line
+  beside them updated. So: the comm opens only once layout *and* every trace known in
+  advance (empty, one per rank...) are set (:class:`LiveFigureWidget`, :func:`make_figures`);
+  a redraw restyles those traces, each message carrying every changed line whole, so
+  a message a view missed is made good by the next; :func:`sync` re-assigns the full
+  state so views made later (a re-display, Lab drawing the plot when it scrolls into
+  view) start from the current data.
+* An edit message is a trait set to the message and at once back to ``None``. When a
+  kernel thread handles a message from the browser for the same figure (plotly answers
+  every edit with one; ipykernel 7 may handle comm messages off the main thread),
+  traitlets holds that figure's notifications and collapses a pair set meanwhile from
+  the redraw thread into a single ``None``: the edit is lost. :class:`LiveFigureWidget`
+  takes a per-figure lock around incoming messages and :func:`draw` holds it around its edits.
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ class Panel:
 PANELS = (
     Panel("loss", "loss per rank (thin) and data-parallel mean (thick)", "loss"),
     Panel("throughput", "throughput per rank", "tokens / s"),
-    Panel("memory", "memory per rank", "MiB"),
+    Panel("memory", "memory per rank", "MiB (max active on a device, else RSS)"),
     Panel("comm", "collective time per step, by op and rank", "seconds"),
     Panel("step_time", "step time breakdown (mean over ranks)", "seconds"),
 )
@@ -63,8 +66,20 @@ def widget_class():
 
         class LiveFigureWidget(go.FigureWidget):
             def __init__(self, *args, **kwargs):
-                super().__init__(*args, **kwargs)
                 self._edit_lock = threading.RLock()
+                self._defer_open = True
+                try:
+                    super().__init__(*args, **kwargs)
+                finally:
+                    self._defer_open = False
+                self.open()  # now: the comm_open carries the full layout and data
+
+            def open(self):
+                # ipywidgets opens the comm inside the constructor, before plotly assigns
+                # _widget_layout/_widget_data: a snapshot of the state taken then (the
+                # comm_open itself) would be an empty figure
+                if not getattr(self, "_defer_open", False):
+                    super().open()
 
             def set_state(self, sync_data):
                 with self._edit_lock:  # never while draw() is sending edits (see the module doc)
@@ -83,16 +98,42 @@ def panel_layout(p: Panel) -> dict:
     return layout
 
 
-def make_figures(widget: bool = True) -> dict:
-    """One empty figure per panel (FigureWidget for live use, Figure for export).
+def expected_traces(ranks) -> dict[str, list[tuple]]:
+    """panel -> [(trace name, style)] known before the first step: per rank, the mean, the phases.
 
-    The layout goes into the constructor, so it is part of the widget's initial state
-    that every view draws from (an edit made before a view exists never reaches it).
+    (Collective kinds are not known in advance: those traces are added when they appear.)
+    """
+    per_rank = [(f"rank {r}", {"width": 1}) for r in ranks]
+    return {"loss": [*per_rank, ("mean", {"width": 3, "color": "black"})],
+            "throughput": [(f"rank {r}", {}) for r in ranks],
+            "memory": [(f"rank {r}", {}) for r in ranks],
+            "step_time": [(phase, {"bar": True}) for phase in (*STEP_TIME_PHASES, "control")]}
+
+
+def _trace(name, xs, ys, style):
+    import plotly.graph_objects as go
+
+    if style.get("bar"):
+        return go.Bar(name=name, x=xs, y=ys)
+    line = {k: v for k, v in style.items() if k in ("width", "color")}
+    return go.Scatter(name=name, x=xs, y=ys, mode="lines", line=line)
+
+
+def make_figures(widget: bool = True, ranks=None) -> dict:
+    """One figure per panel (FigureWidget for live use, Figure for export).
+
+    Layout and, given ``ranks``, every trace known in advance (empty) go into the
+    constructor, so they are part of the state the widget opens with. A redraw then only
+    restyles traces (each message carries every changed line whole, so one that never
+    reached a view is made good by the next) instead of adding them: an ``addTraces``
+    that a view misses leaves it without the trace for good (see the module doc).
     """
     import plotly.graph_objects as go
 
     cls = widget_class() if widget else go.Figure
-    return {p.key: cls(layout=panel_layout(p)) for p in PANELS}
+    known = expected_traces(ranks) if ranks is not None else {}
+    return {p.key: cls(data=[_trace(name, [], [], style) for name, style in known.get(p.key, [])],
+                       layout=panel_layout(p)) for p in PANELS}
 
 
 def is_widget(fig) -> bool:
@@ -131,11 +172,10 @@ def lines_for(store, run: str) -> dict[str, list[tuple]]:
             out["throughput"].append((f"rank {r}", xs, ys, {}))
     mem_metric = next((m for m in ("memory_max_active_bytes", "memory_rss_bytes") if m in names), None)
     if mem_metric:
-        label = "max active" if mem_metric == "memory_max_active_bytes" else "rss"
-        for r in ranks:
+        for r in ranks:  # max active (device) or RSS (CPU): the y-axis title says which
             xs, ys = store.line(run, mem_metric, r)
             if xs:
-                out["memory"].append((f"rank {r} {label}", xs, [y / MB for y in ys], {}))
+                out["memory"].append((f"rank {r}", xs, [y / MB for y in ys], {}))
     for kind in COLLECTIVES:
         for r in ranks:
             xs, ys = store.line(run, f"comm/{kind}/time_s", r)
@@ -172,8 +212,6 @@ def draw(figs: dict, lines: dict[str, list[tuple]]) -> bool:
     new ones are added after it, each with its data. A trace the run has no line for (a
     series of an earlier run) is emptied rather than left showing stale points.
     """
-    import plotly.graph_objects as go
-
     added = False
     for key, traces in lines.items():
         fig = figs[key]
@@ -191,11 +229,7 @@ def draw(figs: dict, lines: dict[str, list[tuple]]) -> bool:
                     if trace.x:
                         trace.x, trace.y = [], []
             for name, xs, ys, style in new:
-                if style.get("bar"):
-                    fig.add_trace(go.Bar(name=name, x=xs, y=ys))
-                else:
-                    line = {k: v for k, v in style.items() if k in ("width", "color")}
-                    fig.add_trace(go.Scatter(name=name, x=xs, y=ys, mode="lines", line=line))
+                fig.add_trace(_trace(name, xs, ys, style))
                 added = True
     return added
 

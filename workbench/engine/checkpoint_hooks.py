@@ -220,7 +220,7 @@ def autosave(root: str, every: int, keep: int = 3, async_: bool = True):
         if step % every or (loss is not None and not math.isfinite(float(loss))):
             return None
         tr = _trainer_for(t)
-        if tr is not None and getattr(tr, "_flags", {}).get("pause"):
+        if tr is not None and tr.pausing:
             return None  # the trainer is pausing on a spike/NaN: keep the last good one as latest
         return _save.save(t, root, async_=async_, keep=keep, auto=True)
 
@@ -235,16 +235,36 @@ def set_autosave(root: str | None, every: int | None, keep: int = 3, async_: boo
     return _AUTOSAVE
 
 
-def attach_autosave_to_trainer() -> bool:
-    """Add the installed auto-save hook to this rank's trainer, if a trainer runs here."""
+def attach_autosave_to_trainer(version: int | None = None) -> bool:
+    """Put the installed auto-save hook (or none) on this rank's trainer, replacing an earlier one.
+
+    Called by every new Trainer, and by ``%distrain ckpt autosave`` with ``version``: then
+    the swap is staged and happens when the notebook commits ``version``, at the same step
+    on every rank (a hook added on one rank a step before another would make that rank
+    save alone and wait for the others forever). True when a trainer runs here.
+    """
     t = _trainer()
     if t is None:
         return False
-    old = getattr(t, "_workbench_autosave", None)
-    t.hooks[:] = [h for h in t.hooks if h[0] is not old]  # replace an earlier auto-save hook
-    if _AUTOSAVE is None:
-        t._workbench_autosave = None
-        return False
-    t.add_hook(_AUTOSAVE)
-    t._workbench_autosave = _AUTOSAVE
+    hook = _AUTOSAVE
+
+    def swap(tr) -> None:
+        old = getattr(tr, "_workbench_autosave", None)
+        if old is not None:
+            tr.remove_hook(old)
+        if hook is not None:
+            tr.add_hook(hook)
+        tr._workbench_autosave = hook
+
+    if version is None:
+        swap(t)
+    else:
+        t.stage_call(version, swap)
     return True
+
+
+def commit_trainer(version: int) -> None:
+    """Commit a staged change on this rank's trainer (see :func:`attach_autosave_to_trainer`)."""
+    t = _trainer()
+    if t is not None:
+        t.commit(version)

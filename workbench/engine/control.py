@@ -63,9 +63,7 @@ def commit(version: int) -> dict:
 
 
 def next_version() -> int:
-    t = trainer_mod.current()
-    with t._lock:
-        return max([t._flags["version"], t._applied_version, *t._staged]) + 1
+    return trainer_mod.current().next_version()
 
 
 def status() -> dict:
@@ -80,6 +78,7 @@ def wait(timeout: float | None = None) -> dict:
 
 
 def inject(kind: str = "nan", step: int | None = None) -> dict:
+    """A NaN/Inf loss or (``oom``) a simulated out-of-memory at ``step`` on this rank."""
     t = trainer_mod.current()
     t.inject(kind, step)
     return t.status()

@@ -18,7 +18,7 @@ import contextlib
 
 import torch
 
-__all__ = ["memory_breakdown", "advice", "format_report", "explain_oom", "guard_trainer"]
+__all__ = ["memory_breakdown", "advice", "format_report", "explain_oom"]
 
 _KINDS = ("parameters", "gradients", "optimizer state", "activations (estimate)")
 
@@ -163,14 +163,20 @@ def _rank() -> int | None:
 
 
 @contextlib.contextmanager
-def explain_oom(obj, optimizer=None, *, batch=None, activation_bytes: int | None = None):
-    """Re-raise an OOM inside the block with the memory report in its message."""
+def explain_oom(obj, optimizer=None, *, batch=None, batch_shape=None, activation_bytes: int | None = None):
+    """Re-raise an OOM inside the block with the memory report in its message.
+
+    ``batch_shape``: a shape, or a function giving it when the OOM happens (the trainer
+    knows the batch only inside the step). The trainer wraps every step in this.
+    """
     try:
         yield
     except (torch.OutOfMemoryError, MemoryError) as exc:
         if getattr(exc, "memory_report", None) is not None:
             raise
         shape = tuple(batch[0].shape) if batch is not None else None
+        if shape is None and batch_shape is not None:
+            shape = batch_shape() if callable(batch_shape) else tuple(batch_shape)
         try:
             info = memory_breakdown(obj, optimizer, batch_shape=shape, activation_bytes=activation_bytes)
             report = format_report(info, _rank())
@@ -179,17 +185,3 @@ def explain_oom(obj, optimizer=None, *, batch=None, activation_bytes: int | None
         new = type(exc)(f"{exc}\n{report}")
         new.memory_report = info
         raise new from exc
-
-
-def guard_trainer(trainer) -> None:
-    """Wrap a ``workbench.engine.trainer.Trainer``'s step so an OOM carries the report."""
-    if getattr(trainer, "_oom_guarded", False):
-        return
-    step = trainer._one_step
-
-    def guarded(*args, **kwargs):
-        with explain_oom(trainer.prepared or trainer.model, trainer.optimizer):
-            return step(*args, **kwargs)
-
-    trainer._one_step = guarded
-    trainer._oom_guarded = True

@@ -36,9 +36,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import events
-from . import comm_timing, publisher, runtime, telemetry
+from . import comm_timing, memory_report, publisher, runtime, telemetry
 
-REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike", 3: "non-finite loss or gradient"}
+REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
+           3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
 _CURRENT: "Trainer | None" = None
 _RUN_COUNTER = [0]
 
@@ -109,6 +110,7 @@ class Trainer:
         self._applied_version = 0
         self._thread: threading.Thread | None = None
         self._inject: dict[int, str] = {}
+        self._batch_shape = None  # of the latest batch: the OOM report's activation estimate
         self._memory = telemetry.MemoryProbe(self.device, self.config.memory_interval_s)
         self._flops_tok = telemetry.flops_per_token(prepared.unwrap() if prepared is not None else model)
         self._peak = telemetry.device_peak_flops(self.device)
@@ -116,6 +118,9 @@ class Trainer:
         self.last: dict = {}
         global _CURRENT
         _CURRENT = self
+        from . import checkpoint_hooks  # a configured auto-save follows the newest trainer
+
+        checkpoint_hooks.attach_autosave_to_trainer()
 
     # -------------------------------------------------------------- identity
     def _agree_run_id(self) -> str:
@@ -133,7 +138,24 @@ class Trainer:
         ``record`` is the step's metrics dict (``step``, ``loss``, ``lr``, ...). A hook may
         call ``trainer.pause("why")``: the run pauses on every rank before the next step.
         """
-        self.hooks.append((fn, max(1, int(every))))
+        with self._lock:
+            self.hooks = [*self.hooks, (fn, max(1, int(every)))]
+
+    def remove_hook(self, fn) -> bool:
+        """Remove every registration of ``fn``; True when there was one."""
+        with self._lock:
+            kept = [h for h in self.hooks if h[0] is not fn]
+            removed, self.hooks = len(kept) != len(self.hooks), kept
+        return removed
+
+    @property
+    def pausing(self) -> bool:
+        """A pause was asked on this rank (notebook, hook, NaN, spike, OOM) and not resumed yet.
+
+        True already during the step that asked for it, before ``state`` becomes "paused".
+        """
+        with self._lock:
+            return bool(self._flags["pause"])
 
     def pause(self, reason: str = "", code: int = 0) -> None:
         with self._lock:
@@ -166,23 +188,35 @@ class Trainer:
                 raise KeyError(f"rank {self.rank}: {key!r} is not a hyperparameter of "
                                f"{type(self.optimizer).__name__} or the trainer; known: {', '.join(known)}")
         with self._lock:
-            self._staged[version] = clean
+            self._staged.setdefault(version, {}).update(clean)
         return clean
+
+    def stage_call(self, version: int, fn) -> None:
+        """Hold ``fn(trainer)`` to run on the training thread at the step where ``version``
+        is committed: the same step on every rank (attach or remove a hook mid-run)."""
+        with self._lock:
+            self._staged.setdefault(version, {})["_call"] = fn
 
     def commit(self, version: int) -> None:
         with self._lock:
             self._flags["version"] = max(self._flags["version"], version)
 
+    def next_version(self) -> int:
+        """A change version not used yet on this rank (the notebook takes the max over ranks)."""
+        with self._lock:
+            return max([self._flags["version"], self._applied_version, *self._staged]) + 1
+
     def set(self, **hparams) -> None:
         """Change hyperparameters at the next step (this rank's call; the notebook calls all)."""
-        version = max([self._flags["version"], self._applied_version, *self._staged]) + 1
+        version = self.next_version()
         self.stage(version, hparams)
         self.commit(version)
 
     def inject(self, kind: str = "nan", step: int | None = None) -> None:
-        """Fault drill: make the loss of step ``step`` (default: the next) NaN or Inf on this rank."""
-        if kind not in ("nan", "inf"):
-            raise ValueError(f"inject kind must be 'nan' or 'inf', got {kind!r}")
+        """Fault drill: make the loss of step ``step`` (default: the next) NaN or Inf on this rank,
+        or (``oom``) raise a simulated out-of-memory in that step."""
+        if kind not in ("nan", "inf", "oom"):
+            raise ValueError(f"inject kind must be 'nan', 'inf' or 'oom', got {kind!r}")
         self._inject[self.step + 1 if step is None else step] = kind
 
     # ------------------------------------------------------------- running
@@ -233,14 +267,18 @@ class Trainer:
             if hp is None:  # never staged on this rank: refuse to diverge silently
                 raise RuntimeError(f"rank {self.rank}: hyperparameter change v{self._applied_version} "
                                    "was committed but never staged here")
+            call = hp.pop("_call", None)
+            if call is not None:
+                call(self)
             for key, value in hp.items():
                 if hasattr(self.config, key):
                     self.config = replace(self.config, **{key: value})
                 else:
                     for g in self.optimizer.param_groups:
                         g[key] = value
-            publisher.emit(events.log_event(run=self.run, rank=self.rank, text=f"step {self.step + 1}: set "
-                                            + ", ".join(f"{k}={v}" for k, v in hp.items())))
+            if hp:
+                publisher.emit(events.log_event(run=self.run, rank=self.rank, text=f"step {self.step + 1}: set "
+                                                + ", ".join(f"{k}={v}" for k, v in hp.items())))
 
     def _loop(self) -> None:
         self._set_state("running")
@@ -261,7 +299,7 @@ class Trainer:
                 if self.step >= self.target:
                     self._set_state("finished", f"{self.target} steps done")
                     break
-                self._one_step(control_s)
+                self._guarded_step(control_s)
         except Exception as exc:  # the loop must never die silently
             self._set_state("error", f"rank {self.rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
@@ -270,10 +308,30 @@ class Trainer:
             publisher.flush(10.0)
 
     # ---------------------------------------------------------------- a step
+    def _guarded_step(self, control_s: float) -> None:
+        """One step; an out-of-memory pauses the run with this rank's memory breakdown and advice.
+
+        The step is not counted (retry after ``train set grad_accum=2`` or a new layout). A
+        rank that runs out of memory alone leaves its peers waiting in the step's collective:
+        ``train start --step-timeout S`` then shows where each rank waits.
+        """
+        try:
+            with memory_report.explain_oom(self.prepared or self.model, self.optimizer,
+                                           batch_shape=lambda: self._batch_shape):
+                self._one_step(control_s)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            if self.optimizer is not None:
+                self.optimizer.zero_grad(set_to_none=True)
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            reason = f"step {self.step + 1}: {exc}"
+            self.pause(reason, code=4)
+            self._set_state("paused", reason)  # at once: peers may be stuck in the step's collective
+
     def _next_batch(self, micro: int):
-        if self._data_iter is not None:
-            return next(self._data_iter)
-        return self._data(micro)
+        batch = next(self._data_iter) if self._data_iter is not None else self._data(micro)
+        self._batch_shape = tuple(batch[0].shape) if hasattr(batch[0], "shape") else None
+        return batch
 
     def _loss(self, out, y):
         if self.loss_fn is not None:
@@ -292,6 +350,8 @@ class Trainer:
         tokens = samples = 0
         grad_norm = None
         inject = self._inject.pop(step, None)
+        if inject == "oom":
+            self._simulate_oom(step)
         if self._whole_step:
             with clock.phase("data"):
                 batch = self._next_batch(self.step)
@@ -328,9 +388,13 @@ class Trainer:
         elif spike:
             self.pause(f"loss spike at step {step}: {loss_global:.4g} > {self.config.spike_factor} x median "
                        f"{statistics.median(self.history):.4g} of the last {len(self.history)} steps", code=2)
-        for fn, every in self.hooks:
+        for fn, every in self.hooks:  # a snapshot: add/remove_hook replace the list
             if step % every == 0:
                 fn(dict(self.last))
+
+    def _simulate_oom(self, step: int):
+        kind = torch.OutOfMemoryError if self.device.startswith("cuda") else MemoryError
+        raise kind(f"rank {self.rank}: out of memory in step {step} (simulated by inject('oom'))")
 
     def _decomposed(self, clock, step: int, inject):
         """Forward/backward per micro-batch, clip, optimizer step; returns the numbers."""

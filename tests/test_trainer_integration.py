@@ -1,0 +1,140 @@
+"""Tier 2: trainer <-> checkpoint / memory / diagnosis integration on the shared 2-rank set.
+
+Hook API (remove_hook, pausing), auto-save that survives ``training.setup`` and can be
+switched on mid-run, a (simulated) out-of-memory that pauses the run with its report,
+and the step timeout that names the rank holding a run up.
+"""
+import time
+
+import pytest
+
+from workbench import stream, training
+from workbench.checkpoint import api as ck
+from workbench.checkpoint import catalog
+from workbench.engine import checkpoint_hooks, comm_timing, trainer
+
+
+@pytest.fixture
+def rs(ranks2):
+    yield ranks2
+
+    def clean():
+        t = trainer._CURRENT
+        if t is not None:
+            t.stop()
+            t.resume()
+            t.wait(30)
+        trainer._CURRENT = None
+        comm_timing.uninstall()
+        checkpoint_hooks.set_autosave(None, None)
+        from workbench.checkpoint import save
+
+        save.wait()
+        return True
+
+    ranks2.apply(clean, timeout=60)
+    ck._AUTOSAVE = None
+
+
+def steps_saved(root):
+    return [m.step for _, m in catalog.entries(root)]
+
+
+def test_remove_hook_and_pausing(rs):
+    training.setup("none", rankset=rs)
+
+    def drill():
+        t = trainer.current()
+        f = lambda r: None  # noqa: E731
+        t.add_hook(f, every=2)
+        t.add_hook(f)
+        assert t.remove_hook(f) and not t.remove_hook(f) and t.hooks == []
+        assert not t.pausing
+        t.pause("x")
+        p = t.pausing
+        t.resume()
+        return p, t.pausing
+
+    assert rs.apply(drill) == [(True, False)] * 2
+
+
+def test_autosave_before_setup_and_switched_on_mid_run(rs, tmp_path):
+    root = str(tmp_path)
+    ck.autosave(2, keep=10, async_=False, root=root, rankset=rs)  # before any trainer exists
+    training.setup("ddp", rankset=rs)
+    training.start(4, rankset=rs)
+    assert training.wait(timeout=120, rankset=rs) == {0: "finished", 1: "finished"}
+    assert steps_saved(root) == [2, 4]
+
+    training.setup("ddp", rankset=rs)  # a new trainer: the configured auto-save follows it
+    ck.autosave(None, rankset=rs)
+    rs.execute("import time; from workbench.engine import trainer as _t\n"
+               "_t.current().add_hook(lambda r: time.sleep(0.05))", timeout=30)
+    training.start(40, rankset=rs)
+    training.wait(step=3, rankset=rs, timeout=60)
+    root2 = str(tmp_path / "mid")
+    ck.autosave(5, keep=10, async_=False, root=root2, rankset=rs)  # mid-run: one agreed step everywhere
+    training.wait(step=22, rankset=rs, timeout=120)
+    ck.autosave(None, rankset=rs)
+    assert training.wait(timeout=120, rankset=rs) == {0: "finished", 1: "finished"}
+    saved = steps_saved(root2)
+    assert saved and all(s % 5 == 0 for s in saved) and saved[-1] >= 20, saved
+    assert saved == list(range(saved[0], saved[-1] + 1, 5))
+
+
+def test_out_of_memory_pauses_with_breakdown_and_advice(rs):
+    training.setup("ddp", rankset=rs)
+    training.inject("oom", 3, rankset=rs)  # simulated: raises MemoryError in step 3 on both ranks
+    run = training.start(5, rankset=rs)
+    assert training.wait("paused", rankset=rs, timeout=60) == {0: "paused", 1: "paused"}
+    st = stream.attach(rs).store.run_state(run)
+    for r in (0, 1):
+        reason = st[r]["reason"]
+        assert f"out of memory on rank {r}" in reason and "simulated" in reason, reason
+        assert "optimizer state" in reason and "What would help" in reason and "FSDP2" in reason
+        assert st[r]["step"] == 2  # step 3 was not counted
+    training.resume(rankset=rs)
+    assert training.wait(timeout=60, rankset=rs) == {0: "finished", 1: "finished"}
+    assert stream.attach(rs).store.last_steps(run) == {0: 5, 1: 5}
+
+
+HANG = """
+import threading
+from workbench.engine import trainer as _t
+_release = threading.Event()
+def _hang_in_hook(rec):
+    if rec["step"] == 3 and _t.current().rank == 1:
+        _release.wait(120)
+_t.current().add_hook(_hang_in_hook)
+"""
+
+
+def test_step_timeout_names_the_stuck_rank_and_its_frame_then_run_completes(rs, capsys):
+    training.setup("ddp", rankset=rs)
+    rs.execute(HANG, timeout=30)
+    store = stream.attach(rs).store
+    before = len(training.hangs)
+    timeout = 2.0
+    try:
+        run = training.start(6, step_timeout=timeout, rankset=rs)
+        training.wait(step=3, rankset=rs, timeout=60)
+        t_step3 = time.monotonic()  # the last step event before the hang has arrived
+        deadline = t_step3 + timeout + 5
+        while len(training.hangs) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        elapsed = time.monotonic() - t_step3
+        assert len(training.hangs) > before, "no hang diagnosis within timeout + 5 s"
+        assert elapsed <= timeout + 5, elapsed
+        rep = training.hangs[-1]
+        assert rep["run"] == run and rep["stuck"] == [1] and rep["waiting"] == [0], rep["text"]
+        assert "in _hang_in_hook" in rep["where"][1] and "all_reduce" in rep["where"][0], rep["where"]
+        assert "in _agree" in rep["where"][0], rep["where"]
+        assert "[rank 1] STUCK" in rep["text"] and "_hang_in_hook" in rep["text"]
+        assert rep["text"] in capsys.readouterr().out
+        assert any(e["text"] == rep["text"] and e["rank"] == -1 for e in store.logs)
+        assert training.states(rankset=rs) == {0: "running", 1: "running"}  # nothing was stopped
+    finally:
+        rs.execute("_release.set()", ranks=[1], timeout=30)
+    assert training.wait(timeout=60, rankset=rs) == {0: "finished", 1: "finished"}
+    assert store.last_steps(run) == {0: 6, 1: 6}
+    assert len([h for h in training.hangs if h["run"] == run]) == 1  # once per stall
