@@ -25,16 +25,19 @@ $(BIN)/.installed: pyproject.toml
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
 	touch $@
 
-lab: $(BIN)/.installed
-	$(BIN)/jupyter lab notebooks/00_quickstart.ipynb
+$(STATE):
+	mkdir -p $(IPYTHONDIR) $(JUPYTER_RUNTIME_DIR) $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR)
 
-demo: $(BIN)/.installed
+lab: $(BIN)/.installed | $(STATE)
+	$(BIN)/jupyter lab notebooks/00_quickstart.ipynb $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+demo: $(BIN)/.installed | $(STATE)
 	$(BIN)/python -m workbench.demo notebooks/00_quickstart.ipynb --out runs
 
-test: $(BIN)/.installed
+test: $(BIN)/.installed | $(STATE)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra --durations=15
 
-bench: $(BIN)/.installed
+bench: $(BIN)/.installed | $(STATE)
 	for b in benchmarks/*_bench.py; do OMP_NUM_THREADS=1 $(BIN)/python $$b || exit 1; done
 
 clean:

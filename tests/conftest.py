@@ -49,6 +49,27 @@ def _session_ranks(n: int):
     assert alive(pids) == [], f"processes left behind by the {n}-rank set: {alive(pids)}"
 
 
+@pytest.fixture
+def jupyter_dirs(monkeypatch, request):
+    """A private Jupyter/IPython state folder under ``.state/`` for one executed notebook.
+
+    Also the notebook's ``WORKBENCH_RUN_DIR`` (where it writes exports), removed afterwards.
+    """
+    import tempfile
+
+    STATE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=STATE, prefix=f"{request.node.name[:40]}-") as tmp:
+        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
+                         ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                         ("MPLCONFIGDIR", "mpl")):
+            path = pathlib.Path(tmp) / sub
+            path.mkdir()
+            monkeypatch.setenv(var, str(path))
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.setenv("WORKBENCH_RUN_DIR", str(tmp))
+        yield pathlib.Path(tmp)
+
+
 @pytest.fixture(scope="session")
 def ranks4():
     """Four live gloo ranks shared by the whole session; also the API's current set."""

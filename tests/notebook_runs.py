@@ -16,7 +16,6 @@ import time
 from html.parser import HTMLParser
 
 import nbformat
-import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "notebooks" / "00_quickstart.ipynb"
@@ -36,6 +35,9 @@ class DemoRun:
         assert self.executed is not None and self.executed.is_file(), (
             f"the demo wrote no executed notebook\nstdout:\n{self.stdout}\nstderr:\n{self.stderr[-3000:]}")
         return nbformat.read(self.executed, as_version=4)
+
+
+from conftest import alive  # noqa: E402,F401  (re-exported for the notebook tests)
 
 
 def run_demo(notebook: pathlib.Path, out: pathlib.Path, *extra: str, timeout: float = 400) -> DemoRun:
@@ -58,16 +60,14 @@ def quickstart() -> DemoRun:
     return run_demo(QUICKSTART, RUNS, "--timeout", "180")
 
 
-def alive(pids) -> list[int]:
-    """The pids among ``pids`` that are still running (zombies count as gone)."""
+def outputs_text(nb) -> str:
+    """Every stream and text/plain output of an executed notebook, joined."""
     out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            out.append(o.get("text", ""))
+            out.append(o.get("data", {}).get("text/plain", ""))
+    return "\n".join(out)
 
 
 def code_cell(nb, startswith: str):

@@ -4,8 +4,6 @@ Kill / restart drills are in ``test_failures.py`` (private rank sets).
 """
 from __future__ import annotations
 
-import os
-import pickle
 
 import pytest
 

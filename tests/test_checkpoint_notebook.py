@@ -2,38 +2,18 @@
 from __future__ import annotations
 
 import re
-import tempfile
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
+from notebook_runs import outputs_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "notebooks" / "02_checkpoint_and_failures.ipynb"
 
 
-def _text(nb) -> str:
-    out = []
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            out.append(o.get("text", ""))
-            out.append(o.get("data", {}).get("text/plain", ""))
-    return "\n".join(out)
 
 
-@pytest.fixture
-def jupyter_dirs(monkeypatch):
-    state = ROOT / ".state"
-    state.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=state, prefix="lab02-") as tmp:
-        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
-            path = Path(tmp) / sub
-            path.mkdir()
-            monkeypatch.setenv(var, str(path))
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        monkeypatch.setenv("WORKBENCH_RUN_DIR", str(tmp))
-        yield Path(tmp)
 
 
 def test_lab_02_save_kill_resume_reshard(jupyter_dirs):
@@ -41,7 +21,7 @@ def test_lab_02_save_kill_resume_reshard(jupyter_dirs):
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "save the lab without outputs"
     NotebookClient(nb, kernel_name="python3", timeout=240,
                    resources={"metadata": {"path": str(ROOT)}}).execute()
-    text = _text(nb)
+    text = outputs_text(nb)
     assert "4 ranks up" in text and "run: {0: 'finished', 1: 'finished', 2: 'finished', 3: 'finished'}" in text
     assert "step-00000008" in text and "step-00000012" in text  # retention kept the newest 2
     # status names the dead rank and how it died (the exit status is read from the launcher)

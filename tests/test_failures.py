@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -15,8 +14,7 @@ import pytest
 from workbench import api
 from workbench.checkpoint import api as ck
 from workbench.checkpoint import catalog
-from workbench.cluster import CellTimeout, RankDied
-from workbench.cluster.cell import run_cell
+from workbench.cluster import RankDied
 from workbench.commands.where import format_where, where_ranks
 
 TRAINER_SETUP = """

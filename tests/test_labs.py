@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
@@ -93,19 +92,6 @@ def _end(pids) -> None:
             pass
 
 
-@pytest.fixture
-def jupyter_dirs(monkeypatch):
-    state = ROOT / ".state"
-    state.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=state, prefix="labs-") as tmp:
-        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
-                         ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                         ("MPLCONFIGDIR", "mpl")):
-            path = Path(tmp) / sub
-            path.mkdir()
-            monkeypatch.setenv(var, str(path))
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        yield Path(tmp)
 
 
 def check_cells(nb) -> int:

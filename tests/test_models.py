@@ -1,5 +1,4 @@
 """Tier 1: the teaching models and bundled data (pure torch, no processes)."""
-import math
 
 import pytest
 import torch

@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
+from notebook_runs import outputs_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "notebooks" / "lab_07_plan_70b.ipynb"
 
 
-def _text(nb) -> str:
-    out = []
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            out.append(o.get("text", ""))
-            out.append(o.get("data", {}).get("text/plain", ""))
-    return "\n".join(out)
 
 
-@pytest.fixture
-def jupyter_dirs(monkeypatch):
-    state = ROOT / ".state"
-    state.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=state, prefix="lab08-") as tmp:
-        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
-            path = Path(tmp) / sub
-            path.mkdir()
-            monkeypatch.setenv(var, str(path))
-        yield Path(tmp)
 
 
 def test_lab_07_executes_and_prints_the_plan(jupyter_dirs):
@@ -41,7 +23,7 @@ def test_lab_07_executes_and_prints_the_plan(jupyter_dirs):
         "save the lab without outputs"
     NotebookClient(nb, kernel_name="python3", timeout=120,
                    resources={"metadata": {"path": str(ROOT)}}).execute()
-    text = _text(nb)
+    text = outputs_text(nb)
     for needle in ("parameters: 70.55B", "model states: 1128.9 GB",
                    "153,600 GPU-hours", "0.461M USD", "24,192 GPU-hours", "0.145M USD",
                    "MFU 45% of the dense fp8 peak", "bubble: 10.9%", "TP within a node"):

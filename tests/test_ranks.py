@@ -1,5 +1,4 @@
 """Tier 2: the shared live rank sets (real ipyparallel engines, gloo)."""
-import threading
 import time
 
 import pytest

@@ -2,37 +2,18 @@
 from __future__ import annotations
 
 import re
-import tempfile
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
+from notebook_runs import outputs_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "notebooks" / "01_train_and_watch.ipynb"
 
 
-def _text(nb) -> str:
-    out = []
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            out.append(o.get("text", ""))
-            out.append(o.get("data", {}).get("text/plain", ""))
-    return "\n".join(out)
 
 
-@pytest.fixture
-def jupyter_dirs(monkeypatch):
-    state = ROOT / ".state"
-    state.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=state, prefix="lab01-") as tmp:
-        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
-            path = Path(tmp) / sub
-            path.mkdir()
-            monkeypatch.setenv(var, str(path))
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        yield Path(tmp)
 
 
 def test_lab_01_trains_ddp_then_fsdp2_with_the_dashboard(jupyter_dirs):
@@ -40,7 +21,7 @@ def test_lab_01_trains_ddp_then_fsdp2_with_the_dashboard(jupyter_dirs):
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "save the lab without outputs"
     NotebookClient(nb, kernel_name="python3", timeout=180,
                    resources={"metadata": {"path": str(ROOT)}}).execute()
-    text = _text(nb)
+    text = outputs_text(nb)
     assert "2 ranks up" in text
     assert "DDP run: {0: 'finished', 1: 'finished'}" in text
     assert "DDP: 40 steps x 2 ranks streamed" in text

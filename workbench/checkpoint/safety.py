@@ -22,7 +22,7 @@ import io
 import pickle
 
 __all__ = ["UnsafeCheckpoint", "IncompatibleCheckpoint", "MetadataUnpickler", "safe_load_metadata",
-           "SafeReader", "SafeLoadPlanner", "check_metadata", "compare", "mismatch_message"]
+           "check_metadata", "compare", "mismatch_message"]
 
 _DCP_META = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {

@@ -147,6 +147,7 @@ class RankSet:
         if cfg.backend == "nccl" and not gpu_ids:
             raise ValueError("--backend nccl needs GPUs and none are visible: use --backend gloo (CPU ranks)")
         stack_dir = os.path.join(self.state_dir(), "stacks")
+        controller = self._controller_pids()
         pending = []
         for rank, eid in enumerate(self.engine_ids):
             same_host = [r for r, h in enumerate(hosts) if h == hosts[rank]]
@@ -163,6 +164,10 @@ class RankSet:
                 gpu_ids=gpu_ids or None,
                 stack_dir=stack_dir,
                 sys_path=[os.getcwd(), *cfg.sys_path],
+                # ranks on this host end themselves (rank 0 the controller too) should the
+                # notebook process die without stopping them
+                parent_pid=os.getpid() if hosts[rank] == socket.gethostname() else None,
+                also_end=controller if rank == 0 and hosts[rank] == socket.gethostname() else None,
             )
             pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
         self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]

@@ -72,6 +72,8 @@ def bootstrap(
     gpu_ids: list[int] | None,
     stack_dir: str | None = None,
     sys_path: list[str] | None = None,
+    parent_pid: int | None = None,
+    also_end: list[int] | None = None,
 ) -> dict:
     """Set the rank's environment, pin its device and initialise the process group.
 
@@ -100,6 +102,8 @@ def bootstrap(
             sys.path.insert(0, path)
     if stack_dir:
         _install_stack_dump(stack_dir, rank)
+    if parent_pid:
+        _exit_with_parent(parent_pid, also_end or [])
 
     import datetime
 
@@ -142,6 +146,36 @@ def bootstrap(
         timeout_s=timeout_s,
     )
     return describe()
+
+
+def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
+    """End this rank (and ``also_end``: the controller, from rank 0) when the notebook dies.
+
+    A notebook kernel that is killed (SIGKILL, OOM, a crashed test runner) runs no
+    clean-up; without this its ranks and controller would live on as orphans. Polling
+    the parent once a second costs nothing measurable.
+    """
+    import threading
+
+    import psutil
+
+    def alive() -> bool:
+        try:
+            return psutil.Process(parent_pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def watch() -> None:
+        while alive():
+            time.sleep(1.0)
+        for pid in also_end:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="workbench-parent-watch", daemon=True).start()
 
 
 def _install_stack_dump(stack_dir: str, rank: int) -> None:

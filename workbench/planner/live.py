@@ -202,7 +202,7 @@ def _explain(part: str, census: dict, layout: PlanLayout, ratio: float | None) -
     return "; ".join(why) or "no known cause: worth a look"
 
 
-def compare(censuses: list[dict], *, seq_len: int | None = None) -> "pandas.DataFrame":
+def compare(censuses: list[dict], *, seq_len: int | None = None) -> "pd.DataFrame":  # noqa: F821 (pandas is imported inside)
     """The "predicted vs measured" table from the ranks' census dicts (one per rank).
 
     Columns: rank, part, planner_bytes, predicted_bytes, measured_bytes, ratio
