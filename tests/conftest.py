@@ -41,6 +41,27 @@ def alive(pids) -> list[int]:
     return out
 
 
+def clean_trainer() -> bool:
+    """Rank side: stop and forget any trainer, timing wrappers, auto-save and pending save.
+
+    Tests that train on the shared rank sets call this on the ranks afterwards, so that
+    the next test finds them as a fresh user would.
+    """
+    from workbench.checkpoint import save
+    from workbench.engine import checkpoint_hooks, comm_timing, trainer
+
+    t = trainer._CURRENT
+    if t is not None:
+        t.stop()
+        t.resume()
+        t.wait(30)
+    trainer._CURRENT = None
+    comm_timing.uninstall()
+    checkpoint_hooks.set_autosave(None, None)
+    save.wait()
+    return True
+
+
 def _session_ranks(n: int):
     rs = RankSet.start(n=n, backend="gloo", threads=1, sys_path=(str(ROOT / "tests"),))
     yield rs

@@ -1,26 +1,15 @@
 """The dashboard and the train magics on real ranks (shared sets, left clean)."""
 import pytest
+from conftest import clean_trainer
 
 from workbench import stream, training
 from workbench.dashboard import Dashboard, register_checkpoint
-from workbench.engine import comm_timing, trainer
-
-
-def _clean():
-    t = trainer._CURRENT
-    if t is not None:
-        t.stop()
-        t.resume()
-        t.wait(30)
-    trainer._CURRENT = None
-    comm_timing.uninstall()
-    return True
 
 
 @pytest.fixture
 def rs(ranks2):
     yield ranks2
-    ranks2.apply(_clean, timeout=60)
+    ranks2.apply(clean_trainer, timeout=60)
 
 
 def test_dashboard_figures_hold_every_point_of_the_run_and_export(rs, tmp_path):
@@ -100,6 +89,6 @@ def test_train_magics_on_four_ranks(shell, ranks4, capsys, tmp_path):
 
         assert len(pd.read_parquet(tmp_path / "m.parquet")) == len(tidy) == len(pd.read_csv(tmp_path / "m.csv"))
     finally:
-        ranks4.apply(_clean, timeout=60)
+        ranks4.apply(clean_trainer, timeout=60)
     out, _ = capsys.readouterr()
     assert "12 steps on 4 ranks" in out and "lr=0.0002" in out

@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from conftest import clean_trainer
 
 from workbench import api
 from workbench.checkpoint import api as ck
@@ -212,15 +213,3 @@ def test_nan_pauses_then_rollback_to_last_good_checkpoint(ranks2, tmp_path):
         rs.apply(clean_trainer, timeout=60)
 
 
-def clean_trainer():
-    from workbench.engine import checkpoint_hooks, comm_timing, trainer
-
-    t = trainer._CURRENT
-    if t is not None:
-        t.stop()
-        t.resume()
-        t.wait(30)
-    trainer._CURRENT = None
-    comm_timing.uninstall()
-    checkpoint_hooks.set_autosave(None, None)
-    return True

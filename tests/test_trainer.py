@@ -3,30 +3,29 @@ import math
 import time
 
 import pytest
+from conftest import clean_trainer
 
 from workbench import stream, training
 from workbench.metrics import metrics
-from workbench.engine import comm_timing, control, trainer
+from workbench.engine import control, trainer
 
 PARAM_BYTES = 139904  # GPT tiny (seq 32): 34976 fp32 parameters
 
 
 @pytest.fixture
 def rs(ranks2):
-    """The shared 2-rank set; afterwards no trainer, no timing wrappers, nothing running."""
-    yield ranks2
+    """The shared 2-rank set, made the API's current one (as the rank set a user trains on is,
+    so that ``metrics()`` reads its stream); afterwards no trainer, no timing wrappers,
+    nothing running, and the previous current set back."""
+    from workbench import api
 
-    def clean():
-        t = trainer._CURRENT
-        if t is not None:
-            t.stop()
-            t.resume()
-            t.wait(30)
-        trainer._CURRENT = None
-        comm_timing.uninstall()
-        return True
+    previous, api._current = api._current, ranks2
+    try:
+        yield ranks2
+    finally:
+        api._current = previous
 
-    ranks2.apply(clean, timeout=60)
+    ranks2.apply(clean_trainer, timeout=60)
 
 
 def wide(run):

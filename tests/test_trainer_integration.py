@@ -7,32 +7,19 @@ and the step timeout that names the rank holding a run up.
 import time
 
 import pytest
+from conftest import clean_trainer
 
 from workbench import stream, training
 from workbench.checkpoint import api as ck
 from workbench.checkpoint import catalog
-from workbench.engine import checkpoint_hooks, comm_timing, trainer
+from workbench.engine import trainer
 
 
 @pytest.fixture
 def rs(ranks2):
     yield ranks2
 
-    def clean():
-        t = trainer._CURRENT
-        if t is not None:
-            t.stop()
-            t.resume()
-            t.wait(30)
-        trainer._CURRENT = None
-        comm_timing.uninstall()
-        checkpoint_hooks.set_autosave(None, None)
-        from workbench.checkpoint import save
-
-        save.wait()
-        return True
-
-    ranks2.apply(clean, timeout=60)
+    ranks2.apply(clean_trainer, timeout=60)
     ck._AUTOSAVE = None
 
 
