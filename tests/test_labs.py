@@ -18,6 +18,8 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from conftest import alive
+from notebook_runs import outputs_text
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -55,13 +57,6 @@ LABS = {
 }
 
 
-def _outputs(nb) -> str:
-    out = []
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            out.append(o.get("text", ""))
-            out.append(o.get("data", {}).get("text/plain", ""))
-    return "\n".join(out)
 
 
 def _rank_pids(text: str) -> list[int]:
@@ -69,20 +64,11 @@ def _rank_pids(text: str) -> list[int]:
     return ast.literal_eval(m.group(1)) if m else []
 
 
-def _alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _end(pids) -> None:
     """After a failed run: end the rank processes this lab started (by pid, children first)."""
-    for pid in _alive(pids):
+    for pid in alive(pids):
         try:
             proc = psutil.Process(pid)
             for child in proc.children(recursive=True):
@@ -115,17 +101,17 @@ def test_lab_executes_and_its_checks_pass(name, jupyter_dirs):
     try:
         client.execute()
     except CellExecutionError:
-        _end(_rank_pids(_outputs(nb)))
+        _end(_rank_pids(outputs_text(nb)))
         raise
     seconds = time.perf_counter() - t0
-    text = _outputs(nb)
+    text = outputs_text(nb)
 
     pids = _rank_pids(text)
     assert len(pids) == 2, "the lab prints the two rank pids from %distrain status"
     deadline = time.monotonic() + 15
-    while _alive(pids) and time.monotonic() < deadline:
+    while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = _alive(pids)
+    left = alive(pids)
     _end(left)
     assert left == [], f"{name} left rank processes behind: {left}"
     assert "ranks stopped" in text

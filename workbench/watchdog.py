@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from .cluster.diagnosis import collect_stacks
+from .cluster.diagnosis import collect_stacks, thread_blocks
 
 # frames of a training thread that waits for its peers: torch.distributed calls, the workbench's
 # timing wrappers and control all-reduce, and backward (where DDP's reducer waits for gradients)
@@ -26,14 +26,7 @@ _TRAINER = "in _loop"
 
 def trainer_frames(stack: str) -> list[str]:
     """The training thread's frames (innermost first) from a faulthandler dump; [] if none."""
-    blocks: list[list[str]] = []
-    for line in stack.splitlines():
-        line = line.strip()
-        if line.endswith("(most recent call first):"):
-            blocks.append([])
-        elif line.startswith("File ") and blocks:
-            blocks[-1].append(line[5:])
-    for block in blocks:
+    for block in thread_blocks(stack):
         if any(_TRAINER in f and "trainer.py" in f for f in block):
             return block
     return []

@@ -53,12 +53,8 @@ _PLUMBING = ("/ipykernel/", "/tornado/", "/asyncio/", "<frozen runpy>", "/ipypar
              "/IPython/core/", "/traitlets/", "/threading.py")
 
 
-def main_frames(stack: str) -> list[str]:
-    """Frames of the thread running the cell, innermost first, without kernel plumbing.
-
-    faulthandler prints one block per thread, innermost frame first; the thread
-    running user code has by far the deepest stack.
-    """
+def thread_blocks(stack: str) -> list[list[str]]:
+    """A faulthandler dump split per thread: each thread's frames, innermost first."""
     blocks: list[list[str]] = []
     for line in stack.splitlines():
         line = line.strip()
@@ -66,7 +62,16 @@ def main_frames(stack: str) -> list[str]:
             blocks.append([])
         elif line.startswith("File ") and blocks:
             blocks[-1].append(line[5:])
-    blocks = [b for b in blocks if b]
+    return blocks
+
+
+def main_frames(stack: str) -> list[str]:
+    """Frames of the thread running the cell, innermost first, without kernel plumbing.
+
+    faulthandler prints one block per thread, innermost frame first; the thread
+    running user code has by far the deepest stack.
+    """
+    blocks = [b for b in thread_blocks(stack) if b]
     if not blocks:
         return []
     deepest = max(blocks, key=len)
