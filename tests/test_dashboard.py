@@ -18,21 +18,47 @@ def test_dashboard_figures_hold_every_point_of_the_run_and_export(rs, tmp_path):
     dash = Dashboard(rs, run=run, live=False)
     training.wait(rankset=rs, timeout=120)
     assert dash.refresh()
-    loss = {t.name: t for t in dash.figures["loss"].data}
+    loss = {t.name: t for t in dash.panel("loss")}
     assert set(loss) == {"rank 0", "rank 1", "mean"}
     assert all(list(t.x) == list(range(1, 31)) for t in loss.values())
-    for key in ("throughput", "memory", "comm", "step_time"):
-        assert dash.figures[key].data, key
-    comm = {t.name for t in dash.figures["comm"].data}
+    for key in ("throughput", "memory", "comm", "step_time", "grad_norm"):
+        assert dash.panel(key) and all(len(t.x) == 30 for t in dash.panel(key) if t.x), key
+    comm = {t.name for t in dash.panel("comm")}
     assert {"all_reduce r0", "all_reduce r1"} <= comm
-    assert {t.name for t in dash.figures["step_time"].data} >= {"data", "forward", "backward", "optimizer"}
+    assert {t.name for t in dash.panel("step_time")} >= {"data", "forward", "backward", "optimizer"}
+    # each panel draws on its own axes: the loss lines are not on the throughput axes
+    assert {(t.xaxis, t.yaxis) for t in dash.panel("loss")} == {("x", "y")}
+    assert {(t.xaxis, t.yaxis) for t in dash.panel("throughput")} == {("x2", "y2")}
+    with pytest.raises(KeyError, match="the panels are loss, throughput"):
+        dash.panel("losses")
     assert "step 30" in dash.controls.status.value and "finished" in dash.controls.status.value
+    last_lr = [r["lr"] for r in dash.store.snapshot_rows(run) if r["step"] == 30][0]
+    assert f" lr {last_lr:.3g} " in dash.controls.status.value
     assert "mfu n/a" in dash.controls.status.value
+    assert dash.controls.lr.value == last_lr  # the lr box shows the run's lr until the user types one
     assert not dash.refresh()  # nothing new: no redraw
+    # shown twice: one live copy, where it was shown last; the first output says so
+    from IPython.testing.globalipapp import get_ipython
+    from IPython.utils.capture import capture_output
+
+    formatter = get_ipython().display_formatter  # display() publishes through a real shell
+    active, formatter.active_types = formatter.active_types, ["text/plain", "text/html"]  # as a kernel's
+    try:
+        with capture_output() as shown:
+            dash.show()
+            dash.show()
+    finally:
+        formatter.active_types = active
+    views = [o for o in shown.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
+    assert len(views) == 2 and not any(o.update for o in views)
+    ids = [o.transient["display_id"] for o in views]
+    moved = [o for o in shown.outputs if o.update]
+    assert len(moved) == 1 and moved[0].transient["display_id"] == ids[0] != ids[1]
+    assert "dashboard moved" in moved[0].data["text/html"]
     assert dash.controls.checkpoint.disabled
     path = dash.export_html(tmp_path / "run.html")
     text = open(path, encoding="utf-8").read()
-    assert text.count("Plotly.newPlot") == 5 and "plotly.js" in text.lower() and run in text
+    assert text.count("Plotly.newPlot") == 1 and "plotly.js" in text.lower() and run in text
     assert len(text) > 1_000_000  # plotly.js inlined: opens offline
 
 

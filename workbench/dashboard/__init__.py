@@ -1,8 +1,9 @@
-"""The live training dashboard (notebook side): plotly FigureWidgets, ipywidgets controls.
+"""The live training dashboard (notebook side): a plotly FigureWidget, ipywidgets controls.
 
 ``workbench.dashboard()`` (or ``%distrain dashboard``) shows loss, throughput, memory,
-collective time and the step-time breakdown of the latest run, pause/resume/stop, an
-lr box, a checkpoint button and a status line. A background thread redraws at most
+collective time, the step-time breakdown and the gradient norm of the latest run (one
+figure, a panel each: see ``figures`` for why one), pause/resume/stop, an lr box, a
+checkpoint button and a status line. A background thread redraws at most
 every ``interval`` seconds and only when new events arrived, so plotting costs the
 ranks nothing (they only PUSH to a socket) and the kernel little. Calling it again
 re-shows the same live dashboard; ``export_html(path)`` writes a standalone page.
@@ -18,11 +19,14 @@ import types
 from .. import api, stream
 from . import figures
 from .controls import Controls, checkpoint_callback, register_checkpoint
+from .widget import view_busy
 
 __all__ = ["Dashboard", "dashboard", "register_checkpoint", "checkpoint_callback"]
 
 _OPEN: dict[int, "Dashboard"] = {}
 _FAILED = "<span class='wb-redraw-failed' style='color:#c33'>"
+MOVED = ("<i class='wb-dashboard-moved'>the live dashboard moved to where it was opened last "
+         "(<code>%distrain dashboard</code> shows it again)</i>")
 
 
 def _import_heavy() -> None:
@@ -50,9 +54,11 @@ class Dashboard:
             ranks = list(range(self.rankset.world_size))
         except Exception:  # a rank set that cannot say: traces are added as they appear
             ranks = None
-        self.figures = figures.make_figures(widget=True, ranks=ranks)
+        self.figure = figures.make_figure(widget=True, ranks=ranks)
         self.controls = Controls(lambda: self.rankset)
         self.redraws = 0
+        self._box = None
+        self._shown = None  # the display handle of where it is shown
         self._version = -1
         self._synced = 0.0  # when the figures' full state was last assigned (figures.sync)
         self._sync_pending = False
@@ -70,43 +76,59 @@ class Dashboard:
     def refresh(self) -> bool:
         """Redraw now if anything arrived since the last redraw; True when it redrew."""
         with self._lock:
-            return self._refresh()
+            return self._refresh(paced=False)
 
-    def _refresh(self) -> bool:
+    def _refresh(self, paced: bool) -> bool:
+        """Redraw; ``paced``: not while the browser is still drawing the last edit (the
+        status line is updated either way: it is cheap to draw)."""
         version = self.store.version
         if version == self._version:
             return False
         run = self.current_run()
         if run is None:
             return False
+        self.controls.status.value = self.status_line(run)
+        self.controls.refresh_checkpoint()
+        last = self.store.last_steps(run)
+        lr = self.store.line(run, "lr", min(last))[1] if last else []
+        self.controls.follow_lr(lr[-1] if lr else None)
+        if paced and view_busy(self.figure, self.VIEW_TIMEOUT):
+            return False  # drawn at a later tick, with everything that arrived meanwhile
         self._version = version
-        added = figures.draw(self.figures, figures.lines_for(self.store, run))
-        # views made from now on (a re-display, Lab drawing the plot once it scrolls into
-        # view) draw the full state: assign it when traces were added, else every few seconds
+        added = figures.draw(self.figure, figures.lines_for(self.store, run))
+        # views made from now on (a re-display) draw the full state: assign it when
+        # traces were added, else every few seconds
         if added or time.monotonic() - self._synced >= self.SYNC_EVERY:
             self.sync()
         else:
             self._sync_pending = True
-        self.controls.status.value = self.status_line(run)
-        self.controls.refresh_checkpoint()
         if self.controls.message.value.startswith(_FAILED):
             self.controls.message.value = ""  # drawing works again
         self.redraws += 1
         return True
 
     SYNC_EVERY = 5.0
+    VIEW_TIMEOUT = 3.0  # hold an edit at most this long for a view to draw the last one
 
     def sync(self) -> None:
-        """Assign the figures' full state now (see ``figures.sync``)."""
+        """Assign the figure's full state now (see ``figures.sync``)."""
         with self._lock:
             self._sync_pending = False
             self._synced = time.monotonic()
-            figures.sync(self.figures)
+            figures.sync(self.figure)
+
+    def panel(self, key: str) -> list:
+        """The traces of one panel (``figures.PANEL_KEYS``: loss, throughput, memory, ...)."""
+        if key not in figures.PANEL_KEYS:
+            raise KeyError(f"no dashboard panel {key!r}; the panels are {', '.join(figures.PANEL_KEYS)}")
+        return figures.panel_traces(self.figure, key)
 
     def _loop(self) -> None:
         while not self._closed.wait(self.interval):
             try:
-                if not self.refresh() and self._sync_pending:
+                with self._lock:
+                    redrew = self._refresh(paced=True)
+                if not redrew and self._sync_pending and not view_busy(self.figure, self.VIEW_TIMEOUT):
                     self.sync()  # nothing new arrived: bring the full state up to date once
             except Exception as exc:  # keep drawing; say what went wrong
                 self.controls.message.value = f"{_FAILED}redraw failed: {html.escape(str(exc))}</span>"
@@ -119,11 +141,12 @@ class Dashboard:
         reasons = {e["reason"] for e in states.values() if e["reason"] and e["state"] in ("paused", "error", "stopped")}
         loss = s.line(run, "loss", min(last)) if last else ([], [])
         mfu = s.line(run, "mfu", min(last)) if last else ([], [])
+        lr = s.line(run, "lr", min(last)) if last else ([], [])
         tps = [s.line(run, "tps", r)[1][-1:] for r in last]
         total_tps = sum(v[0] for v in tps if v)
         parts = [f"<b>{html.escape(run)}</b>", f"step {max(last.values()) if last else 0}",
                  f"<b>{html.escape(state_text)}</b>", f"{len(last)} ranks",
-                 f"loss {loss[1][-1]:.4g}" if loss[1] else "loss -",
+                 f"loss {loss[1][-1]:.4g}" if loss[1] else "loss -", f"lr {lr[1][-1]:.3g}" if lr[1] else "lr -",
                  f"{total_tps:,.0f} tokens/s", f"mfu {mfu[1][-1]:.1%}" if mfu[1] else "mfu n/a (no device peak: CPU)",
                  f"lag {s.lag_s:.2f} s", f"events {s.received}", f"gaps {s.gaps}, duplicates {s.duplicates}"]
         line = " · ".join(parts)
@@ -136,16 +159,23 @@ class Dashboard:
     def widget(self):
         import ipywidgets as w
 
-        figs = list(self.figures.values())
-        rows = [w.HBox(figs[i:i + 2]) for i in range(0, len(figs), 2)]
-        return w.VBox([self.controls.box, *rows])
+        if self._box is None:
+            self._box = w.VBox([self.controls.box, self.figure])
+        return self._box
 
     def show(self) -> "Dashboard":
-        from IPython.display import display
+        """Show the dashboard here; where it was shown before, a line says it moved.
+
+        One live copy at a time: every copy in the page redraws on every edit, and a copy
+        further up the notebook, following the same latest run, only doubles that work.
+        """
+        from IPython.display import HTML, display
 
         self.refresh()
-        self.sync()  # the new views draw what the figures hold now
-        display(self.widget)
+        self.sync()  # the new view draws what the figure holds now
+        if self._shown is not None:
+            self._shown.update(HTML(MOVED))
+        self._shown = display(self.widget, display_id=True)
         return self
 
     def _ipython_display_(self):
@@ -165,17 +195,15 @@ class Dashboard:
     def export_html(self, path, run: str | None = None) -> str:
         """Write the dashboard of ``run`` (default: what it shows) as one standalone HTML file."""
         run = run or self.current_run()
-        static = figures.make_figures(widget=False)
+        static = figures.make_figure(widget=False)
         if run is not None:
             figures.draw(static, figures.lines_for(self.store, run))
-        parts = []
-        for i, fig in enumerate(static.values()):
-            parts.append(fig.to_html(include_plotlyjs=(i == 0), full_html=False))
+        plot = static.to_html(include_plotlyjs=True, full_html=False)
         status = self.status_line(run) if run else "no run yet"
         page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>distrain workbench: "
                 f"{html.escape(run or '')}</title></head><body style='font-family:sans-serif'>"
                 f"<h2>distrain workbench</h2><p>{status}</p>"
-                + "".join(f"<div style='display:inline-block;width:49%'>{p}</div>" for p in parts)
+                + plot
                 + "</body></html>")
         with open(path, "w", encoding="utf-8") as f:
             f.write(page)

@@ -35,6 +35,7 @@ class Controls:
         self.resume = w.Button(description="resume", icon="play", layout=w.Layout(width="90px"))
         self.stop = w.Button(description="stop", icon="stop", button_style="danger", layout=w.Layout(width="80px"))
         self.lr = w.FloatText(description="lr", value=0.0, step=1e-4, layout=w.Layout(width="170px"))
+        self._lr_shown = 0.0  # what follow_lr put in the box last
         self.set_lr = w.Button(description="set lr", layout=w.Layout(width="70px"))
         cb = checkpoint_callback()
         self.checkpoint = w.Button(description="checkpoint", icon="save", disabled=cb is None,
@@ -58,6 +59,12 @@ class Controls:
             self.message.value = f"<span style='color:#2a7'>{html.escape(done)}</span>"
         except Exception as exc:
             self.message.value = f"<span style='color:#c33'>{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</span>"
+
+    def follow_lr(self, lr: float | None) -> None:
+        """Show the run's current lr in the box, unless the user has typed a new one there."""
+        if lr is not None and self.lr.value == self._lr_shown and lr != self._lr_shown:
+            self._lr_shown = lr
+            self.lr.value = lr
 
     def refresh_checkpoint(self) -> None:
         self.checkpoint.disabled = checkpoint_callback() is None

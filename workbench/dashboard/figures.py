@@ -1,43 +1,39 @@
-"""The dashboard's plots: which series each panel shows, and how a panel is redrawn.
+"""The dashboard's plot: which series each panel shows, and how it is redrawn.
 
-Each panel is a plotly ``FigureWidget`` whose traces are found by name: those known in
-advance (per rank, the mean, the step phases) exist from the start; the others (collective
-kinds) are created the first time their series appears.
+The dashboard is **one** plotly ``FigureWidget`` with a panel per subplot (loss,
+throughput, memory, collective time, step-time breakdown, gradient norm), not a figure
+per panel. plotly 7's ``FigureWidget`` is an anywidget, and every anywidget *model*
+ships and imports its own copy of plotly's ~5 MB JavaScript bundle in the browser (the
+module is imported from a blob, so the browser cannot cache it). Five figures meant five
+imports: measured in headless JupyterLab on a 2-core machine with two ranks training, the
+browser's main thread was busy ~20 s and the plots first appeared after the run had
+ended, while the status line beside them (a plain ipywidget) updated live. One figure is
+one import; re-showing the dashboard adds views of the same model, which import nothing.
+
+Traces are found by ``meta`` = ``"<panel>:<name>"`` (names repeat across panels: "rank 0").
+Those known in advance (per rank, the mean, the step phases, the gradient norm) exist from
+the start; the others (collective kinds) are added the first time their series appears.
 A redraw reads the store's thinned copies (at most ~2x1000 points per line), so its cost
 does not grow with the length of the run.
 
-Why the widgets are built the way they are (plotly 7's ``FigureWidget`` is an anywidget):
-
-* A view draws first from the model's full state ``_widget_data`` / ``_widget_layout``
-  and afterwards only applies the ``_py2js_*`` edit messages (addTraces, restyle,
-  relayout) it receives. plotly assigns that full state inside the constructor after
-  ipywidgets has already opened the comm, and re-assigns it only in
-  ``_repr_mimebundle_``, which never runs for a figure inside a ``VBox``. In JupyterLab
-  a dashboard shown while the kernel is busy had views sitting at exactly the comm_open
-  state (no title, no template, no traces) that never caught up, while the status line
-  beside them updated. So: the comm opens only once layout *and* every trace known in
-  advance (empty, one per rank...) are set (:class:`LiveFigureWidget`, :func:`make_figures`);
-  a redraw restyles those traces, each message carrying every changed line whole, so
-  a message a view missed is made good by the next; :func:`sync` re-assigns the full
-  state so views made later (a re-display, Lab drawing the plot when it scrolls into
-  view) start from the current data.
-* An edit message is a trait set to the message and at once back to ``None``. When a
-  kernel thread handles a message from the browser for the same figure (plotly answers
-  every edit with one; ipykernel 7 may handle comm messages off the main thread),
-  traitlets holds that figure's notifications and collapses a pair set meanwhile from
-  the redraw thread into a single ``None``: the edit is lost. :class:`LiveFigureWidget`
-  takes a per-figure lock around incoming messages and :func:`draw` holds it around its edits.
+How the widget itself is made fit for live redraws is in ``widget``; here, a redraw
+restyles the traces made in advance (each message carries every changed line whole, so a
+message a view missed is made good by the next) and :func:`sync` re-assigns the full state
+so views made later (a re-display) start from the current data.
 """
 from __future__ import annotations
 
 import contextlib
-import threading
+import time
 from copy import deepcopy
 from dataclasses import dataclass
 
 from ..events import COLLECTIVES, STEP_TIME_PHASES
+from .widget import widget_class
 
 MB = 2**20
+COLUMNS = 2
+ROW_HEIGHT = 290
 
 
 @dataclass(frozen=True)
@@ -53,48 +49,52 @@ PANELS = (
     Panel("memory", "memory per rank", "MiB (max active on a device, else RSS)"),
     Panel("comm", "collective time per step, by op and rank", "seconds"),
     Panel("step_time", "step time breakdown (mean over ranks)", "seconds"),
+    Panel("grad_norm", "gradient norm before clipping", "grad_norm"),
 )
+PANEL_KEYS = tuple(p.key for p in PANELS)
 
 
-_WIDGET_CLASS: list = [None]
+def _cell(i: int) -> tuple[int, int]:
+    return i // COLUMNS + 1, i % COLUMNS + 1
 
 
-def widget_class():
-    """``go.FigureWidget`` whose incoming browser messages wait for a redraw in progress."""
-    if _WIDGET_CLASS[0] is None:
-        import plotly.graph_objects as go
-
-        class LiveFigureWidget(go.FigureWidget):
-            def __init__(self, *args, **kwargs):
-                self._edit_lock = threading.RLock()
-                self._defer_open = True
-                try:
-                    super().__init__(*args, **kwargs)
-                finally:
-                    self._defer_open = False
-                self.open()  # now: the comm_open carries the full layout and data
-
-            def open(self):
-                # ipywidgets opens the comm inside the constructor, before plotly assigns
-                # _widget_layout/_widget_data: a snapshot of the state taken then (the
-                # comm_open itself) would be an empty figure
-                if not getattr(self, "_defer_open", False):
-                    super().open()
-
-            def set_state(self, sync_data):
-                with self._edit_lock:  # never while draw() is sending edits (see the module doc)
-                    return super().set_state(sync_data)
-
-        _WIDGET_CLASS[0] = LiveFigureWidget
-    return _WIDGET_CLASS[0]
+def _axes(i: int) -> dict:
+    """The x/y axis and legend of panel ``i`` (subplots are numbered row by row)."""
+    n = "" if i == 0 else str(i + 1)
+    return {"xaxis": f"x{n}", "yaxis": f"y{n}", "legend": f"legend{n}"}
 
 
-def panel_layout(p: Panel) -> dict:
-    layout = dict(title=dict(text=p.title, font=dict(size=13)), height=300, margin=dict(l=50, r=10, t=40, b=35),
-                  xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text=p.yaxis)),
-                  legend=dict(font=dict(size=9)), template="plotly_white")
-    if p.key == "step_time":
-        layout["barmode"] = "stack"
+def trace_key(panel: str, name: str) -> str:
+    return f"{panel}:{name}"
+
+
+def panel_traces(fig, panel: str) -> list:
+    """The traces of one panel, in the order they were added."""
+    prefix = trace_key(panel, "")
+    return [t for t in fig.data if isinstance(t.meta, str) and t.meta.startswith(prefix)]
+
+
+def figure_layout() -> dict:
+    """Subplots (2 columns), one legend inside each panel's top-right corner, stacked bars."""
+    from plotly.subplots import make_subplots
+
+    rows = -(-len(PANELS) // COLUMNS)
+    grid = make_subplots(rows=rows, cols=COLUMNS, subplot_titles=[p.title for p in PANELS],
+                         horizontal_spacing=0.09, vertical_spacing=0.11)
+    layout = grid.layout.to_plotly_json()
+    for ann in layout.get("annotations", []):
+        ann["font"] = {"size": 13}
+    for i, p in enumerate(PANELS):
+        axes = _axes(i)
+        x_name, y_name = "xaxis" + axes["xaxis"][1:], "yaxis" + axes["yaxis"][1:]
+        layout[x_name]["title"] = {"text": "step", "standoff": 2}
+        layout[y_name]["title"] = {"text": p.yaxis, "font": {"size": 11}}
+        x0, x1 = layout[x_name]["domain"]
+        y0, y1 = layout[y_name]["domain"]
+        layout[axes["legend"]] = {"x": x1, "y": y1, "xanchor": "right", "yanchor": "top",
+                                  "bgcolor": "rgba(255,255,255,0.7)", "font": {"size": 9}}
+    layout.update(height=rows * ROW_HEIGHT + 60, margin=dict(l=60, r=20, t=40, b=40),
+                  template="plotly_white", barmode="stack", showlegend=True)
     return layout
 
 
@@ -107,20 +107,22 @@ def expected_traces(ranks) -> dict[str, list[tuple]]:
     return {"loss": [*per_rank, ("mean", {"width": 3, "color": "black"})],
             "throughput": [(f"rank {r}", {}) for r in ranks],
             "memory": [(f"rank {r}", {}) for r in ranks],
-            "step_time": [(phase, {"bar": True}) for phase in (*STEP_TIME_PHASES, "control")]}
+            "step_time": [(phase, {"bar": True}) for phase in (*STEP_TIME_PHASES, "control")],
+            "grad_norm": [("grad_norm", {"width": 2})]}
 
 
-def _trace(name, xs, ys, style):
+def _trace(panel: str, name, xs, ys, style):
     import plotly.graph_objects as go
 
+    where = {**_axes(PANEL_KEYS.index(panel)), "meta": trace_key(panel, name), "name": name}
     if style.get("bar"):
-        return go.Bar(name=name, x=xs, y=ys)
+        return go.Bar(x=xs, y=ys, **where)
     line = {k: v for k, v in style.items() if k in ("width", "color")}
-    return go.Scatter(name=name, x=xs, y=ys, mode="lines", line=line)
+    return go.Scatter(x=xs, y=ys, mode="lines", line=line, **where)
 
 
-def make_figures(widget: bool = True, ranks=None) -> dict:
-    """One figure per panel (FigureWidget for live use, Figure for export).
+def make_figure(widget: bool = True, ranks=None):
+    """The dashboard figure (a FigureWidget for live use, a Figure for export).
 
     Layout and, given ``ranks``, every trace known in advance (empty) go into the
     constructor, so they are part of the state the widget opens with. A redraw then only
@@ -132,25 +134,24 @@ def make_figures(widget: bool = True, ranks=None) -> dict:
 
     cls = widget_class() if widget else go.Figure
     known = expected_traces(ranks) if ranks is not None else {}
-    return {p.key: cls(data=[_trace(name, [], [], style) for name, style in known.get(p.key, [])],
-                       layout=panel_layout(p)) for p in PANELS}
+    data = [_trace(key, name, [], [], style) for key in PANEL_KEYS for name, style in known.get(key, [])]
+    return cls(data=data, layout=figure_layout())
 
 
 def is_widget(fig) -> bool:
     return hasattr(fig, "_widget_data")
 
 
-def sync(figs: dict) -> None:
-    """Assign each widget's full state (what a view created from now on draws first).
+def sync(fig) -> None:
+    """Assign the widget's full state (what a view created from now on draws first).
 
-    traitlets sends a trait only when its value changed, so an unchanged panel costs nothing.
+    traitlets sends a trait only when its value changed, so an unchanged figure costs nothing.
     """
-    for fig in figs.values():
-        if not is_widget(fig):
-            continue
-        with _lock(fig):
-            fig._widget_layout = deepcopy(fig._layout_obj._props)
-            fig._widget_data = deepcopy(fig._data)
+    if not is_widget(fig):
+        return
+    with _lock(fig):
+        fig._widget_layout = deepcopy(fig._layout_obj._props)
+        fig._widget_data = deepcopy(fig._data)
 
 
 def lines_for(store, run: str) -> dict[str, list[tuple]]:
@@ -188,6 +189,9 @@ def lines_for(store, run: str) -> dict[str, list[tuple]]:
             continue
         xs, ys = _mean_by_step(per_rank)
         out["step_time"].append((phase, xs, ys, {"bar": True}))
+    if "grad_norm" in names and ranks:  # one global norm: every rank computes the same value
+        xs, ys = store.line(run, "grad_norm", ranks[0])
+        out["grad_norm"].append(("grad_norm", xs, ys, {"width": 2}))
     return out
 
 
@@ -205,32 +209,34 @@ def _mean_by_step(lines: list[tuple[list, list]]) -> tuple[list, list]:
     return steps, [sums[s] / len(lines) for s in steps]
 
 
-def draw(figs: dict, lines: dict[str, list[tuple]]) -> bool:
-    """Put ``lines`` into ``figs``: update traces in place, add the new ones; True if any was added.
+def draw(fig, lines: dict[str, list[tuple]]) -> bool:
+    """Put ``lines`` into ``fig``: update traces in place, add the new ones; True if any was added.
 
-    Existing traces get their x/y replaced in one batched update per panel (one message);
-    new ones are added after it, each with its data. A trace the run has no line for (a
-    series of an earlier run) is emptied rather than left showing stale points.
+    Existing traces get their x/y replaced in one batched update (one message); new ones
+    are added after it, each with its data. A trace the run has no line for (a series of
+    an earlier run) is emptied rather than left showing stale points.
     """
     added = False
-    for key, traces in lines.items():
-        fig = figs[key]
-        with _lock(fig):
-            by_name = {t.name: t for t in fig.data}
-            new = []
-            with _batch(fig):
+    with _lock(fig):
+        sent = getattr(fig, "_last_trace_edit_id", 0)
+        by_key = {t.meta: t for t in fig.data}
+        new = []
+        with _batch(fig):
+            for panel, traces in lines.items():
                 for name, xs, ys, style in traces:
-                    trace = by_name.pop(name, None)
+                    trace = by_key.pop(trace_key(panel, name), None)
                     if trace is None:
-                        new.append((name, xs, ys, style))
+                        new.append((panel, name, xs, ys, style))
                     elif list(trace.x or ()) != xs or list(trace.y or ()) != ys:
                         trace.x, trace.y = xs, ys
-                for trace in by_name.values():  # not in this run
-                    if trace.x:
-                        trace.x, trace.y = [], []
-            for name, xs, ys, style in new:
-                fig.add_trace(_trace(name, xs, ys, style))
-                added = True
+            for trace in by_key.values():  # not in this run
+                if trace.x:
+                    trace.x, trace.y = [], []
+        for panel, name, xs, ys, style in new:
+            fig.add_trace(_trace(panel, name, xs, ys, style))
+            added = True
+        if getattr(fig, "_last_trace_edit_id", 0) != sent:
+            fig._sent_at = time.monotonic()
     return added
 
 
