@@ -4,13 +4,15 @@
    workbench Trainer on 2 persistent ranks with everything on (per-step control
    all-reduce, phase clocks, memory, collective wrappers and DDP comm hook, events
    PUSHed to the notebook's collector), against the same loop as a plain script under
-   ``python -m torch.distributed.run --nproc-per-node 2`` with none of it. Median of
-   ``--repeats`` runs each, interleaved; target ratio >= 0.97.
+   ``python -m torch.distributed.run --nproc-per-node 2`` with none of it; and, to tell
+   the telemetry's cost apart from the rank processes', the same plain loop run on the
+   workbench's ranks. Each run's median step time (robust to the stalls a shared 2-core
+   machine has), median over ``--repeats`` interleaved rounds; target ratio >= 0.97.
 2. The highest step-event rate from 4 ranks that the notebook's collector keeps up with:
    each rank emits realistic step events at a fixed rate for a few seconds; a rate is
    kept up with when every event arrives and the lag at the end is not growing.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 60] [--repeats 3]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 60] [--repeats 5]
 """
 from __future__ import annotations
 
@@ -39,22 +41,15 @@ def build(seed: int = 0):
     return GPT(cfg), TextDataset(cfg.max_seq_len)
 
 
-def plain_main(steps: int, warmup: int) -> None:
-    """The baseline: a plain DDP loop under torchrun, no workbench code on the step path."""
+def plain_loop(steps: int, warmup: int, ddp, opt, ds, rank: int, world: int) -> dict:
+    """The baseline loop: plain DDP, no workbench code on the step path."""
     import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from workbench.models import batch_at
     from workbench.strategies.base import lm_loss
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    model, ds = build()
-    ddp = DDP(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=LR)
     t0 = c0 = None
+    ends = []
     for step in range(steps):
         if step == warmup:
             t0, c0 = time.perf_counter(), time.process_time()
@@ -65,11 +60,46 @@ def plain_main(steps: int, warmup: int) -> None:
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         opt.step()
         float(loss)
-    rate = (steps - warmup) / (time.perf_counter() - t0)
-    cpu = (time.process_time() - c0) / (steps - warmup)
+        ends.append(time.perf_counter())
+    return {"steps_per_s": (steps - warmup) / (time.perf_counter() - t0),
+            "cpu_s_per_step": (time.process_time() - c0) / (steps - warmup),
+            "median_step_s": statistics.median(b - a for a, b in zip(ends[warmup - 1:], ends[warmup:]))}
+
+
+def _plain_setup():
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model, ds = build()
+    ddp = DDP(model)
+    return ddp, torch.optim.AdamW(ddp.parameters(), lr=LR), ds
+
+
+def plain_main(steps: int, warmup: int) -> None:
+    """The baseline under torchrun."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    out = plain_loop(steps, warmup, *_plain_setup(), rank, world)
     if rank == 0:
-        print(json.dumps({"steps_per_s": rate, "cpu_s_per_step": cpu}))
+        print(json.dumps(out))
     dist.destroy_process_group()
+
+
+_PLAIN: list = []
+
+
+def plain_on_rank(steps: int, warmup: int) -> dict:
+    """The same baseline loop in the workbench's rank processes (default group, no Trainer):
+    tells the cost of the telemetry apart from that of the rank processes themselves."""
+    import torch.distributed as dist
+
+    if not _PLAIN:
+        _PLAIN.append(_plain_setup())
+    return plain_loop(steps, warmup, *_PLAIN[0], dist.get_rank(), dist.get_world_size())
 
 
 def rank_setup() -> dict:
@@ -118,11 +148,13 @@ def run_workbench(rs, steps: int, warmup: int) -> tuple[float, dict]:
     # step k's event is sent at the end of step k: time from end of `warmup` to end of `steps`
     t = {r["step"]: r["time"] for r in rows}
     rate = (steps - warmup) / (t[steps] - t[warmup])
+    step_s = statistics.median(t[k] - t[k - 1] for k in range(warmup + 1, steps + 1))
     cpu = rs.apply(cpu_marks, ranks=[0])[0]
     cpu_per_step = (cpu[steps] - cpu[warmup]) / (steps - warmup)
     med = {k: statistics.median(r[k] for r in rows[warmup:]) for k in
            ("time_step_s", "time_control_s", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s")}
     med["cpu_s_per_step"] = cpu_per_step
+    med["median_step_s"] = step_s
     return rate, med
 
 
@@ -185,7 +217,7 @@ def main() -> None:
     p.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rates", default="2000,5000,10000,20000,40000,80000")
     p.add_argument("--skip-overhead", action="store_true")
     args = p.parse_args()
@@ -203,25 +235,31 @@ def main() -> None:
     if not args.skip_overhead:
         rs = api.start(2, backend="gloo", threads=1, sys_path=(ROOT,))
         try:
-            plain, wb, meds, pcpu = [], [], [], []
-            for i in range(args.repeats):
-                out = run_plain(args.steps, args.warmup)
-                plain.append(out["steps_per_s"])
-                pcpu.append(out["cpu_s_per_step"])
+            plain, inrank, wb, meds = [], [], [], []
+            for i in range(args.repeats):  # interleaved, so slow spells of the machine hit all three
+                plain.append(run_plain(args.steps, args.warmup))
+                inrank.append(rs.apply(tb.plain_on_rank, args.steps, args.warmup, ranks=[0, 1])[0])
                 rate, med = tb.run_workbench(rs, args.steps, args.warmup)
-                wb.append(rate)
-                meds.append(med)
-                print(f"  pair {i + 1}: torchrun plain {plain[-1]:.2f} steps/s ({pcpu[-1] * 1e3:.1f} ms CPU/step), "
-                      f"workbench full telemetry {wb[-1]:.2f} steps/s ({med['cpu_s_per_step'] * 1e3:.1f} ms CPU/step)")
+                wb.append({"steps_per_s": rate, **med})
+                print(f"  round {i + 1}: median step (ms) torchrun plain {plain[-1]['median_step_s'] * 1e3:.1f}, "
+                      f"plain loop on the ranks {inrank[-1]['median_step_s'] * 1e3:.1f}, "
+                      f"workbench full telemetry {wb[-1]['median_step_s'] * 1e3:.1f}")
         finally:
             api.stop()
-        p_med, w_med = statistics.median(plain), statistics.median(wb)
-        pc, wc = statistics.median(pcpu), statistics.median(m["cpu_s_per_step"] for m in meds)
-        print(f"steps/s torchrun (no telemetry): {p_med:.2f}   workbench (telemetry + stream): {w_med:.2f}   "
-              f"ratio {w_med / p_med:.3f} (target >= 0.97)")
-        print(f"CPU s/step of rank 0's process (all threads; robust to other load): torchrun {pc * 1e3:.1f} ms, "
-              f"workbench {wc * 1e3:.1f} ms -> ratio {pc / wc:.3f}")
-        m = sorted(meds, key=lambda d: d["time_step_s"])[len(meds) // 2]
+
+        def med(rows, key):
+            return statistics.median(r[key] for r in rows)
+
+        p, r, w = (med(x, "median_step_s") for x in (plain, inrank, wb))
+        print(f"median step time: torchrun (no telemetry) {p * 1e3:.1f} ms, plain loop on the workbench ranks "
+              f"{r * 1e3:.1f} ms, workbench (telemetry + stream) {w * 1e3:.1f} ms")
+        print(f"steps/s ratio workbench / torchrun: {p / w:.3f} (target >= 0.97); "
+              f"telemetry alone (workbench / plain loop on the same ranks): {r / w:.3f}")
+        print(f"whole-run steps/s (sensitive to stalls): torchrun {med(plain, 'steps_per_s'):.2f}, "
+              f"on the ranks {med(inrank, 'steps_per_s'):.2f}, workbench {med(wb, 'steps_per_s'):.2f}; "
+              f"CPU ms/step of rank 0: {med(plain, 'cpu_s_per_step') * 1e3:.1f}, "
+              f"{med(inrank, 'cpu_s_per_step') * 1e3:.1f}, {med(wb, 'cpu_s_per_step') * 1e3:.1f}")
+        m = sorted(wb, key=lambda d: d["time_step_s"])[len(wb) // 2]
         print("workbench step, median (ms): " + ", ".join(f"{k[5:-2]} {v * 1e3:.1f}" for k, v in m.items()
                                                           if k.startswith("time_")))
     rs = api.start(4, backend="gloo", threads=1, sys_path=(ROOT,))

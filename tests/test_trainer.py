@@ -49,12 +49,13 @@ def test_50_steps_stream_every_step_of_every_rank_once(rs):
     w = wide(run)
     assert (w.memory_rss_bytes > 0).all() and (w.memory_uss_bytes.dropna() > 0).all()
     assert w.mfu.isna().all()  # CPU: no device peak, so no MFU
-    # DDP: one comm-hook all-reduce per gradient bucket, covering every parameter's gradient,
-    # plus the 4-byte loss average
+    # DDP: one comm-hook all-reduce per gradient bucket, covering every parameter's gradient;
+    # the ranks' agreement (flags and loss) is the trainer's own, on its own group: not counted
     assert (w["comm/ddp_bucket/bytes"] == PARAM_BYTES).all()
-    assert (w["comm/all_reduce/count"] == w["comm/ddp_bucket/count"] + 1).all()
-    assert (w["comm/all_reduce/bytes"] == PARAM_BYTES + 4).all()
+    assert (w["comm/all_reduce/count"] == w["comm/ddp_bucket/count"]).all()
+    assert (w["comm/all_reduce/bytes"] == PARAM_BYTES).all()
     assert (w["comm/all_reduce/time_s"] > 0).all()
+    assert (w.time_control_s > 0).all()
     assert w.loss.iloc[-1] < w.loss.iloc[0]
     phases = w[[f"time_{p}_s" for p in ("data", "forward", "backward", "optimizer")]].sum(axis=1)
     assert (phases <= w.time_step_s * 1.01).all()

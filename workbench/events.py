@@ -41,7 +41,7 @@ METRIC_DOCS = {
     "mfu": "model FLOPs utilisation, 0-1 (None where the device peak is unknown, e.g. CPU)",
     "time_step_s": "wall time of the whole step",
     **{f"time_{p}_s": f"time of the step spent in {p}" for p in STEP_TIME_PHASES},
-    "time_control_s": "time of the per-step control all-reduce (pause/stop/set agreement)",
+    "time_control_s": "time of the per-step agreement of the ranks (pause/stop/set flags, with the loss)",
     "memory_rss_bytes": "resident set size of the rank process (CPU)",
     "memory_uss_bytes": "unique set size of the rank process (CPU)",
     "memory_max_rss_bytes": "peak resident set size so far (CPU)",

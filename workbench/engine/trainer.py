@@ -5,14 +5,16 @@ cell would leave the notebook unable to pause it, change the learning rate or ev
 for status. The loop runs beside the engine's main thread; the notebook's control calls
 land on the main thread and only flip flags.
 
-Why an all-reduce per step: a pause that reached rank 0 before rank 1 must still stop
-both at the same step (DDP/FSDP collectives would otherwise mismatch and hang). Before
-every step each rank contributes its flags ``[stop, pause, set_version, reason]`` to an
-all-reduce MAX on a private gloo group, and all ranks act on the same result. Being
-MAX, a request from ANY rank wins everywhere: a step hook on one rank (the checkpoint
-package's loss-divergence guard) can pause the whole run. The private group keeps the
-default group free while paused, so a cell (a checkpoint save) may run collectives then.
-Its cost is measured per step as ``time_control_s``.
+Why the ranks agree every step: a pause that reached rank 0 before rank 1 must still stop
+both at the same step (DDP/FSDP collectives would otherwise mismatch and hang). Each
+rank's flags ``[stop, pause, set_version, reason]`` go into one collective per step with
+its loss, just before the optimizer step (:mod:`.agreement`); every rank acts on the same
+result at the next step. Being a maximum, a request from ANY rank wins everywhere: a step
+hook on one rank (the checkpoint package's loss-divergence guard) can pause the whole
+run. Pauses the trainer decides itself (non-finite loss, spike) come from the agreed loss,
+so every rank takes them at once. A paused run, and a ``Prepared`` with its own
+``train_step``, agree on the flags alone before each step. Its cost is measured per step
+as ``time_control_s``.
 
 A step (``Prepared`` whose ``train_step`` is the plain one, or a plain model +
 optimizer) is split into data / forward / backward / optimizer phases so each is timed;
@@ -37,6 +39,7 @@ import torch
 
 from .. import events
 from . import comm_timing, memory_report, publisher, runtime, telemetry
+from .agreement import Agreement
 
 REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
            3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
@@ -95,8 +98,12 @@ class Trainer:
         if ctx.backend == "gloo" and type(prepared).__name__ == "FSDP2Prepared":
             self.notes.append("gloo has no real reduce-scatter: it runs as an all-reduce of the full "
                               "buffer (gloo:all_reduce), so reduce_scatter time here is an all-reduce's")
-        self._group = dist.new_group(backend="gloo") if self.world_size > 1 else None
+        self._group = _control_group() if self.world_size > 1 else None
         self.run = self._agree_run_id()
+        self._agreement = Agreement(self._group, prepared.loss_group if prepared is not None else None,
+                                    self.world_size)
+        self._agreed: list[int] | None = None  # flags agreed inside the last step, for the next
+        self._agreed_s = 0.0
         self.step = 0  # completed optimizer steps
         self.target = 0
         self.state = "idle"
@@ -249,15 +256,19 @@ class Trainer:
         self.state, self.reason = state, reason
         publisher.emit(events.status_event(run=self.run, rank=self.rank, state=state, step=self.step, reason=reason))
 
-    def _agree(self) -> tuple[list[int], float]:
+    def _local_flags(self) -> list[int]:
         with self._lock:
-            local = [self._flags["stop"], self._flags["pause"], self._flags["version"], self._flags["reason"]]
-        t0 = time.perf_counter()
-        if self._group is not None:
-            t = torch.tensor(local, dtype=torch.int64)
-            comm_timing.ORIGINAL["all_reduce"](t, op=torch.distributed.ReduceOp.MAX, group=self._group)
-            local = t.tolist()
-        return local, time.perf_counter() - t0
+            return [self._flags["stop"], self._flags["pause"], self._flags["version"], self._flags["reason"]]
+
+    def _agree(self) -> tuple[list[int], float]:
+        """The flags to act on now: those agreed inside the last step, else agreed here."""
+        if self._agreed is not None:
+            agreed, self._agreed = self._agreed, None
+            return agreed[:4], self._agreed_s
+        return self._agreement.flags(self._local_flags())
+
+    def _hooks_due(self, step: int) -> int:
+        return int(any(step % every == 0 for _, every in self.hooks))
 
     def _apply_staged(self, version: int) -> None:
         while self._applied_version < version:
@@ -303,6 +314,7 @@ class Trainer:
         except Exception as exc:  # the loop must never die silently
             self._set_state("error", f"rank {self.rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
+            self._agreed = None
             with self._lock:
                 self._flags["stop"] = 0
             publisher.flush(10.0)
@@ -326,6 +338,8 @@ class Trainer:
                 torch.cuda.empty_cache()
             reason = f"step {self.step + 1}: {exc}"
             self.pause(reason, code=4)
+            if self._agreed is not None:  # out of memory after the agreement: pause at the next step
+                self._agreed[1], self._agreed[3] = 1, max(self._agreed[3], 4)
             self._set_state("paused", reason)  # at once: peers may be stuck in the step's collective
 
     def _next_batch(self, micro: int):
@@ -370,8 +384,13 @@ class Trainer:
             spike = loss_global > self.config.spike_factor * statistics.median(self.history)
         if not bad:
             self.history.append(loss_global)
+        if self._agreed is not None and (bad or spike):  # decided alike on every rank: act at once
+            self._agreed[1] = 1
+            self._agreed[3] = max(self._agreed[3], 3 if bad else 2)
         self.step = step
         seconds = time.perf_counter() - t0
+        if self._agreed is not None:  # agreed inside this step (with the loss): that is its cost
+            control_s = self._agreed_s
         comm, blocking_s = comm_timing.CommStats.delta(comm_timing.STATS.snapshot(), comm_before)
         metrics = {"loss": loss_global, "loss_local": loss_local, "lr": self.optimizer.param_groups[0].get("lr"),
                    "grad_norm": grad_norm, "time_step_s": seconds, "time_control_s": control_s}
@@ -391,6 +410,9 @@ class Trainer:
         for fn, every in self.hooks:  # a snapshot: add/remove_hook replace the list
             if step % every == 0:
                 fn(dict(self.last))
+        if self._agreed is not None and self._agreed[4]:  # a hook ran somewhere: agree again
+            flags, seconds = self._agreement.flags(self._local_flags())
+            self._agreed, self._agreed_s = flags, self._agreed_s + seconds
 
     def _simulate_oom(self, step: int):
         kind = torch.OutOfMemoryError if self.device.startswith("cuda") else MemoryError
@@ -424,30 +446,22 @@ class Trainer:
                     loss = self._loss(out, y) / accum
                     if inject:
                         loss = loss * float(inject)
+                total += float(loss.detach())
+                if last:  # the loss averaged over the data-parallel ranks, the flags for the
+                    # next step, and whether a step hook runs after this one on some rank (it
+                    # may ask to pause): agreed while backward runs
+                    agreeing = self._agreement.with_loss([*self._local_flags(), self._hooks_due(step)], total)
                 with clock.phase("backward"):
                     loss.backward()
-            total += float(loss.detach())
         with clock.phase("optimizer"):
             grad_norm = self._clip()
-        loss_global = self._average(total)
+        self._agreed, loss_global, self._agreed_s = agreeing.result()
         with clock.phase("optimizer"):
             if math.isfinite(loss_global) and math.isfinite(grad_norm):
                 opt.step()
             else:
                 opt.zero_grad(set_to_none=True)
         return loss_global, total, grad_norm, tokens, samples
-
-    def _average(self, value: float) -> float:
-        """The loss averaged over data-parallel ranks (all ranks for a plain model)."""
-        if self.prepared is not None:
-            from ..strategies.base import all_reduce_mean
-
-            return float(all_reduce_mean(torch.tensor(value), self.prepared.loss_group))
-        if self.world_size == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float32)
-        torch.distributed.all_reduce(t)
-        return float(t) / self.world_size
 
     def _clip(self) -> float:
         """Total gradient norm (DTensor-aware, as torchtitan), clipped to ``grad_clip``."""
@@ -485,6 +499,26 @@ class _no_sync:
         elif self.enabled and hasattr(self.model, "set_requires_gradient_sync"):
             self.model.set_requires_gradient_sync(True)
         return False
+
+
+_CONTROL: dict = {}  # the default group -> the trainers' private gloo group
+
+
+def _control_group():
+    """The private gloo group every trainer of this process uses for its agreement.
+
+    Made once per process group (by the first trainer, on every rank at once, as a trainer
+    is built everywhere): a group per trainer kept 3 threads and their sockets alive for
+    each ``train start --model`` of a session.
+    """
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    group = _CONTROL.get(id(world))
+    if group is None:
+        _CONTROL.clear()  # an earlier process group's: gone with it
+        group = _CONTROL[id(world)] = dist.new_group(backend="gloo")
+    return group
 
 
 def current() -> Trainer:
