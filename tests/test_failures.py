@@ -5,6 +5,7 @@ left behind); the SIGSTOP and NaN drills use the shared sets and leave them clea
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -12,7 +13,7 @@ import time
 import pytest
 from conftest import clean_trainer
 
-from workbench import api
+from workbench import api, stream
 from workbench.checkpoint import api as ck
 from workbench.checkpoint import catalog
 from workbench.cluster import RankDied
@@ -191,6 +192,8 @@ def test_nan_pauses_then_rollback_to_last_good_checkpoint(ranks2, tmp_path):
     from workbench.engine import control
 
     rs, root = ranks2, str(tmp_path)
+    store = stream.attach(rs).store
+    before = (store.rollbacks, store.duplicates)
     try:
         rs.apply(control.build_default, "ddp")
         ck.autosave(2, keep=3, async_=False, root=root, rankset=rs)
@@ -209,6 +212,13 @@ def test_nan_pauses_then_rollback_to_last_good_checkpoint(ranks2, tmp_path):
         rs.apply(control.request, "resume")
         states = rs.apply(control.wait, 60)
         assert {s["state"] for s in states} == {"finished"} and states[0]["step"] == 10
+        # the notebook shows the run as it now stands: steps 7.. re-run, the NaN step set aside
+        run = states[0]["run"]
+        assert store.wait(lambda s: s.last_steps(run) == {0: 10, 1: 10}, 10)
+        assert (store.rollbacks, store.duplicates) == (before[0] + 2, before[1])  # once per rank
+        loss = [r["loss"] for r in store.snapshot_rows(run) if r["rank"] == 0 and r["source"] == "trainer"]
+        assert len(loss) == 10 and all(math.isfinite(v) for v in loss)
+        assert any(r["step"] == 7 and math.isnan(r["loss"]) for r in store.superseded if r["run"] == run)
     finally:
         rs.apply(clean_trainer, timeout=60)
 

@@ -33,6 +33,31 @@ def test_store_drops_duplicates_and_counts_gaps():
     assert [r["step"] for r in store.snapshot_rows("gap")] == [1, 2, 4, 5]
 
 
+def test_a_rolled_back_run_shows_the_re_run_and_keeps_what_it_replaced():
+    store = EventStore()
+    first = [events.step_event(run="rb", rank=r, step=i, metrics={"loss": 10.0 + i}) for i in range(1, 11) for r in (0, 1)]
+    store.add(first)
+    # a checkpoint of step 6 is loaded: steps 7.. come again, with new sequence numbers
+    again = [events.step_event(run="rb", rank=r, step=i, metrics={"loss": 1.0 + i}) for i in range(7, 9) for r in (0, 1)]
+    store.add(again)
+    assert (store.rollbacks, store.duplicates, store.gaps) == (2, 0, 0)  # once per rank
+    rows = store.snapshot_rows("rb")
+    assert sorted((r["rank"], r["step"]) for r in rows) == [(k, i) for k in (0, 1) for i in range(1, 9)]
+    assert {r["loss"] for r in rows if r["step"] >= 7} == {8.0, 9.0}  # the re-run's values
+    assert store.line("rb", "loss", 0) == (list(range(1, 9)), [11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 8.0, 9.0])
+    assert store.last_steps("rb") == {0: 8, 1: 8}  # where the run stands, not the highest step seen
+    assert sorted((r["rank"], r["step"]) for r in store.superseded) == [(k, i) for k in (0, 1) for i in range(7, 11)]
+    store.add([again[0]])  # the same event twice is still a duplicate, not a rollback
+    assert (store.rollbacks, store.duplicates) == (2, 1)
+
+
+def test_user_reports_of_one_step_are_all_kept():
+    store = EventStore()
+    store.add([events.step_event(run="u", rank=0, step=5, metrics={"loss": 1.0}, source="user"),
+               events.step_event(run="u", rank=0, step=5, metrics={"accuracy": 0.5}, source="user")])
+    assert len(store.snapshot_rows("u")) == 2 and store.rollbacks == 0 and store.duplicates == 0
+
+
 def test_thinned_series_stays_bounded_and_spans_the_run():
     t = Thinned(limit=100)
     for i in range(100_000):

@@ -148,7 +148,8 @@ class Dashboard:
                  f"<b>{html.escape(state_text)}</b>", f"{len(last)} ranks",
                  f"loss {loss[1][-1]:.4g}" if loss[1] else "loss -", f"lr {lr[1][-1]:.3g}" if lr[1] else "lr -",
                  f"{total_tps:,.0f} tokens/s", f"mfu {mfu[1][-1]:.1%}" if mfu[1] else "mfu n/a (no device peak: CPU)",
-                 f"lag {s.lag_s:.2f} s", f"events {s.received}", f"gaps {s.gaps}, duplicates {s.duplicates}"]
+                 f"lag {s.lag_s:.2f} s", f"events {s.received}", f"gaps {s.gaps}, duplicates {s.duplicates}"
+                 + (f", rollbacks {s.rollbacks}" if s.rollbacks else "")]
         line = " · ".join(parts)
         if reasons:
             line += "<br><span style='color:#c60'>" + html.escape("; ".join(sorted(reasons))[:500]) + "</span>"

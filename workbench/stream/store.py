@@ -4,8 +4,15 @@ Two copies, for two readers. ``rows`` holds every step record of every rank (bou
 ``max_rows``, oldest dropped first, counted) for ``workbench.metrics()``; ``series``
 holds, per (run, metric, rank), at most ~2x``max_points`` points, thinned by doubling
 the stride whenever it fills, so a plot redraw costs the same at step 100 and at step
-1,000,000. Duplicates (same run, rank, step, source) are dropped and counted; gaps
-in a rank's sequence numbers are counted, so "no steps lost" is checked, not assumed.
+1,000,000. Duplicates (an event with a run, rank and sequence number already seen) are
+dropped and counted; gaps in a rank's sequence numbers are counted, so "no steps lost" is
+checked, not assumed.
+
+A trainer step that comes again with a new sequence number is a re-run: a checkpoint was
+loaded into the running run (a rollback after a NaN), and the trainer goes on from the
+checkpoint's step. The run as it now stands is what ``metrics()`` and the plots show: that
+rank's rows and plotted points from that step on are moved to ``superseded`` (kept, for
+a look at what was rolled back) and ``rollbacks`` is counted.
 """
 from __future__ import annotations
 
@@ -39,6 +46,13 @@ class Thinned:
                 self.stride *= 2
         self.n += 1
 
+    def truncate(self, x) -> None:
+        """Forget the points at ``x`` and after (their count too, as far as the stride tells)."""
+        keep = sum(1 for v in self.xs if v < x)
+        dropped = len(self.xs) - keep
+        self.xs, self.ys = self.xs[:keep], self.ys[:keep]
+        self.n = max(0, self.n - dropped * self.stride)
+
 
 class EventStore:
     """Thread-safe: the collector thread adds, the notebook and dashboard read."""
@@ -52,7 +66,9 @@ class EventStore:
         self.statuses: list[dict] = []
         self.logs: deque = deque(maxlen=1000)
         self.runs: list[str] = []
-        self._seen: set = set()
+        self.superseded: deque = deque(maxlen=max(1, max_rows // 10))  # rows a rollback replaced
+        self.rollbacks = 0
+        self._seen: set = set()  # (run, rank, seq) of every event kept
         self._last_seq: dict = {}
         self.duplicates = 0
         self.gaps = 0
@@ -60,6 +76,7 @@ class EventStore:
         self.lag_s = 0.0  # receive time minus rank time of the latest event
         self.version = 0
         self.last_step: dict[tuple, int] = {}  # (run, rank) -> latest step received
+        self._trainer_step: dict[tuple, int] = {}  # (run, rank) -> latest trainer step
         self.changed = threading.Condition()
 
     @property
@@ -99,17 +116,21 @@ class EventStore:
         self._last_seq[key] = max(e["seq"], last if last is not None else -1)
 
     def _add_step(self, e: dict) -> None:
-        key = (e["run"], e["rank"], e["step"], e["source"])
+        key = (e["run"], e["rank"], e["seq"])
         if key in self._seen:
             self.duplicates += 1
             return
         self._seen.add(key)
+        if e["source"] == "trainer" and e["step"] <= self._trainer_step.get((e["run"], e["rank"]), 0):
+            self._roll_back(e["run"], e["rank"], e["step"])
+        if e["source"] == "trainer":
+            self._trainer_step[(e["run"], e["rank"])] = e["step"]
         flat = events.flat_metrics(e)
         self.rows.append({"run": e["run"], "rank": e["rank"], "step": e["step"], "time": e["time"],
                           "source": e["source"], **flat})
         self._n_rows += 1
         run, rank, step = e["run"], e["rank"], e["step"]
-        self.last_step[(run, rank)] = max(step, self.last_step.get((run, rank), 0))
+        self.last_step[(run, rank)] = step if e["source"] == "trainer" else max(step, self.last_step.get((run, rank), 0))
         for name, value in flat.items():
             if value is None:
                 continue
@@ -117,6 +138,21 @@ class EventStore:
             if s is None:
                 s = self.series[(run, name, rank)] = Thinned(self.max_points)
             s.add(step, value)
+
+    def _roll_back(self, run: str, rank: int, step: int) -> None:
+        """Move this rank's rows and points of ``run`` from ``step`` on aside (see the module doc)."""
+        self.rollbacks += 1
+        kept = deque(maxlen=self.rows.maxlen)
+        for r in self.rows:
+            if r["run"] == run and r["rank"] == rank and r["step"] >= step:
+                self.superseded.append(r)
+            else:
+                kept.append(r)
+        self._n_rows -= len(self.rows) - len(kept)
+        self.rows = kept
+        for (r, _name, k), line in self.series.items():
+            if r == run and k == rank:
+                line.truncate(step)
 
     # ------------------------------------------------------------------ reading
     def latest_run(self) -> str | None:
