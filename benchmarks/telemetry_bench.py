@@ -115,7 +115,7 @@ def rank_setup() -> dict:
     r, n = prepared.dp_rank, prepared.dp_size
     t = Trainer(prepared, data=lambda i: batch_at(ds, BATCH, i, dp_rank=r, dp_size=n))
     _CPU.clear()
-    t.add_hook(lambda rec: _CPU.__setitem__(rec["step"], time.process_time()))
+    t.add_hook(lambda rec: _CPU.__setitem__(rec["step"], time.process_time()), pauses=False)
     return t.status()
 
 

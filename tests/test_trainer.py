@@ -82,7 +82,11 @@ def test_pause_holds_resume_continues_stop_ends_at_one_step(rs):
     assert sorted(wide(run).step.unique()) == list(range(1, last[0] + 1))
 
 
-def test_set_lr_shows_in_the_next_step_on_every_rank(rs):
+def test_set_lr_shows_at_the_same_step_on_every_rank_right_after_the_running_one(rs):
+    """The ranks agree on commands while a step runs (trainer doc): ``set`` lands at the
+    next step, or at the one after when it reached the ranks after the running step's
+    agreement had started. ``t_set`` is the last step completed when ``set`` returned, so
+    the running step is ``t_set + 1`` and the new lr shows at ``t_set + 3`` at the latest."""
     training.setup("ddp", rankset=rs, lr=1e-3)
     run = training.start(100_000, rankset=rs)
     training.wait(step=2, rankset=rs, timeout=60)
@@ -90,12 +94,12 @@ def test_set_lr_shows_in_the_next_step_on_every_rank(rs):
         training.set(rs, lr_typo=1.0)
     training.set(rs, lr=3e-4, grad_clip=0.5)
     t_set = max(r["step"] for r in training.status(rankset=rs))
-    training.wait(step=t_set + 2, rankset=rs, timeout=60)
+    training.wait(step=t_set + 3, rankset=rs, timeout=60)
     training.stop(rankset=rs)
     training.wait(rankset=rs, timeout=30)
     w = wide(run)
     first_new = {r: w[(w["rank"] == r) & (w.lr == 3e-4)].step.min() for r in (0, 1)}
-    assert first_new[0] == first_new[1] <= t_set + 2
+    assert first_new[0] == first_new[1] <= t_set + 3
     for r in (0, 1):
         lr = w[w["rank"] == r].sort_values("step").lr.tolist()
         k = first_new[r] - 1
@@ -171,6 +175,33 @@ def test_hook_sees_every_step_and_can_pause_everyone(rs):
     assert stream.attach(rs).store.run_state(run)[1]["reason"] == "hook on rank 1"
     training.stop(rankset=rs)
     training.wait(rankset=rs, timeout=30)
+
+
+def test_one_agreement_per_step_unless_a_hook_that_may_pause_ran(rs):
+    """The flags and the loss are agreed in one collective per step; a second agreement
+    follows only steps where a hook that may pause ran (so its pause lands at the next step)."""
+    training.setup("ddp", rankset=rs)
+
+    def count_agreements(pauses):
+        t = trainer.current()
+        t.extra = 0
+        if not hasattr(t, "counted"):
+            flags = t._agreement.flags
+
+            def counted(local):
+                t.extra += 1
+                return flags(local)
+
+            t._agreement.flags = t.counted = counted
+        t.add_hook(lambda rec: None, every=2, pauses=pauses)
+        return True
+
+    for pauses, extra in ((False, 1), (True, 1 + 3)):  # 1: the agreement before the first step
+        rs.apply(count_agreements, pauses)
+        training.start(6, rankset=rs)
+        training.wait(rankset=rs, timeout=60)
+        assert rs.apply(lambda: trainer.current().extra) == [extra, extra], pauses
+        rs.apply(lambda: trainer.current().hooks.clear())
 
 
 def test_user_loop_reports_with_one_call(rs):

@@ -107,7 +107,8 @@ def stop(*, rankset=None) -> list[dict]:
 
 
 def set(rankset=None, **hparams) -> dict:  # noqa: A001 - `train.set(lr=...)` reads best
-    """Change optimizer/trainer hyperparameters from the next step on, on every rank."""
+    """Change optimizer/trainer hyperparameters on every rank, at the same step: the next one,
+    or the one after when the running step's agreement had already started."""
     from .engine import control
 
     if not hparams:

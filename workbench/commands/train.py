@@ -73,7 +73,7 @@ def _train(args, shell):
         if not pairs:
             raise UsageError("`train set` needs NAME=VALUE pairs, e.g. `%distrain train set lr=3e-4`")
         applied = training.set(**pairs)
-        print("from the next step: " + ", ".join(f"{k}={v}" for k, v in applied.items()))
+        print("from the next step or the one after, on every rank: " + ", ".join(f"{k}={v}" for k, v in applied.items()))
         return None
     if args.action in ("pause", "resume", "stop"):
         getattr(training, args.action)()

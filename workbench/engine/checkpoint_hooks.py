@@ -252,8 +252,8 @@ def attach_autosave_to_trainer(version: int | None = None) -> bool:
         old = getattr(tr, "_workbench_autosave", None)
         if old is not None:
             tr.remove_hook(old)
-        if hook is not None:  # called on save steps only: the ranks agree after a hook ran
-            tr.add_hook(hook, every=hook.every)
+        if hook is not None:  # called on save steps only; it saves, it never pauses
+            tr.add_hook(hook, every=hook.every, pauses=False)
         tr._workbench_autosave = hook
 
     if version is None:

@@ -8,8 +8,11 @@ land on the main thread and only flip flags.
 Why the ranks agree every step: a pause that reached rank 0 before rank 1 must still stop
 both at the same step (DDP/FSDP collectives would otherwise mismatch and hang). Each
 rank's flags ``[stop, pause, set_version, reason]`` go into one collective per step with
-its loss, just before the optimizer step (:mod:`.agreement`); every rank acts on the same
-result at the next step. Being a maximum, a request from ANY rank wins everywhere: a step
+its loss, started before backward and waited for before the optimizer step
+(:mod:`.agreement`); every rank acts on the same result at the next step. A command that
+reaches the ranks after the running step's agreement started is thus acted on a step
+later: the price of not stalling every step on an agreement of its own (measured 1-3 ms
+of a ~50 ms step on 2 CPU ranks; see ``benchmarks/telemetry_bench.py``). Being a maximum, a request from ANY rank wins everywhere: a step
 hook on one rank (the checkpoint package's loss-divergence guard) can pause the whole
 run. Pauses the trainer decides itself (non-finite loss, spike) come from the agreed loss,
 so every rank takes them at once. A paused run, and a ``Prepared`` with its own
@@ -139,14 +142,17 @@ class Trainer:
         return time.strftime("run-%Y%m%d-%H%M%S", time.localtime(t.item() / 1000)) + f"-{t.item() % 1000:03d}"
 
     # ------------------------------------------------------------- controls
-    def add_hook(self, fn, every: int = 1) -> None:
+    def add_hook(self, fn, every: int = 1, *, pauses: bool = True) -> None:
         """Call ``fn(record)`` after every ``every``-th step on this rank's training thread.
 
         ``record`` is the step's metrics dict (``step``, ``loss``, ``lr``, ...). A hook may
         call ``trainer.pause("why")``: the run pauses on every rank before the next step.
+        For that, the ranks agree once more after a step where such a hook ran on any
+        rank; a hook that never pauses (logging, timing) says ``pauses=False`` and costs
+        no agreement.
         """
         with self._lock:
-            self.hooks = [*self.hooks, (fn, max(1, int(every)))]
+            self.hooks = [*self.hooks, (fn, max(1, int(every)), bool(pauses))]
 
     def remove_hook(self, fn) -> bool:
         """Remove every registration of ``fn``; True when there was one."""
@@ -268,7 +274,7 @@ class Trainer:
         return self._agreement.flags(self._local_flags())
 
     def _hooks_due(self, step: int) -> int:
-        return int(any(step % every == 0 for _, every in self.hooks))
+        return int(any(pauses and step % every == 0 for _, every, pauses in self.hooks))
 
     def _apply_staged(self, version: int) -> None:
         while self._applied_version < version:
@@ -407,7 +413,7 @@ class Trainer:
         elif spike:
             self.pause(f"loss spike at step {step}: {loss_global:.4g} > {self.config.spike_factor} x median "
                        f"{statistics.median(self.history):.4g} of the last {len(self.history)} steps", code=2)
-        for fn, every in self.hooks:  # a snapshot: add/remove_hook replace the list
+        for fn, every, _pauses in self.hooks:  # a snapshot: add/remove_hook replace the list
             if step % every == 0:
                 fn(dict(self.last))
         if self._agreed is not None and self._agreed[4]:  # a hook ran somewhere: agree again
