@@ -60,6 +60,18 @@ def quickstart() -> DemoRun:
     return run_demo(QUICKSTART, RUNS, "--timeout", "180")
 
 
+def execute_saved_notebook(path: pathlib.Path, timeout: float):
+    """Read a notebook of the repository, check it was saved without outputs, execute it
+    with nbclient (``python3`` kernel, run from the repository root) and return it."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+        f"save {path.name} without outputs"
+    NotebookClient(nb, kernel_name="python3", timeout=timeout, resources={"metadata": {"path": str(ROOT)}}).execute()
+    return nb
+
+
 def outputs_text(nb) -> str:
     """Every stream and text/plain output of an executed notebook, joined."""
     out = []

@@ -4,23 +4,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-from notebook_runs import outputs_text
+from notebook_runs import execute_saved_notebook, outputs_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "notebooks" / "02_checkpoint_and_failures.ipynb"
 
 
-
-
-
-
 def test_lab_02_save_kill_resume_reshard(jupyter_dirs):
-    nb = nbformat.read(LAB, as_version=4)
-    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "save the lab without outputs"
-    NotebookClient(nb, kernel_name="python3", timeout=240,
-                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    nb = execute_saved_notebook(LAB, timeout=240)
     text = outputs_text(nb)
     assert "4 ranks up" in text and "run: {0: 'finished', 1: 'finished', 2: 'finished', 3: 'finished'}" in text
     assert "step-00000008" in text and "step-00000012" in text  # retention kept the newest 2

@@ -5,24 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-from notebook_runs import outputs_text
+from notebook_runs import execute_saved_notebook, outputs_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "notebooks" / "lab_07_plan_70b.ipynb"
 
 
-
-
-
-
 def test_lab_07_executes_and_prints_the_plan(jupyter_dirs):
-    nb = nbformat.read(LAB, as_version=4)
-    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
-        "save the lab without outputs"
-    NotebookClient(nb, kernel_name="python3", timeout=120,
-                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    nb = execute_saved_notebook(LAB, timeout=120)
     text = outputs_text(nb)
     for needle in ("parameters: 70.55B", "model states: 1128.9 GB",
                    "153,600 GPU-hours", "0.461M USD", "24,192 GPU-hours", "0.145M USD",

@@ -4,19 +4,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-from notebook_runs import outputs_text
+from notebook_runs import execute_saved_notebook, outputs_text
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "notebooks" / "01_train_and_watch.ipynb"
 
 
 def test_lab_01_trains_ddp_then_fsdp2_with_the_dashboard(jupyter_dirs):
-    nb = nbformat.read(LAB, as_version=4)
-    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "save the lab without outputs"
-    NotebookClient(nb, kernel_name="python3", timeout=180,
-                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    nb = execute_saved_notebook(LAB, timeout=180)
     text = outputs_text(nb)
     assert "2 ranks up" in text
     assert "DDP run: {0: 'finished', 1: 'finished'}" in text
