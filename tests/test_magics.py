@@ -87,8 +87,9 @@ def test_cell_timeout_reports_where_ranks_are_stuck(shell, ranks4):
     ranks4.execute("pass", timeout=10)  # the rank finishes its sleep and is usable again
 
 
-def test_long_cell_streams_output_while_running(shell, monkeypatch):
-    """Output of a cell that runs for seconds shows up while it runs, still tagged per rank."""
+def record_stdout(monkeypatch) -> list:
+    """(time, text) of every write to sys.stdout from now on, as they happen. Called inside
+    the test: pytest's own capture replaces sys.stdout again after fixtures are set up."""
     import sys
     import time
 
@@ -102,6 +103,14 @@ def test_long_cell_streams_output_while_running(shell, monkeypatch):
             pass
 
     monkeypatch.setattr(sys, "stdout", Recorder())
+    return writes
+
+
+def test_long_cell_streams_output_while_running(shell, monkeypatch):
+    """Output of a cell that runs for seconds shows up while it runs, still tagged per rank."""
+    import time
+
+    writes = record_stdout(monkeypatch)
     t0 = time.monotonic()
     r = shell.run_cell("%%distrain --ranks 0,1\nimport time\nprint('first', flush=True)\n"
                        "time.sleep(5)\nprint('second')")
@@ -115,19 +124,9 @@ def test_long_cell_streams_output_while_running(shell, monkeypatch):
 
 
 def test_stream_flag_shows_output_at_once(shell, monkeypatch):
-    import sys
     import time
 
-    writes = []
-
-    class Recorder:
-        def write(self, text):
-            writes.append((time.monotonic(), text))
-
-        def flush(self):
-            pass
-
-    monkeypatch.setattr(sys, "stdout", Recorder())
+    writes = record_stdout(monkeypatch)
     r = shell.run_cell("%%distrain --stream --ranks 2\nimport time\nprint('now', flush=True)\ntime.sleep(2)")
     t_end = time.monotonic()
     assert r.success
