@@ -26,18 +26,16 @@ def test_fixed_esm_leaves_a_module_of_another_shape_alone(source):
     assert widget.fixed_esm(source) is None
 
 
-def test_the_installed_plotly_module_gets_the_fix_and_parses():
+def test_the_installed_plotly_module_gets_the_fix_and_parses(tmp_path):
     """Fails when a plotly upgrade changes its bundle's shape: then the fix is silently off."""
     esm = widget.widget_class()._esm
     assert "const __wbPlotlyWidget = " in esm and esm.count("export default") == 1
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the fixed module's syntax is checked where it is")
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".mjs", delete=False) as f:
-        f.write(esm)
-    result = subprocess.run([node, "--check", f.name], capture_output=True, text=True, timeout=60)
+    module = tmp_path / "plotly_widget_fixed.mjs"
+    module.write_text(esm, encoding="utf-8")
+    result = subprocess.run([node, "--check", str(module)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
