@@ -235,7 +235,7 @@ def main() -> None:
     if not args.skip_overhead:
         rs = api.start(2, backend="gloo", threads=1, sys_path=(ROOT,))
         try:
-            plain, inrank, wb, meds = [], [], [], []
+            plain, inrank, wb = [], [], []
             for i in range(args.repeats):  # interleaved, so slow spells of the machine hit all three
                 plain.append(run_plain(args.steps, args.warmup))
                 inrank.append(rs.apply(tb.plain_on_rank, args.steps, args.warmup, ranks=[0, 1])[0])

@@ -54,10 +54,6 @@ PANELS = (
 PANEL_KEYS = tuple(p.key for p in PANELS)
 
 
-def _cell(i: int) -> tuple[int, int]:
-    return i // COLUMNS + 1, i % COLUMNS + 1
-
-
 def _axes(i: int) -> dict:
     """The x/y axis and legend of panel ``i`` (subplots are numbered row by row)."""
     n = "" if i == 0 else str(i + 1)

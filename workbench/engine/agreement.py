@@ -26,8 +26,6 @@ import torch
 
 from . import comm_timing
 
-FLAGS = ("stop", "pause", "version", "reason")
-
 
 class Agreement:
     def __init__(self, group, loss_group=None, world_size: int = 1):
@@ -61,9 +59,9 @@ class Agreement:
         runs: the step waits for it only if some rank is that far behind. A non-finite
         loss on any rank of the group makes the mean non-finite.
         """
-        if self.group is None:
-            return Pending(None, [torch.tensor([loss, *local], dtype=torch.float64)], [0])
         row = torch.tensor([loss, *local], dtype=torch.float64)
+        if self.group is None:
+            return Pending(None, [row], [0])
         rows = [torch.empty_like(row) for _ in range(self.world_size)]
         work = comm_timing.ORIGINAL["all_gather"](rows, row, group=self.group, async_op=True)
         return Pending(work, rows, self._loss_rows)

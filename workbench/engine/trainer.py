@@ -12,12 +12,12 @@ its loss, started before backward and waited for before the optimizer step
 (:mod:`.agreement`); every rank acts on the same result at the next step. A command that
 reaches the ranks after the running step's agreement started is thus acted on a step
 later: the price of not stalling every step on an agreement of its own (measured 1-3 ms
-of a ~50 ms step on 2 CPU ranks; see ``benchmarks/telemetry_bench.py``). Being a maximum, a request from ANY rank wins everywhere: a step
-hook on one rank (the checkpoint package's loss-divergence guard) can pause the whole
-run. Pauses the trainer decides itself (non-finite loss, spike) come from the agreed loss,
-so every rank takes them at once. A paused run, and a ``Prepared`` with its own
-``train_step``, agree on the flags alone before each step. Its cost is measured per step
-as ``time_control_s``.
+of a ~50 ms step on 2 CPU ranks; see ``benchmarks/telemetry_bench.py``). Being a maximum,
+a request from ANY rank wins everywhere: a step hook on one rank (the checkpoint
+package's loss-divergence guard) can pause the whole run. Pauses the trainer decides
+itself (non-finite loss, spike) come from the agreed loss, so every rank takes them at
+once. A paused run, and a ``Prepared`` with its own ``train_step``, agree on the flags
+alone before each step. Its cost is measured per step as ``time_control_s``.
 
 A step (``Prepared`` whose ``train_step`` is the plain one, or a plain model +
 optimizer) is split into data / forward / backward / optimizer phases so each is timed;
@@ -73,8 +73,6 @@ class Trainer:
 
     def __init__(self, prepared=None, *, model=None, optimizer=None, data, loss_fn=None,
                  config: TrainerConfig | None = None, **config_changes):
-        import torch.distributed as dist
-
         ctx = runtime.context()
         self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
         self.config = replace(config or TrainerConfig(), **config_changes)
@@ -273,6 +271,12 @@ class Trainer:
             return agreed[:4], self._agreed_s
         return self._agreement.flags(self._local_flags())
 
+    def _pause_agreed(self, code: int) -> None:
+        """Make the flags agreed inside this step pause the next one (for a pause every rank
+        decides alike, or an out-of-memory after the agreement)."""
+        if self._agreed is not None:
+            self._agreed[1], self._agreed[3] = 1, max(self._agreed[3], code)
+
     def _hooks_due(self, step: int) -> int:
         return int(any(pauses and step % every == 0 for _, every, pauses in self.hooks))
 
@@ -344,8 +348,7 @@ class Trainer:
                 torch.cuda.empty_cache()
             reason = f"step {self.step + 1}: {exc}"
             self.pause(reason, code=4)
-            if self._agreed is not None:  # out of memory after the agreement: pause at the next step
-                self._agreed[1], self._agreed[3] = 1, max(self._agreed[3], 4)
+            self._pause_agreed(4)  # out of memory after the agreement: pause at the next step
             self._set_state("paused", reason)  # at once: peers may be stuck in the step's collective
 
     def _next_batch(self, micro: int):
@@ -390,9 +393,8 @@ class Trainer:
             spike = loss_global > self.config.spike_factor * statistics.median(self.history)
         if not bad:
             self.history.append(loss_global)
-        if self._agreed is not None and (bad or spike):  # decided alike on every rank: act at once
-            self._agreed[1] = 1
-            self._agreed[3] = max(self._agreed[3], 3 if bad else 2)
+        if bad or spike:  # decided alike on every rank from the agreed loss: act at once
+            self._pause_agreed(3 if bad else 2)
         self.step = step
         seconds = time.perf_counter() - t0
         if self._agreed is not None:  # agreed inside this step (with the loss): that is its cost
