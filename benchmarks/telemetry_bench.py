@@ -1,18 +1,21 @@
 """What full telemetry + the event stream cost, and how fast a stream the notebook keeps up with.
 
 1. Steps/s of the same DDP training (GPT, AdamW, grad clipping, same data) run by the
-   workbench Trainer on 2 persistent ranks with everything on (per-step control
-   all-reduce, phase clocks, memory, collective wrappers and DDP comm hook, events
-   PUSHed to the notebook's collector), against the same loop as a plain script under
-   ``python -m torch.distributed.run --nproc-per-node 2`` with none of it; and, to tell
-   the telemetry's cost apart from the rank processes', the same plain loop run on the
-   workbench's ranks. Each run's median step time (robust to the stalls a shared 2-core
-   machine has), median over ``--repeats`` interleaved rounds; target ratio >= 0.97.
+   workbench Trainer on 2 persistent ranks with everything on (the ranks' per-step
+   agreement, phase clocks, memory, collective wrappers and DDP's reducer clock, events
+   PUSHed to the notebook's collector, a live dashboard redrawing there), against the
+   same loop as a plain script under ``python -m torch.distributed.run --nproc-per-node 2``
+   with none of it; and, to tell the telemetry's cost apart from the rank processes', the
+   same plain loop run on the workbench's ranks. Both rank sets stay alive and the three
+   sides alternate in rounds (order rotating), so a slow spell of the machine hits them
+   alike; the ratio is the median over rounds of the per-round ratio of median step times.
+   Target ratio >= 0.97. Last, step by step on the same ranks and model, a plain step and
+   a trainer step alternating: the trainer's own per-step cost.
 2. The highest step-event rate from 4 ranks that the notebook's collector keeps up with:
    each rank emits realistic step events at a fixed rate for a few seconds; a rate is
    kept up with when every event arrives and the lag at the end is not growing.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 60] [--repeats 5]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 60] [--repeats 9]
 """
 from __future__ import annotations
 
@@ -75,18 +78,87 @@ def _plain_setup():
     return ddp, torch.optim.AdamW(ddp.parameters(), lr=LR), ds
 
 
-def plain_main(steps: int, warmup: int) -> None:
-    """The baseline under torchrun."""
+def plain_serve(folder: str, warmup: int) -> None:
+    """The baseline under torchrun, kept alive between rounds: rank 0 waits for a file
+    ``go-<i>`` (the steps to run) in ``folder``, both ranks run the loop, rank 0 writes
+    ``done-<i>.json``; ``stop`` ends it. Persistent like the workbench's ranks, so rounds of
+    the two sides can alternate every few seconds and a slow spell of the machine hits both."""
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    out = plain_loop(steps, warmup, *_plain_setup(), rank, world)
-    if rank == 0:
-        print(json.dumps(out))
+    setup = _plain_setup()
+    i = 0
+    while True:
+        cmd = torch.tensor([0], dtype=torch.int64)
+        if rank == 0:
+            while not cmd.item():
+                if os.path.exists(os.path.join(folder, "stop")):
+                    cmd[0] = -1
+                elif os.path.exists(os.path.join(folder, f"go-{i}")):
+                    with open(os.path.join(folder, f"go-{i}")) as f:
+                        cmd[0] = int(f.read())
+                else:
+                    time.sleep(0.01)
+        dist.broadcast(cmd, src=0)
+        if cmd.item() < 0:
+            break
+        out = plain_loop(int(cmd.item()), warmup, *setup, rank, world)
+        if rank == 0:
+            tmp = os.path.join(folder, f"done-{i}.tmp")
+            with open(tmp, "w") as f:
+                json.dump(out, f)
+            os.replace(tmp, os.path.join(folder, f"done-{i}.json"))
+        i += 1
     dist.destroy_process_group()
+
+
+class PlainServer:
+    """Driver side of :func:`plain_serve`: one torchrun, many rounds."""
+
+    def __init__(self, warmup: int):
+        import tempfile
+
+        base = os.path.join(ROOT, ".state", "bench")
+        os.makedirs(base, exist_ok=True)
+        self.folder = tempfile.mkdtemp(prefix="plain-", dir=base)
+        self.round = 0
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+               os.path.abspath(__file__), "--serve", self.folder, "--warmup", str(warmup)]
+        self._log = open(os.path.join(self.folder, "torchrun.log"), "w")
+        # its own session, so that close() can end exactly torchrun and its two workers
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def run(self, steps: int, timeout: float = 600.0) -> dict:
+        i, self.round = self.round, self.round + 1
+        with open(os.path.join(self.folder, f"go-{i}"), "w") as f:
+            f.write(str(steps))
+        done = os.path.join(self.folder, f"done-{i}.json")
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(done):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                with open(self._log.name) as f:
+                    raise RuntimeError(f"torchrun baseline failed (exit {self.proc.poll()}):\n{f.read()[-3000:]}")
+            time.sleep(0.05)
+        with open(done) as f:
+            return json.load(f)
+
+    def close(self) -> None:
+        import shutil
+        import signal
+
+        open(os.path.join(self.folder, "stop"), "w").close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _PLAIN: list = []
@@ -126,15 +198,35 @@ def cpu_marks() -> dict:
     return dict(_CPU)
 
 
-def run_plain(steps: int, warmup: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
-           os.path.abspath(__file__), "--plain", "--steps", str(steps), "--warmup", str(warmup)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    for line in out.stdout.splitlines():
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"torchrun baseline failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+def interleaved_on_rank(steps: int) -> dict:
+    """On each rank, step by step on the same model, optimizer and data: a plain step, then
+    one trainer step (``Trainer._one_step``: agreement, phase clocks, DDP clock, memory, the
+    event), alternating. A slow spell of the machine hits both alike, so the medians tell
+    the trainer's own per-step cost to ~0.5 ms where whole runs vary by 10 ms."""
+    import torch
+
+    from workbench.engine import trainer as tr
+    from workbench.strategies.base import lm_loss
+
+    t = tr.current()
+    t.target = t.step + steps
+    times: dict = {"plain": [], "trainer": []}
+    for i in range(2 * steps):
+        t0 = time.perf_counter()
+        if i % 2 == 0:
+            x, y = t._data(10_000 + i)
+            t.optimizer.zero_grad(set_to_none=True)
+            loss = lm_loss(t.model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(t.model.parameters(), 1.0)
+            t.optimizer.step()
+            float(loss)
+            times["plain"].append(time.perf_counter() - t0)
+        else:
+            t._one_step(0.0)
+            t._agreed = None  # the loop would act on these flags at its next step
+            times["trainer"].append(time.perf_counter() - t0)
+    return {k: statistics.median(v[3:]) for k, v in times.items()}
 
 
 def run_workbench(rs, steps: int, warmup: int) -> tuple[float, dict]:
@@ -212,17 +304,77 @@ def event_rate(rs, rates: list[float], seconds: float = 3.0) -> list[dict]:
     return out
 
 
+def overhead(args) -> None:
+    """Rounds of the three sides alternating (order rotating), each a whole run; the ratio is
+    the median over rounds of torchrun's median step time over the workbench's in the same
+    round. Then the step-by-step comparison on the workbench's ranks."""
+    from workbench import api
+    from workbench.dashboard import Dashboard
+
+    from benchmarks import telemetry_bench as tb
+
+    server = tb.PlainServer(args.warmup)
+    rs = api.start(2, backend="gloo", threads=1, sys_path=(ROOT,))
+    # the notebook side as a user has it: stream collector and a live dashboard redrawing
+    # every 0.5 s (no browser here: edits are not held for one to draw them)
+    dash = Dashboard(rs, interval=0.5)
+    dash.VIEW_TIMEOUT = 0.0
+    try:
+        rows = []
+        sides = {"torchrun": lambda: server.run(args.steps),
+                 "on_ranks": lambda: rs.apply(tb.plain_on_rank, args.steps, args.warmup, ranks=[0, 1])[0],
+                 "workbench": lambda: tb.run_workbench(rs, args.steps, args.warmup)[1]}
+        names = list(sides)
+        for i in range(args.repeats):
+            row = {}
+            for name in names[i % 3:] + names[:i % 3]:
+                row[name] = sides[name]()
+            rows.append(row)
+            print(f"  round {i + 1}: median step (ms) torchrun plain {row['torchrun']['median_step_s'] * 1e3:.1f}, "
+                  f"plain loop on the ranks {row['on_ranks']['median_step_s'] * 1e3:.1f}, "
+                  f"workbench full telemetry {row['workbench']['median_step_s'] * 1e3:.1f}", flush=True)
+        inter = rs.apply(tb.interleaved_on_rank, args.interleaved, ranks=[0, 1])
+        redraws = dash.redraws
+    finally:
+        dash.close()
+        api.stop()
+        server.close()
+
+    def med(side, key="median_step_s"):
+        return statistics.median(r[side][key] for r in rows)
+
+    def ratio(a, b):
+        return statistics.median(r[a]["median_step_s"] / r[b]["median_step_s"] for r in rows)
+
+    print(f"median step time: torchrun (no telemetry) {med('torchrun') * 1e3:.1f} ms, plain loop on the workbench "
+          f"ranks {med('on_ranks') * 1e3:.1f} ms, workbench (telemetry + stream + dashboard) {med('workbench') * 1e3:.1f} ms")
+    print(f"steps/s ratio workbench / torchrun: {ratio('torchrun', 'workbench'):.3f} (target >= 0.97; median of "
+          f"{len(rows)} per-round ratios); telemetry alone (workbench / plain loop on the same ranks): "
+          f"{ratio('on_ranks', 'workbench'):.3f}; the rank processes (plain on the ranks / torchrun): "
+          f"{ratio('torchrun', 'on_ranks'):.3f}")
+    print(f"CPU ms/step of rank 0: torchrun {med('torchrun', 'cpu_s_per_step') * 1e3:.1f}, on the ranks "
+          f"{med('on_ranks', 'cpu_s_per_step') * 1e3:.1f}, workbench {med('workbench', 'cpu_s_per_step') * 1e3:.1f}; "
+          f"dashboard redraws during the rounds: {redraws}")
+    m = sorted((r["workbench"] for r in rows), key=lambda d: d["time_step_s"])[len(rows) // 2]
+    print("workbench step, median (ms): " + ", ".join(f"{k[5:-2]} {v * 1e3:.1f}" for k, v in m.items()
+                                                      if k.startswith("time_")))
+    for r, d in enumerate(inter):
+        print(f"step by step on rank {r} ({args.interleaved} of each, alternating): plain {d['plain'] * 1e3:.2f} ms, "
+              f"trainer {d['trainer'] * 1e3:.2f} ms, ratio {d['plain'] / d['trainer']:.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--interleaved", type=int, default=200, help="steps of each kind in the step-by-step comparison")
     p.add_argument("--rates", default="2000,5000,10000,20000,40000,80000")
     p.add_argument("--skip-overhead", action="store_true")
     args = p.parse_args()
-    if args.plain:
-        return plain_main(args.steps, args.warmup)
+    if args.serve:
+        return plain_serve(args.serve, args.warmup)
     sys.path.insert(0, ROOT)
     os.environ.setdefault("IPYTHONDIR", os.path.join(ROOT, ".state", "bench", "ipython"))
     from workbench import api
@@ -233,35 +385,7 @@ def main() -> None:
     print(f"model {MODEL}, global batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), "
           f"median of {args.repeats}; CPU gloo, OMP_NUM_THREADS=1, {os.cpu_count()} cores")
     if not args.skip_overhead:
-        rs = api.start(2, backend="gloo", threads=1, sys_path=(ROOT,))
-        try:
-            plain, inrank, wb = [], [], []
-            for i in range(args.repeats):  # interleaved, so slow spells of the machine hit all three
-                plain.append(run_plain(args.steps, args.warmup))
-                inrank.append(rs.apply(tb.plain_on_rank, args.steps, args.warmup, ranks=[0, 1])[0])
-                rate, med = tb.run_workbench(rs, args.steps, args.warmup)
-                wb.append({"steps_per_s": rate, **med})
-                print(f"  round {i + 1}: median step (ms) torchrun plain {plain[-1]['median_step_s'] * 1e3:.1f}, "
-                      f"plain loop on the ranks {inrank[-1]['median_step_s'] * 1e3:.1f}, "
-                      f"workbench full telemetry {wb[-1]['median_step_s'] * 1e3:.1f}")
-        finally:
-            api.stop()
-
-        def med(rows, key):
-            return statistics.median(r[key] for r in rows)
-
-        p, r, w = (med(x, "median_step_s") for x in (plain, inrank, wb))
-        print(f"median step time: torchrun (no telemetry) {p * 1e3:.1f} ms, plain loop on the workbench ranks "
-              f"{r * 1e3:.1f} ms, workbench (telemetry + stream) {w * 1e3:.1f} ms")
-        print(f"steps/s ratio workbench / torchrun: {p / w:.3f} (target >= 0.97); "
-              f"telemetry alone (workbench / plain loop on the same ranks): {r / w:.3f}")
-        print(f"whole-run steps/s (sensitive to stalls): torchrun {med(plain, 'steps_per_s'):.2f}, "
-              f"on the ranks {med(inrank, 'steps_per_s'):.2f}, workbench {med(wb, 'steps_per_s'):.2f}; "
-              f"CPU ms/step of rank 0: {med(plain, 'cpu_s_per_step') * 1e3:.1f}, "
-              f"{med(inrank, 'cpu_s_per_step') * 1e3:.1f}, {med(wb, 'cpu_s_per_step') * 1e3:.1f}")
-        m = sorted(wb, key=lambda d: d["time_step_s"])[len(wb) // 2]
-        print("workbench step, median (ms): " + ", ".join(f"{k[5:-2]} {v * 1e3:.1f}" for k, v in m.items()
-                                                          if k.startswith("time_")))
+        overhead(args)
     rs = api.start(4, backend="gloo", threads=1, sys_path=(ROOT,))
     try:
         rates = [float(r) for r in args.rates.split(",")]

@@ -66,7 +66,8 @@ def test_stop_leaves_no_process_behind(fresh_ranks):
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs OpenMPI's mpiexec (.ci/run installs it)")
-def test_mpi_launcher_brings_up_ranks(fresh_ranks):
+def test_mpi_launcher_brings_up_ranks_and_leaves_no_shared_memory(fresh_ranks):
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     rs = fresh_ranks(2, launcher="mpi")
 
     def mpi_rank():
@@ -82,6 +83,10 @@ def test_mpi_launcher_brings_up_ranks(fresh_ranks):
         return engine.rank, int(os.environ["OMPI_COMM_WORLD_RANK"]), t.item()
 
     assert rs.apply(mpi_rank) == [(0, 0, 2.0), (1, 1, 2.0)]
+    api.stop()
+    # Open MPI's shared-memory segments outlived engines stopped by a signal (8 MB a start)
+    left = (set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()) - shm_before
+    assert not [f for f in left if f.startswith("vader_segment")], left
 
 
 @pytest.mark.parametrize("launcher, engine_class", [

@@ -18,9 +18,10 @@ import time
 from .cluster.diagnosis import collect_stacks, thread_blocks
 
 # frames of a training thread that waits for its peers: torch.distributed calls, the workbench's
-# timing wrappers and control all-reduce, and backward (where DDP's reducer waits for gradients)
-_COLLECTIVE = ("/torch/distributed/", "comm_timing.py", "in _agree", "in all_reduce_mean", "in _average",
-               "/torch/autograd/")
+# timing wrappers, the ranks' per-step agreement (shared memory or gloo), and backward (where
+# DDP's reducer waits for gradients)
+_COLLECTIVE = ("/torch/distributed/", "comm_timing.py", "agreement.py", "in _agree", "in all_reduce_mean",
+               "in _average", "/torch/autograd/")
 _TRAINER = "in _loop"
 
 

@@ -55,7 +55,10 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None) -> dic
     cfg.EngineLauncher.engine_args = ["--IPEngine.startup_command=" + PRELOAD]
     if launcher == "mpi":
         kwargs["engines"] = "mpi"
-        mpi_args = ["--oversubscribe"]
+        # no shared-memory transport: the ranks talk through torch.distributed, MPI only
+        # launches them, and Open MPI's vader segments (4 MB each in /dev/shm) outlive
+        # engines that are stopped by a signal
+        mpi_args = ["--oversubscribe", "--mca", "btl", "self,tcp"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             mpi_args.append("--allow-run-as-root")
         cfg.MPILauncher.mpi_args = mpi_args

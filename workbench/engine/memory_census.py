@@ -227,7 +227,7 @@ def census(prepared=None, batch=None, *, batch_size: int = 8, count_comm: bool =
     ``batch_size`` sequences of the bundled text. The step really trains the model
     (one optimizer update), like any other step. With ``count_comm`` the collectives of
     the step are counted through :mod:`workbench.engine.comm_timing` (installed if needed;
-    for DDP its bucket comm hook too).
+    for DDP the reducer's bucket clock too).
     """
     from . import comm_timing, session
     from .comm_timing import ORIGINAL, STATS
@@ -237,10 +237,12 @@ def census(prepared=None, batch=None, *, batch_size: int = 8, count_comm: bool =
     if batch is None:
         batch = default_batch(prepared, batch_size)
     comm_notes = []
+    ddp_watch = None
     if count_comm:
         comm_timing.install()
-        if prepared.layout.get("strategy") == "ddp" and hasattr(prepared.model, "register_comm_hook"):
-            comm_notes.append(comm_timing.install_ddp_hook(prepared.model))
+        ddp_watch, note = comm_timing.watch_ddp(prepared.model)
+        if note:
+            comm_notes.append(note)
     x = batch[0]
     ds_opt = prepared.optimizer if prepared.layout.get("path") == "deepspeed" else None
     if ds_opt is not None and isinstance(ds_opt, torch.optim.Optimizer):
@@ -292,6 +294,8 @@ def census(prepared=None, batch=None, *, batch_size: int = 8, count_comm: bool =
         if engine is not None and "allreduce_gradients" in vars(engine):
             del engine.allreduce_gradients
     seconds = time.perf_counter() - t0
+    if ddp_watch is not None:
+        ddp_watch.record()
     comm = None
     if comm_before is not None:
         delta, _ = STATS.delta(STATS.snapshot(), comm_before)

@@ -7,11 +7,12 @@ land on the main thread and only flip flags.
 
 Why the ranks agree every step: a pause that reached rank 0 before rank 1 must still stop
 both at the same step (DDP/FSDP collectives would otherwise mismatch and hang). Each
-rank's flags ``[stop, pause, set_version, reason]`` go into one collective per step with
-its loss, started before backward and waited for before the optimizer step
-(:mod:`.agreement`); every rank acts on the same result at the next step. A command that
-reaches the ranks after the running step's agreement started is thus acted on a step
-later: the price of not stalling every step on an agreement of its own (measured 1-3 ms
+rank's flags ``[stop, pause, set_version, reason]`` go into one exchange per step with
+its loss, posted before backward and collected before the optimizer step
+(:mod:`.agreement`: shared memory where the ranks share a host, else a private gloo
+group); every rank acts on the same result at the next step. A command that reaches the
+ranks after the running step's row was posted is thus acted on a step later: the price
+of not stalling every step on an agreement of its own (a blocking all-reduce cost 2-3 ms
 of a ~50 ms step on 2 CPU ranks; see ``benchmarks/telemetry_bench.py``). Being a maximum,
 a request from ANY rank wins everywhere: a step hook on one rank (the checkpoint
 package's loss-divergence guard) can pause the whole run. Pauses the trainer decides
@@ -42,7 +43,7 @@ import torch
 
 from .. import events
 from . import comm_timing, memory_report, publisher, runtime, telemetry
-from .agreement import Agreement
+from . import agreement
 
 REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
            3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
@@ -67,7 +68,7 @@ class Trainer:
 
     ``data``: an iterator of batches ``(x, y)`` for this rank, or a function
     ``micro_batch_index -> (x, y)`` (deterministic: a restored run sees the same data).
-    Build one on every rank (its constructor makes a small process group), then
+    Build one on every rank (its constructor agrees on a run id with the others), then
     ``start(steps)``; from the notebook ``%distrain train start --steps N``.
     """
 
@@ -88,8 +89,9 @@ class Trainer:
         self._data_iter = None if callable(data) and not hasattr(data, "__next__") else iter(data)
         comm_timing.install()
         self.notes: list[str] = []
-        if hasattr(self.model, "register_comm_hook"):
-            self.notes.append(comm_timing.install_ddp_hook(self.model))
+        self._ddp_watch, note = comm_timing.watch_ddp(self.model)
+        if note:
+            self.notes.append(note)
         from ..strategies.base import Prepared
 
         self._whole_step = prepared is not None and type(prepared).train_step is not Prepared.train_step
@@ -99,10 +101,11 @@ class Trainer:
         if ctx.backend == "gloo" and type(prepared).__name__ == "FSDP2Prepared":
             self.notes.append("gloo has no real reduce-scatter: it runs as an all-reduce of the full "
                               "buffer (gloo:all_reduce), so reduce_scatter time here is an all-reduce's")
-        self._group = _control_group() if self.world_size > 1 else None
-        self.run = self._agree_run_id()
-        self._agreement = Agreement(self._group, prepared.loss_group if prepared is not None else None,
-                                    self.world_size)
+        self._channel = agreement.channel() if self.world_size > 1 else None
+        self.run, generation = self._agree_run_id()
+        self._agreement = agreement.Agreement(self._channel, generation,
+                                              prepared.loss_group if prepared is not None else None,
+                                              self.world_size)
         self._agreed: list[int] | None = None  # flags agreed inside the last step, for the next
         self._agreed_s = 0.0
         self.step = 0  # completed optimizer steps
@@ -119,6 +122,7 @@ class Trainer:
         self._thread: threading.Thread | None = None
         self._inject: dict[int, str] = {}
         self._batch_shape = None  # of the latest batch: the OOM report's activation estimate
+        self._settled = False  # layout checked and train mode set since the run (re)started
         self._memory = telemetry.MemoryProbe(self.device, self.config.memory_interval_s)
         self._flops_tok = telemetry.flops_per_token(prepared.unwrap() if prepared is not None else model)
         self._peak = telemetry.device_peak_flops(self.device)
@@ -131,13 +135,16 @@ class Trainer:
         checkpoint_hooks.attach_autosave_to_trainer()
 
     # -------------------------------------------------------------- identity
-    def _agree_run_id(self) -> str:
-        """One run id on every rank: rank 0's clock, broadcast on the private group."""
-        _RUN_COUNTER[0] += 1
-        t = torch.tensor([int(time.time() * 1000)], dtype=torch.int64)
-        if self._group is not None:
-            comm_timing.ORIGINAL["broadcast"](t, src=0, group=self._group)
-        return time.strftime("run-%Y%m%d-%H%M%S", time.localtime(t.item() / 1000)) + f"-{t.item() % 1000:03d}"
+    def _agree_run_id(self) -> tuple[str, int]:
+        """One run id on every rank, and the trainer's agreement generation: rank 0's clock
+        in ms (one more than the last where trainers come faster), broadcast."""
+        _RUN_COUNTER[0] = max(int(time.time() * 1000), _RUN_COUNTER[0] + 1)
+        t = torch.tensor([_RUN_COUNTER[0]], dtype=torch.int64)
+        if self._channel is not None:
+            comm_timing.original("broadcast")(t, src=0, group=self._channel.group)
+        ms = int(t.item())
+        _RUN_COUNTER[0] = max(_RUN_COUNTER[0], ms)
+        return time.strftime("run-%Y%m%d-%H%M%S", time.localtime(ms / 1000)) + f"-{ms % 1000:03d}", ms
 
     # ------------------------------------------------------------- controls
     def add_hook(self, fn, every: int = 1, *, pauses: bool = True) -> None:
@@ -243,6 +250,7 @@ class Trainer:
             self._local_reason = ""
         self.target = self.step + int(steps)
         self.state = "running"
+        self._settled = False
         self._thread = threading.Thread(target=self._loop, name="workbench-trainer", daemon=True)
         self._thread.start()
         return self.status()
@@ -311,6 +319,7 @@ class Trainer:
                     self._set_state("stopped", "stopped from the notebook")
                     break
                 if pause:
+                    self._settled = False  # cells may run while paused: check again on resume
                     if self.state != "paused":
                         self._set_state("paused", self._local_reason or REASONS.get(code, ""))
                     time.sleep(self.config.pause_poll_s)
@@ -396,6 +405,8 @@ class Trainer:
         if bad or spike:  # decided alike on every rank from the agreed loss: act at once
             self._pause_agreed(3 if bad else 2)
         self.step = step
+        if self._ddp_watch is not None:
+            self._ddp_watch.record()
         seconds = time.perf_counter() - t0
         if self._agreed is not None:  # agreed inside this step (with the loss): that is its cost
             control_s = self._agreed_s
@@ -429,9 +440,13 @@ class Trainer:
     def _decomposed(self, clock, step: int, inject):
         """Forward/backward per micro-batch, clip, optimizer step; returns the numbers."""
         model, opt, accum = self.model, self.optimizer, self.config.grad_accum
-        if self.prepared is not None:
-            self.prepared.check()
-        model.train()
+        if not self._settled:  # once per (re)start: ~1 ms of Python a step on a small model
+            if self.prepared is not None:
+                self.prepared.check()
+            model.train()
+            self._settled = True
+        elif not model.training:  # a hook switched to eval and did not switch back
+            model.train()
         opt.zero_grad(set_to_none=True)
         total = 0.0
         tokens = samples = 0
@@ -507,26 +522,6 @@ class _no_sync:
         elif self.enabled and hasattr(self.model, "set_requires_gradient_sync"):
             self.model.set_requires_gradient_sync(True)
         return False
-
-
-_CONTROL: dict = {}  # the default group -> the trainers' private gloo group
-
-
-def _control_group():
-    """The private gloo group every trainer of this process uses for its agreement.
-
-    Made once per process group (by the first trainer, on every rank at once, as a trainer
-    is built everywhere): a group per trainer kept 3 threads and their sockets alive for
-    each ``train start --model`` of a session.
-    """
-    import torch.distributed as dist
-
-    world = dist.group.WORLD
-    group = _CONTROL.get(id(world))
-    if group is None:
-        _CONTROL.clear()  # an earlier process group's: gone with it
-        group = _CONTROL[id(world)] = dist.new_group(backend="gloo")
-    return group
 
 
 def current() -> Trainer:

@@ -194,7 +194,7 @@ def _explain(part: str, census: dict, layout: PlanLayout, ratio: float | None) -
             why.append("tensor-parallel collectives (the planner counts them in this row) run as DTensor "
                        "functional collectives (torch.ops._c10d_functional), which comm_timing does not see")
         elif kind == "ddp" and ratio < 0.5:
-            why.append("DDP's bucket all-reduces run in C++; they are seen only through the comm hook")
+            why.append("DDP's bucket all-reduces run in C++; they are seen only through DDP's reducer clock (comm_timing.watch_ddp), not read here")
         else:
             why.append("measured bytes are the buffers handed to each collective, predicted the planner's "
                        "ring volume turned back into buffer size; gloo runs reduce-scatter as an "
