@@ -15,7 +15,7 @@
    each rank emits realistic step events at a fixed rate for a few seconds; a rate is
    kept up with when every event arrives and the lag at the end is not growing.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 60] [--repeats 9]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 30] [--repeats 30]
 """
 from __future__ import annotations
 
@@ -343,13 +343,18 @@ def overhead(args) -> None:
     def med(side, key="median_step_s"):
         return statistics.median(r[side][key] for r in rows)
 
+    def ratios(a, b):
+        return sorted(r[a]["median_step_s"] / r[b]["median_step_s"] for r in rows)
+
     def ratio(a, b):
-        return statistics.median(r[a]["median_step_s"] / r[b]["median_step_s"] for r in rows)
+        return statistics.median(ratios(a, b))
+
+    q = statistics.quantiles(ratios("torchrun", "workbench"), n=4) if len(rows) > 1 else [float("nan")] * 3
 
     print(f"median step time: torchrun (no telemetry) {med('torchrun') * 1e3:.1f} ms, plain loop on the workbench "
           f"ranks {med('on_ranks') * 1e3:.1f} ms, workbench (telemetry + stream + dashboard) {med('workbench') * 1e3:.1f} ms")
     print(f"steps/s ratio workbench / torchrun: {ratio('torchrun', 'workbench'):.3f} (target >= 0.97; median of "
-          f"{len(rows)} per-round ratios); telemetry alone (workbench / plain loop on the same ranks): "
+          f"{len(rows)} per-round ratios, middle half {q[0]:.3f}-{q[2]:.3f}); telemetry alone (workbench / plain loop on the same ranks): "
           f"{ratio('on_ranks', 'workbench'):.3f}; the rank processes (plain on the ranks / torchrun): "
           f"{ratio('torchrun', 'on_ranks'):.3f}")
     print(f"CPU ms/step of rank 0: torchrun {med('torchrun', 'cpu_s_per_step') * 1e3:.1f}, on the ranks "
@@ -366,9 +371,9 @@ def overhead(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--serve", help=argparse.SUPPRESS)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--interleaved", type=int, default=200, help="steps of each kind in the step-by-step comparison")
     p.add_argument("--rates", default="2000,5000,10000,20000,40000,80000")
     p.add_argument("--skip-overhead", action="store_true")
