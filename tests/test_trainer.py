@@ -177,29 +177,37 @@ def test_hook_sees_every_step_and_can_pause_everyone(rs):
     training.wait(rankset=rs, timeout=30)
 
 
-def test_one_agreement_per_step_unless_a_hook_that_may_pause_ran(rs):
-    """The flags and the loss are agreed in one collective per step; a second agreement
-    follows only steps where a hook that may pause ran (so its pause lands at the next step)."""
+def _count_agreements(pauses: bool, transport: str) -> str:
+    """On each rank: count the trainer's extra flag agreements, made through ``transport``."""
+    from workbench.engine import agreement
+
+    t = trainer.current()
+    if transport == "gloo" and t._agreement.board is not None:  # as for ranks on several hosts
+        ch = agreement.Channel(agreement.channel().group, None)
+        t._agreement = agreement.Agreement(ch, t._agreement.generation, None, t.world_size)
+    t.extra = 0
+    if not hasattr(t, "counted"):
+        flags = t._agreement.flags
+
+        def counted(local):
+            t.extra += 1
+            return flags(local)
+
+        t._agreement.flags = t.counted = counted
+    t.add_hook(lambda rec: None, every=2, pauses=pauses)
+    return t._agreement.transport
+
+
+@pytest.mark.parametrize("transport", ["shared memory", "gloo"])
+def test_one_agreement_per_step_unless_a_hook_that_may_pause_ran(rs, transport):
+    """The flags and the loss are agreed in one exchange per step (shared memory on one host,
+    gloo across hosts: both run here); a second agreement follows only steps where a hook that
+    may pause ran (so its pause lands at the next step)."""
     training.setup("ddp", rankset=rs)
-
-    def count_agreements(pauses):
-        t = trainer.current()
-        t.extra = 0
-        if not hasattr(t, "counted"):
-            flags = t._agreement.flags
-
-            def counted(local):
-                t.extra += 1
-                return flags(local)
-
-            t._agreement.flags = t.counted = counted
-        t.add_hook(lambda rec: None, every=2, pauses=pauses)
-        return True
-
     for pauses, extra in ((False, 1), (True, 1 + 3)):  # 1: the agreement before the first step
-        rs.apply(count_agreements, pauses)
+        assert rs.apply(_count_agreements, pauses, transport) == [transport] * 2
         training.start(6, rankset=rs)
-        training.wait(rankset=rs, timeout=60)
+        assert training.wait(rankset=rs, timeout=60) == {0: "finished", 1: "finished"}
         assert rs.apply(lambda: trainer.current().extra) == [extra, extra], pauses
         rs.apply(lambda: trainer.current().hooks.clear())
 

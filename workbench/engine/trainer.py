@@ -42,8 +42,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import events
-from . import comm_timing, memory_report, publisher, runtime, telemetry
-from . import agreement
+from . import agreement, comm_timing, memory_report, publisher, runtime, telemetry
 
 REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
            3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
