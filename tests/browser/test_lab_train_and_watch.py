@@ -1,9 +1,9 @@
 """notebooks/01_train_and_watch.ipynb in JupyterLab: the live loss plot renders and grows.
 
-The notebook's first run is 40 steps (a second or two on CPU), shorter than it takes a
-headless browser on a small machine to load plotly.js and draw the dashboard; so the test
-runs a copy (under ``.state/browser/``) whose first run has ``--steps 400``, everything
-else unchanged. Run > Run All Cells, then watch the dashboard as a person would: plotly
+The notebook's first run is 40 steps (well under a second on CPU), shorter than it takes
+a headless browser on a small machine to load plotly.js and draw the dashboard; so the test
+runs a copy (under ``.state/browser/``) whose first run has ``--steps 1000`` (~20 s: 400
+were enough until the trainer shed most of its fixed cost per step), everything else unchanged. Run > Run All Cells, then watch the dashboard as a person would: plotly
 draws a widget only once it is scrolled into view, so the test keeps the first plot (the
 loss) in view and samples its points: they must grow while the run trains.
 """
@@ -19,7 +19,7 @@ from .helpers import ROOT, STATE, open_notebook, outputs, run_all_cells, shot, w
 
 NOTEBOOK = "notebooks/01_train_and_watch.ipynb"
 FIRST_RUN = "%distrain train start --steps 40 "
-LONGER_RUN = "%distrain train start --steps 400 "
+LONGER_RUN = "%distrain train start --steps 1000 "
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(500)]
 
 # the dashboard's plotly graph divs: per panel (trace meta "<panel>:<name>"), its traces and
