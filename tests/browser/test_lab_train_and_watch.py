@@ -3,9 +3,10 @@
 The notebook's first run is 40 steps (well under a second on CPU), shorter than it takes
 a headless browser on a small machine to load plotly.js and draw the dashboard; so the test
 runs a copy (under ``.state/browser/``) whose first run has ``--steps 1000`` (~20 s: 400
-were enough until the trainer shed most of its fixed cost per step), everything else unchanged. Run > Run All Cells, then watch the dashboard as a person would: plotly
-draws a widget only once it is scrolled into view, so the test keeps the first plot (the
-loss) in view and samples its points: they must grow while the run trains.
+were enough until the trainer shed most of its fixed cost per step), everything else
+unchanged. Run > Run All Cells, then watch the dashboard as a person would: plotly draws a
+widget only once it is scrolled into view, so the test keeps the first plot (the loss) in
+view and samples its points: they must grow while the run trains.
 """
 from __future__ import annotations
 
