@@ -135,14 +135,19 @@ class PlainServer:
 
     def run(self, steps: int, timeout: float = 600.0) -> dict:
         i, self.round = self.round, self.round + 1
-        with open(os.path.join(self.folder, f"go-{i}"), "w") as f:
+        tmp = os.path.join(self.folder, f"go-{i}.tmp")
+        with open(tmp, "w") as f:  # whole or not at all: rank 0 polls for the name
             f.write(str(steps))
+        os.replace(tmp, os.path.join(self.folder, f"go-{i}"))
         done = os.path.join(self.folder, f"done-{i}.json")
         deadline = time.monotonic() + timeout
         while not os.path.exists(done):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 with open(self._log.name) as f:
-                    raise RuntimeError(f"torchrun baseline failed (exit {self.proc.poll()}):\n{f.read()[-3000:]}")
+                    log = f.read()
+                    errors = [line for line in log.splitlines() if "Error" in line]
+                    raise RuntimeError(f"torchrun baseline failed (exit {self.proc.poll()}): "
+                                       + "\n".join(errors[:5]) + f"\n...\n{log[-2000:]}")
             time.sleep(0.05)
         with open(done) as f:
             return json.load(f)
