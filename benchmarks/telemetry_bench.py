@@ -44,25 +44,30 @@ def build(seed: int = 0):
     return GPT(cfg), TextDataset(cfg.max_seq_len)
 
 
-def plain_loop(steps: int, warmup: int, ddp, opt, ds, rank: int, world: int) -> dict:
-    """The baseline loop: plain DDP, no workbench code on the step path."""
+def plain_step(ddp, opt, x, y) -> float:
+    """The baseline step: plain DDP, no workbench code on the step path."""
     import torch
 
-    from workbench.models import batch_at
     from workbench.strategies.base import lm_loss
+
+    opt.zero_grad(set_to_none=True)
+    loss = lm_loss(ddp(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+    opt.step()
+    return float(loss)
+
+
+def plain_loop(steps: int, warmup: int, ddp, opt, ds, rank: int, world: int) -> dict:
+    """The baseline loop: :func:`plain_step` on this rank's share of the data."""
+    from workbench.models import batch_at
 
     t0 = c0 = None
     ends = []
     for step in range(steps):
         if step == warmup:
             t0, c0 = time.perf_counter(), time.process_time()
-        x, y = batch_at(ds, BATCH, step, dp_rank=rank, dp_size=world)
-        opt.zero_grad(set_to_none=True)
-        loss = lm_loss(ddp(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
-        opt.step()
-        float(loss)
+        plain_step(ddp, opt, *batch_at(ds, BATCH, step, dp_rank=rank, dp_size=world))
         ends.append(time.perf_counter())
     return {"steps_per_s": (steps - warmup) / (time.perf_counter() - t0),
             "cpu_s_per_step": (time.process_time() - c0) / (steps - warmup),
@@ -208,10 +213,7 @@ def interleaved_on_rank(steps: int) -> dict:
     one trainer step (``Trainer._one_step``: agreement, phase clocks, DDP clock, memory, the
     event), alternating. A slow spell of the machine hits both alike, so the medians tell
     the trainer's own per-step cost to ~0.5 ms where whole runs vary by 10 ms."""
-    import torch
-
     from workbench.engine import trainer as tr
-    from workbench.strategies.base import lm_loss
 
     t = tr.current()
     t.target = t.step + steps
@@ -219,13 +221,7 @@ def interleaved_on_rank(steps: int) -> dict:
     for i in range(2 * steps):
         t0 = time.perf_counter()
         if i % 2 == 0:
-            x, y = t._data(10_000 + i)
-            t.optimizer.zero_grad(set_to_none=True)
-            loss = lm_loss(t.model(x), y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(t.model.parameters(), 1.0)
-            t.optimizer.step()
-            float(loss)
+            plain_step(t.model, t.optimizer, *t._data(10_000 + i))
             times["plain"].append(time.perf_counter() - t0)
         else:
             t._one_step(0.0)

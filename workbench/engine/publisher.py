@@ -6,10 +6,10 @@ The training thread only appends to a queue (``emit`` never blocks, never touche
 network), so a slow notebook can never slow a step; the sender thread batches whatever
 is queued whenever it wakes: ``emit`` wakes it (a flag checked without a lock, so a busy
 queue costs no system call), and an idle rank's sender sleeps instead of polling (it
-polled every 20 ms: 50 wake-ups a second on every rank, training or not). The queue is bounded: should the notebook stop
-reading for long, new events are counted as dropped (reported, never silent) rather
-than growing memory without limit. ``flush`` waits until everything queued is sent,
-which the trainer calls at the end of a run.
+polled every 20 ms: 50 wake-ups a second on every rank, training or not). The queue is
+bounded: should the notebook stop reading for long, new events are counted as dropped
+(reported, never silent) rather than growing memory without limit. ``flush`` waits until
+everything queued is sent, which the trainer calls at the end of a run.
 """
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ from . import agreement, comm_timing, memory_report, publisher, runtime, telemet
 REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
            3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
 _CURRENT: "Trainer | None" = None
-_RUN_COUNTER = [0]
+_LAST_RUN_MS = [0]  # rank 0: the last run id handed out, in ms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,12 +137,12 @@ class Trainer:
     def _agree_run_id(self) -> tuple[str, int]:
         """One run id on every rank, and the trainer's agreement generation: rank 0's clock
         in ms (one more than the last where trainers come faster), broadcast."""
-        _RUN_COUNTER[0] = max(int(time.time() * 1000), _RUN_COUNTER[0] + 1)
-        t = torch.tensor([_RUN_COUNTER[0]], dtype=torch.int64)
+        _LAST_RUN_MS[0] = max(int(time.time() * 1000), _LAST_RUN_MS[0] + 1)
+        t = torch.tensor([_LAST_RUN_MS[0]], dtype=torch.int64)
         if self._channel is not None:
             comm_timing.original("broadcast")(t, src=0, group=self._channel.group)
         ms = int(t.item())
-        _RUN_COUNTER[0] = max(_RUN_COUNTER[0], ms)
+        _LAST_RUN_MS[0] = max(_LAST_RUN_MS[0], ms)
         return time.strftime("run-%Y%m%d-%H%M%S", time.localtime(ms / 1000)) + f"-{ms % 1000:03d}", ms
 
     # ------------------------------------------------------------- controls
