@@ -8,8 +8,9 @@
    with none of it; and, to tell the telemetry's cost apart from the rank processes', the
    same plain loop run on the workbench's ranks. Both rank sets stay alive and the three
    sides alternate in rounds (order rotating), so a slow spell of the machine hits them
-   alike; the ratio is the median over rounds of the per-round ratio of median step times.
-   Target ratio >= 0.97. Last, step by step on the same ranks and model, a plain step and
+   alike; the ratio is that of the median step times pooled over all rounds, with a 90%
+   bootstrap interval over rounds (how far it could move were the run repeated: adjacent
+   rounds of the same work differ by +-5% on a small VM). Target ratio >= 0.97. Last, step by step on the same ranks and model, a plain step and
    a trainer step alternating: the trainer's own per-step cost.
 2. The highest step-event rate from 4 ranks that the notebook's collector keeps up with:
    each rank emits realistic step events at a fixed rate for a few seconds; a rate is
@@ -71,7 +72,7 @@ def plain_loop(steps: int, warmup: int, ddp, opt, ds, rank: int, world: int) -> 
         ends.append(time.perf_counter())
     return {"steps_per_s": (steps - warmup) / (time.perf_counter() - t0),
             "cpu_s_per_step": (time.process_time() - c0) / (steps - warmup),
-            "median_step_s": statistics.median(b - a for a, b in zip(ends[warmup - 1:], ends[warmup:]))}
+            "step_s": [b - a for a, b in zip(ends[warmup - 1:], ends[warmup:])]}
 
 
 def _plain_setup():
@@ -83,11 +84,15 @@ def _plain_setup():
     return ddp, torch.optim.AdamW(ddp.parameters(), lr=LR), ds
 
 
-def plain_serve(folder: str, warmup: int) -> None:
-    """The baseline under torchrun, kept alive between rounds: rank 0 waits for a file
-    ``go-<i>`` (the steps to run) in ``folder``, both ranks run the loop, rank 0 writes
-    ``done-<i>.json``; ``stop`` ends it. Persistent like the workbench's ranks, so rounds of
-    the two sides can alternate every few seconds and a slow spell of the machine hits both."""
+def plain_serve(port: int, warmup: int) -> None:
+    """The baseline under torchrun, kept alive between rounds: rank 0 reads the steps of the
+    next round from the driver's socket (a blocking read: a waiting baseline costs the side
+    being measured no wake-up; it used to poll for a file every 10 ms), both ranks run the
+    loop, rank 0 writes the round's figures back; 0 ends it. Persistent like the
+    workbench's ranks, so rounds of the two sides can alternate every few seconds and a
+    slow spell of the machine hits both."""
+    import socket
+
     import torch
     import torch.distributed as dist
 
@@ -95,28 +100,21 @@ def plain_serve(folder: str, warmup: int) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     setup = _plain_setup()
-    i = 0
+    conn = lines = None
+    if rank == 0:
+        conn = socket.create_connection(("127.0.0.1", port))
+        lines = conn.makefile("rw")
     while True:
-        cmd = torch.tensor([0], dtype=torch.int64)
-        if rank == 0:
-            while not cmd.item():
-                if os.path.exists(os.path.join(folder, "stop")):
-                    cmd[0] = -1
-                elif os.path.exists(os.path.join(folder, f"go-{i}")):
-                    with open(os.path.join(folder, f"go-{i}")) as f:
-                        cmd[0] = int(f.read())
-                else:
-                    time.sleep(0.01)
+        cmd = torch.tensor([int(lines.readline() or 0) if rank == 0 else 0], dtype=torch.int64)
         dist.broadcast(cmd, src=0)
-        if cmd.item() < 0:
+        if cmd.item() <= 0:
             break
         out = plain_loop(int(cmd.item()), warmup, *setup, rank, world)
         if rank == 0:
-            tmp = os.path.join(folder, f"done-{i}.tmp")
-            with open(tmp, "w") as f:
-                json.dump(out, f)
-            os.replace(tmp, os.path.join(folder, f"done-{i}.json"))
-        i += 1
+            lines.write(json.dumps(out) + "\n")
+            lines.flush()
+    if conn is not None:
+        conn.close()
     dist.destroy_process_group()
 
 
@@ -124,49 +122,70 @@ class PlainServer:
     """Driver side of :func:`plain_serve`: one torchrun, many rounds."""
 
     def __init__(self, warmup: int):
+        import socket
         import tempfile
 
         base = os.path.join(ROOT, ".state", "bench")
         os.makedirs(base, exist_ok=True)
         self.folder = tempfile.mkdtemp(prefix="plain-", dir=base)
-        self.round = 0
+        listener = socket.create_server(("127.0.0.1", 0))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
-               os.path.abspath(__file__), "--serve", self.folder, "--warmup", str(warmup)]
+               os.path.abspath(__file__), "--serve", str(listener.getsockname()[1]), "--warmup", str(warmup)]
         self._log = open(os.path.join(self.folder, "torchrun.log"), "w")
         # its own session, so that close() can end exactly torchrun and its two workers
         self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        listener.settimeout(1.0)
+        deadline = time.monotonic() + 300
+        self.conn = None
+        while self.conn is None:
+            try:
+                self.conn, _ = listener.accept()
+            except socket.timeout:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self._failed()
+        listener.close()
+        self.conn.settimeout(1.0)
+        self._reply = b""
+
+    def _failed(self):
+        with open(self._log.name) as f:
+            log = f.read()
+        errors = [line for line in log.splitlines() if "Error" in line]
+        raise RuntimeError(f"torchrun baseline failed (exit {self.proc.poll()}): "
+                           + "\n".join(errors[:5]) + f"\n...\n{log[-2000:]}")
 
     def run(self, steps: int, timeout: float = 600.0) -> dict:
-        i, self.round = self.round, self.round + 1
-        tmp = os.path.join(self.folder, f"go-{i}.tmp")
-        with open(tmp, "w") as f:  # whole or not at all: rank 0 polls for the name
-            f.write(str(steps))
-        os.replace(tmp, os.path.join(self.folder, f"go-{i}"))
-        done = os.path.join(self.folder, f"done-{i}.json")
+        import socket
+
+        self.conn.sendall(f"{steps}\n".encode())
         deadline = time.monotonic() + timeout
-        while not os.path.exists(done):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                with open(self._log.name) as f:
-                    log = f.read()
-                    errors = [line for line in log.splitlines() if "Error" in line]
-                    raise RuntimeError(f"torchrun baseline failed (exit {self.proc.poll()}): "
-                                       + "\n".join(errors[:5]) + f"\n...\n{log[-2000:]}")
-            time.sleep(0.05)
-        with open(done) as f:
-            return json.load(f)
+        while b"\n" not in self._reply:
+            try:
+                chunk = self.conn.recv(65536)
+            except socket.timeout:
+                chunk = None
+            if chunk == b"" or self.proc.poll() is not None or time.monotonic() > deadline:
+                self._failed()
+            self._reply += chunk or b""
+        line, self._reply = self._reply.split(b"\n", 1)
+        return json.loads(line)
 
     def close(self) -> None:
         import shutil
         import signal
 
-        open(os.path.join(self.folder, "stop"), "w").close()
+        try:
+            self.conn.sendall(b"0\n")
+        except OSError:
+            pass
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        self.conn.close()
         self._log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
@@ -241,13 +260,13 @@ def run_workbench(rs, steps: int, warmup: int) -> tuple[float, dict]:
     # step k's event is sent at the end of step k: time from end of `warmup` to end of `steps`
     t = {r["step"]: r["time"] for r in rows}
     rate = (steps - warmup) / (t[steps] - t[warmup])
-    step_s = statistics.median(t[k] - t[k - 1] for k in range(warmup + 1, steps + 1))
+    step_s = [t[k] - t[k - 1] for k in range(warmup + 1, steps + 1)]
     cpu = rs.apply(cpu_marks, ranks=[0])[0]
     cpu_per_step = (cpu[steps] - cpu[warmup]) / (steps - warmup)
     med = {k: statistics.median(r[k] for r in rows[warmup:]) for k in
            ("time_step_s", "time_control_s", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s")}
     med["cpu_s_per_step"] = cpu_per_step
-    med["median_step_s"] = step_s
+    med["step_s"] = step_s
     return rate, med
 
 
@@ -330,6 +349,7 @@ def overhead(args) -> None:
             row = {}
             for name in names[i % 3:] + names[:i % 3]:
                 row[name] = sides[name]()
+                row[name]["median_step_s"] = statistics.median(row[name]["step_s"])
             rows.append(row)
             print(f"  round {i + 1}: median step (ms) torchrun plain {row['torchrun']['median_step_s'] * 1e3:.1f}, "
                   f"plain loop on the ranks {row['on_ranks']['median_step_s'] * 1e3:.1f}, "
@@ -344,20 +364,15 @@ def overhead(args) -> None:
     def med(side, key="median_step_s"):
         return statistics.median(r[side][key] for r in rows)
 
-    def ratios(a, b):
-        return sorted(r[a]["median_step_s"] / r[b]["median_step_s"] for r in rows)
-
-    def ratio(a, b):
-        return statistics.median(ratios(a, b))
-
-    q = statistics.quantiles(ratios("torchrun", "workbench"), n=4) if len(rows) > 1 else [float("nan")] * 3
-
     print(f"median step time: torchrun (no telemetry) {med('torchrun') * 1e3:.1f} ms, plain loop on the workbench "
           f"ranks {med('on_ranks') * 1e3:.1f} ms, workbench (telemetry + stream + dashboard) {med('workbench') * 1e3:.1f} ms")
-    print(f"steps/s ratio workbench / torchrun: {ratio('torchrun', 'workbench'):.3f} (target >= 0.97; median of "
-          f"{len(rows)} per-round ratios, middle half {q[0]:.3f}-{q[2]:.3f}); telemetry alone (workbench / plain loop on the same ranks): "
-          f"{ratio('on_ranks', 'workbench'):.3f}; the rank processes (plain on the ranks / torchrun): "
-          f"{ratio('torchrun', 'on_ranks'):.3f}")
+    for a, b, what in (("torchrun", "workbench", "workbench / torchrun (target >= 0.97)"),
+                       ("on_ranks", "workbench", "telemetry alone (workbench / plain loop on the same ranks)"),
+                       ("torchrun", "on_ranks", "the rank processes (plain loop on the ranks / torchrun)")):
+        pooled, (lo, hi) = pooled_ratio(rows, a, b)
+        per_round = sorted(r[a]["median_step_s"] / r[b]["median_step_s"] for r in rows)
+        print(f"steps/s ratio {what}: {pooled:.3f} (90% interval over rounds {lo:.3f}-{hi:.3f}); "
+              f"median of per-round ratios {statistics.median(per_round):.3f}")
     print(f"CPU ms/step of rank 0: torchrun {med('torchrun', 'cpu_s_per_step') * 1e3:.1f}, on the ranks "
           f"{med('on_ranks', 'cpu_s_per_step') * 1e3:.1f}, workbench {med('workbench', 'cpu_s_per_step') * 1e3:.1f}; "
           f"dashboard redraws during the rounds: {redraws}")
@@ -367,6 +382,22 @@ def overhead(args) -> None:
     for r, d in enumerate(inter):
         print(f"step by step on rank {r} ({args.interleaved} of each, alternating): plain {d['plain'] * 1e3:.2f} ms, "
               f"trainer {d['trainer'] * 1e3:.2f} ms, ratio {d['plain'] / d['trainer']:.3f}")
+
+
+def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tuple[float, tuple]:
+    """Steps/s of side ``b`` over side ``a``: the median of all of ``a``'s step times over the
+    median of all of ``b``'s, pooled over the rounds (the sides alternate, so both sample
+    the machine's slow and fast spells alike), and a 90% bootstrap interval, resampling
+    whole rounds: how far the figure could move were the run repeated."""
+    import random
+
+    def ratio(picked):
+        return (statistics.median(x for r in picked for x in r[a]["step_s"])
+                / statistics.median(x for r in picked for x in r[b]["step_s"]))
+
+    rng = random.Random(0)
+    boot = sorted(ratio([rng.choice(rows) for _ in rows]) for _ in range(resamples))
+    return ratio(rows), (boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1])
 
 
 def main() -> None:
@@ -380,7 +411,7 @@ def main() -> None:
     p.add_argument("--skip-overhead", action="store_true")
     args = p.parse_args()
     if args.serve:
-        return plain_serve(args.serve, args.warmup)
+        return plain_serve(int(args.serve), args.warmup)
     sys.path.insert(0, ROOT)
     os.environ.setdefault("IPYTHONDIR", os.path.join(ROOT, ".state", "bench", "ipython"))
     from workbench import api

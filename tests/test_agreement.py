@@ -74,7 +74,7 @@ def _both_transports(rank_flags, loss):
 
     ch = agreement.channel()
     out = {}
-    for name, channel in (("board", ch), ("gloo", agreement.Channel(ch.group, None))):
+    for name, channel in (("board", ch), ("gloo", agreement.gloo_channel())):
         a = agreement.Agreement(channel, generation=123456789 + len(out), world_size=2)
         pending = a.with_loss(rank_flags, loss)
         flags, mean, _ = pending.result()

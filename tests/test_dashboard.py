@@ -22,7 +22,7 @@ def test_dashboard_figures_hold_every_point_of_the_run_and_export(rs, tmp_path):
     assert set(loss) == {"rank 0", "rank 1", "mean"}
     assert all(list(t.x) == list(range(1, 31)) for t in loss.values())
     for key in ("throughput", "memory", "comm", "step_time", "grad_norm"):
-        assert dash.panel(key) and all(len(t.x) == 30 for t in dash.panel(key) if t.x), key
+        assert dash.panel(key) and all(len(t.x) == 30 for t in dash.panel(key) if t.x is not None and len(t.x)), key
     comm = {t.name for t in dash.panel("comm")}
     assert {"all_reduce r0", "all_reduce r1"} <= comm
     assert {t.name for t in dash.panel("step_time")} >= {"data", "forward", "backward", "optimizer"}

@@ -33,3 +33,37 @@ def test_sender_delivers_in_order_and_sleeps_while_idle():
         pub.close(timeout=2.0)
         collector.close()
     assert not pub._thread.is_alive()
+
+
+def test_a_stepping_rank_sends_batches_and_flush_does_not_wait_for_the_window():
+    """Events of a rank stepping every 10 ms go out a few per message (each message wakes the
+    sender, ZMQ's thread and the notebook's collector on the cores the ranks train on), yet
+    ``flush`` sends at once; both ends' threads run at the lower background priority."""
+    from workbench.background import NICE, thread_nice
+    from workbench.engine import publisher
+
+    collector = Collector()
+    pub = Publisher(collector.address, rank=0)
+    try:
+        pub.emit(events.log_event(run="b", rank=0, text="warm-up"))
+        assert pub.flush(5.0)
+        time.sleep(0.2)
+        before = _wakeups(pub._thread)
+        for i in range(1, 101):
+            pub.emit(events.step_event(run="b", rank=0, step=i, metrics={"loss": 1.0 / i}))
+            time.sleep(0.01)
+        woke = _wakeups(pub._thread) - before
+        t0 = time.monotonic()
+        pub.emit(events.step_event(run="b", rank=0, step=101, metrics={"loss": 0.0}))
+        assert pub.flush(5.0)
+        took = time.monotonic() - t0
+        # ~1.2 s of stepping, a message per window: woken per step it was >= 100
+        assert woke <= 3 * (1.3 / publisher.BATCH_WINDOW_S), woke
+        assert took < publisher.BATCH_WINDOW_S / 2, took
+        assert collector.store.wait(lambda s: s.last_steps("b") == {0: 101}, 5.0)
+        assert [r["step"] for r in collector.store.snapshot_rows("b")] == list(range(1, 102))
+        if thread_nice(collector._thread) is not None:  # where the platform lets a thread lower itself
+            assert thread_nice(pub._thread) >= NICE and thread_nice(collector._thread) >= NICE
+    finally:
+        pub.close(timeout=2.0)
+        collector.close()

@@ -91,3 +91,33 @@ def test_status_while_a_rank_is_busy(ranks4):
     assert all(r["pid"] and r["host"] and r["memory_mb"] > 0 and r["device"] == "cpu" for r in rows)
     call.result(timeout=10)
     assert [r["state"] for r in ranks4.status()] == ["idle"] * 4
+
+
+def test_helpers_give_way_to_the_ranks(ranks2):
+    """The controller (once the ranks registered) and each rank's event sender run at the
+    background priority; the rank's own threads (the ones that train) keep theirs."""
+    import os
+
+    from workbench import background
+
+    def nices(pid):
+        return {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+    baseline = os.getpriority(os.PRIO_PROCESS, 0)  # what this test run was started with
+    lowered = max(background.NICE, baseline)
+    controller = ranks2._controller_pids()
+    assert controller and all(nices(pid) == {lowered} for pid in controller)
+
+    def on_rank():
+        import threading
+
+        from workbench import background as bg
+        from workbench.engine import publisher
+
+        sender = publisher.get()._thread
+        return bg.thread_nice(sender), bg.thread_nice(threading.main_thread())
+
+    from workbench import stream
+
+    stream.attach(ranks2)  # the ranks' event senders connect
+    assert ranks2.apply(on_rank) == [(lowered, baseline)] * 2

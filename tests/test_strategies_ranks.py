@@ -271,3 +271,22 @@ def test_moe_expert_parallel_matches_dense_routing(ranks2):
     for err, w1_shape, grads_ok in ranks2.apply(moe_expert_parallel_on_rank):
         assert err < 1e-5 and grads_ok
         assert w1_shape[0] == 2  # 4 experts over 2 ranks
+
+
+def ddp_buffer_sync_on_rank() -> tuple:
+    from workbench.models import GPT, GPTConfig
+    from workbench.strategies import prepare
+
+    model = GPT(GPTConfig.tiny())
+    prepared = prepare(model, lambda p: torch.optim.SGD(p, lr=0.1), "ddp")
+    try:
+        return prepared.model.will_sync_module_buffers(), [n for n, _ in model.named_buffers()]
+    finally:
+        prepared.close()
+
+
+def test_ddp_does_not_broadcast_the_rope_table_every_step(ranks2):
+    """The GPT's rope table is a constant each rank computes alike: DDP leaves it out of the
+    buffer broadcast it otherwise runs before every forward (the losses still match a single
+    rank: ``test_matches_single_rank_fp32``)."""
+    assert ranks2.apply(ddp_buffer_sync_on_rank) == [(False, ["rope"])] * 2

@@ -183,7 +183,7 @@ def _count_agreements(pauses: bool, transport: str) -> str:
 
     t = trainer.current()
     if transport == "gloo" and t._agreement.board is not None:  # as for ranks on several hosts
-        ch = agreement.Channel(agreement.channel().group, None)
+        ch = agreement.gloo_channel()
         t._agreement = agreement.Agreement(ch, t._agreement.generation, None, t.world_size)
     t.extra = 0
     if not hasattr(t, "counted"):

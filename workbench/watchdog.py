@@ -100,6 +100,9 @@ class StepWatchdog:
         self._stop.set()
 
     def _loop(self) -> None:
+        from .background import lower_this_thread
+
+        lower_this_thread()  # gives way to ranks training on the same cores
         last_seen, since, reported = None, time.monotonic(), False
         n = self.rankset.world_size
         while not self._stop.wait(self.poll):

@@ -118,6 +118,9 @@ class Watcher:
         self._thread.start()
 
     def _run(self) -> None:
+        from ..background import lower_this_thread
+
+        lower_this_thread()  # gives way to ranks training on the same cores
         while not self._stop.wait(self.period):
             self.poll()
 

@@ -13,6 +13,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+from .. import background
 from . import health, launchers
 from .errors import NotRunning, RankDied, RankFailure
 from .ranges import parse_ranks
@@ -99,6 +100,8 @@ class RankSet:
         self.started_pids.extend(self._launcher_pids())
         self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(cfg.n, timeout=max(60, 10 * cfg.n), block=True, interactive=False)
+        # registered: from now on the controller only routes, and gives way to the ranks
+        background.lower_processes(self._controller_pids())
 
     def _controller_pids(self) -> list[int]:
         ctl = getattr(self.cluster, "controller", None)

@@ -124,6 +124,9 @@ class Dashboard:
         return figures.panel_traces(self.figure, key)
 
     def _loop(self) -> None:
+        from ..background import lower_this_thread
+
+        lower_this_thread()  # gives way to ranks training on the same cores
         while not self._closed.wait(self.interval):
             try:
                 with self._lock:

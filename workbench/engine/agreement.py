@@ -155,8 +155,9 @@ def _padded(values) -> list[float]:
 
 
 class Channel:
-    """What a process's trainers agree through: the private gloo group, and the board
-    where every rank could open it."""
+    """What a process's trainers agree through: the board where every rank could open it,
+    else a private gloo group; ``group`` is the CPU group for the trainers' one-off calls
+    (the run id), which is also the agreement's group when there is no board."""
 
     def __init__(self, group, board: Board | None):
         self.group, self.board = group, board
@@ -167,24 +168,60 @@ class Channel:
 
 
 _CHANNELS: dict = {}  # id of the default group -> its Channel
+_GLOO: dict = {}  # id of the default group -> its private gloo Channel
 
 
 def channel() -> Channel:
     """This process's agreement channel, made once per process group on every rank at once
     (as a trainer is built everywhere): a gloo group per trainer kept 3 threads and their
-    sockets alive for each ``train start --model`` of a session."""
+    sockets alive for each ``train start --model`` of a session.
+
+    Where the default group is gloo and the board works, no group is made: the board is
+    set up, and the run ids broadcast, through the default group while the trainer is
+    built (no run is in flight then, as with the strategies' own set-up). Each gloo group
+    keeps a thread that wakes every 10 ms, on the cores the ranks train on.
+    """
     import torch.distributed as dist
 
     world = dist.group.WORLD
     found = _CHANNELS.get(id(world))
     if found is None:
-        for old in _CHANNELS.values():  # an earlier process group's: gone with it
+        _forget_other_groups(world)
+        rank, size = dist.get_rank(), dist.get_world_size()
+        # every rank takes the same branch: the default group's backend and the board's
+        # outcome (agreed by all-reduce) are the same everywhere
+        if dist.get_backend() == "gloo":
+            board = _open_board(world, rank, size)
+            found = Channel(world, board) if board is not None else gloo_channel()
+        else:
+            gloo = gloo_channel()
+            board = _open_board(gloo.group, rank, size)
+            found = Channel(gloo.group, board) if board is not None else gloo
+        _CHANNELS[id(world)] = found
+    return found
+
+
+def gloo_channel() -> Channel:
+    """A channel through a private gloo group, no board: for ranks on several hosts and the
+    fallback (its all-gather runs while DDP's buckets use the default group). Made once per
+    process group, on every rank at once."""
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    found = _GLOO.get(id(world))
+    if found is None:
+        _forget_other_groups(world)
+        found = _GLOO[id(world)] = Channel(dist.new_group(backend="gloo"), None)
+    return found
+
+
+def _forget_other_groups(world) -> None:
+    """Channels of an earlier default group are gone with it (a restarted process group)."""
+    for cache in (_CHANNELS, _GLOO):
+        for key in [k for k in cache if k != id(world)]:
+            old = cache.pop(key)
             if old.board is not None:
                 old.board.close()
-        _CHANNELS.clear()
-        group = dist.new_group(backend="gloo")
-        found = _CHANNELS[id(world)] = Channel(group, _open_board(group, dist.get_rank(), dist.get_world_size()))
-    return found
 
 
 def _open_board(group, rank: int, world_size: int) -> Board | None:

@@ -34,6 +34,9 @@ class Collector:
     def _run(self) -> None:
         import zmq
 
+        from ..background import lower_this_thread
+
+        lower_this_thread()  # gives way to ranks training on the same cores
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         while not self._stop.is_set():
