@@ -1,4 +1,5 @@
 """A rank's event sender against the notebook's real collector (ZMQ over loopback), in one process."""
+import threading
 import time
 
 from workbench import events
@@ -38,7 +39,7 @@ def test_sender_delivers_in_order_and_sleeps_while_idle():
 def test_a_stepping_rank_sends_batches_and_flush_does_not_wait_for_the_window():
     """Events of a rank stepping every 10 ms go out a few per message (each message wakes the
     sender, ZMQ's thread and the notebook's collector on the cores the ranks train on), yet
-    ``flush`` sends at once; both ends' threads run at the lower background priority."""
+    ``flush`` sends at once; the notebook end's thread runs at the lower background priority."""
     from workbench.background import NICE, thread_nice
     from workbench.engine import publisher
 
@@ -63,7 +64,9 @@ def test_a_stepping_rank_sends_batches_and_flush_does_not_wait_for_the_window():
         assert collector.store.wait(lambda s: s.last_steps("b") == {0: 101}, 5.0)
         assert [r["step"] for r in collector.store.snapshot_rows("b")] == list(range(1, 102))
         if thread_nice(collector._thread) is not None:  # where the platform lets a thread lower itself
-            assert thread_nice(pub._thread) >= NICE and thread_nice(collector._thread) >= NICE
+            # the notebook's collector gives way; the rank's sender shares the GIL with training
+            baseline = thread_nice(threading.main_thread())
+            assert thread_nice(collector._thread) >= NICE and thread_nice(pub._thread) == baseline
     finally:
         pub.close(timeout=2.0)
         collector.close()

@@ -1,18 +1,22 @@
 """The workbench's own background threads give way to training.
 
 On a machine with a core to spare per rank this changes nothing. Where ranks share the
-cores with the workbench's helpers (a laptop, a 2-core lab machine: two busy ranks, the
-notebook's event collector and dashboard redraw, each rank's event sender), a helper
-that wakes while both cores train takes its slice from a rank, and under data
-parallelism every rank then waits for the slowed one. Measured on 2 cores: the notebook
-side used ~4.5% of a core while a run streamed, enough to cost ~2-3% of the run's
-steps/s. A helper thread therefore runs at a lower CPU priority (nice +10 for that thread
-only: on Linux the nice value is per thread): it still gets every idle moment (the ranks
-wait in collectives part of each step), but a rank that wakes takes the core back.
+cores with the workbench's helpers (a laptop, a 2-core lab machine with two busy ranks),
+a helper that wakes while both cores train takes its slice from a rank, and under data
+parallelism every rank then waits for the slowed one. Measured on 2 cores while a run
+streamed: the notebook's collector and dashboard redraw used ~4.5% of a core (2.5% since
+the redraw sends arrays), the ipyparallel controller ~0.5%. So a notebook-side helper
+thread runs at a lower CPU priority (nice +10 for that thread only: on Linux the nice
+value is per thread): it still gets every idle moment (the ranks wait in collectives
+part of each step), but a rank that wakes takes the core back. The controller's
+processes are lowered too once the ranks are up: they route the notebook's cells and
+the ranks' heartbeats (every 300 ms), and at nice +10 a cell still reaches busy ranks
+within milliseconds.
 
-The same goes for the ipyparallel controller's processes once the ranks are up: it only
-routes the notebook's cells and the ranks' heartbeats (every 300 ms), and at nice +10 a
-cell still reaches the ranks within a few milliseconds on busy cores.
+Only threads that share no GIL with training are lowered: a rank's event sender keeps
+the rank's priority. A lowered thread that is preempted while it holds the GIL (the
+sender encodes its batch under it) would make the training thread wait until the
+scheduler runs the lowered thread again (a priority inversion).
 
 Not ``SCHED_IDLE``: a helper must not starve when the ranks keep every core busy (the
 event queue would fill, the plots would freeze).

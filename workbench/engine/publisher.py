@@ -9,8 +9,10 @@ queue costs no system call), and an idle rank's sender sleeps instead of polling
 polled every 20 ms: 50 wake-ups a second on every rank, training or not). Woken, it
 gathers for ``BATCH_WINDOW_S`` before sending, so a rank stepping 20 times a second sends
 ~10 messages, not 20 (each a wake-up of this thread, of ZMQ's and of the notebook's
-collector, on cores the ranks train on); ``flush`` cuts the window short. The thread runs
-at a lower CPU priority (``workbench.background``). The queue is
+collector, on cores the ranks train on); ``flush`` cuts the window short. Unlike the
+notebook's helpers it keeps the rank's CPU priority: it shares the GIL with the training
+thread, and a lowered thread preempted while holding the GIL holds up the step (see
+``workbench.background``). The queue is
 bounded: should the notebook stop reading for long, new events are counted as dropped
 (reported, never silent) rather than growing memory without limit. ``flush`` waits until
 everything queued is sent, which the trainer calls at the end of a run.
@@ -87,9 +89,6 @@ class Publisher:
     def _run(self) -> None:
         import zmq
 
-        from ..background import lower_this_thread
-
-        lower_this_thread()
         while True:
             self._wake.clear()  # before looking at the queue: an emit after this wakes us again
             if not self._queue:
