@@ -21,6 +21,9 @@ def test_dashboard_figures_hold_every_point_of_the_run_and_export(rs, tmp_path):
     loss = {t.name: t for t in dash.panel("loss")}
     assert set(loss) == {"rank 0", "rank 1", "mean"}
     assert all(list(t.x) == list(range(1, 31)) for t in loss.values())
+    # arrays, which plotly sends as binary buffers: lists it validated and JSON-encoded
+    # point by point (a redraw took ~14 ms at 400 steps, growing with the run)
+    assert all(type(t.x).__name__ == "ndarray" and t.y.dtype.kind == "f" for t in loss.values())
     for key in ("throughput", "memory", "comm", "step_time", "grad_norm"):
         assert dash.panel(key) and all(len(t.x) == 30 for t in dash.panel(key) if t.x is not None and len(t.x)), key
     comm = {t.name for t in dash.panel("comm")}
