@@ -9,8 +9,8 @@
    same plain loop run on the workbench's ranks. Both rank sets stay alive and the three
    sides alternate in rounds (order rotating), so a slow spell of the machine hits them
    alike; the ratio is that of the median step times pooled over all rounds, with a 90%
-   bootstrap interval over rounds (how far it could move were the run repeated: adjacent
-   rounds of the same work differ by +-5% on a small VM). Target ratio >= 0.97. Last, step by step on the same ranks and model, a plain step and
+   bootstrap interval over rounds (adjacent rounds of the same work differ by +-5% on a
+   small VM; whole runs by +-1.5%, more than the interval: quote several). Target >= 0.97. Last, step by step on the same ranks and model, a plain step and
    a trainer step alternating: the trainer's own per-step cost.
 2. The highest step-event rate from 4 ranks that the notebook's collector keeps up with:
    each rank emits realistic step events at a fixed rate for a few seconds; a rate is
@@ -388,7 +388,8 @@ def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tup
     """Steps/s of side ``b`` over side ``a``: the median of all of ``a``'s step times over the
     median of all of ``b``'s, pooled over the rounds (the sides alternate, so both sample
     the machine's slow and fast spells alike), and a 90% bootstrap interval, resampling
-    whole rounds: how far the figure could move were the run repeated."""
+    whole rounds: the spread from round to round. It does not hold what differs from one
+    run to the next: on a 2-core VM repeated runs have moved by more than it (+-1.5%)."""
     import random
 
     def ratio(picked):

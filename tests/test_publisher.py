@@ -50,7 +50,6 @@ def test_a_stepping_rank_sends_batches_and_flush_does_not_wait_for_the_window(pa
     sender, ZMQ's thread and the notebook's collector on the cores the ranks train on), yet
     ``flush`` sends at once; the notebook end's thread runs at the lower background priority."""
     from workbench.background import NICE, thread_nice
-    from workbench.engine import publisher
 
     collector, pub = pair
     before = _wakeups(pub._thread)

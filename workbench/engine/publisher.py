@@ -97,7 +97,8 @@ class Publisher:
                 self._hurry.clear()  # everything queued before a flush has been sent
                 self._wake.wait(IDLE_WAIT_S)
                 continue
-            self._hurry.wait(BATCH_WINDOW_S)  # gather (see the module doc)
+            if len(self._queue) < BATCH:  # gather (see the module doc); a full batch goes now
+                self._hurry.wait(BATCH_WINDOW_S)
             batch = []
             while self._queue and len(batch) < BATCH:
                 batch.append(self._queue.popleft())
