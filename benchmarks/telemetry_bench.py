@@ -10,8 +10,9 @@
    sides alternate in rounds (order rotating), so a slow spell of the machine hits them
    alike; the ratio is that of the median step times pooled over all rounds, with a 90%
    bootstrap interval over rounds (adjacent rounds of the same work differ by +-5% on a
-   small VM; whole runs by +-1.5%, more than the interval: quote several). Target >= 0.97. Last, step by step on the same ranks and model, a plain step and
-   a trainer step alternating: the trainer's own per-step cost.
+   small VM; whole runs by +-1.5%, more than the interval: quote several). Target ratio
+   >= 0.97. Last, step by step on the same ranks and model, a plain step and a trainer
+   step alternating: the trainer's own per-step cost.
 2. The highest step-event rate from 4 ranks that the notebook's collector keeps up with:
    each rank emits realistic step events at a fixed rate for a few seconds; a rate is
    kept up with when every event arrives and the lag at the end is not growing.
@@ -370,7 +371,7 @@ def overhead(args) -> None:
                        ("on_ranks", "workbench", "telemetry alone (workbench / plain loop on the same ranks)"),
                        ("torchrun", "on_ranks", "the rank processes (plain loop on the ranks / torchrun)")):
         pooled, (lo, hi) = pooled_ratio(rows, a, b)
-        per_round = sorted(r[a]["median_step_s"] / r[b]["median_step_s"] for r in rows)
+        per_round = [r[a]["median_step_s"] / r[b]["median_step_s"] for r in rows]
         print(f"steps/s ratio {what}: {pooled:.3f} (90% interval over rounds {lo:.3f}-{hi:.3f}); "
               f"median of per-round ratios {statistics.median(per_round):.3f}")
     print(f"CPU ms/step of rank 0: torchrun {med('torchrun', 'cpu_s_per_step') * 1e3:.1f}, on the ranks "
