@@ -6,18 +6,22 @@
    PUSHed to the notebook's collector, a live dashboard redrawing there), against the
    same loop as a plain script under ``python -m torch.distributed.run --nproc-per-node 2``
    with none of it; and, to tell the telemetry's cost apart from the rank processes', the
-   same plain loop run on the workbench's ranks. Both rank sets stay alive and the three
-   sides alternate in rounds (order rotating), so a slow spell of the machine hits them
-   alike; the ratio is that of the median step times pooled over all rounds, with a 90%
-   bootstrap interval over rounds (adjacent rounds of the same work differ by +-5% on a
-   small VM; whole runs by +-1.5%, more than the interval: quote several). Target ratio
-   >= 0.97. Last, step by step on the same ranks and model, a plain step and a trainer
-   step alternating: the trainer's own per-step cost.
+   same plain loop run on the workbench's ranks. Every round is a training run of its
+   own on every side (model, optimizer and data built anew), and the three sides
+   alternate round by round (order rotating), so a slow spell of the machine hits them
+   alike. The rounds come in segments, each on a fresh torchrun job and a fresh
+   workbench rank set: how fast a set of processes runs the same steps is a draw of its
+   own (on a 2-core VM, +-3% from one launch to the next, and a model's memory layout
+   likewise from one build to the next), and one draw per side for a whole run made
+   runs disagree by more than their intervals. The ratio is that of the median step
+   times pooled over all rounds, with a 90% bootstrap interval resampling segments, then
+   rounds. Target ratio >= 0.97. Last, step by step on the same ranks and model, a plain
+   step and a trainer step alternating: the trainer's own per-step cost.
 2. The highest step-event rate from 4 ranks that the notebook's collector keeps up with:
    each rank emits realistic step events at a fixed rate for a few seconds; a rate is
    kept up with when every event arrives and the lag at the end is not growing.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 30] [--repeats 30]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 30] [--repeats 30] [--segments 5]
 """
 from __future__ import annotations
 
@@ -100,7 +104,6 @@ def plain_serve(port: int, warmup: int) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    setup = _plain_setup()
     conn = lines = None
     if rank == 0:
         conn = socket.create_connection(("127.0.0.1", port))
@@ -110,7 +113,7 @@ def plain_serve(port: int, warmup: int) -> None:
         dist.broadcast(cmd, src=0)
         if cmd.item() <= 0:
             break
-        out = plain_loop(int(cmd.item()), warmup, *setup, rank, world)
+        out = plain_loop(int(cmd.item()), warmup, *_fresh(), rank, world)
         if rank == 0:
             lines.write(json.dumps(out) + "\n")
             lines.flush()
@@ -131,7 +134,9 @@ class PlainServer:
         self.folder = tempfile.mkdtemp(prefix="plain-", dir=base)
         listener = socket.create_server(("127.0.0.1", 0))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+        with socket.create_server(("127.0.0.1", 0)) as probe:  # a free port: a job per segment
+            master_port = str(probe.getsockname()[1])
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", master_port,
                os.path.abspath(__file__), "--serve", str(listener.getsockname()[1]), "--warmup", str(warmup)]
         self._log = open(os.path.join(self.folder, "torchrun.log"), "w")
         # its own session, so that close() can end exactly torchrun and its two workers
@@ -194,14 +199,27 @@ class PlainServer:
 _PLAIN: list = []
 
 
+def _fresh():
+    """A new model, optimizer and data for a round, on every side.
+
+    Each round is a training run of its own, built anew like the workbench side's
+    (``rank_setup``). Where the baselines kept one model for all rounds, every round of a
+    run ran on the one memory layout that model happened to get, and how fast a layout
+    runs varies: in three runs of alternating rounds on the same ranks, the trainer (a
+    fresh model each round) ran 0.90, 0.97 and 1.01x as fast as the plain loop on its one
+    model, and the ratio carried that draw whole. Built fresh, the layouts vary from round
+    to round on every side alike, and the interval covers it.
+    """
+    _PLAIN[:] = [_plain_setup()]  # the new one is built before the old is let go, as on the workbench side
+    return _PLAIN[0]
+
+
 def plain_on_rank(steps: int, warmup: int) -> dict:
     """The same baseline loop in the workbench's rank processes (default group, no Trainer):
     tells the cost of the telemetry apart from that of the rank processes themselves."""
     import torch.distributed as dist
 
-    if not _PLAIN:
-        _PLAIN.append(_plain_setup())
-    return plain_loop(steps, warmup, *_PLAIN[0], dist.get_rank(), dist.get_world_size())
+    return plain_loop(steps, warmup, *_fresh(), dist.get_rank(), dist.get_world_size())
 
 
 def rank_setup() -> dict:
@@ -326,41 +344,47 @@ def event_rate(rs, rates: list[float], seconds: float = 3.0) -> list[dict]:
 
 
 def overhead(args) -> None:
-    """Rounds of the three sides alternating (order rotating), each a whole run; the ratio is
-    the median over rounds of torchrun's median step time over the workbench's in the same
-    round. Then the step-by-step comparison on the workbench's ranks."""
+    """Segments of rounds, each on a fresh torchrun job and a fresh workbench rank set; in a
+    segment the three sides alternate round by round (order rotating). Then the step-by-step
+    comparison on the last segment's ranks."""
     from workbench import api
     from workbench.dashboard import Dashboard
 
     from benchmarks import telemetry_bench as tb
 
-    server = tb.PlainServer(args.warmup)
-    rs = api.start(2, backend="gloo", threads=1, sys_path=(ROOT,))
-    # the notebook side as a user has it: stream collector and a live dashboard redrawing
-    # every 0.5 s (no browser here: edits are not held for one to draw them)
-    dash = Dashboard(rs, interval=0.5)
-    dash.VIEW_TIMEOUT = 0.0
-    try:
-        rows = []
-        sides = {"torchrun": lambda: server.run(args.steps),
-                 "on_ranks": lambda: rs.apply(tb.plain_on_rank, args.steps, args.warmup, ranks=[0, 1])[0],
-                 "workbench": lambda: tb.run_workbench(rs, args.steps, args.warmup)[1]}
-        names = list(sides)
-        for i in range(args.repeats):
-            row = {}
-            for name in names[i % 3:] + names[:i % 3]:
-                row[name] = sides[name]()
-                row[name]["median_step_s"] = statistics.median(row[name]["step_s"])
-            rows.append(row)
-            print(f"  round {i + 1}: median step (ms) torchrun plain {row['torchrun']['median_step_s'] * 1e3:.1f}, "
-                  f"plain loop on the ranks {row['on_ranks']['median_step_s'] * 1e3:.1f}, "
-                  f"workbench full telemetry {row['workbench']['median_step_s'] * 1e3:.1f}", flush=True)
-        inter = rs.apply(tb.interleaved_on_rank, args.interleaved, ranks=[0, 1])
-        redraws = dash.redraws
-    finally:
-        dash.close()
-        api.stop()
-        server.close()
+    rows: list[dict] = []
+    inter, redraws = None, 0
+    per_segment = max(1, round(args.repeats / args.segments))
+    for seg in range(args.segments):
+        server = tb.PlainServer(args.warmup)
+        rs = api.start(2, backend="gloo", threads=1, sys_path=(ROOT,))
+        # the notebook side as a user has it: stream collector and a live dashboard redrawing
+        # every 0.5 s (no browser here: edits are not held for one to draw them)
+        dash = Dashboard(rs, interval=0.5)
+        dash.VIEW_TIMEOUT = 0.0
+        try:
+            sides = {"torchrun": lambda: server.run(args.steps),
+                     "on_ranks": lambda: rs.apply(tb.plain_on_rank, args.steps, args.warmup, ranks=[0, 1])[0],
+                     "workbench": lambda: tb.run_workbench(rs, args.steps, args.warmup)[1]}
+            names = list(sides)
+            for _ in range(per_segment):
+                k = len(rows)
+                row: dict = {"segment": seg}
+                for name in names[k % 3:] + names[:k % 3]:
+                    row[name] = sides[name]()
+                    row[name]["median_step_s"] = statistics.median(row[name]["step_s"])
+                rows.append(row)
+                print(f"  segment {seg + 1} round {k + 1}: median step (ms) torchrun plain "
+                      f"{row['torchrun']['median_step_s'] * 1e3:.1f}, plain loop on the ranks "
+                      f"{row['on_ranks']['median_step_s'] * 1e3:.1f}, workbench full telemetry "
+                      f"{row['workbench']['median_step_s'] * 1e3:.1f}", flush=True)
+            if seg == args.segments - 1:
+                inter = rs.apply(tb.interleaved_on_rank, args.interleaved, ranks=[0, 1])
+            redraws += dash.redraws
+        finally:
+            dash.close()
+            api.stop()
+            server.close()
 
     def med(side, key="median_step_s"):
         return statistics.median(r[side][key] for r in rows)
@@ -371,9 +395,10 @@ def overhead(args) -> None:
                        ("on_ranks", "workbench", "telemetry alone (workbench / plain loop on the same ranks)"),
                        ("torchrun", "on_ranks", "the rank processes (plain loop on the ranks / torchrun)")):
         pooled, (lo, hi) = pooled_ratio(rows, a, b)
-        per_round = [r[a]["median_step_s"] / r[b]["median_step_s"] for r in rows]
-        print(f"steps/s ratio {what}: {pooled:.3f} (90% interval over rounds {lo:.3f}-{hi:.3f}); "
-              f"median of per-round ratios {statistics.median(per_round):.3f}")
+        segments = [pooled_ratio([r for r in rows if r["segment"] == s], a, b, resamples=0)[0]
+                    for s in range(args.segments)]
+        print(f"steps/s ratio {what}: {pooled:.3f} (90% interval {lo:.3f}-{hi:.3f}); per segment "
+              + " ".join(f"{x:.3f}" for x in segments))
     print(f"CPU ms/step of rank 0: torchrun {med('torchrun', 'cpu_s_per_step') * 1e3:.1f}, on the ranks "
           f"{med('on_ranks', 'cpu_s_per_step') * 1e3:.1f}, workbench {med('workbench', 'cpu_s_per_step') * 1e3:.1f}; "
           f"dashboard redraws during the rounds: {redraws}")
@@ -388,17 +413,29 @@ def overhead(args) -> None:
 def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tuple[float, tuple]:
     """Steps/s of side ``b`` over side ``a``: the median of all of ``a``'s step times over the
     median of all of ``b``'s, pooled over the rounds (the sides alternate, so both sample
-    the machine's slow and fast spells alike), and a 90% bootstrap interval, resampling
-    whole rounds: the spread from round to round. It does not hold what differs from one
-    run to the next: on a 2-core VM repeated runs have moved by more than it (+-1.5%)."""
+    the machine's slow and fast spells alike), and a 90% bootstrap interval that resamples
+    the segments (process sets), then the rounds within each: it holds both how fast a
+    process set happens to run and the spread from round to round."""
     import random
 
     def ratio(picked):
         return (statistics.median(x for r in picked for x in r[a]["step_s"])
                 / statistics.median(x for r in picked for x in r[b]["step_s"]))
 
+    if not resamples:
+        return ratio(rows), (float("nan"), float("nan"))
+    by_segment: dict = {}
+    for r in rows:
+        by_segment.setdefault(r.get("segment", 0), []).append(r)
+    groups = list(by_segment.values())
     rng = random.Random(0)
-    boot = sorted(ratio([rng.choice(rows) for _ in rows]) for _ in range(resamples))
+    boot = []
+    for _ in range(resamples):
+        picked = []
+        for group in (rng.choice(groups) for _ in groups):
+            picked += [rng.choice(group) for _ in group]
+        boot.append(ratio(picked))
+    boot.sort()
     return ratio(rows), (boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1])
 
 
@@ -407,7 +444,8 @@ def main() -> None:
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=30, help="rounds in all")
+    p.add_argument("--segments", type=int, default=5, help="fresh torchrun job and workbench rank set for each")
     p.add_argument("--interleaved", type=int, default=200, help="steps of each kind in the step-by-step comparison")
     p.add_argument("--rates", default="2000,5000,10000,20000,40000,80000")
     p.add_argument("--skip-overhead", action="store_true")
@@ -422,7 +460,7 @@ def main() -> None:
     from benchmarks import telemetry_bench as tb
 
     print(f"model {MODEL}, global batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), "
-          f"median of {args.repeats}; CPU gloo, OMP_NUM_THREADS=1, {os.cpu_count()} cores")
+          f"{args.repeats} rounds in {args.segments} segments; CPU gloo, OMP_NUM_THREADS=1, {os.cpu_count()} cores")
     if not args.skip_overhead:
         overhead(args)
     rs = api.start(4, backend="gloo", threads=1, sys_path=(ROOT,))

@@ -67,3 +67,27 @@ def test_widget_opens_with_its_traces_and_each_panel_on_its_own_axes():
                                                                 "grad_norm")}
     assert len(axes) == 5
     assert [a.text for a in fig.layout.annotations] == [p.title for p in figures.PANELS]
+
+
+def test_a_redraw_sends_every_changed_line_in_one_edit_and_empties_lines_of_another_run():
+    import numpy as np
+
+    fig = figures.make_figure(widget=True, ranks=[0, 1])
+    xs = np.arange(1.0, 6.0)
+    lines = {**{k: [] for k in figures.PANEL_KEYS},
+             "loss": [("rank 0", xs, 1 / xs, {}), ("rank 1", xs, 2 / xs, {})],
+             "throughput": [("rank 0", xs, xs * 100, {})]}
+    sent = fig._last_trace_edit_id
+    assert not figures.draw(fig, lines)  # known traces: restyled, none added
+    assert fig._last_trace_edit_id == sent + 1  # three lines changed: one message
+    by = {t.meta: t for t in fig.data}
+    assert list(by["loss:rank 1"].y) == list(2 / xs) and list(by["throughput:rank 0"].x) == list(xs)
+    assert figures.draw(fig, lines) is False and fig._last_trace_edit_id == sent + 1  # unchanged: nothing sent
+    # the next run has no rank 1 yet: its old line is emptied, not left standing
+    figures.draw(fig, {**{k: [] for k in figures.PANEL_KEYS}, "loss": [("rank 0", xs[:2], xs[:2], {})]})
+    by = {t.meta: t for t in fig.data}
+    assert len(by["loss:rank 1"].x) == 0 and len(by["throughput:rank 0"].y) == 0
+    assert list(by["loss:rank 0"].y) == [1.0, 2.0]
+    # a series no trace was made for in advance is added with its data
+    assert figures.draw(fig, {**{k: [] for k in figures.PANEL_KEYS}, "comm": [("all_reduce r0", xs, xs, {})]})
+    assert list({t.meta: t for t in fig.data}["comm:all_reduce r0"].y) == list(xs)

@@ -61,8 +61,9 @@ def test_a_stepping_rank_sends_batches_and_flush_does_not_wait_for_the_window(pa
     pub.emit(events.step_event(run="b", rank=0, step=101, metrics={"loss": 0.0}))
     assert pub.flush(5.0)
     took = time.monotonic() - t0
-    # ~1.2 s of stepping, a message per 0.1 s window (~3 wake-ups each); woken per step it was >= 100
-    assert woke <= 40, woke
+    # ~1.2 s of stepping, a message per 0.1 s window, one wake-up each while the steps go on;
+    # woken per step it was >= 100, woken by the window's first event as well 20-22
+    assert woke <= 15, woke
     assert took < 0.05, took
     assert collector.store.wait(lambda s: s.last_steps("b") == {0: 101}, 5.0)
     assert [r["step"] for r in collector.store.snapshot_rows("b")] == list(range(1, 102))

@@ -63,3 +63,29 @@ def test_thinned_series_stays_bounded_and_spans_the_run():
     for i in range(100_000):
         t.add(i, float(i))
     assert len(t.xs) <= 200 and t.xs[0] == 0 and t.xs[-1] > 99_000
+
+
+def test_thinned_arrays_follow_the_lists_through_appends_thinning_and_truncation():
+    """The dashboard's arrays are extended incrementally: they must always equal the lists."""
+    import numpy as np
+
+    t = Thinned(limit=10)
+
+    def check():
+        xs, ys = t.arrays()
+        assert xs.dtype == ys.dtype == np.float64 and not xs.flags.writeable and not ys.flags.writeable
+        assert xs.tolist() == [float(x) for x in t.xs] and ys.tolist() == [float(y) for y in t.ys]
+        return xs
+
+    for i in range(15):
+        t.add(i, i * 0.5)
+    first = check()
+    assert check() is first  # nothing added: the same arrays, no copy
+    for i in range(15, 21):  # 21 points > 2 x limit: thinned (the lists are replaced)
+        t.add(i, i * 0.5)
+        check()
+    assert t.stride == 2
+    t.truncate(10)
+    check()
+    t.add(10, 99.0)
+    check()

@@ -4,8 +4,9 @@ On a machine with a core to spare per rank this changes nothing. Where ranks sha
 cores with the workbench's helpers (a laptop, a 2-core lab machine with two busy ranks),
 a helper that wakes while both cores train takes its slice from a rank, and under data
 parallelism every rank then waits for the slowed one. Measured on 2 cores while a run
-streamed: the notebook's collector and dashboard redraw used ~4.5% of a core (2.5% since
-the redraw sends arrays), the ipyparallel controller ~0.5%. So a notebook-side helper
+streamed: the notebook's collector and dashboard redraw used ~4.5% of a core (now ~1.5%:
+the redraw restyles raw arrays, see ``dashboard.figures.draw``), the ipyparallel
+controller ~0.4%. So a notebook-side helper
 thread runs at a lower CPU priority (nice +10 for that thread only: on Linux the nice
 value is per thread): it still gets every idle moment (the ranks wait in collectives
 part of each step), but a rank that wakes takes the core back. The controller's

@@ -90,8 +90,7 @@ class Dashboard:
         self.controls.status.value = self.status_line(run)
         self.controls.refresh_checkpoint()
         last = self.store.last_steps(run)
-        lr = self.store.line(run, "lr", min(last))[1] if last else []
-        self.controls.follow_lr(lr[-1] if lr else None)
+        self.controls.follow_lr(self.store.last(run, "lr", min(last)) if last else None)
         if paced and view_busy(self.figure, self.VIEW_TIMEOUT):
             return False  # drawn at a later tick, with everything that arrived meanwhile
         self._version = version
@@ -142,15 +141,12 @@ class Dashboard:
         last = s.last_steps(run)
         state_text = ", ".join(sorted({e["state"] for e in states.values()})) or "starting"
         reasons = {e["reason"] for e in states.values() if e["reason"] and e["state"] in ("paused", "error", "stopped")}
-        loss = s.line(run, "loss", min(last)) if last else ([], [])
-        mfu = s.line(run, "mfu", min(last)) if last else ([], [])
-        lr = s.line(run, "lr", min(last)) if last else ([], [])
-        tps = [s.line(run, "tps", r)[1][-1:] for r in last]
-        total_tps = sum(v[0] for v in tps if v)
+        loss, mfu, lr = (s.last(run, m, min(last)) if last else None for m in ("loss", "mfu", "lr"))
+        total_tps = sum(v for r in last if (v := s.last(run, "tps", r)) is not None)
         parts = [f"<b>{html.escape(run)}</b>", f"step {max(last.values()) if last else 0}",
                  f"<b>{html.escape(state_text)}</b>", f"{len(last)} ranks",
-                 f"loss {loss[1][-1]:.4g}" if loss[1] else "loss -", f"lr {lr[1][-1]:.3g}" if lr[1] else "lr -",
-                 f"{total_tps:,.0f} tokens/s", f"mfu {mfu[1][-1]:.1%}" if mfu[1] else "mfu n/a (no device peak: CPU)",
+                 f"loss {loss:.4g}" if loss is not None else "loss -", f"lr {lr:.3g}" if lr is not None else "lr -",
+                 f"{total_tps:,.0f} tokens/s", f"mfu {mfu:.1%}" if mfu is not None else "mfu n/a (no device peak: CPU)",
                  f"lag {s.lag_s:.2f} s", f"events {s.received}", f"gaps {s.gaps}, duplicates {s.duplicates}"
                  + (f", rollbacks {s.rollbacks}" if s.rollbacks else "")]
         line = " · ".join(parts)

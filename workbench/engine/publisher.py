@@ -7,15 +7,16 @@ network), so a slow notebook can never slow a step; the sender thread batches wh
 is queued whenever it wakes: ``emit`` wakes it (a flag checked without a lock, so a busy
 queue costs no system call), and an idle rank's sender sleeps instead of polling (it
 polled every 20 ms: 50 wake-ups a second on every rank, training or not). Woken, it
-gathers for ``BATCH_WINDOW_S`` before sending, so a rank stepping 20 times a second sends
-~10 messages, not 20 (each a wake-up of this thread, of ZMQ's and of the notebook's
-collector, on cores the ranks train on); ``flush`` cuts the window short. Unlike the
-notebook's helpers it keeps the rank's CPU priority: it shares the GIL with the training
-thread, and a lowered thread preempted while holding the GIL holds up the step (see
-``workbench.background``). The queue is
-bounded: should the notebook stop reading for long, new events are counted as dropped
-(reported, never silent) rather than growing memory without limit. ``flush`` waits until
-everything queued is sent, which the trainer calls at the end of a run.
+gathers for ``BATCH_WINDOW_S`` before sending, and after a send gathers the next window
+straight away, so a rank stepping 20 times a second sends ~10 messages, not 20, and its
+sender wakes ~10 times a second, not 30 (each message a wake-up of this thread, of ZMQ's
+and of the notebook's collector, on cores the ranks train on); ``flush`` cuts the window
+short. Unlike the notebook's helpers it keeps the rank's CPU priority: it shares the GIL
+with the training thread, and a lowered thread preempted while holding the GIL holds up
+the step (see ``workbench.background``). The queue is bounded: should the notebook stop
+reading for long, new events are counted as dropped (reported, never silent) rather than
+growing memory without limit. ``flush`` waits until everything queued is sent, which the
+trainer calls at the end of a run.
 """
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ class Publisher:
     def _run(self) -> None:
         import zmq
 
+        gathered = False  # a window has passed since the last send: what is queued goes now
         while True:
             self._wake.clear()  # before looking at the queue: an emit after this wakes us again
             if not self._queue:
@@ -96,8 +98,9 @@ class Publisher:
                     break
                 self._hurry.clear()  # everything queued before a flush has been sent
                 self._wake.wait(IDLE_WAIT_S)
+                gathered = False
                 continue
-            if len(self._queue) < BATCH:  # gather (see the module doc); a full batch goes now
+            if not gathered and len(self._queue) < BATCH:  # the first event after a pause: gather
                 self._hurry.wait(BATCH_WINDOW_S)
             batch = []
             while self._queue and len(batch) < BATCH:
@@ -114,6 +117,11 @@ class Publisher:
             with self._cv:
                 self._sent += len(batch)
                 self._cv.notify_all()
+            # while a run streams, the next window gathers right away: one wake-up a window
+            # (woken by the first emit and then by the window's end, it was two)
+            if len(self._queue) < BATCH:
+                self._hurry.wait(BATCH_WINDOW_S)
+            gathered = True
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every event queued so far has been handed to ZMQ; True when done."""
