@@ -21,7 +21,7 @@
    each rank emits realistic step events at a fixed rate for a few seconds; a rate is
    kept up with when every event arrives and the lag at the end is not growing.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 30] [--repeats 30] [--segments 5]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 30] [--repeats 30] [--segments 10]
 """
 from __future__ import annotations
 
@@ -343,7 +343,7 @@ def event_rate(rs, rates: list[float], seconds: float = 3.0) -> list[dict]:
     return out
 
 
-def overhead(args) -> None:
+def overhead(args) -> list[dict]:
     """Segments of rounds, each on a fresh torchrun job and a fresh workbench rank set; in a
     segment the three sides alternate round by round (order rotating). Then the step-by-step
     comparison on the last segment's ranks."""
@@ -386,28 +386,46 @@ def overhead(args) -> None:
             api.stop()
             server.close()
 
+    report(rows)
+    print(f"dashboard redraws during the rounds: {redraws}")
+    for r, d in enumerate(inter):
+        print(f"step by step on rank {r} ({args.interleaved} of each, alternating): plain {d['plain'] * 1e3:.2f} ms, "
+              f"trainer {d['trainer'] * 1e3:.2f} ms, ratio {d['plain'] / d['trainer']:.3f}")
+    return rows
+
+
+def report(rows: list[dict]) -> None:
+    """The ratios of the three sides over ``rows`` (one run's, or several runs' pooled)."""
     def med(side, key="median_step_s"):
         return statistics.median(r[side][key] for r in rows)
 
+    segments = sorted({r["segment"] for r in rows})
     print(f"median step time: torchrun (no telemetry) {med('torchrun') * 1e3:.1f} ms, plain loop on the workbench "
           f"ranks {med('on_ranks') * 1e3:.1f} ms, workbench (telemetry + stream + dashboard) {med('workbench') * 1e3:.1f} ms")
     for a, b, what in (("torchrun", "workbench", "workbench / torchrun (target >= 0.97)"),
                        ("on_ranks", "workbench", "telemetry alone (workbench / plain loop on the same ranks)"),
                        ("torchrun", "on_ranks", "the rank processes (plain loop on the ranks / torchrun)")):
         pooled, (lo, hi) = pooled_ratio(rows, a, b)
-        segments = [pooled_ratio([r for r in rows if r["segment"] == s], a, b, resamples=0)[0]
-                    for s in range(args.segments)]
+        each = [pooled_ratio([r for r in rows if r["segment"] == s], a, b, resamples=0)[0] for s in segments]
         print(f"steps/s ratio {what}: {pooled:.3f} (90% interval {lo:.3f}-{hi:.3f}); per segment "
-              + " ".join(f"{x:.3f}" for x in segments))
+              + (" ".join(f"{x:.3f}" for x in each) if len(each) <= 12
+                 else f"{min(each):.3f}-{max(each):.3f} ({len(each)} segments)"))
     print(f"CPU ms/step of rank 0: torchrun {med('torchrun', 'cpu_s_per_step') * 1e3:.1f}, on the ranks "
-          f"{med('on_ranks', 'cpu_s_per_step') * 1e3:.1f}, workbench {med('workbench', 'cpu_s_per_step') * 1e3:.1f}; "
-          f"dashboard redraws during the rounds: {redraws}")
+          f"{med('on_ranks', 'cpu_s_per_step') * 1e3:.1f}, workbench {med('workbench', 'cpu_s_per_step') * 1e3:.1f}")
     m = sorted((r["workbench"] for r in rows), key=lambda d: d["time_step_s"])[len(rows) // 2]
     print("workbench step, median (ms): " + ", ".join(f"{k[5:-2]} {v * 1e3:.1f}" for k, v in m.items()
                                                       if k.startswith("time_")))
-    for r, d in enumerate(inter):
-        print(f"step by step on rank {r} ({args.interleaved} of each, alternating): plain {d['plain'] * 1e3:.2f} ms, "
-              f"trainer {d['trainer'] * 1e3:.2f} ms, ratio {d['plain'] / d['trainer']:.3f}")
+
+
+def pool(paths: list[str]) -> None:
+    """Report the rounds of several saved runs together (``--save`` of each run)."""
+    rows = []
+    for i, path in enumerate(paths):
+        with open(path) as f:
+            for r in json.load(f)["rows"]:
+                rows.append({**r, "segment": (i, r["segment"])})
+    print(f"{len(paths)} runs, {len(rows)} rounds in {len({r['segment'] for r in rows})} segments, pooled:")
+    report(rows)
 
 
 def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tuple[float, tuple]:
@@ -445,13 +463,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=30, help="rounds in all")
-    p.add_argument("--segments", type=int, default=5, help="fresh torchrun job and workbench rank set for each")
+    p.add_argument("--segments", type=int, default=10, help="fresh torchrun job and workbench rank set for each")
     p.add_argument("--interleaved", type=int, default=200, help="steps of each kind in the step-by-step comparison")
     p.add_argument("--rates", default="2000,5000,10000,20000,40000,80000")
     p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument("--save", default=os.path.join(ROOT, ".state", "bench", f"telemetry-rounds-{int(time.time())}.json"),
+                   help="where the rounds of this run are written (for --pool)")
+    p.add_argument("--pool", nargs="+", metavar="FILE", help="report the saved rounds of several runs together; run nothing")
     args = p.parse_args()
     if args.serve:
         return plain_serve(int(args.serve), args.warmup)
+    if args.pool:
+        return pool(args.pool)
     sys.path.insert(0, ROOT)
     os.environ.setdefault("IPYTHONDIR", os.path.join(ROOT, ".state", "bench", "ipython"))
     from workbench import api
@@ -462,7 +485,11 @@ def main() -> None:
     print(f"model {MODEL}, global batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), "
           f"{args.repeats} rounds in {args.segments} segments; CPU gloo, OMP_NUM_THREADS=1, {os.cpu_count()} cores")
     if not args.skip_overhead:
-        overhead(args)
+        rows = overhead(args)
+        os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
+        with open(args.save, "w") as f:
+            json.dump({"rows": rows}, f)
+        print(f"rounds saved to {args.save} (pool several runs: --pool FILE FILE ...)")
     rs = api.start(4, backend="gloo", threads=1, sys_path=(ROOT,))
     try:
         rates = [float(r) for r in args.rates.split(",")]

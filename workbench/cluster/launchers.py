@@ -14,8 +14,8 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 
 # The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
 # A short period also makes engines register fast (the controller admits a new engine
-# on its next heartbeat). Ranks on this host are watched by pid (``health.Watcher``,
-# 0.25 s), so there the controller may wait a minute: a rank stopped with SIGSTOP or
+# on its next heartbeat). Ranks on this host are watched by pid (``health.Watcher``:
+# a death is seen at once), so there the controller may wait a minute: a rank stopped with SIGSTOP or
 # under a debugger is "stuck", not dead, and must still be there after SIGCONT. Ranks
 # on other hosts have only the heartbeat: 1.5 s of silence and they are reported dead.
 HEARTBEAT_MS = 300
