@@ -406,7 +406,7 @@ def report(rows: list[dict]) -> None:
                        ("on_ranks", "workbench", "telemetry alone (workbench / plain loop on the same ranks)"),
                        ("torchrun", "on_ranks", "the rank processes (plain loop on the ranks / torchrun)")):
         pooled, (lo, hi) = pooled_ratio(rows, a, b)
-        each = [pooled_ratio([r for r in rows if r["segment"] == s], a, b, resamples=0)[0] for s in segments]
+        each = [ratio([r for r in rows if r["segment"] == s], a, b) for s in segments]
         print(f"steps/s ratio {what}: {pooled:.3f} (90% interval {lo:.3f}-{hi:.3f}); per segment "
               + (" ".join(f"{x:.3f}" for x in each) if len(each) <= 12
                  else f"{min(each):.3f}-{max(each):.3f} ({len(each)} segments)"))
@@ -428,20 +428,20 @@ def pool(paths: list[str]) -> None:
     report(rows)
 
 
-def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tuple[float, tuple]:
+def ratio(rows: list[dict], a: str, b: str) -> float:
     """Steps/s of side ``b`` over side ``a``: the median of all of ``a``'s step times over the
     median of all of ``b``'s, pooled over the rounds (the sides alternate, so both sample
-    the machine's slow and fast spells alike), and a 90% bootstrap interval that resamples
-    the segments (process sets), then the rounds within each: it holds both how fast a
-    process set happens to run and the spread from round to round."""
+    the machine's slow and fast spells alike)."""
+    return (statistics.median(x for r in rows for x in r[a]["step_s"])
+            / statistics.median(x for r in rows for x in r[b]["step_s"]))
+
+
+def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tuple[float, tuple]:
+    """:func:`ratio` and a 90% bootstrap interval that resamples the segments (process sets),
+    then the rounds within each: it holds both how fast a process set happens to run and
+    the spread from round to round."""
     import random
 
-    def ratio(picked):
-        return (statistics.median(x for r in picked for x in r[a]["step_s"])
-                / statistics.median(x for r in picked for x in r[b]["step_s"]))
-
-    if not resamples:
-        return ratio(rows), (float("nan"), float("nan"))
     by_segment: dict = {}
     for r in rows:
         by_segment.setdefault(r.get("segment", 0), []).append(r)
@@ -452,9 +452,9 @@ def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tup
         picked = []
         for group in (rng.choice(groups) for _ in groups):
             picked += [rng.choice(group) for _ in group]
-        boot.append(ratio(picked))
+        boot.append(ratio(picked, a, b))
     boot.sort()
-    return ratio(rows), (boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1])
+    return ratio(rows, a, b), (boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1])
 
 
 def main() -> None:
