@@ -64,7 +64,7 @@ def test_sigkill_one_of_4_mid_training_then_resume_matches_uninterrupted(fresh_r
     rs.apply(control.start, 12)
     wait_for(lambda: trainer_step(rs) >= 7, 60, "step 7")
     rs.signal_rank(2, signal.SIGKILL)
-    wait_for(lambda: rs.dead(), 5, "the death to be detected")
+    wait_for(lambda: rs.dead(), 1.0, "the death to be detected")
     dead = rs.dead()
     assert dead[0]["rank"] == 2 and dead[0]["pid"] == rs.procs[2].pid
     # the exit status is read from the launcher (health.RankProcess.exit_code waits for it)
@@ -139,7 +139,7 @@ def test_kill_during_sync_save_and_during_async_save_keeps_latest(fresh_ranks, t
     assert out["async"] and "save_s" not in out
     wait_for(lambda: parts_written(root), 60, "the async save's parts")
     rs.signal_rank(0, signal.SIGKILL)
-    wait_for(lambda: rs.dead(), 5, "the death to be detected")
+    wait_for(lambda: rs.dead(), 1.0, "the death to be detected")
     assert [(d["rank"], d["exit"]) for d in rs.dead()] == [(0, "killed by SIGKILL")]
     assert catalog.resolve(root, "latest")[1].step == 3
     info = ck.resume(root=root)  # the setup is remembered

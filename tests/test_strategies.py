@@ -47,7 +47,8 @@ def test_every_strategy_at_world_size_1():
         assert len(e["placements"]) == len(layout["mesh"]["shape"])
         assert any(n.startswith("path ") for n in layout["notes"])
     assert res["fsdp2"][1]["params"][0]["placements"] == ["Shard(0)"]
-    assert "Accelerate" in res["ddp"][1]["notes"][0] or "CPU" in res["ddp"][1]["notes"][0]
+    # CPU ranks take the native path and say why (Accelerate's path is CUDA-only)
+    assert res["ddp"][1]["path"] == "native" and res["ddp"][1]["notes"][0].startswith("path native: CPU ranks:")
     assert any("activation checkpointing (selective): 1/2" in n for n in res["fsdp2 ac=selective"][1]["notes"])
     assert res["moe_ep_err"] < 1e-6
 
@@ -88,6 +89,7 @@ def test_reset_accelerate_state_is_idempotent():
 
     reset_accelerate_state()
     reset_accelerate_state()
-    assert not PartialState().initialized or True  # constructing after a reset works
+    PartialState()  # constructing after a reset works
+    assert PartialState._shared_state != {}
     reset_accelerate_state()
     assert PartialState._shared_state == {}

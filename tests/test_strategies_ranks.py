@@ -114,9 +114,21 @@ def no_grad_trap_on_rank():
     from workbench.models import GPT, GPTConfig, TextDataset, batch_at
     from workbench.strategies import PrepareError, prepare
 
+    import copy
+
+    import torch.distributed as dist
+
+    from workbench.strategies import lm_loss
+
     torch.manual_seed(0)
-    p = prepare(GPT(GPTConfig.tiny()), lambda ps: torch.optim.AdamW(ps, lr=LR), "fsdp2 reshard=false")
+    model = GPT(GPTConfig.tiny())
+    plain = copy.deepcopy(model)
+    p = prepare(model, lambda ps: torch.optim.AdamW(ps, lr=LR), "fsdp2 reshard=false")
     x, y = batch_at(TextDataset(32), BATCH, 0, dp_rank=p.dp_rank, dp_size=p.dp_size)
+    with torch.no_grad():  # what the first step's loss must be: the untouched model on these batches
+        expected = lm_loss(plain(x), y)
+        dist.all_reduce(expected)
+        expected = float(expected) / dist.get_world_size()
     with torch.no_grad():
         p.model(x)  # leaves every FSDP module (root included) unsharded
     unsharded = not any(type(q).__name__ == "DTensor" for q in p.model.parameters())
@@ -128,7 +140,7 @@ def no_grad_trap_on_rank():
         caught = str(e)
     p.set_optimizer(lambda ps: torch.optim.AdamW(ps, lr=LR))  # the fix
     loss = p.train_step((x, y))
-    return unsharded, caught, loss
+    return unsharded, caught, loss, expected
 
 
 def moe_expert_parallel_on_rank():
@@ -261,10 +273,10 @@ def test_switch_ddp_fsdp2_tp_on_the_same_ranks(ranks2):
 
 
 def test_fsdp2_no_grad_trap_is_caught(ranks2):
-    for unsharded, caught, loss in ranks2.apply(no_grad_trap_on_rank):
+    for unsharded, caught, loss, expected in ranks2.apply(no_grad_trap_on_rank):
         assert unsharded
         assert caught is not None and "torch.no_grad()" in caught and "prepare(model, lambda params" in caught
-        assert loss == pytest.approx(reference_losses()[0], rel=1e-5) or loss > 0
+        assert loss == pytest.approx(expected, rel=1e-5)  # the trap changed no weight
 
 
 def test_moe_expert_parallel_matches_dense_routing(ranks2):

@@ -359,12 +359,12 @@ class RankCall:
         self.ranks = ranks
         self.ar = ar
 
-    def wait(self, timeout: float | None = None, poll: float = 0.25) -> bool:
+    def wait(self, timeout: float | None = None, poll: float = 0.1) -> bool:
         """Wait until done, ``timeout`` passes or a rank dies; True when done.
 
-        After a death the wait ends at once (give or take a second for the
-        survivors that notice the dead peer); survivors that are blocked in a
-        collective with no direct link to it come out at the collective timeout.
+        After a death the wait ends within half a second (the survivors that notice
+        the dead peer at once get that long to report); survivors that are blocked
+        in a collective with no direct link to it come out at the collective timeout.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -372,7 +372,7 @@ class RankCall:
             if self.ar.wait(step):
                 return True
             if self.deaths():
-                grace = min(self.rankset.config.timeout, 1.0)
+                grace = min(self.rankset.config.timeout, 0.4)
                 self.ar.wait(grace)
                 return self.ar.ready()
             if deadline is not None and time.monotonic() >= deadline:

@@ -165,10 +165,18 @@ def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
         except psutil.NoSuchProcess:
             return False
 
+    def nanny() -> list[int]:
+        # ipyparallel's nanny (this engine's child) would outlive us by ~3.5 s, telling a
+        # controller that is already gone
+        try:
+            return [c.pid for c in psutil.Process().children() if "ipyparallel.engine.nanny" in " ".join(c.cmdline())]
+        except psutil.Error:
+            return []
+
     def watch() -> None:
         while alive():
             time.sleep(1.0)
-        for pid in also_end:
+        for pid in [*also_end, *nanny()]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
