@@ -1,14 +1,18 @@
 """Strategy benchmark: the workbench's live ranks against a plain ``torchrun`` script.
 
-For each strategy on 2 and 4 CPU ranks, the same model, data and step function run
-(a) on the workbench's ranks (ipyparallel engines, ``engine.prepare``) and (b) as a
-plain script under ``torch.distributed.run``. Each side reports its median step time
-and per-rank memory (USS after ``malloc_trim``); the ratio workbench / torchrun of
-the step time is the figure of merit (target at most 1.03). Runs alternate between
-the two sides so that both see the same machine load.
+For each strategy on 2 and 4 CPU ranks, the same model and data run (a) on the
+workbench's ranks (ipyparallel engines, ``engine.prepare``), (b) as a plain script under
+``torch.distributed.run`` with the layout written by hand (``benchmarks/handwritten.py``:
+``DDP``, ``fully_shard`` per block, ``deepspeed.initialize``, ``parallelize_module``,
+``pipelining``) — what a user would otherwise run — and (c) the workbench's ``prepare``
+under ``torchrun`` (hosting on engines alone). Each side reports its median step time and
+per-rank memory (USS after ``malloc_trim``); the figure of merit is the step-time ratio
+workbench / hand-written (target at most 1.03 for every row). Runs alternate between the
+sides so that all see the same machine load.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/strategy_bench.py``
-(``--quick`` for one world size and fewer strategies).
+(``--quick``: one world size, two strategies, checks the script only; ``--pool``: every
+saved run). Results: ``benchmarks/results/strategy-*.json``; exit status 1 on a miss.
 """
 from __future__ import annotations
 
@@ -23,13 +27,17 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import results  # noqa: E402
+
 STRATEGIES = {2: ["ddp", "fsdp2", "zero", "tp", "pp"], 4: ["ddp", "fsdp2", "zero", "tp", "fsdp2_tp", "pp"]}
 SPECS = {"ddp": "ddp", "fsdp2": "fsdp2", "zero": "zero zero_stage=2", "tp": "tp", "fsdp2_tp": "fsdp2_tp tp=2",
          "pp": "pp pp_schedule=1f1b"}
 
 
-def measure(spec: str, steps: int, warmup: int, dim: int) -> dict:
-    """On one rank: prepare the model with ``spec`` and time ``steps`` training steps.
+def measure(spec: str, steps: int, warmup: int, dim: int, handwritten: str | None = None) -> dict:
+    """On one rank: lay the model out with ``spec`` (or by hand: ``handwritten`` names the
+    layout in ``benchmarks/handwritten.py``) and time ``steps`` training steps.
 
     Self-contained (imports inside) because it is shipped to the ranks by value.
     """
@@ -48,14 +56,22 @@ def measure(spec: str, steps: int, warmup: int, dim: int) -> dict:
     torch.manual_seed(0)
     cfg = GPTConfig.tiny(dim=dim, n_layers=4, n_heads=4, n_kv_heads=4, ffn_dim=4 * dim, max_seq_len=64)
     model = GPT(cfg)
-    prepared = prepare(model, lambda params: torch.optim.AdamW(params, lr=1e-3), spec)
+    if handwritten:
+        import handwritten as hw
+
+        train_step, close = hw.build(handwritten, model, 1e-3), None
+        dp_rank, dp_size = hw.data_rank(handwritten)
+    else:
+        prepared = prepare(model, lambda params: torch.optim.AdamW(params, lr=1e-3), spec)
+        train_step, close = prepared.train_step, getattr(prepared, "close", None)
+        dp_rank, dp_size = prepared.dp_rank, prepared.dp_size
     data = TextDataset(seq_len=64)
     times = []
     for step in range(warmup + steps):
-        batch = batch_at(data, 8, step, dp_rank=prepared.dp_rank, dp_size=prepared.dp_size)
+        batch = batch_at(data, 8, step, dp_rank=dp_rank, dp_size=dp_size)
         dist.barrier()
         t0 = time.perf_counter()
-        prepared.train_step(batch)
+        train_step(batch)
         times.append(time.perf_counter() - t0)
     gc.collect()
     try:
@@ -63,7 +79,6 @@ def measure(spec: str, steps: int, warmup: int, dim: int) -> dict:
     except OSError:
         pass
     uss = psutil.Process().memory_full_info().uss
-    close = getattr(prepared, "close", None)
     if close:
         close()
     return {"step_s": statistics.median(times[warmup:]), "uss": uss, "rank": dist.get_rank()}
@@ -76,7 +91,8 @@ def worker_main(args) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    result = measure(SPECS[args.worker], args.steps, args.warmup, args.dim)
+    result = measure(SPECS[args.worker], args.steps, args.warmup, args.dim,
+                     handwritten=args.worker if args.handwritten else None)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, result)
     if dist.get_rank() == 0:
@@ -84,11 +100,11 @@ def worker_main(args) -> None:
     dist.destroy_process_group()
 
 
-def torchrun(kind: str, n: int, args) -> list[dict]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+def torchrun(kind: str, n: int, args, handwritten: bool = False) -> list[dict]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
            str(pathlib.Path(__file__)), "--worker", kind, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--dim", str(args.dim)]
+           "--warmup", str(args.warmup), "--dim", str(args.dim), *(["--handwritten"] if handwritten else [])]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -102,59 +118,72 @@ def workbench_run(rs, kind: str, args) -> list[dict]:
     return results
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--handwritten", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--worlds", default="2,4")
-    parser.add_argument("--quick", action="store_true", help="world 2, ddp and fsdp2 only, 2 repeats")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="world 2, ddp and fsdp2, 1 repeat: checks the script only")
+    parser.add_argument("--pool", action="store_true", help="report every saved run; run nothing")
+    args = parser.parse_args(argv)
     if args.worker:
         return worker_main(args)
+    if args.pool:
+        return results.pool_report("strategy")
     os.environ.setdefault("IPYTHONDIR", str(ROOT / ".state" / "bench" / "ipython"))
     sys.path.insert(0, str(ROOT))
     import workbench
 
+    if args.quick:
+        args.steps, args.warmup = 3, 1
+    run = results.Run("strategy", vars(args), quick=args.quick)
     worlds = [2] if args.quick else [int(w) for w in args.worlds.split(",")]
     rows = []
-    repeats = 2 if args.quick else args.repeats
+    repeats = 1 if args.quick else args.repeats
     for n in worlds:
         kinds = ["ddp", "fsdp2"] if args.quick else STRATEGIES[n]
         rs = workbench.start(n, backend="gloo", threads=1, sys_path=(str(HERE),))
         try:
             for kind in kinds:
-                wb_times, tr_times, wb_mem, tr_mem = [], [], [], []
-                for _ in range(repeats):
-                    tr = torchrun(kind, n, args)
-                    wb = workbench_run(rs, kind, args)
-                    tr_times.append(max(r["step_s"] for r in tr))
-                    wb_times.append(max(r["step_s"] for r in wb))
-                    tr_mem.append(max(r["uss"] for r in tr))
-                    wb_mem.append(max(r["uss"] for r in wb))
-                row = {"world": n, "strategy": kind,
-                       "torchrun_ms": statistics.median(tr_times) * 1e3,
-                       "workbench_ms": statistics.median(wb_times) * 1e3,
-                       "torchrun_uss_mb": statistics.median(tr_mem) / 2**20,
-                       "workbench_uss_mb": statistics.median(wb_mem) / 2**20}
-                row["ratio"] = row["workbench_ms"] / row["torchrun_ms"]
+                times = {"workbench": [], "handwritten": [], "torchrun": []}
+                mem = {k: [] for k in times}
+                for i in range(repeats):
+                    for side in ("handwritten", "workbench", "torchrun")[i % 3:] + ("handwritten", "workbench", "torchrun")[:i % 3]:
+                        got = (workbench_run(rs, kind, args) if side == "workbench"
+                               else torchrun(kind, n, args, handwritten=side == "handwritten"))
+                        times[side].append(max(r["step_s"] for r in got))
+                        mem[side].append(max(r["uss"] for r in got))
+                        run.rounds.append({"world": n, "strategy": kind, "side": side, "step_s": times[side][-1],
+                                           "uss": mem[side][-1]})
+                row = {"world": n, "strategy": kind}
+                for side in times:
+                    row[f"{side}_ms"] = statistics.median(times[side]) * 1e3
+                    row[f"{side}_uss_mb"] = statistics.median(mem[side]) / 2**20
+                row["ratio"] = row["workbench_ms"] / row["handwritten_ms"]
+                row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
                 rows.append(row)
-                print(f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  torchrun "
-                      f"{row['torchrun_ms']:7.1f} ms  ratio {row['ratio']:.3f}", flush=True)
+                run.target(f"{kind} x{n} workbench / hand-written torchrun", row["ratio"], "<=", 1.03)
+                print(f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  hand-written "
+                      f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row['torchrun_ms']:7.1f} ms  "
+                      f"ratio {row['ratio']:.3f}", flush=True)
         finally:
             workbench.stop()
     print()
     print(f"median step time (slowest rank) and per-rank USS, {repeats} alternating runs of "
           f"{args.steps} steps; GPT dim {args.dim}, 4 layers, seq 64, batch 8; cpu count {os.cpu_count()}")
-    print(f"{'world':>5} {'strategy':>9} {'workbench ms':>13} {'torchrun ms':>12} {'ratio':>6} "
-          f"{'wb USS MB':>10} {'tr USS MB':>10}")
+    print(f"{'world':>5} {'strategy':>9} {'workbench ms':>13} {'by hand ms':>11} {'prepare@torchrun ms':>20} "
+          f"{'ratio':>6} {'wb USS MB':>10} {'hand USS MB':>12}")
     for r in rows:
-        print(f"{r['world']:>5} {r['strategy']:>9} {r['workbench_ms']:>13.1f} {r['torchrun_ms']:>12.1f} "
-              f"{r['ratio']:>6.3f} {r['workbench_uss_mb']:>10.0f} {r['torchrun_uss_mb']:>10.0f}")
-    print("target: ratio <= 1.03 (workbench step time over plain torchrun)")
+        print(f"{r['world']:>5} {r['strategy']:>9} {r['workbench_ms']:>13.1f} {r['handwritten_ms']:>11.1f} "
+              f"{r['torchrun_ms']:>20.1f} {r['ratio']:>6.3f} {r['workbench_uss_mb']:>10.0f} "
+              f"{r['handwritten_uss_mb']:>12.0f}")
+    run.summary = {"rows": rows}
+    return run.finish()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -22,18 +22,25 @@
    kept up with when every event arrives and the lag at the end is not growing.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 30] [--repeats 30] [--segments 10]
+
+Each run is saved as ``benchmarks/results/telemetry-*.json`` (rounds, summary, targets);
+``--pool`` reports every saved run together, ``--quick`` only checks the script works. The
+exit status is 1 when a target is missed.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import pathlib
 import statistics
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import results  # noqa: E402
 MODEL = dict(dim=96, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=64)
 BATCH = 16  # global
 LR = 1e-3
@@ -418,13 +425,13 @@ def report(rows: list[dict]) -> None:
 
 
 def pool(paths: list[str]) -> None:
-    """Report the rounds of several saved runs together (``--save`` of each run)."""
+    """Report the rounds of several saved runs together (every saved run when none is named)."""
+    docs = [json.loads(pathlib.Path(p).read_text()) for p in paths] if paths else results.saved("telemetry")
     rows = []
-    for i, path in enumerate(paths):
-        with open(path) as f:
-            for r in json.load(f)["rows"]:
-                rows.append({**r, "segment": (i, r["segment"])})
-    print(f"{len(paths)} runs, {len(rows)} rounds in {len({r['segment'] for r in rows})} segments, pooled:")
+    for i, doc in enumerate(docs):
+        for r in doc["rounds"]:
+            rows.append({**r, "segment": (i, r["segment"])})
+    print(f"{len(docs)} runs, {len(rows)} rounds in {len({r['segment'] for r in rows})} segments, pooled:")
     report(rows)
 
 
@@ -457,7 +464,7 @@ def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tup
     return ratio(rows, a, b), (boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1])
 
 
-def main() -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=30)
@@ -467,41 +474,48 @@ def main() -> None:
     p.add_argument("--interleaved", type=int, default=200, help="steps of each kind in the step-by-step comparison")
     p.add_argument("--rates", default="2000,5000,10000,20000,40000,80000")
     p.add_argument("--skip-overhead", action="store_true")
-    p.add_argument("--save", default=os.path.join(ROOT, ".state", "bench", f"telemetry-rounds-{int(time.time())}.json"),
-                   help="where the rounds of this run are written (for --pool)")
-    p.add_argument("--pool", nargs="+", metavar="FILE", help="report the saved rounds of several runs together; run nothing")
-    args = p.parse_args()
+    p.add_argument("--quick", action="store_true", help="2 rounds, 1 segment, one event rate: checks the script only")
+    p.add_argument("--pool", nargs="*", metavar="FILE",
+                   help="report saved runs together (every saved run under benchmarks/results/ when no FILE); run nothing")
+    args = p.parse_args(argv)
     if args.serve:
         return plain_serve(int(args.serve), args.warmup)
-    if args.pool:
+    if args.pool is not None:
         return pool(args.pool)
+    if args.quick:
+        args.repeats, args.segments, args.steps, args.warmup, args.interleaved = 2, 1, 5, 2, 10
+        args.rates = "2000"
     sys.path.insert(0, ROOT)
     os.environ.setdefault("IPYTHONDIR", os.path.join(ROOT, ".state", "bench", "ipython"))
+    os.makedirs(os.environ["IPYTHONDIR"], exist_ok=True)
     from workbench import api
 
     # rank-side functions must come from an importable module, not this __main__
     from benchmarks import telemetry_bench as tb
 
+    run = results.Run("telemetry", vars(args), quick=args.quick)
     print(f"model {MODEL}, global batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), "
           f"{args.repeats} rounds in {args.segments} segments; CPU gloo, OMP_NUM_THREADS=1, {os.cpu_count()} cores")
     if not args.skip_overhead:
-        rows = overhead(args)
-        os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
-        with open(args.save, "w") as f:
-            json.dump({"rows": rows}, f)
-        print(f"rounds saved to {args.save} (pool several runs: --pool FILE FILE ...)")
+        run.rounds = overhead(args)
+        pooled, (lo, hi) = pooled_ratio(run.rounds, "torchrun", "workbench")
+        run.summary["workbench_over_torchrun"] = {"ratio": pooled, "interval_90": [lo, hi]}
+        run.target("steps/s workbench / torchrun", pooled, ">=", 0.97)
     rs = api.start(4, backend="gloo", threads=1, sys_path=(ROOT,))
     try:
         rates = [float(r) for r in args.rates.split(",")]
-        results = tb.event_rate(rs, rates)
+        rate_rows = tb.event_rate(rs, rates)
     finally:
         api.stop()
-    for r in results:
+    for r in rate_rows:
         print(f"  {r['events_per_s']:>8.0f} step events/s from 4 ranks: received {r['received']}/{r['expected']} "
               f"in {r['seconds']} s, lag (last quarter) max {r['max_lag_s']} s -> {'kept up' if r['kept_up'] else 'FELL BEHIND'}")
-    best = max((r["events_per_s"] for r in results if r["kept_up"]), default=0)
+    best = max((r["events_per_s"] for r in rate_rows if r["kept_up"]), default=0)
     print(f"highest step-event rate the notebook keeps up with (4 ranks): {best:.0f} events/s")
+    run.summary["event_rates"] = rate_rows
+    run.target("step events/s kept up with (4 ranks)", best, ">=", 10000)
+    return run.finish()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
