@@ -81,16 +81,24 @@ class CommBreakdown:
             out[item.collective] = out.get(item.collective, 0.0) + item.bytes
         return out
 
-    def exposed_seconds(self, compute_seconds: float) -> float:
+    def exposed_seconds(self, compute_seconds: float,
+                        attention_seconds: float | None = None) -> float:
         """Communication time not hidden behind compute.
 
-        Data-parallel syncs, ZeRO-3 gathers and ring-attention sends are issued
-        asynchronously and overlap compute (bucketing / prefetch); TP, PP and EP
+        Data-parallel syncs and ZeRO-3 gathers are issued asynchronously and overlap
+        compute (bucketing / prefetch); ring-attention sends overlap only the attention
+        kernels they feed (`attention_seconds`, when given); TP, PP and EP
         communication sits on the critical path and is counted in full.
         """
-        hidden = sum(i.seconds for i in self.items if i.overlappable)
+        ring = sum(i.seconds for i in self.items if i.overlappable and i.group == "cp")
+        hidden = sum(i.seconds for i in self.items if i.overlappable and i.group != "cp")
         blocking = sum(i.seconds for i in self.items if not i.overlappable)
-        return blocking + max(0.0, hidden - compute_seconds)
+        if attention_seconds is None:
+            hidden += ring
+            ring = 0.0
+        else:
+            ring = max(0.0, ring - attention_seconds)
+        return blocking + ring + max(0.0, hidden - compute_seconds)
 
 
 def ring_bytes(collective: str, n: int, buffer_bytes: float) -> float:

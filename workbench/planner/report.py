@@ -181,7 +181,7 @@ def plan(model: ModelSpec, layout: PlanLayout, hardware: "Hardware | str",
         optimizer_params = memory.cpu_offload / STATE_BYTES[layout.precision][2]
         offload = offload_seconds(optimizer_params, hw.host_link_bandwidth)
     first = estimate_compute(model, layout, hw, 0.0, kernel_efficiency)
-    exposed = comm.exposed_seconds(first.compute_seconds)
+    exposed = comm.exposed_seconds(first.compute_seconds, first.attention_seconds)
     compute = estimate_compute(model, layout, hw, exposed, kernel_efficiency, offload)
     cost = None
     if tokens is not None:
