@@ -169,11 +169,10 @@ class PlanLayout:
             parts.append(f"{sched} m={self.microbatches}")
         if self.pp > 1 and self.stage_layers is not None:
             parts.append("stages=" + ("balanced" if self.stage_layers == "balanced" else
-                                      "/".join(map(str, self.stage_layers))))
+                                      _fold(self.stage_layers)))
         if self.recompute != "none":
             parts.append(f"recompute={self.recompute}")
-        if self.attention != "flash":
-            parts.append(f"attention={self.attention}")
+
         if self.optimizer_offload:
             parts.append("offload")
         return " ".join(parts) or "single rank"
@@ -249,6 +248,19 @@ class PlanLayout:
                              f"{per_rank.index(0)} without a transformer layer; give every "
                              "rank at least one")
         object.__setattr__(self, "stage_layers", counts)
+
+
+def _fold(counts: tuple[int, ...]) -> str:
+    """(7, 8, 8, 8, 7) -> '7,8*3,7': the form --stages takes."""
+    parts: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        parts.append(str(counts[i]) if j - i == 1 else f"{counts[i]}*{j - i}")
+        i = j
+    return ",".join(parts)
 
 
 def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
