@@ -156,7 +156,8 @@ def test_magic_flags_for_stages():
     other = plan_from_args("--model 405b --hw h100 --tp 8 --pp 16 --dp 128 --zero 2 -m 16 "
                            "--stages 6,9,8*13,7")
     assert other.memory.total > balanced.memory.total
-    assert other.compute.bubble > balanced.compute.bubble
+    assert other.compute.imbalance > balanced.compute.imbalance
+    assert other.compute.step_seconds > balanced.compute.step_seconds
     for argv, message in [
         ("--model 405b --hw h100 --stages 8*16", "give --pp N"),
         ("--model 405b --hw h100 --pp 16 --stages 8*15", "add up to 120 but the model"),
