@@ -160,7 +160,8 @@ def test_magic_flags_for_stages():
     assert other.compute.step_seconds > balanced.compute.step_seconds
     for argv, message in [
         ("--model 405b --hw h100 --stages 8*16", "give --pp N"),
-        ("--model 405b --hw h100 --pp 16 --stages 8*15", "add up to 120 but the model"),
+        ("--model 405b --hw h100 --pp 16 --stages 8*16", "add up to 128 but the model"),
+        ("--model 405b --hw h100 --pp 16 --stages 8*15", "has 15 entries"),
         ("--model 405b --hw h100 --pp 16 --stages some", "expected 'balanced' or layer counts"),
     ]:
         with pytest.raises(ValueError, match=message):
