@@ -80,7 +80,7 @@ class Plan:
         lines = [
             f"plan: {self.model.name} ({self.model.params().total / 1e9:.1f}B params) on "
             f"{self.gpus} x {hw.name}",
-            f"layout: {layout.describe()}  [{layout.precision}, attention={layout.attention}]",
+            f"layout: {layout.describe()}  [{layout.precision}]  attention: {layout.attention}",
         ]
         if layout.pp > 1:
             lines.append(f"layers per pipeline rank: {describe_stages(self.model, layout)}")
