@@ -166,3 +166,4 @@ def test_magic_flags_for_stages():
     ]:
         with pytest.raises(ValueError, match=message):
             plan_from_args(argv)
+

@@ -218,7 +218,7 @@ class PlanLayout:
 
     def layers_per_stage(self, model: ModelSpec) -> int:
         """Transformer layers on the busiest pipeline rank (the real assignment)."""
-        from .pipeline import rank_layers  # pipeline.py reads this module's PlanLayout
+        from .pipeline import rank_layers  # pipeline.py names PlanLayout only in annotations
 
         return max(rank_layers(model, self))
 
