@@ -172,7 +172,6 @@ class PlanLayout:
                                       _fold(self.stage_layers)))
         if self.recompute != "none":
             parts.append(f"recompute={self.recompute}")
-
         if self.optimizer_offload:
             parts.append("offload")
         return " ".join(parts) or "single rank"

@@ -35,7 +35,9 @@ fp8 (Transformer Engine): the inputs saved for the backward of the four linear l
 are kept in fp8, one byte instead of two: 34 -> 27.
 
 The formula is for the paper's GPT (MHA, 4h GELU MLP, dropout); for Llama-style models
-(SwiGLU at ffn = 3.25h to 3.5h, no dropout) it is within a few percent. Context
+(SwiGLU, no dropout) it is high by a few percent: a Llama 3 405B layer under flash
+stores about 31.75 sbh (norm inputs 4, QKV and MLP inputs 4, Q 2, K/V 4*kv/a, output 2,
+gate/up 4*ffn/h, down input 2*ffn/h) against 34. Context
 parallelism (HF Ultra-Scale Playbook) shards s: linear terms use s/cp, the score term
 5*a*(s/cp)*s.
 
