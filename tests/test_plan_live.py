@@ -125,6 +125,10 @@ def test_activations_within_documented_factor(table, spec):
     assert ((r >= 1 / ACTIVATION_FACTOR) & (r <= ACTIVATION_FACTOR)).all(), acts
     c = per_rank[0][SPECS.index(spec)]
     assert "saved for backward" in c["measured"]["activations"]
+    # the GPT calls F.scaled_dot_product_attention: the census sees the fused CPU kernel,
+    # so the planner leaves out the s x s score term (attention="flash")
+    assert c["attention"] == "flash", c.get("attention_evidence")
+    assert "_scaled_dot_product_flash_attention" in c["attention_evidence"]
 
 
 def test_sharding_shows_in_the_measurement(table):

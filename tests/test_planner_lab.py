@@ -16,6 +16,11 @@ def test_lab_07_executes_and_prints_the_plan(jupyter_dirs):
     text = outputs_text(nb)
     for needle in ("parameters: 70.55B", "model states: 1128.9 GB",
                    "153,600 GPU-hours", "0.461M USD", "24,192 GPU-hours", "0.145M USD",
-                   "MFU 45% of the dense fp8 peak", "bubble: 10.9%", "TP within a node"):
+                   "MFU 45% of the dense fp8 peak", "bubble: 10.9%", "TP within a node",
+                   # the note on the two activation formulas, both numbers
+                   "llama3-70b: 5as/h = 320 against 34 -> eager 2,969.6 MB/layer, "
+                   "flash 285.2 MB/layer (10.4x)",
+                   "llama3-405b: 5as/h = 320 against 34 -> eager 5,939.1 MB/layer, "
+                   "flash 570.4 MB/layer (10.4x)"):
         assert needle in text, needle
     assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))

@@ -71,6 +71,8 @@ def test_prepare_fsdp2_lays_out_and_summarises(shell, ranks, capsys):
     assert r.success, r.error_in_exec
     out = capsys.readouterr().out
     assert "plan: gpt" in out and "layout: dp_shard=4 zero3  [fp32]" in out and "predicted vs measured" in out
+    # the attention kernel is measured on the ranks (the GPT calls SDPA: a fused kernel)
+    assert "attention kernel on the ranks: flash (_scaled_dot_product_flash_attention_for_cpu" in out
     df = r.result
     assert set(df["part"]) >= {"parameters", "gradients", "optimizer", "activations"}
     assert sorted(set(df["rank"])) == [0, 1, 2, 3]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from .layout import PRECISIONS, RECOMPUTE, SCHEDULES, PlanLayout
+from .layout import ATTENTIONS, PRECISIONS, RECOMPUTE, SCHEDULES, PlanLayout
 from .model_spec import ModelSpec
 from .recommend import default_global_batch
 from .report import Plan, plan
@@ -18,8 +18,24 @@ from .report import Plan, plan
 USAGE = ("usage: %distrain plan --model 70b --hw h100 [--gpus N] [--tp N] [--pp N] [--dp N] "
          "[--zero 0-3] [--cp N] [--ep N] [--microbatches M] [--mbs B] "
          "[--schedule 1f1b|gpipe|interleaved] [--virtual-stages V] "
-         "[--precision bf16|fp32|fp16|fp8] [--recompute none|selective|full] [--offload] "
+         "[--stages balanced|7,8*14,7] [--precision bf16|fp32|fp16|fp8] [--fp8] "
+         "[--attention flash|eager] [--recompute none|selective|full] [--offload] "
          "[--no-sp] [--seq-len S] [--tokens 1e12] [--price USD/h]")
+
+
+def _stages(text: str) -> "tuple[int, ...] | str":
+    """'balanced', or counts per stage: '7,8*14,7' (N*K repeats N, K times)."""
+    if text == "balanced":
+        return text
+    counts: list[int] = []
+    try:
+        for part in text.split(","):
+            value, _, times = part.strip().partition("*")
+            counts += [int(value)] * (int(times) if times else 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'balanced' or layer counts like 7,8*14,7, got {text!r}") from None
+    return tuple(counts)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +68,10 @@ def _parser() -> _Parser:
     p.add_argument("--mbs", type=_positive, default=1)
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--virtual-stages", type=_positive, default=None)
-    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    p.add_argument("--precision", choices=PRECISIONS, default=None)
+    p.add_argument("--fp8", action="store_true", help="same as --precision fp8")
+    p.add_argument("--attention", choices=ATTENTIONS, default="flash")
+    p.add_argument("--stages", "--layers-per-stage", dest="stages", type=_stages, default=None)
     p.add_argument("--recompute", choices=RECOMPUTE, default="none")
     p.add_argument("--offload", action="store_true")
     p.add_argument("--no-sp", action="store_true")
@@ -75,6 +94,12 @@ def plan_from_args(argv: "list[str] | str") -> Plan:
     args = _parser().parse_args(list(argv))
     zero = 3 if args.fsdp else args.zero
     try:
+        if args.fp8 and args.precision not in (None, "fp8"):
+            raise ValueError(f"--fp8 and --precision {args.precision} disagree; give one")
+        precision = "fp8" if args.fp8 else (args.precision or "bf16")
+        if args.stages is not None and args.pp == 1:
+            raise ValueError("--stages says how layers split over pipeline stages; "
+                             "give --pp N (N >= 2) with it")
         model = ModelSpec.preset(args.model, seq_len=args.seq_len)
         rep, shard = args.dp_replicate or 1, args.dp_shard or 1
         if args.dp is not None:
@@ -93,9 +118,10 @@ def plan_from_args(argv: "list[str] | str") -> Plan:
         layout = PlanLayout(dp_replicate=rep, dp_shard=shard, zero_stage=zero, tp=args.tp,
                             pp=args.pp, cp=args.cp, ep=args.ep, microbatches=micro,
                             schedule=args.schedule, virtual_stages=virtual,
-                            precision=args.precision, recompute=args.recompute,
+                            precision=precision, recompute=args.recompute,
                             optimizer_offload=args.offload, micro_batch_size=args.mbs,
-                            seq_parallel=not args.no_sp)
+                            seq_parallel=not args.no_sp, attention=args.attention,
+                            stage_layers=args.stages)
         if args.gpus and layout.world_size != args.gpus:
             raise ValueError(
                 f"--gpus {args.gpus} but the layout uses pp*dp*cp*tp = {layout.world_size}"

@@ -25,8 +25,12 @@ Who sends what (per step, m = micro-batches per step):
   layer and micro-batch, 2 all_reduce forward + 2 backward of the s*b*h activation, or
   with sequence parallelism 4 all_gather + 4 reduce_scatter of the same total volume;
   full recompute repeats the forward ones.
-- CP (ring attention, HF Ultra-Scale Playbook): K and V chunks travel cp-1 hops forward;
-  backward sends K, V and their gradients.
+- CP (ring attention, Liu et al. 2023; HF Ultra-Scale Playbook): each rank's K and V
+  chunk travels cp-1 hops forward; backward sends K, V and their gradients (3 per hop,
+  4 with full recompute). K/V are kv_heads wide (grouped-query attention), split over
+  tp or replicated when tp > kv_heads. The sends overlap the attention compute.
+- fp8: ZeRO-3 / FSDP2 gathers the parameters as fp8 (torchao's float8 all-gather), one
+  byte each; gradients are reduced and activations sent in bf16.
 - PP: the stage-boundary activation (s*b*h/tp, scatter-gather optimisation of
   Narayanan et al. 2021) forward and its gradient backward, per micro-batch and chunk.
 - EP: all_to_all dispatch and combine of the routed tokens per MoE layer, forward and
@@ -77,16 +81,24 @@ class CommBreakdown:
             out[item.collective] = out.get(item.collective, 0.0) + item.bytes
         return out
 
-    def exposed_seconds(self, compute_seconds: float) -> float:
+    def exposed_seconds(self, compute_seconds: float,
+                        attention_seconds: float | None = None) -> float:
         """Communication time not hidden behind compute.
 
-        Data-parallel syncs, ZeRO-3 gathers and ring-attention sends are issued
-        asynchronously and overlap compute (bucketing / prefetch); TP, PP and EP
+        Data-parallel syncs and ZeRO-3 gathers are issued asynchronously and overlap
+        compute (bucketing / prefetch); ring-attention sends overlap only the attention
+        kernels they feed (`attention_seconds`, when given); TP, PP and EP
         communication sits on the critical path and is counted in full.
         """
-        hidden = sum(i.seconds for i in self.items if i.overlappable)
+        ring = sum(i.seconds for i in self.items if i.overlappable and i.group == "cp")
+        hidden = sum(i.seconds for i in self.items if i.overlappable and i.group != "cp")
         blocking = sum(i.seconds for i in self.items if not i.overlappable)
-        return blocking + max(0.0, hidden - compute_seconds)
+        if attention_seconds is None:
+            hidden += ring
+            ring = 0.0
+        else:
+            ring = max(0.0, ring - attention_seconds)
+        return blocking + ring + max(0.0, hidden - compute_seconds)
 
 
 def ring_bytes(collective: str, n: int, buffer_bytes: float) -> float:
@@ -127,8 +139,9 @@ def communication_per_step(model: ModelSpec, layout: PlanLayout, hardware: Hardw
     p_bytes, g_bytes, _ = STATE_BYTES[layout.precision]
     act_bytes = 4 if layout.precision == "fp32" else 2
     m = layout.microbatches
-    params = max(sum(params_on_stage(model, layout, s)) for s in {0, layout.pp - 1})
-    grads_b, params_b = params * g_bytes, params * p_bytes
+    params = max(sum(params_on_stage(model, layout, s)) for s in range(layout.pp))
+    grads_b = params * g_bytes
+    params_b = params * (1 if layout.precision == "fp8" and layout.zero_stage == 3 else p_bytes)
 
     # ---- data parallel / ZeRO
     n = layout.grad_sync_degree
@@ -169,7 +182,7 @@ def communication_per_step(model: ModelSpec, layout: PlanLayout, hardware: Hardw
 
     # ---- context parallel (ring attention)
     if layout.cp > 1:
-        kv = 2 * s_local * b * model.kv_heads * model.head_dim / t * act_bytes
+        kv = 2 * s_local * b * max(model.kv_heads / t, 1) * model.head_dim * act_bytes
         hops = (layout.cp - 1) * (4 if layout.recompute == "full" else 3)
         add("send_recv", "cp", ("cp",), layout.cp, hops * kv * layers * m, True,
             "ring attention: K/V chunks forward, K/V and grads backward")

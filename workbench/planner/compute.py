@@ -1,47 +1,48 @@
-"""Compute: FLOPs, pipeline bubble, step time, MFU, throughput, wall-clock and cost.
+"""Compute: step time, pipeline bubble, MFU, throughput, wall-clock and cost.
 
-FLOPs per token (convention of Chowdhery et al. 2022, PaLM, appendix B, also used by
-the HF Ultra-Scale Playbook and Megatron's MFU): 6 N for the matmuls with the
-parameters (2 forward + 4 backward per parameter; N = active parameters, embeddings
-included) plus 12 * layers * hidden * seq_len for the attention scores (QK^T and AV,
-forward and backward, causal mask NOT halved). MFU counts these model FLOPs only; the
-extra forward of activation recomputation is hardware work, not model work.
+FLOPs per token are in flops.py (the kernels' count, the planner's model FLOPs and the
+published 6N + attention convention). Time per token = matmul FLOPs / matmul peak +
+attention FLOPs / attention peak, both scaled by one achievable fraction
+(`kernel_efficiency`) for every part and every run. Under fp8 the parameter matmuls run
+at the fp8 peak and attention (and all else) at the bf16 peak, as Transformer Engine
+and torchao's float8 training do; fp32 runs its matmuls as TF32.
 
-Pipeline bubble (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
-on GPU Clusters Using Megatron-LM", section 2.2): with p stages and m micro-batches the
-idle time is (p-1)/m of the ideal compute time for GPipe and 1F1B, and (p-1)/(m*v) with
-v interleaved model chunks per rank.
+Pipeline (pipeline.py): the busiest rank's compute sets the pace. `stage_imbalance` is
+its work over the mean work of a rank (layers plus the output head on the last stage,
+in FLOPs), and the bubble follows the real layer assignment: Narayanan et al. 2021's
+(p-1)/m for 1F1B and (p-1)/(m v) interleaved when stages are even.
 
-Step time = compute / (peak * kernel_efficiency) * (1 + bubble) + exposed
-communication. kernel_efficiency is the fraction of peak the matmul-heavy kernels
-reach (0.55 is typical of well-tuned bf16 training on H100-class parts).
+Step time = compute * (1 + imbalance) * (1 + bubble) + exposed communication
+            + optimizer offload (host copies and the CPU Adam step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .flops import (attention_flops_per_token, flops_per_token, layer_and_head_seconds,
+                    token_flops)
 from .hardware import Hardware, load_hardware
 from .layout import PlanLayout
 from .model_spec import ModelSpec
+from .pipeline import assignment_bubble, rank_layers
+
+__all__ = ["DEFAULT_KERNEL_EFFICIENCY", "ComputeEstimate", "RunCost", "attention_flops_per_token",
+           "bubble_fraction", "estimate_compute", "flops_per_token", "implied_mfu",
+           "recompute_flops_per_token", "run_cost", "stage_imbalance", "training_days"]
 
 SECONDS_PER_DAY = 86_400
+# The one achievable fraction of the dense peak for every part and every run: what
+# large-message bf16 GEMMs of training shapes sustain on H100 / A100 (cuBLAS reaches
+# ~0.6-0.75 of the datasheet peak; the elementwise work between them costs the rest).
 DEFAULT_KERNEL_EFFICIENCY = 0.55
-
-
-def attention_flops_per_token(model: ModelSpec) -> float:
-    """12 * layers * hidden * seq_len (PaLM appendix B), forward + backward."""
-    return 12 * model.layers * model.hidden * model.seq_len
-
-
-def flops_per_token(model: ModelSpec, include_attention: bool = True) -> float:
-    """Model FLOPs per trained token: 6 N_active (+ the attention term)."""
-    n = model.params().active
-    return 6 * n + (attention_flops_per_token(model) if include_attention else 0)
+# ZeRO-Offload's CPU Adam: parameters updated per second for one GPU's share of the
+# host cores (an assumption stated here, not a measurement of this machine).
+CPU_ADAM_PARAMS_PER_SECOND = 1e9
 
 
 def recompute_flops_per_token(model: ModelSpec, recompute: str) -> float:
-    """Extra hardware FLOPs per token spent re-running forward work.
+    """Extra FLOPs per token spent re-running forward work (published convention).
 
     full: one more forward of everything (2 N + the forward third of the attention
     term); selective: only the attention scores (Korthikanti et al. 2022, section 5).
@@ -56,11 +57,21 @@ def recompute_flops_per_token(model: ModelSpec, recompute: str) -> float:
 
 def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b",
                     virtual_stages: int = 1) -> float:
-    """Pipeline idle time as a fraction of ideal compute: (p-1)/m, or /v interleaved."""
+    """Pipeline idle time for even stages: (p-1)/m, or (p-1)/(m v) interleaved."""
     if pp <= 1:
         return 0.0
     v = virtual_stages if schedule == "interleaved" else 1
     return (pp - 1) / (microbatches * v)
+
+
+def stage_imbalance(model: ModelSpec, layout: PlanLayout, layer_seconds: float,
+                    head_seconds: float) -> float:
+    """Busiest pipeline rank's work over the mean rank's, minus one (0 when even)."""
+    if layout.pp <= 1:
+        return 0.0
+    work = [n * layer_seconds for n in rank_layers(model, layout)]
+    work[-1] += head_seconds
+    return max(work) / (sum(work) / len(work)) - 1
 
 
 @dataclass(frozen=True)
@@ -76,23 +87,77 @@ class ComputeEstimate:
     mfu: float
     tokens_per_second: float
     kernel_efficiency: float
+    imbalance: float = 0.0
+    matmul_seconds: float = 0.0
+    attention_seconds: float = 0.0
+    offload_seconds: float = 0.0
+    published_flops_per_step: float = 0.0
+    published_hardware_flops_per_step: float = 0.0
+    peak_flops: float = 0.0
+    devices: int = 1
+
+    def _per_peak(self, flops: float) -> float:
+        return flops / (self.step_seconds * self.devices * self.peak_flops)
+
+    @property
+    def mfu_published(self) -> float:
+        """MFU in the published convention: (6N + 12 L h s) per token (PaLM appendix B)."""
+        return self._per_peak(self.published_flops_per_step)
+
+    @property
+    def hfu_published(self) -> float:
+        """The same with recompute counted, as Narayanan et al. 2021 report "% of peak"."""
+        return self._per_peak(self.published_hardware_flops_per_step)
+
+    @property
+    def hfu(self) -> float:
+        """FLOPs the kernels run (recompute included) over the peak."""
+        return self._per_peak(self.hardware_flops_per_step)
+
+    def flops_per_device_per_second(self, convention: str = "published_hardware") -> float:
+        """Achieved FLOP/s per device: convention "model", "hardware", "published" or
+        "published_hardware" (the last is what Narayanan et al. 2021 quote per GPU)."""
+        return getattr(self, f"{convention}_flops_per_step") / self.devices / self.step_seconds
 
 
 def estimate_compute(model: ModelSpec, layout: PlanLayout, hardware: Hardware,
                      exposed_comm_seconds: float = 0.0,
-                     kernel_efficiency: float = DEFAULT_KERNEL_EFFICIENCY) -> ComputeEstimate:
+                     kernel_efficiency: float = DEFAULT_KERNEL_EFFICIENCY,
+                     offload_seconds: float = 0.0) -> ComputeEstimate:
     """Step time and MFU of one optimizer step of dp * m * mbs sequences."""
     tokens = layout.dp * layout.microbatches * layout.micro_batch_size * model.seq_len
-    model_flops = flops_per_token(model) * tokens
-    hw_flops = model_flops + recompute_flops_per_token(model, layout.recompute) * tokens
+    per_token = token_flops(model, layout)
     peak = hardware.peak_flops(layout.precision)
-    compute = hw_flops / layout.world_size / (peak * kernel_efficiency)
-    bubble = bubble_fraction(layout.pp, layout.microbatches, layout.schedule,
-                             layout.virtual_stages)
-    step = compute * (1 + bubble) + exposed_comm_seconds
-    mfu = model_flops / (step * layout.world_size * peak)
-    return ComputeEstimate(tokens, model_flops, hw_flops, compute, bubble, compute * bubble,
-                           exposed_comm_seconds, step, mfu, tokens / step, kernel_efficiency)
+    matmul_rate = peak * kernel_efficiency
+    other = "bf16" if layout.precision == "fp8" else layout.precision
+    attention_rate = hardware.peak_flops(other) * kernel_efficiency
+    world = layout.world_size
+    matmul_s = per_token.matmul * tokens / world / matmul_rate
+    attention_s = per_token.attention * tokens / world / attention_rate
+    layer_s, head_s = layer_and_head_seconds(model, layout, matmul_rate, attention_rate)
+    imbalance = stage_imbalance(model, layout, layer_s, head_s)
+    compute = (matmul_s + attention_s) * (1 + imbalance)
+    bubble = assignment_bubble(model, layout)
+    step = compute * (1 + bubble) + exposed_comm_seconds + offload_seconds
+    model_flops = per_token.model * tokens
+    mfu = model_flops / (step * world * peak)
+    return ComputeEstimate(
+        tokens, model_flops, per_token.hardware * tokens, compute, bubble, compute * bubble,
+        exposed_comm_seconds, step, mfu, tokens / step, kernel_efficiency,
+        imbalance=imbalance, matmul_seconds=matmul_s, attention_seconds=attention_s,
+        offload_seconds=offload_seconds, published_flops_per_step=per_token.published * tokens,
+        published_hardware_flops_per_step=per_token.published_hardware * tokens,
+        peak_flops=peak, devices=world)
+
+
+def offload_seconds(optimizer_params: float, host_link_bytes_per_s: float,
+                    param_bytes: int = 2, grad_bytes: int = 2) -> float:
+    """ZeRO-Offload per step: gradients down, updated parameters up over the host link,
+    and the CPU Adam update of this rank's optimizer shard (Ren et al. 2021)."""
+    if optimizer_params <= 0:
+        return 0.0
+    copies = optimizer_params * (param_bytes + grad_bytes) / host_link_bytes_per_s
+    return copies + optimizer_params / CPU_ADAM_PARAMS_PER_SECOND
 
 
 # ------------------------------------------------------------------ budget and cost

@@ -30,6 +30,7 @@ class Hardware:
     inter_node_gbs: float
     devices_per_node: int
     price_usd_per_hour: tuple[float, float]
+    host_link_gbs: float = 25.0  # PCIe Gen4 x16 where the catalogue gives none
     notes: str = ""
     aliases: tuple[str, ...] = field(default=(), repr=False)
 
@@ -55,6 +56,11 @@ class Hardware:
         if precision == "fp32":
             return self.bf16_tflops * 1e12 / 2
         raise ValueError(f"unknown precision {precision!r}; use bf16, fp16, fp8 or fp32")
+
+    @property
+    def host_link_bandwidth(self) -> float:
+        """Bytes/s per device between device and host memory (optimizer offload)."""
+        return self.host_link_gbs * GB
 
     def link_bandwidth(self, intra_node: bool) -> float:
         """Bytes/s per device over the scale-up fabric (True) or the NIC (False)."""

@@ -22,6 +22,7 @@ from .model_spec import ModelSpec
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 PRECISIONS = ("bf16", "fp32", "fp16", "fp8")
 RECOMPUTE = ("none", "selective", "full")
+ATTENTIONS = ("flash", "eager")
 MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
@@ -31,6 +32,12 @@ class PlanLayout:
 
     virtual_stages is v of the interleaved schedule (model chunks per pipeline rank,
     Narayanan et al. 2021); it must be >= 2 for "interleaved" and 1 otherwise.
+    attention: "flash" (fused kernel: FlashAttention, PyTorch SDPA; the s x s scores
+    are never stored and the backward recomputes them) or "eager" (softmax(QK^T) as
+    tensors: the scores are stored). stage_layers: transformer layers per pipeline
+    rank (pp entries) or per model chunk (pp * virtual_stages entries); None splits
+    evenly when the layers divide and balances otherwise, "balanced" always balances
+    (embedding and head counted as a layer of work each; see pipeline.py).
     """
 
     dp_replicate: int = 1
@@ -48,6 +55,8 @@ class PlanLayout:
     optimizer_offload: bool = False
     micro_batch_size: int = 1
     seq_parallel: bool = True
+    attention: str = "flash"
+    stage_layers: "tuple[int, ...] | str | None" = None
 
     def __post_init__(self) -> None:
         for field in ("dp_replicate", "dp_shard", "tp", "pp", "microbatches", "cp", "ep",
@@ -63,6 +72,8 @@ class PlanLayout:
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("precision", self.precision, PRECISIONS)
         _choice("recompute", self.recompute, RECOMPUTE)
+        _choice("attention", self.attention, ATTENTIONS)
+        self._check_stage_layers()
         if self.schedule == "interleaved":
             if self.virtual_stages < 2:
                 raise ValueError(
@@ -156,6 +167,9 @@ class PlanLayout:
             sched = self.schedule + (f"(v={self.virtual_stages})"
                                      if self.schedule == "interleaved" else "")
             parts.append(f"{sched} m={self.microbatches}")
+        if self.pp > 1 and self.stage_layers is not None:
+            parts.append("stages=" + ("balanced" if self.stage_layers == "balanced" else
+                                      _fold(self.stage_layers)))
         if self.recompute != "none":
             parts.append(f"recompute={self.recompute}")
         if self.optimizer_offload:
@@ -183,15 +197,11 @@ class PlanLayout:
                 f"pp={self.pp} exceeds layers={model.layers}: every pipeline stage needs "
                 f"at least one layer; use pp <= {model.layers}"
             )
-        chunks = self.pp * self.virtual_stages
-        if self.schedule == "interleaved" and model.layers % chunks:
-            vs = [v for v in range(2, 9) if model.layers % (self.pp * v) == 0]
-            fix = (f"use virtual_stages in {vs}" if vs else
-                   f"no virtual_stages works with pp={self.pp}; use pp in "
-                   f"{[p for p in range(2, 17) if model.layers % (2 * p) == 0]}")
+        if isinstance(self.stage_layers, tuple) and sum(self.stage_layers) != model.layers:
             raise ValueError(
-                f"interleaved schedule: layers={model.layers} must split evenly into "
-                f"pp*virtual_stages={chunks} chunks; {fix}"
+                f"stage_layers={list(self.stage_layers)} add up to {sum(self.stage_layers)} "
+                f"but the model has layers={model.layers}; give counts that sum to "
+                f"{model.layers}, or stage_layers='balanced'"
             )
         if model.seq_len % self.cp:
             raise ValueError(f"cp={self.cp} does not divide seq_len={model.seq_len}; "
@@ -206,8 +216,50 @@ class PlanLayout:
             )
 
     def layers_per_stage(self, model: ModelSpec) -> int:
-        """Layers on the busiest pipeline rank (ceil, so uneven splits are counted)."""
-        return -(-model.layers // self.pp)
+        """Transformer layers on the busiest pipeline rank (the real assignment)."""
+        from .pipeline import rank_layers  # pipeline.py names PlanLayout only in annotations
+
+        return max(rank_layers(model, self))
+
+    def _check_stage_layers(self) -> None:
+        given = self.stage_layers
+        if given is None or given == "balanced":
+            return
+        if isinstance(given, str):
+            raise ValueError(f"PlanLayout.stage_layers={given!r}: give layer counts per "
+                             "stage (a tuple of ints), 'balanced', or None")
+        counts = tuple(given)
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+            raise ValueError(f"PlanLayout.stage_layers={list(counts)}: counts must be ints >= 0")
+        if self.pp == 1:
+            raise ValueError("PlanLayout.stage_layers needs pp >= 2 (it says how the layers "
+                             "are split over pipeline stages)")
+        chunks = self.pp * self.virtual_stages
+        if len(counts) not in (self.pp, chunks):
+            raise ValueError(
+                f"PlanLayout.stage_layers has {len(counts)} entries: give one per pipeline "
+                f"rank ({self.pp})" + (f" or one per model chunk ({chunks})"
+                                       if chunks != self.pp else "")
+            )
+        per_rank = [sum(counts[r::self.pp]) for r in range(self.pp)]
+        if min(per_rank) < 1:
+            raise ValueError(f"PlanLayout.stage_layers={list(counts)} leaves pipeline rank "
+                             f"{per_rank.index(0)} without a transformer layer; give every "
+                             "rank at least one")
+        object.__setattr__(self, "stage_layers", counts)
+
+
+def _fold(counts: tuple[int, ...]) -> str:
+    """(7, 8, 8, 8, 7) -> '7,8*3,7': the form --stages takes."""
+    parts: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        parts.append(str(counts[i]) if j - i == 1 else f"{counts[i]}*{j - i}")
+        i = j
+    return ",".join(parts)
 
 
 def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -18,6 +18,11 @@ Mapping of a strategy to the planner's layout (W = world size):
 Precision: param_dtype fp32 -> the planner's fp32 profile (4 + 4 + 8 bytes/param);
 bf16/fp16 -> its mixed-precision profile (2 + 2 + 12).
 
+Attention kernel: measured, not assumed. The census step runs under
+:class:`workbench.engine.attention_probe.AttentionProbe`, which sees the aten ops: a
+fused SDPA / FlashAttention kernel -> the planner's ``attention="flash"`` (no stored
+s x s scores), a softmax over the score matrix -> ``"eager"``.
+
 ``predicted_bytes`` is the planner's number plus the implementation terms the workbench
 knows and the planner's paper model leaves out (each named in ``explanation``):
 DeepSpeed keeps an fp32 master partition even for an fp32 model (+4 B/param/shard,
@@ -60,13 +65,16 @@ def model_spec_from_config(config: dict, seq_len: int | None = None) -> ModelSpe
     )
 
 
-def layout_from_spec(spec: dict, world_size: int, *, micro_batch_size: int = 1) -> PlanLayout:
-    """A PlanLayout for a RESOLVED StrategySpec (as a dict) on ``world_size`` ranks."""
+def layout_from_spec(spec: dict, world_size: int, *, micro_batch_size: int = 1,
+                     attention: str = "flash") -> PlanLayout:
+    """A PlanLayout for a RESOLVED StrategySpec (as a dict) on ``world_size`` ranks, with
+    the attention kernel the census measured ("flash" or "eager")."""
     kind = spec["kind"]
     dtype = spec.get("param_dtype", "fp32")
     precision = "fp32" if dtype == "fp32" else dtype
     ac = spec.get("activation_checkpointing", "none")
-    common = dict(precision=precision, recompute=ac if ac in ("none", "full", "selective") else "none",
+    common = dict(precision=precision, attention=attention,
+                  recompute=ac if ac in ("none", "full", "selective") else "none",
                   micro_batch_size=max(1, int(micro_batch_size)),
                   seq_parallel=bool(spec.get("sequence_parallel", True)))
     fsdp_stage = 3 if spec.get("reshard_after_forward", True) else 2
@@ -214,7 +222,8 @@ def compare(censuses: list[dict], *, seq_len: int | None = None) -> "pd.DataFram
     for c in censuses:
         b, t = int(c["batch_shape"][0]), int(c["batch_shape"][1])
         model = model_spec_from_config(c["model_config"], seq_len=seq_len or t)
-        layout = layout_from_spec(c["spec"], c["world_size"], micro_batch_size=b)
+        layout = layout_from_spec(c["spec"], c["world_size"], micro_batch_size=b,
+                                  attention=c.get("attention") or "flash")
         pred = predicted_parts(model, layout, c["rank"])
         extra = implementation_terms(model, layout, c, c["rank"])
         parts = list(PARTS) + (["buffers"] if c["bytes"].get("buffers") else [])
@@ -278,12 +287,18 @@ def config_dict(cfg) -> dict:
 def census_on_ranks(batch_size: int = 8) -> dict:
     """Runs ON A RANK: one census step of the current Prepared, plus its model config."""
     from workbench.engine import session
+    from workbench.engine.attention_probe import AttentionProbe, hf_attention_implementation
     from workbench.engine.memory_census import census
     from workbench.strategies import model_config_of
 
     prepared = session.prepared()
-    out = census(prepared, batch_size=batch_size)
-    out["model_config"] = config_dict(model_config_of(prepared.unwrap()))
+    with AttentionProbe() as probe:
+        out = census(prepared, batch_size=batch_size)
+    model = prepared.unwrap()
+    hf = hf_attention_implementation(model)
+    out["attention"] = probe.kernel() or ({"eager": "eager"}.get(hf, "flash") if hf else None)
+    out["attention_evidence"] = probe.evidence() + (f"; HF attn_implementation={hf}" if hf else "")
+    out["model_config"] = config_dict(model_config_of(model))
     return out
 
 
@@ -303,9 +318,13 @@ def plan_live(*, batch_size: int = 8, hardware: str = "h100", show: bool = True)
                          "needs its shape")
     c0 = censuses[0]
     model = model_spec_from_config(c0["model_config"], seq_len=c0["batch_shape"][1])
-    layout = layout_from_spec(c0["spec"], c0["world_size"], micro_batch_size=c0["batch_shape"][0])
+    attention = c0.get("attention") or "flash"
+    layout = layout_from_spec(c0["spec"], c0["world_size"], micro_batch_size=c0["batch_shape"][0],
+                              attention=attention)
     table = compare(censuses)
     if show:
+        print(f"attention kernel on the ranks: {attention} ({c0.get('attention_evidence', 'not measured')})"
+              + ("" if c0.get("attention") else "; none seen, planned as flash"))
         print(plan(model, layout, hardware).summary())
         off = table[table["ratio"].notna() & ((table["ratio"] - 1).abs() > TOLERANCE)]
         print(f"measured on the ranks: one training step ({c0['strategy']} via {c0['path']}, local batch "

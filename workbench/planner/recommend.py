@@ -4,8 +4,15 @@ The search follows the order of the HF Ultra-Scale Playbook ("first fit a replic
 memory, then scale the batch with DP"): tensor parallelism only inside one node's
 fast fabric (its all-reduces sit on the critical path of every layer), pipeline
 parallelism across nodes (only point-to-point sends, at the price of a bubble), ZeRO
-stages and activation recomputation as memory savers, DP with whatever is left. The
-global batch is held fixed, so step times of different layouts compare like for like.
+stages and activation recomputation as memory savers, DP with whatever is left. Context
+parallelism (ring attention) splits long sequences: it is searched from
+`LONG_CONTEXT` tokens up (or over the degrees given as `cps`), as production runs use it
+(Llama 3 turned it on only for its 128K stage); expert parallelism spreads a MoE's
+experts over data-parallel ranks; with `offload=True`, optimizer offload (ZeRO-Offload)
+is tried for each layout that does not fit without it. The global batch is held fixed, so step times
+of different layouts compare like for like. Under flash attention selective recompute
+stores what no recompute stores (the kernel already recomputes the scores), so it is
+not searched.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ from .layout import RECOMPUTE, PlanLayout
 from .memory import fmt_bytes, memory_per_rank, total_model_state_bytes
 from .model_spec import ModelSpec
 from .report import Plan, plan
+
+LONG_CONTEXT = 32_768  # sequence length from which context parallelism is searched
+MIN_CP_CHUNK = 4_096   # tokens per CP rank below which the ring is not worth its hops
 
 
 @dataclass(frozen=True)
@@ -40,52 +50,76 @@ def default_global_batch(model: ModelSpec, gpus: int, target_tokens: float = 4 *
     return -(-sequences // gpus) * gpus
 
 
+def context_parallel_degrees(model: ModelSpec, gpus: int) -> list[int]:
+    """CP degrees searched by default: 1, and from LONG_CONTEXT tokens up every degree
+    that leaves chunks of at least MIN_CP_CHUNK tokens."""
+    if model.seq_len < LONG_CONTEXT:
+        return [1]
+    return [c for c in range(1, gpus + 1) if gpus % c == 0 and model.seq_len % c == 0
+            and model.seq_len // c >= MIN_CP_CHUNK]
+
+
 def candidate_layouts(model: ModelSpec, gpus: int, hardware: Hardware, *,
                       global_batch: int, precision: str = "bf16",
-                      micro_batch_size: int = 1) -> list[PlanLayout]:
-    """Every (tp, pp, dp, zero, recompute, schedule) the model and batch allow."""
+                      micro_batch_size: int = 1, attention: str = "flash",
+                      cps: "list[int] | None" = None) -> list[PlanLayout]:
+    """Every (tp, cp, pp, dp, ep, zero, recompute, schedule) the model and batch allow."""
     out = []
     divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
     tps = [t for t in divisors if t <= hardware.devices_per_node and t <= model.heads
            and model.heads % t == 0 and model.ffn % t == 0
            and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
-    for tp, pp in product(tps, divisors):
-        if (gpus // tp) % pp or pp > model.layers:
+    cps = context_parallel_degrees(model, gpus) if cps is None else cps
+    recomputes = [r for r in RECOMPUTE if not (attention == "flash" and r == "selective")]
+    for tp, cp, pp in product(tps, cps, divisors):
+        if (gpus // (tp * cp)) % pp or pp > model.layers or gpus % (tp * cp):
             continue
-        dp = gpus // (tp * pp)
+        dp = gpus // (tp * cp * pp)
         if global_batch % (dp * micro_batch_size):
             continue
         m = global_batch // (dp * micro_batch_size)
         schedules = [("1f1b", 1)]
-        if pp > 1 and m % pp == 0 and model.layers % (2 * pp) == 0:
+        if pp > 1 and m % pp == 0 and model.layers >= 2 * pp:
             schedules.append(("interleaved", 2))
-        for zero, recompute, (schedule, v) in product(range(4), RECOMPUTE, schedules):
-            if zero and dp == 1:
+        eps = [e for e in divisors if model.is_moe and model.experts % e == 0 and dp % e == 0]
+        for zero, recompute, (schedule, v), ep in product(range(4), recomputes, schedules,
+                                                          eps or [1]):
+            if zero and dp * cp == 1:
                 continue
+            if zero == 0 and cp > 1:
+                continue  # cp ranks hold the same parameters: shard them (torchtitan dp_shard_cp)
             shard = dict(dp_shard=dp) if zero else dict(dp_replicate=dp)
-            out.append(PlanLayout(tp=tp, pp=pp, zero_stage=zero, microbatches=m,
+            out.append(PlanLayout(tp=tp, cp=cp, pp=pp, ep=ep, zero_stage=zero, microbatches=m,
                                   schedule=schedule, virtual_stages=v, recompute=recompute,
                                   precision=precision, micro_batch_size=micro_batch_size,
-                                  **shard))
+                                  attention=attention, **shard))
     return out
 
 
 def recommend(model: ModelSpec, gpus: int, hardware: "Hardware | str", *, top: int = 5,
               global_batch: int | None = None, precision: str = "bf16",
-              micro_batch_size: int = 1,
+              micro_batch_size: int = 1, attention: str = "flash",
+              cps: "list[int] | None" = None, offload: bool = False,
               kernel_efficiency: float = DEFAULT_KERNEL_EFFICIENCY) -> list[Recommendation]:
     """Layouts of `gpus` devices that fit in memory, fastest estimated step first.
 
-    Ties (e.g. ZeRO-1 and ZeRO-2 move the same bytes) go to the simpler layout: lower
-    ZeRO stage, less recomputation, then less memory.
+    `precision="fp8"` plans fp8 matmuls (and fp8 memory); `attention` is the kernel the
+    run will use; `cps` the context-parallel degrees to search (default: see
+    `context_parallel_degrees`); `offload=True` also tries optimizer offload where a
+    layout does not fit without it. Ties (e.g. ZeRO-1 and ZeRO-2 move the same bytes) go to the simpler
+    layout: lower ZeRO stage, less recomputation, no offload, no CP, then less memory.
     """
     hw = load_hardware(hardware)
     batch = global_batch or default_global_batch(model, gpus)
     fitting: list[Plan] = []
     smallest = None
     for layout in candidate_layouts(model, gpus, hw, global_batch=batch, precision=precision,
-                                    micro_batch_size=micro_batch_size):
+                                    micro_batch_size=micro_batch_size, attention=attention,
+                                    cps=cps):
         memory = memory_per_rank(model, layout)
+        if offload and not memory.fits(hw) and layout.zero_stage:
+            layout = replace(layout, optimizer_offload=True)  # ZeRO-Offload, only if needed
+            memory = memory_per_rank(model, layout)
         smallest = memory.total if smallest is None else min(smallest, memory.total)
         if memory.fits(hw):
             fitting.append(plan(model, layout, hw, kernel_efficiency=kernel_efficiency))
@@ -93,10 +127,11 @@ def recommend(model: ModelSpec, gpus: int, hardware: "Hardware | str", *, top: i
         raise ValueError(
             f"no layout of {gpus} x {hw.key} fits {model.name}: the leanest needs "
             f"{fmt_bytes(smallest or 0)} per device of {hw.memory_gb:g} GB; use more "
-            "devices, a larger-memory part, or optimizer_offload"
+            "devices, a larger-memory part" + ("" if offload else ", or offload=True")
         )
     fitting.sort(key=lambda p: (round(p.compute.step_seconds, 6), p.layout.zero_stage,
-                                RECOMPUTE.index(p.layout.recompute), p.memory.total))
+                                RECOMPUTE.index(p.layout.recompute),
+                                p.layout.optimizer_offload, p.layout.cp, p.memory.total))
     return [Recommendation(p.layout, p, explain(p)) for p in fitting[:top]]
 
 
@@ -106,9 +141,17 @@ def explain(p: Plan) -> str:
     reasons = []
     if layout.tp > 1:
         reasons.append(f"TP within a node ({layout.tp} of {hw.devices_per_node})")
+    if layout.cp > 1:
+        reasons.append(f"CP={layout.cp} splits the {model.seq_len}-token sequence "
+                       "(ring attention)")
     if layout.pp > 1:
         where = "across nodes" if layout.stride("pp") >= hw.devices_per_node else "in-node"
         reasons.append(f"PP {where} ({layout.pp}, bubble {p.compute.bubble:.0%})")
+    if layout.ep > 1:
+        reasons.append(f"EP={layout.ep}: {model.experts // layout.ep} experts per rank")
+    if layout.optimizer_offload:
+        reasons.append(f"optimizer offloaded to CPU ({p.compute.offload_seconds:.2f} s/step): "
+                       "without it no such layout fits")
     states = total_model_state_bytes(model, layout.precision)
     split = layout.tp * layout.pp
     if layout.zero_stage:
@@ -147,6 +190,7 @@ def as_frame(recommendations: list[Recommendation]):
 
     return pd.DataFrame([
         dict(layout=r.layout.describe(), tp=r.layout.tp, pp=r.layout.pp, dp=r.layout.dp,
+             cp=r.layout.cp, ep=r.layout.ep, offload=r.layout.optimizer_offload,
              zero=r.layout.zero_stage, recompute=r.layout.recompute,
              memory_gb=r.plan.memory.total / 1e9, step_s=r.plan.compute.step_seconds,
              mfu=r.plan.compute.mfu, reason=r.reason)

@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 
 from .communication import CommBreakdown, communication_per_step
 from .compute import (DEFAULT_KERNEL_EFFICIENCY, ComputeEstimate, RunCost, estimate_compute,
-                      run_cost)
+                      offload_seconds, run_cost)
+from .flops import token_flops
 from .hardware import Hardware, load_hardware
 from .layout import PlanLayout
-from .memory import MemoryBreakdown, fmt_bytes, memory_per_rank
+from .memory import (STATE_BYTES, MemoryBreakdown, activation_bytes_per_layer, fmt_bytes,
+                     memory_per_rank)
 from .model_spec import ModelSpec
+from .pipeline import describe_stages, in_flight_layers
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,10 @@ class Plan:
             ("compute", "compute time", c.compute_seconds, "s/step"),
             ("compute", "exposed comm", c.exposed_comm_seconds, "s/step"),
             ("compute", "step time", c.step_seconds, "s/step"),
+            ("compute", "stage imbalance", c.imbalance, "fraction of compute"),
+            ("compute", "offload", c.offload_seconds, "s/step"),
             ("compute", "MFU", c.mfu, "fraction"),
+            ("compute", "MFU (6N + 12Lhs)", c.mfu_published, "fraction"),
             ("compute", "tokens/s", c.tokens_per_second, "tokens/s"),
         ]
         if self.cost is not None:
@@ -69,36 +75,90 @@ class Plan:
         return pd.DataFrame(rows, columns=["section", "item", "value", "unit"])
 
     def summary(self) -> str:
-        m, c, hw = self.memory, self.compute, self.hardware
+        m, c, hw, layout = self.memory, self.compute, self.hardware, self.layout
         state = "fits" if self.fits else "DOES NOT FIT"
         lines = [
             f"plan: {self.model.name} ({self.model.params().total / 1e9:.1f}B params) on "
             f"{self.gpus} x {hw.name}",
-            f"layout: {self.layout.describe()}  [{self.layout.precision}]",
-            f"memory per GPU (stage {m.stage}): {fmt_bytes(m.total)} of "
-            f"{hw.memory_gb:g} GB -> {state}",
+            f"layout: {layout.describe()}  [{layout.precision}]  attention: {layout.attention}",
         ]
-        lines += [f"  {part:<12}{fmt_bytes(v):>10}" for part, v in m.parts().items() if v]
+        if layout.pp > 1:
+            lines.append(f"layers per pipeline rank: {describe_stages(self.model, layout)}")
+        lines.append(f"memory per GPU (stage {m.stage}): {fmt_bytes(m.total)} of "
+                     f"{hw.memory_gb:g} GB (90% usable) -> {state}")
+        lines += [f"  {part:<12}{fmt_bytes(v):>10}{self._why_memory(part)}"
+                  for part, v in m.parts().items() if v]
         if m.cpu_offload:
             lines.append(f"  {'(cpu)':<12}{fmt_bytes(m.cpu_offload):>10} optimizer offloaded")
         lines.append(f"comm per step per GPU: {fmt_bytes(self.comm.total_bytes)}")
         for i in self.comm.items:
             where = "intra-node" if i.intra_node else "inter-node"
             lines.append(f"  {i.collective:<15}{i.group:<13}{fmt_bytes(i.bytes):>10}"
-                         f"  {i.seconds * 1e3:8.1f} ms  {where}")
-        lines += [
-            f"bubble: {c.bubble:.1%} of compute ({self.layout.schedule}, "
-            f"pp={self.layout.pp}, m={self.layout.microbatches})",
-            f"step: {c.step_seconds:.2f} s = compute {c.compute_seconds:.2f} s "
-            f"(at {c.kernel_efficiency:.0%} of peak) + bubble {c.bubble_seconds:.2f} s "
-            f"+ exposed comm {c.exposed_comm_seconds:.2f} s",
-            f"MFU: {c.mfu:.1%}   tokens/s: {c.tokens_per_second:,.0f}   "
-            f"tokens/step: {c.tokens_per_step:,}",
-        ]
+                         f"  {i.seconds * 1e3:8.1f} ms  {where}"
+                         f"{'' if i.overlappable else '  (blocking)'}")
+        lines += self._compute_lines()
         if self.cost is not None:
             lines.append(f"cost: {self.cost}")
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+    def _why_memory(self, part: str) -> str:
+        model, layout, m = self.model, self.layout, self.memory
+        if part == "activations":
+            per_layer = activation_bytes_per_layer(model, layout)
+            held = in_flight_layers(model, layout, m.stage)
+            if layout.recompute == "full":
+                formula = "2sbh (full recompute)"
+            elif layout.attention == "eager" and layout.recompute == "none":
+                formula = "sbh(34 + 5as/h), scores stored (eager)"
+            else:
+                formula = "34sbh, no s x s scores (" + (
+                    "flash" if layout.attention == "flash" else "selective recompute") + ")"
+            if layout.precision == "fp8" and layout.recompute != "full":
+                formula += ", linear inputs in fp8 (34 -> 27)"
+            return (f" = {fmt_bytes(per_layer)}/layer [{formula}] x {held:g} layers in "
+                    f"flight ({layout.schedule})")
+        if part in ("parameters", "gradients", "optimizer"):
+            index = ("parameters", "gradients", "optimizer").index(part)
+            nbytes = STATE_BYTES[layout.precision][index]
+            zero_from = (3, 2, 1)[index]
+            split = (f" / {layout.shard_degree} ZeRO-{layout.zero_stage}"
+                     if layout.zero_stage >= zero_from and layout.shard_degree > 1 else "")
+            return f" = {nbytes} B/param{split}"
+        if part == "logits":
+            return " fp32 logits for the loss (last stage)"
+        if part == "fp8 weights":
+            return " fp8 weight + transpose copies (Transformer Engine)"
+        return ""
+
+    def _compute_lines(self) -> list[str]:
+        c, layout, model = self.compute, self.layout, self.model
+        per_token = token_flops(model, layout)
+        peak_name = "fp8" if layout.precision == "fp8" else layout.precision
+        attention_peak = "bf16" if layout.precision == "fp8" else layout.precision
+        lines = [
+            f"FLOPs per token: matmuls {per_token.matmul / 1e9:,.1f} G (at the {peak_name} "
+            f"peak) + attention {per_token.attention / 1e9:,.1f} G ({layout.attention}, "
+            f"causal{' kernel recompute' if layout.attention == 'flash' else ' computed in full'};"
+            f" at the {attention_peak} peak)",
+            f"compute: {c.matmul_seconds:.2f} s matmuls + {c.attention_seconds:.2f} s "
+            f"attention at {c.kernel_efficiency:.0%} of peak"
+            + (f", x {1 + c.imbalance:.3f} busiest stage over the mean" if c.imbalance else "")
+            + f" = {c.compute_seconds:.2f} s",
+            f"bubble: {c.bubble:.1%} of compute ({layout.schedule}, pp={layout.pp}, "
+            f"m={layout.microbatches}"
+            + (f", v={layout.virtual_stages}" if layout.schedule == "interleaved" else "") + ")",
+            f"step: {c.step_seconds:.2f} s = compute {c.compute_seconds:.2f} s "
+            f"+ bubble {c.bubble_seconds:.2f} s + exposed comm {c.exposed_comm_seconds:.2f} s"
+            + (f" + offload {c.offload_seconds:.2f} s" if c.offload_seconds else ""),
+            f"MFU: {c.mfu:.1%} (planner: 6 N_matmul + 6 L h s causal)   published "
+            f"convention {c.mfu_published:.1%} (6N + 12 L h s, PaLM appendix B); with recompute "
+            f"{c.hfu_published:.1%} (Narayanan et al. 2021); of the dense {peak_name} peak",
+            f"tokens/s: {c.tokens_per_second:,.0f}   tokens/step: {c.tokens_per_step:,}   "
+            f"{c.flops_per_device_per_second('published_hardware') / 1e12:,.0f} TFLOP/s per GPU "
+            "(published, recompute counted)",
+        ]
+        return lines
 
     def __str__(self) -> str:
         return self.summary()
@@ -116,9 +176,13 @@ def plan(model: ModelSpec, layout: PlanLayout, hardware: "Hardware | str",
     layout.validate_for(model)
     memory = memory_per_rank(model, layout)
     comm = communication_per_step(model, layout, hw)
+    offload = 0.0
+    if layout.optimizer_offload:
+        optimizer_params = memory.cpu_offload / STATE_BYTES[layout.precision][2]
+        offload = offload_seconds(optimizer_params, hw.host_link_bandwidth)
     first = estimate_compute(model, layout, hw, 0.0, kernel_efficiency)
-    exposed = comm.exposed_seconds(first.compute_seconds)
-    compute = estimate_compute(model, layout, hw, exposed, kernel_efficiency)
+    exposed = comm.exposed_seconds(first.compute_seconds, first.attention_seconds)
+    compute = estimate_compute(model, layout, hw, exposed, kernel_efficiency, offload)
     cost = None
     if tokens is not None:
         days = tokens / compute.tokens_per_second / 86_400
