@@ -83,7 +83,9 @@ def accelerate_prepare(model, optimizer, ctx: Context) -> Prepared:
         from accelerate.utils import FullyShardedDataParallelPlugin
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-        block_cls = {type(b).__name__ for b in getattr(model, "layers", {}).values()} if hasattr(model, "layers") else set()
+        from .blocks import find_blocks
+
+        block_cls = {type(b).__name__ for b in find_blocks(model, ctx.hints.blocks).modules}
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
             fsdp_version=2,
             reshard_after_forward=s.reshard_after_forward,
