@@ -81,9 +81,9 @@ class FlatNet(nn.Module):
 def llama(**over):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
-                      tie_word_embeddings=False, **over)
+    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = LlamaConfig(**{**kw, **over})
     return LlamaForCausalLM(cfg)
 
 
@@ -94,7 +94,8 @@ def gpt2():
     return GPT2LMHeadModel(cfg)
 
 
-MODELS = {"blocks": BlocksNet, "nested": NestedNet, "flat": FlatNet, "llama": llama, "gpt2": gpt2}
+MODELS = {"blocks": BlocksNet, "nested": NestedNet, "flat": FlatNet, "llama": llama, "gpt2": gpt2,
+          "llama_mha": lambda: llama(num_key_value_heads=4)}  # 4 kv heads: tp=4 splits them
 
 
 def build(name: str, seed: int = 0) -> nn.Module:
@@ -189,13 +190,13 @@ def wrapping(name: str, spec: str, blocks=None) -> dict:
     return out
 
 
-def tp_forward(spec: str) -> float:
+def tp_forward(spec: str, name: str = "llama") -> float:
     """Max |logits - unsharded logits| of the HF Llama under a tensor-parallel layout."""
     import copy
 
     from workbench.strategies import prepare
 
-    model = build("llama")
+    model = build(name)
     ref = copy.deepcopy(model)
     x, _ = batch(7)
     with torch.no_grad():
