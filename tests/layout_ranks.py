@@ -150,17 +150,24 @@ def _train(p, steps: int) -> list[float]:
     return losses
 
 
-def train_specs(name: str, specs: list[str], steps: int = STEPS) -> dict:
-    """Each spec on a fresh model from the same seed: ``{spec: (losses, layout summary)}``."""
+USER_TP_PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
+
+
+def train_specs(name: str, specs: list[str], steps: int = STEPS, **kwargs) -> dict:
+    """Each spec on a fresh model from the same seed: ``{spec: (losses, layout summary)}``.
+    ``kwargs`` go to prepare for the specs with tp (``tp_plan=``)."""
     from workbench.strategies import prepare, reset_accelerate_state
 
     out = {}
     for spec in specs:
-        p = prepare(build(name), lambda ps: torch.optim.AdamW(ps, lr=LR), spec)
+        kw = kwargs if "tp" in spec else {}
+        p = prepare(build(name), lambda ps: torch.optim.AdamW(ps, lr=LR), spec, **kw)
         try:
             lay = p.layout
             out[spec] = (_train(p, steps), {"strategy": lay["strategy"], "mesh": lay["mesh"],
-                                            "degrees": lay["degrees"], "blocks": lay["blocks"]})
+                                            "degrees": lay["degrees"], "blocks": lay["blocks"],
+                                            "placements": {e["name"]: e["placements"] for e in lay["params"]},
+                                            "local": lay["param_bytes_local"], "global": lay["param_bytes_global"]})
         finally:
             p.close()
             reset_accelerate_state()
