@@ -101,8 +101,23 @@ def test_blocks_argument_and_none_found():
     assert find_blocks(L.build("blocks"), ["blocks.*"]).names == tuple(f"blocks.{i}" for i in range(4))
 
 
+def test_pipeline_stages_even_or_at_given_boundaries():
+    from workbench.strategies.pipeline import check_splittable, split_points
+
+    keys = [str(i) for i in range(5)]
+    assert split_points(keys, 2) == [["0", "1", "2"], ["3", "4"]]
+    assert split_points(keys, 3, [1, 4]) == [["0"], ["1", "2", "3"], ["4"]]
+    with pytest.raises(PrepareError, match="give 1 increasing block indices"):
+        split_points(keys, 2, [0])
+    assert check_splittable(L.build("llama"), 2, [1]) == [["0"], ["1", "2", "3"]]
+    with pytest.raises(PrepareError, match="each stage needs a block; use pp <= 4"):
+        check_splittable(L.build("llama"), 8)
+    with pytest.raises(PrepareError, match="cannot split BlocksNet"):
+        check_splittable(L.build("blocks"), 2)
+
+
 # ------------------------------------------------------------------ ranks
-LLAMA_SPECS = ["ddp", "fsdp2", "hsdp", "fsdp2 tp=2", "pp", "pp=2 dp_shard=2", "fsdp2 ac=full"]
+LLAMA_SPECS = ["ddp", "fsdp2", "hsdp", "fsdp2 tp=2", "pp", "pp=2 dp_shard=2", "pp=2 tp=2", "fsdp2 ac=full"]
 
 
 def test_hf_llama_loss_parity_every_layout(ranks4):
@@ -170,3 +185,48 @@ def test_bad_inputs_one_message_ranks_usable(ranks4):
             assert same, f"{name} {spec}: the model changed though prepare refused"
         assert r["after"][0] == pytest.approx(ref("llama")[0], rel=1e-5)  # the next prepare works
     assert len({tuple(m for m, _ in r["rows"]) for r in rows}) == 1  # the same message on every rank
+
+
+def _build_flat_on_rank(_unused=None):
+    import __main__
+
+    import torch
+
+    import layout_ranks as L
+
+    ns = vars(__main__)
+    ns["model"], ns["optimizer"] = L.build("flat"), (lambda ps: torch.optim.AdamW(ps, lr=L.LR))
+    return True
+
+
+def _clean_rank():
+    import __main__
+
+    from workbench.engine import session
+
+    if session.has_prepared():
+        session.prepared().close()
+    session.clear()
+    for name in ("model", "optimizer", "prepared"):
+        vars(__main__).pop(name, None)
+    return True
+
+
+def test_magic_refuses_a_model_without_blocks_then_takes_blocks(shell, ranks4, capsys):
+    """``%distrain prepare fsdp2`` on a model with no repeated blocks: one message on the
+    notebook, nothing changed on the ranks; ``--blocks`` names them and the summary lists
+    the degrees and the blocks wrapped."""
+    try:
+        ranks4.apply(_build_flat_on_rank, None)
+        r = shell.run_cell("%distrain prepare fsdp2")
+        msg = str(r.error_in_exec)
+        assert not r.success and "no blocks found in FlatNet" in msg and "nothing was changed on the ranks" in msg
+        assert ranks4.apply(lambda: type(__import__("__main__").model).__name__) == ["FlatNet"] * 4
+        capsys.readouterr()
+        r = shell.run_cell("%distrain prepare fsdp2 --blocks mix,head")
+        assert r.success, r.error_in_exec
+        out = capsys.readouterr().out
+        assert "degrees: dp_shard=4" in out and "blocks (rank 0): mix, head" in out
+        assert "fully_shard on 2 blocks + root" in out
+    finally:
+        ranks4.apply(_clean_rank)
