@@ -78,6 +78,14 @@ def test_degree_errors_name_what_fits(text, needle):
     assert needle in str(e.value)
 
 
+def test_hsdp_on_cuda_takes_the_native_path():
+    """Accelerate's FSDP plugin here builds a 1-D mesh: HSDP would be applied as plain FSDP2."""
+    from workbench.strategies.accelerate_path import choose_path
+
+    assert choose_path(StrategySpec.parse("hsdp").resolve(4), "cuda")[0] == "native"
+    assert choose_path(StrategySpec.parse("fsdp2").resolve(4), "cuda")[0] == "accelerate"
+
+
 # ------------------------------------------------------------------ pure: blocks
 @pytest.mark.parametrize("name,blocks,source", [
     ("blocks", ["blocks.0", "blocks.1", "blocks.2", "blocks.3"], "repeated container"),
