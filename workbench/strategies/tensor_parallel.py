@@ -143,6 +143,7 @@ def resolve_tp_plan(model: nn.Module, tp: int, *, tp_plan: dict | None = None, s
     ``stage=True``: the model is one pipeline stage, so entries for modules other stages
     own are skipped (the whole model's plan was checked before the split)."""
     own = getattr(model, "tp_plan", None)
+    _check_hf_config(model, tp)  # heads split whole whichever plan splits them
     if tp_plan is not None:
         if not isinstance(tp_plan, dict) or not tp_plan:
             raise PrepareError(f"tp_plan={tp_plan!r}: give a dict of module patterns to styles, e.g. "
@@ -152,7 +153,6 @@ def resolve_tp_plan(model: nn.Module, tp: int, *, tp_plan: dict | None = None, s
         raw = own(sequence_parallel=sequence_parallel)
         plan = TPPlan(_expand(model, raw, f"{type(model).__name__}.tp_plan()", stage), "model.tp_plan()", sequence_parallel)
     elif isinstance(own, dict) and own:
-        _check_hf_config(model, tp)
         plan = TPPlan(_expand(model, own, "the model's transformers tp_plan", stage), "transformers tp_plan", False)
     else:
         raise PrepareError(
