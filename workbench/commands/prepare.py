@@ -17,8 +17,11 @@ _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 
 
 def _prepare_args(p) -> None:
-    p.add_argument("spec", nargs="*", help="strategy: ddp | fsdp2 | zero | tp | pp | fsdp2_tp, then options "
-                                         "(tp=2, --dtype bf16, --zero-stage 3, ...)")
+    p.add_argument("spec", nargs="*", help="a preset (ddp | fsdp2 | hsdp | tp | pp | zero) and/or degrees "
+                                         "(dp_replicate=, dp_shard=, tp=, pp=; one may be -1), then options: "
+                                         "'fsdp2 tp=2', 'pp=2 dp_shard=2', 'zero stage=3', '--dtype bf16'")
+    p.add_argument("--blocks", default=None,
+                   help="comma-separated block class names or module paths (default: found in the model)")
     p.add_argument("--model", default="model", help="rank variable holding the model (default: model)")
     p.add_argument("--optimizer", default="optimizer",
                    help="rank variable holding an optimizer or a factory params -> optimizer")
@@ -43,7 +46,8 @@ def _prepare(args, shell):
     device_type = "cuda" if str(rs.info[0].get("device", "cpu")).startswith("cuda") else "cpu"
     # Validate on rank 0 (it has the model's config; the notebook need not import torch)
     # before any rank changes: a bad spec leaves every rank exactly as it was.
-    probe = rs.apply(_probe_model, model_name, opt_name, spec.to_dict(), rs.world_size, device_type,
+    blocks = [b.strip() for b in args.blocks.split(",") if b.strip()] if args.blocks else None
+    probe = rs.apply(_probe_model, model_name, opt_name, spec.to_dict(), rs.world_size, device_type, blocks,
                      ranks=[0])[0]
     if probe["missing"]:
         raise UsageError(f"no variable {' or '.join(probe['missing'])} on rank 0: build the model and "
@@ -54,7 +58,8 @@ def _prepare(args, shell):
     try:
         api.run(
             "from workbench import engine as _wb_engine\n"
-            f"prepared = _wb_engine.prepare({model_name}, {opt_name}, _workbench_spec, mesh_device={device_type!r})\n"
+            f"prepared = _wb_engine.prepare({model_name}, {opt_name}, _workbench_spec, mesh_device={device_type!r}, "
+            f"blocks={blocks!r})\n"
             f"{model_name}, {opt_name} = prepared.model, prepared.optimizer\n",
             display=True,
         )
@@ -72,15 +77,24 @@ def layout_summary(layouts: list[dict]) -> str:
     held = ", ".join(f"rank {l['rank']} {l['param_bytes_local'] / 2**20:.2f} MiB" for l in layouts)
     lines = [f"{lay['strategy']} via the {lay['path']} path on mesh {mesh}; parameter bytes held: {held} "
              f"(whole model {lay['param_bytes_global'] / 2**20:.2f} MiB)"]
+    if lay.get("degrees"):
+        on = [f"{n}={v}" for n, v in lay["degrees"].items() if v > 1]
+        lines.append(f"  degrees: {' x '.join(on) or 'one rank'}")
+    if lay.get("blocks"):
+        names = lay["blocks"]
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        lines.append(f"  blocks (rank 0): {shown}")
     lines += [f"  note: {note}" for note in lay.get("notes", [])]
     return "\n".join(lines)
 
 
-def _probe_model(model_name: str, opt_name: str, spec: dict, world_size: int, device_type: str) -> dict:
-    """On rank 0: are the variables there, and does the spec fit the world and the model?"""
+def _probe_model(model_name: str, opt_name: str, spec: dict, world_size: int, device_type: str,
+                 blocks: list[str] | None = None) -> dict:
+    """On rank 0: are the variables there, and does the spec fit the world and the model
+    (degrees, blocks, tensor-parallel plan, pipeline split)?"""
     import __main__
 
-    from workbench.strategies import SpecError, StrategySpec, model_config_of
+    from workbench.strategies import ModelHints, PrepareError, SpecError, StrategySpec, check_layout, model_config_of
 
     ns = vars(__main__)
     missing = [n for n in (model_name, opt_name) if n not in ns]
@@ -93,8 +107,10 @@ def _probe_model(model_name: str, opt_name: str, spec: dict, world_size: int, de
                      "in place); build a fresh model (same seed) on the ranks for a new strategy")
         else:
             try:
-                StrategySpec.from_dict(spec).validate(world_size, model_config_of(model), device_type=device_type)
-            except (SpecError, ValueError) as exc:
+                s = StrategySpec.from_dict(spec).validate(world_size, model_config_of(model), device_type=device_type)
+                if s.kind not in ("none", "zero"):
+                    check_layout(model, s, world_size, ModelHints(blocks=blocks))
+            except (SpecError, PrepareError, ValueError) as exc:
                 error = str(exc)
     return {"missing": missing, "error": error}
 

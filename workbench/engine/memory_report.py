@@ -94,7 +94,8 @@ def advice(info: dict) -> list[str]:
     strategy, spec, n = info.get("strategy", "none"), info.get("spec", {}) or {}, info.get("world_size", 1)
     order = sorted(b, key=b.get, reverse=True)
     tips: list[str] = []
-    sharded_params = strategy in ("fsdp2", "fsdp2_tp") or (strategy == "zero" and spec.get("zero_stage") == 3)
+    sharded_params = (strategy in ("fsdp2", "fsdp2_tp") or (strategy == "pp" and (spec.get("dp_shard") or 1) > 1)
+                      or (strategy == "zero" and spec.get("zero_stage") == 3))
     sharded_opt = sharded_params or (strategy == "zero" and spec.get("zero_stage", 0) >= 1)
     for kind in order:
         if not b[kind]:

@@ -38,6 +38,8 @@ def choose_path(spec, device_type: str) -> tuple[str, str]:
         return "deepspeed", "DeepSpeed engine used directly (deepspeed.initialize on the existing group)"
     if spec.via == "native":
         return "native", "via='native' requested"
+    if spec.kind == "fsdp2" and spec.dp_replicate > 1:
+        return "native", "HSDP (dp_replicate x dp_shard): native fully_shard on a 2-D mesh"
     if spec.kind not in ACCELERATE_KINDS:
         return "native", f"Accelerate has no path for kind={spec.kind!r} here: torch.distributed APIs used"
     if device_type != "cuda":
@@ -83,7 +85,9 @@ def accelerate_prepare(model, optimizer, ctx: Context) -> Prepared:
         from accelerate.utils import FullyShardedDataParallelPlugin
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-        block_cls = {type(b).__name__ for b in getattr(model, "layers", {}).values()} if hasattr(model, "layers") else set()
+        from .blocks import find_blocks
+
+        block_cls = {type(b).__name__ for b in find_blocks(model, ctx.hints.blocks).modules}
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
             fsdp_version=2,
             reshard_after_forward=s.reshard_after_forward,

@@ -17,7 +17,7 @@ from torch import nn
 from .spec import SpecError, StrategySpec
 
 __all__ = [
-    "Strategy", "register", "get_strategy", "registered", "Prepared", "Context",
+    "Strategy", "register", "get_strategy", "registered", "Prepared", "Context", "ModelHints",
     "PrepareError", "lm_loss", "build_optimizer", "factory_from_optimizer", "check_optimizer_matches", "TORCH_DTYPES",
 ]
 
@@ -27,6 +27,17 @@ OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
 class PrepareError(RuntimeError):
     """Preparing or stepping a strategy went wrong; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ModelHints:
+    """What the user tells prepare about their model: ``blocks=`` (class names, module paths
+    or a predicate), ``tp_plan=`` (module patterns -> styles), ``pp_boundaries=`` (block
+    indices where stages 1.. start)."""
+
+    blocks: Any = None
+    tp_plan: dict | None = None
+    pp_boundaries: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -40,6 +51,7 @@ class Context:
     mesh_device: str
     loss_fn: Callable
     notes: list[str] = field(default_factory=list)
+    hints: ModelHints = field(default_factory=ModelHints)
 
 
 @runtime_checkable
@@ -71,7 +83,9 @@ def registered() -> list[str]:
 
 # ---------------------------------------------------------------------------- helpers
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy (positions with target -100 are ignored)."""
+    """Mean next-token cross entropy (positions with target -100 are ignored). Accepts a
+    model output with ``.logits`` (transformers) as well as the logits tensor."""
+    logits = getattr(logits, "logits", logits)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
 
 
@@ -131,43 +145,6 @@ def check_optimizer_matches(model: nn.Module, optimizer: torch.optim.Optimizer, 
             "prepare(model, lambda params: Opt(params, ...), spec), or call model.reshard() before "
             "building it."
         )
-
-
-def apply_activation_checkpointing(model: nn.Module, mode: str, notes: list[str]) -> None:
-    """Recompute block activations in backward, keeping parameter names unchanged.
-
-    ``full``: every block; ``selective``: every other block (torchtitan's layer-level
-    selective AC). Non-reentrant ``torch.utils.checkpoint`` so it composes with FSDP2/TP.
-    """
-    if mode == "none":
-        return
-    from torch.utils.checkpoint import checkpoint
-
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        raise PrepareError("activation checkpointing needs a model with a .layers container of blocks")
-    blocks = list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
-    every = 1 if mode == "full" else 2
-    wrapped = 0
-    for i, block in enumerate(blocks):
-        if i % every:
-            continue
-        inner = block.forward
-
-        def fwd(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-
-        block.forward = fwd
-        wrapped += 1
-    notes.append(f"activation checkpointing ({mode}): {wrapped}/{len(blocks)} blocks recompute in backward")
-
-
-def apply_compile(model: nn.Module, notes: list[str]) -> None:
-    layers = getattr(model, "layers", None)
-    blocks = list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers or [])
-    for b in blocks:
-        b.compile()
-    notes.append(f"torch.compile applied per block ({len(blocks)} blocks)")
 
 
 def all_reduce_mean(value: torch.Tensor, group) -> torch.Tensor:

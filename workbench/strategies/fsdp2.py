@@ -21,14 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .base import (
-    Context, Prepared, PrepareError, TORCH_DTYPES, apply_activation_checkpointing, apply_compile,
-    build_optimizer, check_optimizer_matches, register,
-)
-from .layout import describe_params, make_layout
-from .meshes import dp_coords, make_mesh
+from .base import PrepareError, TORCH_DTYPES, Prepared, check_optimizer_matches
 
-__all__ = ["FSDP2Strategy", "shard_model", "FSDP2Prepared", "broadcast_from_rank0"]
+__all__ = ["apply_fsdp", "FSDP2Prepared", "broadcast_from_rank0"]
 
 
 @torch.no_grad()
@@ -41,15 +36,9 @@ def broadcast_from_rank0(model: nn.Module) -> None:
         dist.broadcast(t.data, src=0)
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        return []
-    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
-
-
-def shard_model(model: nn.Module, mesh, spec, notes: list[str]) -> nn.Module:
-    """``fully_shard`` every block of ``model.layers``, then the root (torchtitan order)."""
+def apply_fsdp(model: nn.Module, blocks: list[nn.Module], mesh, spec, notes: list[str]) -> nn.Module:
+    """``fully_shard`` every block, then the root (torchtitan order). ``mesh`` is 1-D
+    (``dp_shard``: FSDP2) or 2-D (``dp_replicate, dp_shard``: HSDP)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(
@@ -57,12 +46,14 @@ def shard_model(model: nn.Module, mesh, spec, notes: list[str]) -> nn.Module:
         reduce_dtype=TORCH_DTYPES[spec.reduce] if spec.param_dtype != "fp32" or spec.reduce != "fp32" else None,
     )
     offload = CPUOffloadPolicy() if spec.cpu_offload else OffloadPolicy()
-    blocks = _blocks(model)
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=spec.reshard_after_forward, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=mesh, reshard_after_forward=spec.reshard_after_forward, mp_policy=mp, offload_policy=offload)
+    hsdp = mesh.ndim == 2
     notes.append(
-        f"fully_shard on {len(blocks)} blocks + root; reshard_after_forward={spec.reshard_after_forward} "
+        f"fully_shard on {len(blocks)} blocks + root"
+        + (f" (HSDP: replicate over {mesh.size(0)} groups, shard over {mesh.size(1)} ranks)" if hsdp else "")
+        + f"; reshard_after_forward={spec.reshard_after_forward} "
         f"({'ZeRO-3-like' if spec.reshard_after_forward else 'ZeRO-2-like'}); "
         f"param_dtype={spec.param_dtype}, reduce_dtype={spec.reduce}"
         + ("; optimizer state and parameters offloaded to CPU" if spec.cpu_offload else "")
@@ -90,37 +81,3 @@ class FSDP2Prepared(Prepared):
         check_optimizer_matches(self.model, self.optimizer, where=f"rank {self.layout['rank']}: ")
         if not all(isinstance(p, DTensor) for p in self.model.parameters()):
             raise PrepareError(f"rank {self.layout['rank']}: FSDP2 parameters are not sharded after reshard(); re-run prepare()")
-
-
-def finish_fsdp(model, optimizer, ctx: Context, mesh, *, strategy: str, dim_names, dp_dims, loss_group) -> Prepared:
-    opt = build_optimizer(model, optimizer, ctx.notes)
-    check_optimizer_matches(model, opt, where=f"rank {ctx.rank}: ")
-    dp_rank, dp_size = dp_coords(mesh, dp_dims)
-    layout = make_layout(strategy=strategy, path="native", mesh_shape=mesh.shape, dim_names=dim_names,
-                         rank=ctx.rank, world_size=ctx.world_size,
-                         params=describe_params(model, len(dim_names)), notes=ctx.notes,
-                         dp_rank=dp_rank, dp_size=dp_size)
-    return FSDP2Prepared(model=model, optimizer=opt, layout=layout, spec=ctx.spec, ctx=ctx, mesh=mesh,
-                         loss_group=loss_group, dp_rank=dp_rank, dp_size=dp_size, inner=model)
-
-
-@register
-class FSDP2Strategy:
-    kind = "fsdp2"
-
-    def apply(self, model, optimizer, ctx: Context) -> Prepared:
-        s = ctx.spec
-        if s.dp_replicate > 1:
-            names = ("dp_replicate", "dp_shard")
-            mesh = make_mesh(ctx, (s.dp_replicate, s.dp_shard), names)
-            ctx.notes.append(f"HSDP: replicate over {s.dp_replicate} groups, shard over {s.dp_shard} ranks")
-        else:
-            names = ("dp_shard",)
-            mesh = make_mesh(ctx, (s.dp_shard,), names)
-        broadcast_from_rank0(model)
-        apply_activation_checkpointing(model, s.activation_checkpointing, ctx.notes)
-        if s.compile:
-            apply_compile(model, ctx.notes)
-        shard_model(model, mesh, s, ctx.notes)
-        return finish_fsdp(model, optimizer, ctx, mesh, strategy=self.kind, dim_names=names,
-                           dp_dims=names, loss_group=dist.group.WORLD)

@@ -1,6 +1,14 @@
-"""Pipeline parallel with ``torch.distributed.pipelining``: each rank is one stage that
-owns a contiguous slice of ``model.layers`` (stage 0 also the embedding, the last stage
-the final norm and output head), torchtitan style: the stage deletes what it does not own.
+"""Pipeline parallel with ``torch.distributed.pipelining``: each pipeline rank is one stage
+that owns a contiguous slice of the blocks (stage 0 also the embedding, the last stage the
+final norm and output head), torchtitan style: the stage deletes what it does not own, so
+parameter names stay those of the whole model.
+
+Two kinds of decoder split here: models with ``keep_stage(stage, n_stages)`` (the
+workbench GPT) and transformers causal LMs of the Llama family (``model.embed_tokens``,
+``model.layers``, ``model.norm``, ``model.rotary_emb``, ``lm_head``), whose stage forward
+runs embedding -> owned layers (causal mask, rotary positions) -> norm/head. Anything
+else is refused, naming why. With ``dp_shard`` each stage is FSDP2-sharded over its data-
+parallel group (``pp x dp_shard [x tp]``).
 
 Schedules: GPipe (Huang et al. 2019) runs all microbatch forwards, then all backwards;
 1F1B (PipeDream-Flush, Narayanan et al. 2021) interleaves them so at most ``pp``
@@ -8,24 +16,140 @@ microbatches of activations are alive. Both compute the same gradients.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from .base import TORCH_DTYPES, Context, Prepared, PrepareError, build_optimizer, apply_activation_checkpointing, register
-from .fsdp2 import broadcast_from_rank0
-from .layout import describe_params, make_layout
-from .meshes import make_mesh
+from .base import Prepared, PrepareError, all_reduce_mean
 
-__all__ = ["PPStrategy", "PipelinePrepared"]
+__all__ = ["PipelinePrepared", "split_points", "check_splittable", "keep_stage", "make_schedule"]
+
+
+def split_points(keys: list[str], n_stages: int, boundaries: list[int] | None = None) -> list[list[str]]:
+    """Block keys per stage: even by count (the first stages take the extra blocks), or cut
+    before the block indices in ``boundaries`` (``[2]``: stage 0 = blocks 0-1, stage 1 = the rest)."""
+    n = len(keys)
+    if not 1 <= n_stages <= n:
+        raise PrepareError(f"pp={n_stages} pipeline stages for {n} blocks: each stage needs a block; use pp <= {n}")
+    if boundaries is not None:
+        cuts = list(boundaries)
+        if len(cuts) != n_stages - 1 or cuts != sorted(set(cuts)) or not all(0 < c < n for c in cuts):
+            raise PrepareError(f"pp_boundaries={cuts!r}: give {n_stages - 1} increasing block indices in 1..{n - 1} "
+                               f"(where stages 1..{n_stages - 1} start), e.g. {[n * (i + 1) // n_stages for i in range(n_stages - 1)]}")
+        edges = [0] + cuts + [n]
+        return [keys[edges[i]:edges[i + 1]] for i in range(n_stages)]
+    base, extra = divmod(n, n_stages)
+    out, start = [], 0
+    for s in range(n_stages):
+        k = base + (1 if s < extra else 0)
+        out.append(keys[start:start + k])
+        start += k
+    return out
+
+
+def _hf_parts(model: nn.Module):
+    """``(decoder, layers)`` of a transformers causal LM of the Llama family, else ``None``."""
+    prefix = getattr(model, "base_model_prefix", None)
+    base = getattr(model, prefix, None) if prefix else None
+    if base is None or getattr(model, "lm_head", None) is None:
+        return None
+    if not all(isinstance(getattr(base, a, None), nn.Module) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return None
+    return base, base.layers
+
+
+def check_splittable(model: nn.Module, pp: int, boundaries=None) -> list[list[str]]:
+    """Refuse, before any rank changes, a model this module cannot split into ``pp`` stages."""
+    if hasattr(model, "keep_stage") and hasattr(model, "layers"):
+        return split_points(list(model.layers.keys()), pp, boundaries)
+    parts = _hf_parts(model)
+    if parts is None:
+        raise PrepareError(
+            f"pipeline parallel cannot split {type(model).__name__}: it needs a decoder whose forward is "
+            "embedding -> blocks -> norm -> head. Supported: models with keep_stage(stage, n_stages) "
+            "(see workbench.models.GPT) and transformers causal LMs of the Llama family (model.embed_tokens, "
+            "model.layers, model.norm, model.rotary_emb, lm_head); use dp_shard/tp instead for this model")
+    cfg = model.config
+    if getattr(cfg, "tie_word_embeddings", False) and pp > 1:
+        raise PrepareError("tie_word_embeddings=True across pipeline stages is not supported (the tied weight "
+                           "would live on the first and last stage); use a config with tie_word_embeddings=False")
+    impl = getattr(cfg, "_attn_implementation", "eager")
+    if impl not in ("eager", "sdpa"):
+        raise PrepareError(f"pipeline stages pass an explicit causal mask, which attn_implementation={impl!r} "
+                           "does not take; load the model with attn_implementation='sdpa' or 'eager'")
+    return split_points([str(i) for i in range(len(parts[1]))], pp, boundaries)
+
+
+def _hf_stage_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """One pipeline stage of a Llama-family transformers model: ids or hidden states in,
+    hidden states or logits out."""
+    base = getattr(self, self.base_model_prefix)
+    h = base.embed_tokens(x) if base.embed_tokens is not None else x
+    b, s = h.shape[0], h.shape[1]
+    pos = torch.arange(s, device=h.device).unsqueeze(0).expand(b, -1)
+    pe = base.rotary_emb(h, pos)
+    mask = torch.full((s, s), float("-inf"), device=h.device, dtype=h.dtype).triu(1)[None, None]
+    for layer in base.layers.values():
+        out = layer(h, attention_mask=mask, position_ids=pos, position_embeddings=pe)
+        h = out[0] if isinstance(out, tuple) else out
+    if base.norm is None:
+        return h
+    return self.lm_head(base.norm(h))
+
+
+def keep_stage(model: nn.Module, stage: int, owned: list[str], last: bool) -> nn.Module:
+    """Turn ``model`` into pipeline stage ``stage`` in place, keeping blocks ``owned``."""
+    if hasattr(model, "keep_stage") and hasattr(model, "layers"):
+        for key in list(model.layers.keys()):
+            if key not in owned:
+                del model.layers[key]
+        if stage != 0:
+            model.tok_embeddings = None
+        if not last:
+            model.norm = None
+            model.output = None
+        return model
+    base, layers = _hf_parts(model)
+    base.layers = nn.ModuleDict({k: layers[int(k)] for k in owned})  # names stay model.layers.<i>
+    if stage != 0:
+        base.embed_tokens = None
+    if not last:
+        base.norm = None
+        model.lm_head = None
+    model.forward = types.MethodType(_hf_stage_forward, model)
+    return model
+
+
+def stage_blocks(model: nn.Module) -> tuple[list[str], list[nn.Module]]:
+    """Names and modules of the blocks a stage kept (for FSDP2, AC and compile)."""
+    if hasattr(model, "keep_stage") and hasattr(model, "layers"):
+        return [f"layers.{k}" for k in model.layers.keys()], list(model.layers.values())
+    prefix = model.base_model_prefix
+    layers = getattr(model, prefix).layers
+    return [f"{prefix}.layers.{k}" for k in layers.keys()], list(layers.values())
+
+
+def make_schedule(model, stage_idx: int, n_stages: int, device, group, spec, loss_fn):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    stage = PipelineStage(model, stage_idx, n_stages, device, group=group)
+    cls = ScheduleGPipe if spec.pp_schedule == "gpipe" else Schedule1F1B
+    return cls(stage, n_microbatches=spec.microbatches, loss_fn=loss_fn)
 
 
 class PipelinePrepared(Prepared):
-    def __init__(self, *, schedule, stage_idx: int, n_stages: int, pp_group, last_rank: int, **kw):
+    """Train steps through a pipeline schedule; the loss comes from the last stage, then is
+    averaged over the data-parallel groups (``pp x dp_shard``)."""
+
+    def __init__(self, *, schedule, stage_idx: int, n_stages: int, pp_group, last_rank: int, sharded: bool = False, **kw):
         super().__init__(**kw)
         self.schedule = schedule
         self.stage_idx, self.n_stages = stage_idx, n_stages
         self.pp_group = pp_group
         self.last_rank = last_rank
+        self._sharded = sharded
 
     @property
     def is_first(self) -> bool:
@@ -34,6 +158,14 @@ class PipelinePrepared(Prepared):
     @property
     def is_last(self) -> bool:
         return self.stage_idx == self.n_stages - 1
+
+    def reshard(self) -> None:
+        if self._sharded:
+            from torch.distributed.fsdp import FSDPModule
+
+            for m in self.model.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
 
     def train_step(self, batch) -> float:
         self.check()
@@ -58,49 +190,8 @@ class PipelinePrepared(Prepared):
         loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else torch.zeros(())
         if self.n_stages > 1:
             dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
-        return float(loss)
+        return float(all_reduce_mean(loss, self.loss_group))
 
     @torch.no_grad()
     def eval_loss(self, batch) -> float:
         raise PrepareError("eval_loss is not implemented for pipeline parallel; use train_step's loss, or a 'none' copy")
-
-
-@register
-class PPStrategy:
-    kind = "pp"
-
-    def apply(self, model, optimizer, ctx: Context) -> Prepared:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-        s = ctx.spec
-        if not hasattr(model, "keep_stage"):
-            raise PrepareError(f"{type(model).__name__} has no keep_stage(); pipeline parallel needs a model split by layers (workbench.models.GPT)")
-        mesh = make_mesh(ctx, (s.pp,), ("pp",))
-        group = mesh.get_group("pp")
-        stage_idx = mesh.get_local_rank("pp")
-        broadcast_from_rank0(model)
-        total_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        owned = model.pipeline_split_points(s.pp)[stage_idx]
-        model.keep_stage(stage_idx, s.pp)
-        apply_activation_checkpointing(model, s.activation_checkpointing, ctx.notes)
-        model.to(ctx.device)
-        stage = PipelineStage(model, stage_idx, s.pp, ctx.device, group=group)
-        sched_cls = ScheduleGPipe if s.pp_schedule == "gpipe" else Schedule1F1B
-        loss_fn = ctx.loss_fn
-        schedule = sched_cls(stage, n_microbatches=s.microbatches, loss_fn=loss_fn)
-        opt = build_optimizer(model, optimizer, ctx.notes)
-        ctx.notes.append(f"pipeline stage {stage_idx}/{s.pp} owns layers {owned}"
-                         + (" + embedding" if stage_idx == 0 else "")
-                         + (" + norm/output" if stage_idx == s.pp - 1 else "")
-                         + f"; schedule {s.pp_schedule}, {s.microbatches} microbatches")
-        params = describe_params(model, 1, default_placement=f"Stage({stage_idx})")
-        last_rank = dist.get_global_rank(group, s.pp - 1) if s.pp > 1 else ctx.rank
-        layout = make_layout(strategy=self.kind, path="native", mesh_shape=mesh.shape, dim_names=("pp",),
-                             rank=ctx.rank, world_size=ctx.world_size, params=params, notes=ctx.notes,
-                             dp_rank=0, dp_size=1, param_bytes_global=total_bytes)
-        return PipelinePrepared(
-            schedule=schedule, stage_idx=stage_idx, n_stages=s.pp, pp_group=group, last_rank=last_rank,
-            model=model, optimizer=opt, layout=layout, spec=s, ctx=ctx, mesh=mesh, loss_group=None,
-            dp_rank=0, dp_size=1, inner=model,
-            autocast_dtype=None if s.param_dtype == "fp32" else TORCH_DTYPES[s.param_dtype],
-        )

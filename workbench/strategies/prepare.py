@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ddp, fsdp2, pipeline, tensor_parallel, two_d, zero  # noqa: F401  (registration)
+from . import ddp, parallelize, zero  # noqa: F401  (registration)
 from .accelerate_path import accelerate_prepare, choose_path, reset_accelerate_state
-from .base import Context, Prepared, PrepareError, get_strategy, lm_loss
+from .base import Context, ModelHints, Prepared, PrepareError, get_strategy, lm_loss
+from .parallelize import check_layout
 from .spec import SpecError, StrategySpec
 
 __all__ = ["prepare", "model_config_of"]
@@ -32,13 +33,18 @@ def model_config_of(model: nn.Module):
 
 
 def prepare(model: nn.Module, optimizer, spec: StrategySpec | str, *, mesh_device: str = "cpu",
-            loss_fn=lm_loss) -> Prepared:
+            loss_fn=lm_loss, blocks=None, tp_plan: dict | None = None, pp_boundaries=None) -> Prepared:
     """Shard ``model`` on this rank according to ``spec`` and build its optimizer.
 
     ``optimizer`` is preferably a factory ``lambda params: torch.optim.AdamW(params, lr=...)``,
     called AFTER sharding; an un-stepped optimizer instance is rebuilt from its class and
     defaults. Call on every rank, with identically initialised models (rank 0's weights
     are broadcast where a strategy shards). Returns :class:`Prepared`.
+
+    ``blocks``: the model's blocks (class names, module paths/globs, or a predicate), found
+    automatically otherwise (see :mod:`workbench.strategies.blocks`). ``tp_plan``: module
+    patterns -> "colwise"/"rowwise"/... for a model without its own plan. ``pp_boundaries``:
+    block indices where pipeline stages 1.. start (even split otherwise).
     """
     if isinstance(spec, str):
         spec = StrategySpec.parse(spec)
@@ -52,12 +58,20 @@ def prepare(model: nn.Module, optimizer, spec: StrategySpec | str, *, mesh_devic
     if getattr(model, "_workbench_prepared", None):
         raise PrepareError(f"this model was already prepared with {model._workbench_prepared!r}; its "
                            "parameters are changed in place. Build a fresh model (same seed) for a new strategy.")
+    hints = ModelHints(blocks=blocks, tp_plan=tp_plan,
+                       pp_boundaries=tuple(pp_boundaries) if pp_boundaries is not None else None)
+    if resolved.kind in ("none", "zero"):
+        if tp_plan is not None or pp_boundaries is not None:
+            raise PrepareError(f"tp_plan / pp_boundaries given, but kind={resolved.kind!r} has no tp or pp; "
+                               "use e.g. 'fsdp2 tp=2' or 'pp=2 dp_shard=2', or drop them")
+    else:
+        check_layout(model, resolved, world, hints)  # model checks, still before anything changes
     reset_accelerate_state()
     device = torch.device("cuda", torch.cuda.current_device()) if mesh_device == "cuda" else torch.device("cpu")
     model.to(device)
     path, reason = choose_path(resolved, mesh_device)
     ctx = Context(spec=resolved, rank=rank, world_size=world, device=device, mesh_device=mesh_device,
-                  loss_fn=loss_fn, notes=[f"path {path}: {reason}"])
+                  loss_fn=loss_fn, notes=[f"path {path}: {reason}"], hints=hints)
     if path == "accelerate":
         prepared = accelerate_prepare(model, optimizer, ctx)
     else:

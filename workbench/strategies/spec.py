@@ -12,22 +12,30 @@ import shlex
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-__all__ = ["StrategySpec", "SpecError", "spec_from_args", "KINDS", "MeshPlan"]
+from .parallel_dims import DimsError, ParallelDims
 
+__all__ = ["StrategySpec", "SpecError", "spec_from_args", "KINDS", "MeshPlan", "ParallelDims", "PRESET_DIMS"]
+
+# Preset names over the degrees (what users type); ``kind`` of a resolved spec is the label
+# of the degrees actually enabled (e.g. "fsdp2 tp=2" -> "fsdp2_tp", "pp dp_shard=2" -> "pp").
 KINDS = ("none", "ddp", "fsdp2", "zero", "tp", "pp", "fsdp2_tp")
+# Mesh dimensions a preset keeps even at size 1 (a 1-rank world still has a named mesh).
+PRESET_DIMS = {"ddp": ("dp_replicate",), "fsdp2": ("dp_shard",), "tp": ("tp",), "pp": ("pp",),
+               "fsdp2_tp": ("dp_shard", "tp")}
 DTYPES = ("fp32", "bf16", "fp16")
 AC_MODES = ("none", "full", "selective")
 SCHEDULES = ("gpipe", "1f1b")
 VIA = ("auto", "native", "accelerate")
 KIND_HELP = {
     "none": "no parallelism: every rank trains its own full copy",
-    "ddp": "DistributedDataParallel: full replicas, gradients all-reduced",
+    "ddp": "DistributedDataParallel: full replicas, gradients all-reduced (dp_replicate = all ranks)",
     "fsdp2": "fully_shard (FSDP2): parameters, gradients and optimizer state sharded",
     "zero": "DeepSpeed ZeRO stage 0-3",
     "tp": "tensor parallel (DTensor) over all ranks",
     "pp": "pipeline parallel (torch.distributed.pipelining) over all ranks",
     "fsdp2_tp": "2D: FSDP2 over 'dp_shard' x tensor parallel over 'tp'",
 }
+DEGREE_FIELDS = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
 
 
 class SpecError(ValueError):
@@ -47,15 +55,20 @@ class MeshPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class StrategySpec:
-    """How to parallelise a model. Sizes left at their defaults fill the world:
-    ``dp_shard=-1`` takes what the other sizes leave, and for ``kind="tp"``/``"pp"`` a
-    ``tp``/``pp`` of 1 means "all ranks"."""
+    """How to parallelise a model: independent degrees ``dp_replicate x dp_shard x cp x tp x pp``
+    (product = world size; one may be -1, "the rest") and ``kind``, the preset they start
+    from. Degrees left at their defaults fill the world: ``dp_shard=-1`` takes what the
+    others leave; ``ddp`` replicates over all ranks; for ``tp``/``pp`` a degree of 1 means
+    "all ranks". ``resolve`` makes every degree explicit and ``kind`` the label of what is
+    enabled."""
 
     kind: str = "ddp"
     dp_replicate: int = 1
     dp_shard: int = -1
+    cp: int = 1
     tp: int = 1
     pp: int = 1
+    ep: int = 1
     pp_schedule: str = "gpipe"
     pp_microbatches: int | None = None  # None: 2 x pp
     zero_stage: int = 2
@@ -101,19 +114,17 @@ class StrategySpec:
         """A copy with every size made explicit for ``world_size`` (``validate`` first)."""
         return _resolve(self, world_size)
 
+    def dims(self, world_size: int) -> ParallelDims:
+        """The resolved degrees, with their ``*_enabled`` views."""
+        s = self.resolve(world_size)
+        return ParallelDims(world_size=world_size, **{n: getattr(s, n) for n in DEGREE_FIELDS})
+
     def mesh_plan(self, world_size: int) -> MeshPlan:
         s = self.resolve(world_size)
-        if s.kind in ("none", "ddp", "zero"):
+        if s.kind in ("none", "zero"):
             return MeshPlan((world_size,), ("dp",))
-        if s.kind == "fsdp2":
-            if s.dp_replicate > 1:
-                return MeshPlan((s.dp_replicate, s.dp_shard), ("dp_replicate", "dp_shard"))
-            return MeshPlan((s.dp_shard,), ("dp_shard",))
-        if s.kind == "tp":
-            return MeshPlan((s.tp,), ("tp",))
-        if s.kind == "pp":
-            return MeshPlan((s.pp,), ("pp",))
-        return MeshPlan((s.dp_shard, s.tp), ("dp_shard", "tp"))
+        shape, names = s.dims(world_size).mesh_dims(PRESET_DIMS[s.kind])
+        return MeshPlan(shape, names)
 
     def validate(self, world_size: int, model_config=None, device_type: str = "cpu") -> "StrategySpec":
         """Raise :class:`SpecError` if this spec cannot run; return the resolved spec."""
@@ -154,28 +165,35 @@ def _check_values(s: StrategySpec) -> None:
     _choice("activation_checkpointing", s.activation_checkpointing, AC_MODES)
     _choice("via", s.via, VIA)
     _choice("zero_stage", s.zero_stage, (0, 1, 2, 3))
-    for name in ("dp_replicate", "tp", "pp"):
+    for name in DEGREE_FIELDS:
         v = getattr(s, name)
-        if not isinstance(v, int) or v < 1:
-            raise SpecError(f"{name}={v!r} must be a positive integer")
-    if not isinstance(s.dp_shard, int) or (s.dp_shard < 1 and s.dp_shard != -1):
-        raise SpecError(f"dp_shard={s.dp_shard!r} must be a positive integer, or -1 to fill the world")
+        if not isinstance(v, int) or isinstance(v, bool) or (v < 1 and v != -1):
+            raise SpecError(f"{name}={v!r} must be a positive integer, or -1 for the rest of the world")
     if s.pp_microbatches is not None and s.pp_microbatches < 1:
         raise SpecError(f"pp_microbatches={s.pp_microbatches} must be >= 1")
-    unused = {
-        "tp": s.tp > 1 and s.kind not in ("tp", "fsdp2_tp"),
-        "pp": s.pp > 1 and s.kind != "pp",
-        "dp_replicate": s.dp_replicate > 1 and s.kind not in ("fsdp2",),
-    }
-    for name, bad in unused.items():
-        if bad:
-            fix = {"tp": "kind='tp' or kind='fsdp2_tp'", "pp": "kind='pp'", "dp_replicate": "kind='fsdp2' (HSDP)"}[name]
-            raise SpecError(f"kind={s.kind!r} has no {name} dimension but {name}={getattr(s, name)}; use {fix}, or drop {name}")
-    if s.compile and s.kind == "pp":
+    if s.cp != 1:
+        raise SpecError(f"cp={s.cp}: context parallel needs ring attention inside the model's attention, which "
+                        "neither the workbench GPT nor the transformers models here provide; use cp=1")
+    if s.ep != 1:
+        raise SpecError(f"ep={s.ep}: expert parallel is applied to MoE models with "
+                        "workbench.models.expert_parallel(model), not by prepare; use ep=1")
+    on = lambda n: getattr(s, n) not in (1,)  # noqa: E731  (set by the user: >1 or -1)
+    if s.kind in ("none", "ddp", "zero"):
+        for name in ("tp", "pp"):
+            if on(name):
+                raise SpecError(f"kind={s.kind!r} has no {name} dimension but {name}={getattr(s, name)}; "
+                                f"use {'fsdp2 tp=N' if name == 'tp' else 'pp=N dp_shard=M'} (degrees combine), or drop {name}")
+    if s.kind in ("none", "zero") and s.dp_replicate != 1:
+        raise SpecError(f"kind={s.kind!r} has no dp_replicate dimension but dp_replicate={s.dp_replicate}; "
+                        "use hsdp / 'fsdp2 dp_replicate=R', or drop dp_replicate")
+    if s.kind == "ddp" and s.dp_shard not in (-1, 1):
+        raise SpecError(f"kind='ddp' replicates over every rank, but dp_shard={s.dp_shard}; "
+                        "use 'fsdp2' (or 'hsdp' with dp_replicate) to shard, or drop dp_shard")
+    if s.compile and (s.kind == "pp" or s.pp not in (1,)):
         raise SpecError("compile=True with pipeline parallel is not supported here; set compile=False")
     if s.compile and s.kind == "zero":
         raise SpecError("compile=True with DeepSpeed ZeRO is not supported here; set compile=False or use kind='fsdp2'")
-    if s.cpu_offload and s.kind not in ("fsdp2", "zero", "fsdp2_tp"):
+    if s.cpu_offload and (s.kind not in ("fsdp2", "zero", "fsdp2_tp") or s.pp != 1):
         raise SpecError(f"cpu_offload=True is implemented for fsdp2, fsdp2_tp and zero, not {s.kind!r}")
     if s.kind == "zero" and s.activation_checkpointing == "selective":
         raise SpecError("activation_checkpointing='selective' is not wired for DeepSpeed; use 'full' or 'none'")
@@ -185,42 +203,62 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _requested(s: StrategySpec) -> dict[str, int]:
+    """The degrees a preset asks for before resolution (-1: the rest of the world)."""
+    d = {n: getattr(s, n) for n in DEGREE_FIELDS}
+    other_fill = any(v == -1 for n, v in d.items() if n != "dp_shard")
+    if other_fill and d["dp_shard"] == -1:
+        d["dp_shard"] = 1
+    if s.kind == "ddp":
+        d["dp_shard"] = 1 if d["dp_shard"] == -1 else d["dp_shard"]
+        if d["dp_replicate"] == 1 and not other_fill:
+            d["dp_replicate"] = -1
+    elif s.kind in ("tp", "pp"):
+        if d[s.kind] == 1:
+            d[s.kind] = -1
+            d["dp_shard"] = 1 if d["dp_shard"] == -1 else d["dp_shard"]
+        elif d["dp_shard"] == -1:
+            d["dp_shard"] = 1
+    return d
+
+
+def _label(kind: str, d: ParallelDims) -> str:
+    if d.pp > 1:
+        return "pp"
+    if d.tp > 1:
+        return "fsdp2_tp" if (d.dp_shard > 1 or d.dp_replicate > 1 or kind in ("fsdp2", "fsdp2_tp")) else "tp"
+    if d.dp_shard > 1:
+        return "fsdp2"
+    if d.dp_replicate > 1:
+        return "ddp" if kind in ("ddp", "tp", "pp") else "fsdp2"
+    return kind  # one rank: the preset says what to apply
+
+
 def _resolve(s: StrategySpec, world: int) -> StrategySpec:
     if world < 1:
         raise SpecError(f"world_size={world} must be >= 1")
     k = s.kind
-    if k in ("none", "ddp", "zero"):
+    if k in ("none", "zero"):
         dp = world if s.dp_shard == -1 else s.dp_shard
         if dp != world:
             raise SpecError(f"kind={k!r} with dp_shard={s.dp_shard} needs {s.dp_shard} ranks but the world has {world}; use dp_shard=-1 (all {world} ranks)")
         return replace(s, dp_shard=dp)
-    if k == "fsdp2":
-        if world % s.dp_replicate:
-            raise SpecError(f"dp_replicate={s.dp_replicate} does not divide world_size={world}; use one of {_divisors(world)}")
-        shard = world // s.dp_replicate if s.dp_shard == -1 else s.dp_shard
-        if s.dp_replicate * shard != world:
-            fits = [f"dp_replicate={r} x dp_shard={world // r}" for r in _divisors(world)]
-            raise SpecError(f"dp_replicate={s.dp_replicate} x dp_shard={shard} = {s.dp_replicate * shard} ranks, but the world has {world}; sizes that fit: {', '.join(fits)}")
-        return replace(s, dp_shard=shard)
-    if k == "tp":
-        tp = world if s.tp == 1 else s.tp
-        if s.dp_shard not in (-1, 1) or tp != world:
-            raise SpecError(f"kind='tp' uses all ranks for tensor parallel: tp={tp} x dp_shard={s.dp_shard if s.dp_shard != -1 else 1} != world_size={world}; use tp={world}, or kind='fsdp2_tp' to combine with data parallel")
-        return replace(s, tp=tp, dp_shard=1)
-    if k == "pp":
-        pp = world if s.pp == 1 else s.pp
-        if s.dp_shard not in (-1, 1) or pp != world:
-            raise SpecError(f"kind='pp' uses all ranks as pipeline stages: pp={pp} != world_size={world}; use pp={world} (pipeline x data parallel is not implemented)")
-        return replace(s, pp=pp, dp_shard=1)
-    # fsdp2_tp
-    if world % s.tp:
-        fits = [f"tp={t} x dp_shard={world // t}" for t in _divisors(world)]
-        raise SpecError(f"tp={s.tp} does not divide world_size={world}; sizes that fit: {', '.join(fits)}")
-    shard = world // s.tp if s.dp_shard == -1 else s.dp_shard
-    if shard * s.tp != world:
-        fits = [f"tp={t} x dp_shard={world // t}" for t in _divisors(world)]
-        raise SpecError(f"dp_shard={shard} x tp={s.tp} = {shard * s.tp} ranks, but the world has {world}; sizes that fit: {', '.join(fits)}")
-    return replace(s, dp_shard=shard)
+    req = _requested(s)
+    try:
+        d = ParallelDims.build(world, **req)
+    except DimsError as e:
+        alone = k in ("tp", "pp") and all(v in (1, -1) for n, v in req.items() if n != k)
+        if alone and req[k] > 1:
+            raise SpecError(f"kind={k!r} uses all ranks for {'tensor parallel' if k == 'tp' else 'pipeline stages'}: "
+                            f"{k}={req[k]} != world_size={world}; use {k}={world}"
+                            + (f", or give the rest to data parallel: '{k}={req[k]} dp_shard={world // req[k]}'"
+                               if world % req[k] == 0 else "")) from None
+        raise SpecError(str(e)) from None
+    if d.dp_replicate > 1 and d.dp_shard == 1 and (d.tp > 1 or d.pp > 1):
+        raise SpecError(f"dp_replicate={d.dp_replicate} with {'tp' if d.tp > 1 else 'pp'}: plain replication (DDP) does "
+                        f"not compose with other degrees here; use dp_shard={d.dp_replicate} (FSDP2) instead, "
+                        "or hsdp (dp_replicate=R dp_shard=S)")
+    return replace(s, kind=_label(k, d), **{n: getattr(d, n) for n in DEGREE_FIELDS})
 
 
 def _check_device(s: StrategySpec, device: str) -> None:
@@ -236,7 +274,7 @@ def _check_device(s: StrategySpec, device: str) -> None:
             raise SpecError("via='accelerate' needs CUDA ranks here; on CPU use via='auto' or 'native' (the same strategy through torch.distributed)")
         if s.kind == "zero" and s.param_dtype != "fp32":
             raise SpecError(f"DeepSpeed ZeRO with param_dtype={s.param_dtype!r} on CPU is not supported here; use param_dtype='fp32' or kind='fsdp2'")
-    if s.kind in ("ddp", "tp", "pp", "none") and s.reduce not in ("fp32",):
+    if (s.kind in ("ddp", "tp", "pp", "none") or s.pp > 1) and s.reduce not in ("fp32",):
         raise SpecError(f"reduce_dtype={s.reduce_dtype!r} with kind={s.kind!r}: gradients are reduced in fp32 (param_dtype sets autocast only); use kind='fsdp2' for low-precision reduction")
 
 
@@ -256,7 +294,7 @@ def _check_model(s: StrategySpec, cfg) -> None:
             raise SpecError("MoE blocks with tensor parallel need sequence_parallel=False (experts are replicated across tp ranks)")
         if gcfg.tie_embeddings:
             raise SpecError("tie_embeddings=True with tensor parallel is not supported; use a config with tie_embeddings=False")
-    if s.kind == "pp":
+    if s.pp > 1 or s.kind == "pp":
         if s.pp > gcfg.n_layers:
             raise SpecError(f"pp={s.pp} pipeline stages for n_layers={gcfg.n_layers}: each stage needs a layer; use pp <= {gcfg.n_layers} (or a deeper model)")
         if gcfg.tie_embeddings and s.pp > 1:
@@ -279,6 +317,7 @@ KIND_ALIASES = {
     "deepspeed": ("zero", {}), "zero1": ("zero", {"zero_stage": 1}), "zero2": ("zero", {"zero_stage": 2}),
     "zero3": ("zero", {"zero_stage": 3}), "zero0": ("zero", {"zero_stage": 0}),
     "pipeline": ("pp", {}), "tensor": ("tp", {}), "single": ("none", {}),
+    "hsdp": ("fsdp2", {"dp_replicate": 2}),  # replicate over 2 groups, shard within each
 }
 TRUE, FALSE = ("1", "true", "yes", "on", "y"), ("0", "false", "no", "off", "n")
 
@@ -313,6 +352,17 @@ def _field_name(key: str) -> str:
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise SpecError(f"unknown strategy option {key!r}{hint}; valid: {', '.join(names)}")
     return key
+
+
+def _kind_of_degrees(v: dict) -> str:
+    """The preset that bare degrees (``pp=2 dp_shard=2``, ``tp=2``) start from."""
+    if v.get("pp", 1) != 1:
+        return "pp"
+    if v.get("tp", 1) != 1:
+        return "fsdp2_tp" if v.get("dp_shard", 1) != 1 or v.get("dp_replicate", 1) != 1 else "tp"
+    if v.get("dp_shard", -1) != -1:
+        return "fsdp2"
+    return "fsdp2" if v.get("dp_replicate", 1) != 1 and "dp_shard" in v else "ddp"
 
 
 def spec_from_args(argv: list[str]) -> StrategySpec:
@@ -361,6 +411,8 @@ def spec_from_args(argv: list[str]) -> StrategySpec:
         values[name] = _convert(name, raw)
     if kind is not None:
         values["kind"] = kind
+    else:
+        values["kind"] = _kind_of_degrees(values)
     if values.get("kind") == "fsdp2" and values.get("tp", 1) > 1:
         values["kind"] = "fsdp2_tp"  # "fsdp2 --tp 2" means FSDP2 x TP (2-D)
     spec = StrategySpec(**values)

@@ -17,7 +17,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from .base import Context, Prepared, PrepareError, apply_activation_checkpointing, factory_from_optimizer, register
+from .base import Context, Prepared, PrepareError, factory_from_optimizer, register
+from .blocks import apply_activation_checkpointing, find_blocks
 from .layout import describe_params, make_layout
 
 __all__ = ["ZeroStrategy", "DeepSpeedPrepared", "deepspeed_config", "import_deepspeed"]
@@ -117,7 +118,9 @@ class ZeroStrategy:
         else:
             os.environ.setdefault("LOCAL_RANK", "0")
         ds = import_deepspeed(ctx.device.type)
-        apply_activation_checkpointing(model, s.activation_checkpointing, ctx.notes)
+        if s.activation_checkpointing != "none":
+            blocks = find_blocks(model, ctx.hints.blocks, purpose="activation checkpointing")
+            apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
         if isinstance(optimizer, torch.optim.Optimizer):
             optimizer = factory_from_optimizer(optimizer)
         engine, opt, _, _ = ds.initialize(model=model, optimizer=optimizer,

@@ -1,0 +1,175 @@
+"""``parallelize``: apply the degrees of a resolved spec to one rank's model, in a fixed order.
+
+The order (torchtitan's ``parallelize_llama``), each step a small ``apply_*`` of its own:
+
+1. pipeline split (``pp``)          -- the stage keeps its blocks, embedding first, norm/head last
+2. tensor parallel (``tp``, + SP)   -- DTensor plan from the model, transformers or ``tp_plan=``
+3. context parallel (``cp``)        -- refused at validation: no model here has ring attention
+4. activation checkpointing         -- per block
+5. compile                          -- per block
+6. data parallel, last              -- FSDP2 (``dp_shard``), HSDP (``dp_replicate x dp_shard``)
+                                       per block + root, or DDP (``dp_replicate`` alone)
+
+TP before FSDP so FSDP shards the TP-sharded DTensors again (2-D); AC and compile wrap the
+block forwards FSDP's per-block hooks then surround. :func:`check_layout` runs every check
+that depends on the model (blocks, plan, split) before any rank changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .base import TORCH_DTYPES, Context, ModelHints, Prepared, PrepareError, build_optimizer, check_optimizer_matches, register
+from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_blocks
+from .ddp import apply_ddp
+from .fsdp2 import FSDP2Prepared, apply_fsdp, broadcast_from_rank0
+from .layout import describe_params, make_layout
+from .meshes import dp_coords, make_mesh
+from .pipeline import PipelinePrepared, check_splittable, keep_stage, make_schedule, stage_blocks
+from .spec import PRESET_DIMS, StrategySpec
+from .tensor_parallel import apply_tp, resolve_tp_plan
+
+__all__ = ["parallelize", "check_layout", "LayoutCheck", "NATIVE_KINDS"]
+
+NATIVE_KINDS = ("ddp", "fsdp2", "tp", "pp", "fsdp2_tp")
+
+
+@dataclass(frozen=True)
+class LayoutCheck:
+    """What :func:`check_layout` found: the blocks (``None`` where none are needed and none
+    were found) and, for ``pp``, the block keys of each stage."""
+
+    blocks: Blocks | None
+    stages: tuple[tuple[str, ...], ...] | None
+
+
+def _uses_fsdp(s: StrategySpec, world: int) -> bool:
+    d = s.dims(world)
+    return d.fsdp_enabled or s.kind in ("fsdp2", "fsdp2_tp")
+
+
+def check_layout(model: nn.Module, s: StrategySpec, world: int, hints: ModelHints = ModelHints()) -> LayoutCheck:
+    """Every model-dependent check, pure (no communication): raise :class:`PrepareError`
+    with one message, leaving the model as it was."""
+    d = s.dims(world)
+    stages = None
+    if s.kind == "pp" or d.pp_enabled:
+        stages = tuple(tuple(k) for k in check_splittable(model, d.pp, hints.pp_boundaries))
+    elif hints.pp_boundaries is not None:
+        raise PrepareError(f"pp_boundaries={list(hints.pp_boundaries)} given but pp=1; add pp=N or drop pp_boundaries")
+    if d.tp_enabled or s.kind in ("tp", "fsdp2_tp"):
+        resolve_tp_plan(model, d.tp, tp_plan=hints.tp_plan, sequence_parallel=s.sequence_parallel)
+    elif hints.tp_plan is not None:
+        raise PrepareError("tp_plan= given but tp=1; add tp=N (e.g. 'fsdp2 tp=2') or drop tp_plan")
+    needed = _uses_fsdp(s, world) or s.activation_checkpointing != "none" or s.compile
+    if needed or hints.blocks is not None:
+        purpose = "FSDP2 wrapping" if _uses_fsdp(s, world) else "activation checkpointing / compile"
+        blocks = find_blocks(model, hints.blocks, purpose=purpose)
+    else:
+        try:
+            blocks = find_blocks(model)
+        except PrepareError:
+            blocks = None  # DDP / TP alone do not need blocks
+    return LayoutCheck(blocks, stages)
+
+
+def apply_pipeline(model, mesh, check: LayoutCheck, ctx: Context) -> tuple[int, Blocks]:
+    stage_idx = mesh.get_local_rank("pp")
+    n = mesh.size(mesh.mesh_dim_names.index("pp"))
+    owned = list(check.stages[stage_idx])
+    keep_stage(model, stage_idx, owned, last=stage_idx == n - 1)
+    names, mods = stage_blocks(model)
+    ctx.notes.append(f"pipeline stage {stage_idx}/{n} owns blocks {owned}"
+                     + (" + embedding" if stage_idx == 0 else "")
+                     + (" + norm/output" if stage_idx == n - 1 else "")
+                     + f"; schedule {ctx.spec.pp_schedule}, {ctx.spec.microbatches} microbatches")
+    return stage_idx, Blocks(tuple(names), tuple(mods), "pipeline stage", None)
+
+
+def _dp_group(mesh, names):
+    dp = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
+    if not dp:
+        return None
+    if len(dp) == 1:
+        return mesh.get_group(dp[0])
+    return mesh[dp]._flatten("dp").get_group()
+
+
+def _params(model, names, stage_idx) -> list[dict]:
+    if stage_idx is None:
+        return describe_params(model, len(names))
+    rest = len(names) - 1
+    entries = describe_params(model, rest)
+    for e in entries:
+        e["placements"] = [f"Stage({stage_idx})"] + (e["placements"] if rest else [])
+    return entries
+
+
+def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
+    """Apply ``ctx.spec``'s degrees to ``model`` in the documented order; build the optimizer."""
+    s = ctx.spec
+    d = s.dims(ctx.world_size)
+    check = check_layout(model, s, ctx.world_size, ctx.hints)
+    shape, names = d.mesh_dims(PRESET_DIMS[s.kind])
+    mesh = make_mesh(ctx, shape, names)
+    ctx.notes.append(f"degrees {d.describe()}; order: pipeline, tp, (cp), activation checkpointing, compile, data parallel")
+    broadcast_from_rank0(model)
+    total_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    blocks = check.blocks
+    stage_idx = None
+    if "pp" in names:                                             # 1. pipeline split
+        stage_idx, blocks = apply_pipeline(model, mesh, check, ctx)
+    if "tp" in names:                                             # 2. tensor parallel
+        plan = resolve_tp_plan(model, d.tp, tp_plan=ctx.hints.tp_plan, sequence_parallel=s.sequence_parallel,
+                               stage=stage_idx is not None)
+        apply_tp(model, mesh["tp"], plan, ctx.notes)
+    if blocks is not None:                                        # 4./5. per block
+        ctx.notes.append(f"blocks: {blocks.describe()}")
+        apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
+        if s.compile:
+            apply_compile(blocks, ctx.notes)
+    wrapped, prepared_cls = model, Prepared
+    if _uses_fsdp(s, ctx.world_size):                             # 6. data parallel
+        dp = tuple(n for n in ("dp_replicate", "dp_shard") if n in names) or ("dp_shard",)
+        apply_fsdp(model, list(blocks.modules), mesh[dp] if len(dp) > 1 else mesh[dp[0]], s, ctx.notes)
+        prepared_cls = FSDP2Prepared
+    elif "dp_replicate" in names:
+        wrapped = apply_ddp(model, ctx, mesh.get_group("dp_replicate"))
+    if stage_idx is not None:
+        model.to(ctx.device)
+        schedule = make_schedule(model, stage_idx, d.pp, ctx.device, mesh.get_group("pp"), s, ctx.loss_fn)
+    opt = build_optimizer(wrapped, optimizer, ctx.notes)
+    check_optimizer_matches(model, opt, where=f"rank {ctx.rank}: ")
+    dp_rank, dp_size = dp_coords(mesh, ("dp_replicate", "dp_shard"))
+    layout = make_layout(strategy=s.kind, path="native", mesh_shape=mesh.shape, dim_names=names,
+                         rank=ctx.rank, world_size=ctx.world_size, params=_params(model, names, stage_idx),
+                         notes=ctx.notes, dp_rank=dp_rank, dp_size=dp_size,
+                         param_bytes_global=total_bytes if stage_idx is not None else None)
+    layout["degrees"] = d.as_dict()
+    layout["blocks"] = list(blocks.names) if blocks is not None else []
+    autocast = None if s.param_dtype == "fp32" or prepared_cls is FSDP2Prepared else TORCH_DTYPES[s.param_dtype]
+    common = dict(model=wrapped, optimizer=opt, layout=layout, spec=s, ctx=ctx, mesh=mesh,
+                  loss_group=_dp_group(mesh, names), dp_rank=dp_rank, dp_size=dp_size, inner=model,
+                  autocast_dtype=autocast)
+    if stage_idx is not None:
+        pp_group = mesh.get_group("pp")
+        last_rank = dist.get_global_rank(pp_group, d.pp - 1) if d.pp > 1 else ctx.rank
+        return PipelinePrepared(schedule=schedule, stage_idx=stage_idx, n_stages=d.pp, pp_group=pp_group,
+                                last_rank=last_rank, sharded=prepared_cls is FSDP2Prepared, **common)
+    return prepared_cls(**common)
+
+
+class NativeStrategy:
+    """Every degree-based preset runs through :func:`parallelize`."""
+
+    kind = "native"
+
+    def apply(self, model, optimizer, ctx: Context) -> Prepared:
+        return parallelize(model, optimizer, ctx)
+
+
+for _kind in NATIVE_KINDS:
+    register(type(f"Native_{_kind}", (NativeStrategy,), {"kind": _kind}))
