@@ -23,9 +23,18 @@ _CONTEXT_FIELDS = {
 }
 
 
+_LAZY = {"Trainer": (".trainer", "Trainer"), "TrainerConfig": (".trainer", "TrainerConfig"),
+         "load_pretrained": ("..checkpoint.pretrained", "load_pretrained")}  # torch: imported on first use
+
+
 def __getattr__(name: str):
     if name in _CONTEXT_FIELDS:
         return getattr(runtime.context(), name)
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module, __name__), attr)
     raise AttributeError(f"module 'workbench.engine' has no attribute {name!r}")
 
 
@@ -68,4 +77,4 @@ def barrier() -> None:
     dist.barrier()
 
 
-__all__ = sorted(_CONTEXT_FIELDS | {"context", "barrier", "runtime", "report"})
+__all__ = sorted(_CONTEXT_FIELDS | set(_LAZY) | {"context", "barrier", "runtime", "report"})
