@@ -12,7 +12,6 @@ from conftest import clean_trainer
 
 from workbench import training
 from workbench.checkpoint import api as ck
-from workbench.cluster import RankFailure
 
 LLAMA = """
 import torch
@@ -122,6 +121,8 @@ _td_t.wait(120)
 
     root = str(tmp_path)
     info = ck.save(root=root, rankset=rs)  # at step 6 (epoch 1, batch 2)
+    with pytest.raises(ValueError, match="keeps no Hugging Face config: the model saved was not a transformers"):
+        ck.export(str(tmp_path / "hf"), root=root, hf=True, rankset=rs)
     rs.execute("_td_t.start(3); _td_t.wait(120)", timeout=120)
     after = rs.pull("_td_seen")
     ck.load(info["name"], root=root, rankset=rs)
@@ -184,10 +185,11 @@ torch.manual_seed(0)
 _td_prep = engine.prepare(torch.nn.Linear(4, 3), lambda ps: torch.optim.SGD(ps, lr=0.1), "ddp")
 _td_before = _tr._CURRENT
 """, timeout=120)
-    with pytest.raises(RankFailure) as err:
-        rs.execute("engine.Trainer(_td_prep, data=lambda i: (torch.randn(2, 4), torch.zeros(2), torch.ones(2)))",
-                   timeout=60)
-    text = str(err.value)
+    rs.execute("try:\n    engine.Trainer(_td_prep, data=lambda i: (torch.randn(2, 4), torch.zeros(2), torch.ones(2)))\n"
+               "    _td_err = None\nexcept Exception as e:\n    _td_err = f'{type(e).__name__}: {e}'", timeout=60)
+    errs = rs.pull("_td_err")  # caught on the ranks: an execute's error can lose the race to its reply
+    assert errs[0].startswith("BadBatch: rank 0: ") and errs[1].startswith("BadBatch: rank 1: ")
+    text = errs[0]
     assert "tuple of 3 (Tensor[2, 4] float32, Tensor[2] float32, Tensor[2] float32)" in text
     assert "(x, y)" in text and "model(**batch)" in text and "step_fn=(model, batch) -> loss" in text
     assert rs.pull("_tr._CURRENT is _td_before") == [True, True]  # no trainer was made
