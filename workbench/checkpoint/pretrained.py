@@ -127,25 +127,21 @@ def _box(t):
 
 
 @torch.no_grad()
-def load_pretrained(folder: str, model=None) -> dict:
+def load_pretrained(folder: str, model) -> dict:
     """Copy the weights of a local ``save_pretrained`` folder into ``model`` as it is laid out.
 
-    ``model``: a module (sharded or not) or a ``Prepared``; default this rank's current one
-    (``engine.prepare``). Returns what was read: tensors, bytes read here, keys the model
-    does not use.
+    ``model``: a module (sharded or not) or a ``Prepared`` (``engine.load_pretrained``
+    defaults to this rank's current one). Returns what was read: tensors, bytes read
+    here, bytes held here, keys the model does not use.
     """
     from safetensors import safe_open
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from ..engine import runtime
+    import torch.distributed as dist
 
-    if model is None:
-        from ..engine import session
-
-        model = session.prepared()
     if hasattr(model, "reshard") and hasattr(model, "layout"):
         model.reshard()  # FSDP2: parameters back to their shards before writing into them
-    rank = runtime.context().rank if runtime._CONTEXT is not None else 0
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     where = _index(folder)
     params = own_names(model)
     prefix = getattr(_inner(model), "base_model_prefix", "") or ""
