@@ -135,3 +135,39 @@ _hw_keep = {{n: p.full_tensor().clone() for n, p in _hw_prep.model.named_paramet
                 timeout=60)
     assert rs2.pull("_hw_same") == [True, True]
     assert all("has no model.safetensors" in m for m in refused(rs2, f"engine.load_pretrained({str(tmp_path)!r})"))
+
+
+def test_a_safetensors_folder_loads_into_tp_and_2d_layouts_each_rank_its_slice(rs4, tmp_path):
+    """The same reader on tensor-parallel shards (boxes of rows or columns) and on FSDP2 over TP
+    (the teaching GPT, whose own TP plan works today): the logits of the saved model."""
+    folder = str(tmp_path / "gpt")
+    rs4.execute(f"""
+import os
+import torch
+from safetensors.torch import save_file
+from workbench import engine
+from workbench.models import GPT, GPTConfig
+torch.manual_seed(1)
+_hw_src = GPT(GPTConfig.tiny(n_kv_heads=4))
+if engine.rank == 0:
+    os.makedirs({folder!r}, exist_ok=True)
+    save_file({{k: v.contiguous() for k, v in _hw_src.state_dict().items()}},
+              os.path.join({folder!r}, "model.safetensors"), metadata={{"format": "pt"}})
+engine.barrier()
+_hw_x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+with torch.no_grad():
+    _hw_want = _hw_src(_hw_x)
+_hw_res = {{}}
+for spec in ("tp", "fsdp2_tp tp=2"):
+    torch.manual_seed(2)
+    p = engine.prepare(GPT(GPTConfig.tiny(n_kv_heads=4)), lambda ps: torch.optim.AdamW(ps), spec)
+    info = engine.load_pretrained({folder!r})
+    with torch.no_grad():
+        out = p.model(_hw_x)
+    _hw_res[spec] = (float((out - _hw_want).abs().max()), info["bytes_read"], info["bytes_held"])
+""", timeout=240)
+    total = os.path.getsize(os.path.join(folder, "model.safetensors"))
+    for res in rs4.pull("_hw_res"):
+        for spec, (diff, read, held) in res.items():
+            assert diff <= 1e-5, (spec, diff)
+            assert read == held < 0.6 * total, (spec, read, held, total)

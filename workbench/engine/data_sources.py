@@ -77,6 +77,10 @@ class DataSource:
     def _restore(self, micro: int, state: dict) -> str | None:
         return None
 
+    def _consumed(self) -> int:
+        """Batches of this epoch handed to the trainer (one taken only to be peeked at is not)."""
+        return self.taken - (self._peeked is not None)
+
     def describe(self) -> str:
         return self.kind
 
@@ -223,7 +227,7 @@ class LoaderSource(DataSource):
         return b
 
     def state(self, micro: int) -> dict:
-        return {"kind": self.kind, "micro_batch": int(micro), "epoch": self.epoch, "batch_in_epoch": self.taken,
+        return {"kind": self.kind, "micro_batch": int(micro), "epoch": self.epoch, "batch_in_epoch": self._consumed(),
                 "seed": self.seed}
 
     def _restore(self, micro: int, state: dict) -> str | None:
@@ -247,8 +251,8 @@ class IterableSource(DataSource):
 
     def __init__(self, iterable):
         self.iterable = iterable
-        self.reiterable = iter(iterable) is not iterable
         self._it = iter(iterable)
+        self.reiterable = self._it is not iterable
         self.epoch, self.taken = 0, 0
 
     def batch(self, micro: int):
@@ -266,7 +270,7 @@ class IterableSource(DataSource):
         return b
 
     def state(self, micro: int) -> dict:
-        return {"kind": self.kind, "micro_batch": int(micro), "epoch": self.epoch, "batch_in_epoch": self.taken}
+        return {"kind": self.kind, "micro_batch": int(micro), "epoch": self.epoch, "batch_in_epoch": self._consumed()}
 
     def _restore(self, micro: int, state: dict) -> str | None:
         if not self.reiterable:

@@ -70,7 +70,8 @@ class Trainer:
     batches, a ``torch.utils.data.Dataset`` with ``batch_size=`` (the global micro-batch:
     the trainer shards it over the data-parallel ranks, ``shuffle``/``seed`` per epoch,
     resumable exactly) or a ``DataLoader`` (batch ``i`` to data-parallel rank
-    ``i % dp_size``). A batch (:mod:`.batch_forms`) is ``(x, y)``, a dict passed as
+    ``i % dp_size``); the data-parallel rank and size are the ``Prepared``'s, or this
+    rank and the world for a bare ``model=``. A batch (:mod:`.batch_forms`) is ``(x, y)``, a dict passed as
     ``model(**batch)`` (loss ``outputs.loss``, or ``loss_fn(outputs, batch)``), or anything
     with ``step_fn=(model, batch) -> loss``. The first batch is checked here: a batch of
     another shape is refused before any rank changes. Build one on every rank (its
