@@ -193,6 +193,14 @@ _td_before = _tr._CURRENT
     assert "tuple of 3 (Tensor[2, 4] float32, Tensor[2] float32, Tensor[2] float32)" in text
     assert "(x, y)" in text and "model(**batch)" in text and "step_fn=(model, batch) -> loss" in text
     assert rs.pull("_tr._CURRENT is _td_before") == [True, True]  # no trainer was made
+    # a Dataset without a batch size, or one the data-parallel ranks cannot share: said at once
+    rs.execute("_td_ds = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))\n_td_errs = []\n"
+               "for kw in ({}, {'batch_size': 3}):\n    try:\n        engine.Trainer(_td_prep, data=_td_ds, **kw)\n"
+               "    except ValueError as e:\n        _td_errs.append(str(e))", timeout=60)
+    no_size, odd = rs.pull("_td_errs")[0]
+    assert "data is a TensorDataset (a Dataset): give batch_size= (the global micro-batch over the 2 data-parallel " \
+           "ranks), e.g. Trainer(..., data=ds, batch_size=16)" == no_size
+    assert odd.startswith("batch_size=3 (the global micro-batch) must divide by the 2 data-parallel ranks")
     # a dict without labels: the model gives no loss; said at the first step, the run ends in error
     rs.execute("""
 class _TdNoLoss(torch.nn.Module):
