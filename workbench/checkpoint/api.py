@@ -32,10 +32,10 @@ def _next_version() -> int:
     return trainer.current().next_version() if trainer._CURRENT is not None else 1
 
 
-def _export_on_rank(folder: str, path: str, dtype):
-    from workbench.checkpoint.export import export_safetensors
+def _export_on_rank(folder: str, path: str, dtype, hf: bool = False):
+    from workbench.checkpoint.export import export_hf, export_safetensors
 
-    return export_safetensors(folder, path, dtype=dtype)
+    return export_hf(folder, path, dtype=dtype) if hf else export_safetensors(folder, path, dtype=dtype)
 
 
 def _rs(rankset=None):
@@ -103,17 +103,20 @@ def delete(which, *, root: str | None = None, keep: int | None = None, rankset=N
 
 
 def export(path: str, which: str | int = "latest", *, root: str | None = None, dtype: str | None = None,
-           rankset=None) -> dict:
-    """Write one consolidated ``.safetensors`` of the model (on rank 0 when ranks run)."""
+           hf: bool = False, rankset=None) -> dict:
+    """Write one consolidated ``.safetensors`` of the model (on rank 0 when ranks run); with
+    ``hf=True`` a folder ``path`` that ``transformers``' ``from_pretrained`` loads (config.json +
+    model.safetensors under the Hugging Face names), from a checkpoint of a transformers model."""
     from .. import api
 
-    folder, _ = catalog.resolve(get_dir(root), which)
+    folder, m = catalog.resolve(get_dir(root), which)
+    if hf and not m.model_config:
+        raise ValueError(f"checkpoint {m.name} keeps no Hugging Face config: the model saved was not a transformers "
+                         "model. Export plain safetensors instead: `%distrain ckpt export PATH.safetensors`")
     path = os.path.abspath(path)
     if rankset is not None or api.is_running():
-        return _rs(rankset).apply(_export_on_rank, folder, path, dtype, ranks=[0])[0]
-    from .export import export_safetensors  # no ranks: in this process (imports torch)
-
-    return export_safetensors(folder, path, dtype=dtype)
+        return _rs(rankset).apply(_export_on_rank, folder, path, dtype, hf, ranks=[0])[0]
+    return _export_on_rank(folder, path, dtype, hf)  # no ranks: in this process (imports torch)
 
 
 def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str | None = None, rankset=None):

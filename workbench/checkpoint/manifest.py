@@ -55,6 +55,7 @@ class Manifest:
     save_seconds: float | None = None
     torch_version: str = ""
     notes: list = field(default_factory=list)
+    model_config: dict = field(default_factory=dict)  # a transformers model's config.json (for export_hf)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

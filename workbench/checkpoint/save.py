@@ -28,6 +28,7 @@ import torch
 
 from . import catalog
 from .manifest import MANIFEST, Manifest, check_tag, fsync_dir, step_name, write_json_atomic
+from .pretrained import model_config
 from .state import Target, capture, rng_state, split_optimizer, tensor_shapes
 
 from .manifest import quiet_single_process as _quiet_single_process
@@ -167,6 +168,7 @@ def save(target: Target, root: str, *, tag: str | None = None, async_: bool = Fa
         optimizer=type(getattr(target.optimizer, "optimizer", target.optimizer)).__name__ if target.optimizer is not None else None,
         model_tensors=tensor_shapes(msd), optim_tensors=tensor_shapes(otensors), optim_values=ovalues,
         rank_files=[rank_file(r) for r in range(world)], torch_version=torch.__version__,
+        model_config=model_config(target.model),
     )
     blocked = time.perf_counter() - t0
 

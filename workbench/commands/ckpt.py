@@ -32,6 +32,8 @@ def _build(p) -> None:
     p.add_argument("--sync", action="store_true", help="autosave: synchronous saves (default async)")
     p.add_argument("--off", action="store_true", help="autosave: turn it off")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="export: cast floats")
+    p.add_argument("--hf", action="store_true",
+                   help="export: a Hugging Face folder (config.json + model.safetensors) for from_pretrained")
     p.add_argument("-n", type=_int_at_least(1), default=None, help="resume: number of ranks after restart")
     p.add_argument("--setup", default=None,
                    help="resume: notebook variable holding the setup code (a str run on every rank) "
@@ -66,9 +68,12 @@ def _ckpt(args, shell):
         return None
     if a == "export":
         if not args.args or len(args.args) > 2:
-            raise UsageError("usage: %distrain ckpt export PATH.safetensors [latest|STEP|TAG]")
-        info = ck.export(args.args[0], args.args[1] if len(args.args) > 1 else "latest", root=root, dtype=args.dtype)
-        print(f"exported {info['tensors']} tensors ({info['params']:,} parameters, step {info['step']}) "
+            raise UsageError("usage: %distrain ckpt export PATH.safetensors [latest|STEP|TAG]  or  "
+                             "%distrain ckpt export FOLDER --hf [latest|STEP|TAG]")
+        info = ck.export(args.args[0], args.args[1] if len(args.args) > 1 else "latest", root=root, dtype=args.dtype,
+                         hf=args.hf)
+        what = f" as a Hugging Face {info['architectures'][0] if info.get('architectures') else ''} folder" if args.hf else ""
+        print(f"exported {info['tensors']} tensors ({info['params']:,} parameters, step {info['step']}){what} "
               f"to {info['path']} ({info['bytes'] / 2**20:.1f} MiB)")
         return None
     if a == "wait":

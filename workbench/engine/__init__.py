@@ -3,7 +3,9 @@
 ``engine.rank``, ``engine.world_size``, ``engine.local_rank``,
 ``engine.local_world_size``, ``engine.device``, ``engine.backend`` and
 ``engine.host`` are read from the rank's bootstrapped context, so they are always
-those of the live process group. Engine-side code never imports ipywidgets or plotly.
+those of the live process group. ``engine.prepare`` lays a model out, ``engine.Trainer``
+trains it (``%distrain train start`` drives the newest one), ``engine.load_pretrained``
+reads Hugging Face weights into it. Engine-side code never imports ipywidgets or plotly.
 """
 from __future__ import annotations
 
@@ -23,9 +25,17 @@ _CONTEXT_FIELDS = {
 }
 
 
+_LAZY = {"Trainer": (".trainer", "Trainer"), "TrainerConfig": (".trainer", "TrainerConfig")}  # imported on first use
+
+
 def __getattr__(name: str):
     if name in _CONTEXT_FIELDS:
         return getattr(runtime.context(), name)
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module, __name__), attr)
     raise AttributeError(f"module 'workbench.engine' has no attribute {name!r}")
 
 
@@ -54,6 +64,16 @@ def prepare(model, optimizer, spec="ddp", **kwargs):
     return prepared
 
 
+def load_pretrained(folder: str, model=None) -> dict:
+    """Read a local Hugging Face ``save_pretrained`` folder into ``model`` (default: this
+    rank's current one) as it is laid out: each rank reads only its slice of each tensor."""
+    from ..checkpoint.pretrained import load_pretrained as _load
+
+    from . import session
+
+    return _load(folder, model if model is not None else session.prepared())
+
+
 def prepared():
     """This rank's current ``Prepared`` (set by :func:`prepare`)."""
     from . import session
@@ -68,4 +88,4 @@ def barrier() -> None:
     dist.barrier()
 
 
-__all__ = sorted(_CONTEXT_FIELDS | {"context", "barrier", "runtime", "report"})
+__all__ = sorted(_CONTEXT_FIELDS | set(_LAZY) | {"context", "barrier", "runtime", "report", "load_pretrained"})

@@ -93,20 +93,22 @@ def _sync_from_trainer(t: Target) -> None:
     t.state.step = int(tr.step)
     loss = (tr.last or {}).get("loss")
     t.state.loss = float(loss) if loss is not None else t.state.loss
-    accum = int(getattr(tr.config, "grad_accum", 1))
-    t.state.data = {"micro_batch": int(tr.step) * accum, "grad_accum": accum}
+    t.state.data = tr.data_state()
 
 
-def _sync_to_trainer(t: Target) -> None:
-    """After a load: the trainer continues from the checkpoint's step, with a fresh loss window."""
+def _sync_to_trainer(t: Target) -> str | None:
+    """After a load: the trainer continues from the checkpoint's step and data position, with
+    a fresh loss window; returns a note where the data cannot continue exactly."""
     tr = _trainer_for(t)
     if tr is None:
-        return
+        return None
     tr.step = int(t.state.step)
+    note = tr.restore_data(t.state.data, tr.step)
     tr.target = max(int(getattr(tr, "target", 0)), tr.step)
     if hasattr(tr, "history"):
         tr.history.clear()
     tr.last = {"step": tr.step, "loss": t.state.loss}
+    return note
 
 
 class _PausedTrainer:
@@ -193,7 +195,9 @@ def rank_load(folder: str, model_only: bool = False) -> dict:
     t = target()
     with _PausedTrainer(t):
         info = _load.load(t, folder, model_only=model_only)
-        _sync_to_trainer(t)
+        note = _sync_to_trainer(t)
+    if note:
+        info["notes"] = [*info.get("notes", []), note]
     return info
 
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import events
-from . import agreement, comm_timing, memory_report, publisher, runtime, telemetry
+from . import agreement, batch_forms, comm_timing, data_sources, memory_report, publisher, runtime, telemetry
 
 REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
            3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
@@ -65,13 +65,22 @@ class TrainerConfig:
 class Trainer:
     """Train ``prepared`` (or ``model`` + ``optimizer``) on ``data`` in a background thread.
 
-    ``data``: an iterator of batches ``(x, y)`` for this rank, or a function
-    ``micro_batch_index -> (x, y)`` (deterministic: a restored run sees the same data).
-    Build one on every rank (its constructor agrees on a run id with the others), then
-    ``start(steps)``; from the notebook ``%distrain train start --steps N``.
+    ``data`` (:mod:`.data_sources`): a function ``micro_batch_index -> batch``
+    (deterministic: a restored run sees the same data), an iterable of this rank's
+    batches, a ``torch.utils.data.Dataset`` with ``batch_size=`` (the global micro-batch:
+    the trainer shards it over the data-parallel ranks, ``shuffle``/``seed`` per epoch,
+    resumable exactly) or a ``DataLoader`` (batch ``i`` to data-parallel rank
+    ``i % dp_size``); the data-parallel rank and size are the ``Prepared``'s, or this
+    rank and the world for a bare ``model=``. A batch (:mod:`.batch_forms`) is ``(x, y)``, a dict passed as
+    ``model(**batch)`` (loss ``outputs.loss``, or ``loss_fn(outputs, batch)``), or anything
+    with ``step_fn=(model, batch) -> loss``. The first batch is checked here: a batch of
+    another shape is refused before any rank changes. Build one on every rank (its
+    constructor agrees on a run id with the others), then ``start(steps)``; from the
+    notebook ``%distrain train start --steps N``.
     """
 
-    def __init__(self, prepared=None, *, model=None, optimizer=None, data, loss_fn=None,
+    def __init__(self, prepared=None, *, model=None, optimizer=None, data, loss_fn=None, step_fn=None,
+                 batch_size: int | None = None, shuffle: bool = True, seed: int = 0, collate_fn=None,
                  config: TrainerConfig | None = None, **config_changes):
         ctx = runtime.context()
         self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
@@ -84,16 +93,26 @@ class Trainer:
         self.model = prepared.model if prepared is not None else model
         self.optimizer = prepared.optimizer if prepared is not None else optimizer
         self.loss_fn = loss_fn
+        self.step_fn = step_fn
         self._data = data
-        self._data_iter = None if callable(data) and not hasattr(data, "__next__") else iter(data)
-        comm_timing.install()
-        self.notes: list[str] = []
-        self._ddp_watch, note = comm_timing.watch_ddp(self.model)
-        if note:
-            self.notes.append(note)
+        dp_rank, dp_size = (prepared.dp_rank, prepared.dp_size) if prepared is not None else (self.rank, self.world_size)
+        self._source = data_sources.make_source(data, batch_size=batch_size, dp_rank=dp_rank, dp_size=dp_size,
+                                                shuffle=shuffle, seed=seed, collate_fn=collate_fn)
+        self.micro = 0  # micro-batches consumed by the completed steps: the data position
         from ..strategies.base import Prepared
 
         self._whole_step = prepared is not None and type(prepared).train_step is not Prepared.train_step
+        self._form = batch_forms.form_of(self._source.peek(0), step_fn=step_fn, rank=self.rank)
+        if self._whole_step and (self._form != batch_forms.PAIR or loss_fn is not None):
+            raise ValueError(f"rank {self.rank}: {type(prepared).__name__} runs its own train_step on (x, y) "
+                             f"batches with its own loss; this data gives {self._form} batches"
+                             f"{' and a loss_fn' if loss_fn is not None else ''}: lay the model out with a "
+                             "strategy whose step the trainer runs (ddp, fsdp2, tp, ...), or give (x, y) batches")
+        comm_timing.install()
+        self.notes: list[str] = [f"data: {self._source.describe()}; batches {self._form}"]
+        self._ddp_watch, note = comm_timing.watch_ddp(self.model)
+        if note:
+            self.notes.append(note)
         if self._whole_step:
             self.notes.append(f"{type(prepared).__name__} runs its own train_step: timed as one phase, "
                               "no clipping or accumulation by the trainer")
@@ -330,6 +349,8 @@ class Trainer:
                     self._set_state("finished", f"{self.target} steps done")
                     break
                 self._guarded_step(control_s)
+        except data_sources.DataExhausted as exc:  # a one-shot iterator ran out: the run ends there
+            self._set_state("finished", f"{exc} (step {self.step})")
         except Exception as exc:  # the loop must never die silently
             self._set_state("error", f"rank {self.rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
@@ -361,18 +382,32 @@ class Trainer:
             self._set_state("paused", reason)  # at once: peers may be stuck in the step's collective
 
     def _next_batch(self, micro: int):
-        batch = next(self._data_iter) if self._data_iter is not None else self._data(micro)
-        self._batch_shape = tuple(batch[0].shape) if hasattr(batch[0], "shape") else None
+        batch = self._source.take(micro)
+        form = batch_forms.form_of(batch, step_fn=self.step_fn, rank=self.rank)
+        if form != self._form:
+            raise batch_forms.BadBatch(f"rank {self.rank}: micro-batch {micro} is a {form} batch "
+                                       f"({batch_forms.describe(batch)}), the first was a {self._form} one")
+        self._batch_shape = batch_forms.counts(batch)[2]
         return batch
 
-    def _loss(self, out, y):
-        if self.loss_fn is not None:
-            return self.loss_fn(out, y)
-        if self.prepared is not None:
-            return self.prepared.compute_loss(out, y)
-        from ..strategies.base import lm_loss
+    # ------------------------------------------------------------ data position
+    def data_state(self) -> dict:
+        """Where the run is in its data (JSON; saved with checkpoints)."""
+        return {**self._source.state(self.micro), "grad_accum": int(self.config.grad_accum)}
 
-        return lm_loss(out, y)
+    def restore_data(self, state: dict | None, step: int) -> str | None:
+        """Continue the data after a checkpoint load at ``step``; a note where it cannot be exact."""
+        state = dict(state or {})
+        self.micro = int(state["micro_batch"]) if "micro_batch" in state else step * self.config.grad_accum
+        return self._source.restore(self.micro, state)
+
+    def _loss(self, model, batch, autocast=None):
+        if self.prepared is not None:
+            compute = self.prepared.compute_loss
+        else:
+            from ..strategies.base import lm_loss as compute
+        return batch_forms.forward_loss(model, batch, self._form, loss_fn=self.loss_fn, compute_loss=compute,
+                                        step_fn=self.step_fn, rank=self.rank, autocast=autocast)
 
     def _one_step(self, control_s: float) -> None:
         clock = telemetry.PhaseClock(self._sync)
@@ -386,16 +421,17 @@ class Trainer:
             self._simulate_oom(step)
         if self._whole_step:
             with clock.phase("data"):
-                batch = self._next_batch(self.step)
+                batch = self._next_batch(self.micro)
             with clock.phase("forward"):
                 loss_global = self.prepared.train_step(batch)
             loss_local = loss_global
-            x = batch[0]
-            tokens, samples = x.numel(), x.shape[0]
+            tokens, samples, _ = batch_forms.counts(batch)
             if inject:
                 loss_global = float(inject)
+            self.micro += 1
         else:
             loss_global, loss_local, grad_norm, tokens, samples = self._decomposed(clock, step, inject)
+            self.micro += self.config.grad_accum
         bad = not math.isfinite(loss_global) or (grad_norm is not None and not math.isfinite(grad_norm))
         spike = False
         if not bad and len(self.history) >= self.history.maxlen:
@@ -456,19 +492,14 @@ class Trainer:
         device = torch.device(self.device)
         for i in range(accum):
             with clock.phase("data"):
-                x, y = self._next_batch((step - 1) * accum + i)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            tokens += x.numel()
-            samples += x.shape[0]
+                batch = batch_forms.to_device(self._next_batch(self.micro + i), device)
+            n_tok, n_samples, _ = batch_forms.counts(batch)
+            tokens += n_tok
+            samples += n_samples
             last = i == accum - 1
             with _no_sync(model, enabled=not last):
                 with clock.phase("forward"):
-                    if autocast is not None:
-                        with autocast():
-                            out = model(x)
-                    else:
-                        out = model(x)
-                    loss = self._loss(out, y) / accum
+                    loss = self._loss(model, batch, autocast) / accum
                     if inject:
                         loss = loss * float(inject)
                 total += float(loss.detach())
