@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from . import integrity
 from .manifest import read_manifest
 from .safety import read_metadata_file
 
@@ -30,6 +31,9 @@ def export_safetensors(folder: str, path: str, *, dtype: str | None = None) -> d
 
     from .safety import SafeLoadPlanner, SafeReader
 
+    problems = integrity.verify_folder(folder)
+    if problems:
+        raise integrity.DamagedCheckpoint(folder, problems)
     manifest = read_manifest(folder)
     meta = read_metadata_file(folder)
     want = {}
