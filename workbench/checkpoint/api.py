@@ -13,7 +13,8 @@ from . import catalog
 from .integrity import DamagedCheckpoint, Problem, describe_problems
 
 __all__ = ["save", "load", "list", "delete", "export", "wait", "autosave", "resume", "get_dir", "set_dir",
-           "describe_save", "describe_load", "rollback_hint", "verify", "describe_verify", "NoGoodCheckpoint"]
+           "describe_save", "describe_load", "rollback_hint", "verify", "describe_verify", "NoGoodCheckpoint",
+           "SaveFailed"]
 
 _SETUP = None  # the setup code/function last given to resume()
 _AUTOSAVE: dict | None = None  # last autosave settings (re-applied after resume)
@@ -59,7 +60,7 @@ def save(tag: str | None = None, *, async_: bool = False, root: str | None = Non
          rankset=None) -> dict:
     """Checkpoint every rank's model, optimizer, step, data position and RNG into ``root``."""
     rs = _rs(rankset)
-    res = rs.apply(_on_rank, "rank_save", get_dir(root), tag, async_, None, False, with_optimizer)
+    res = _storage_errors_once(rs.submit(_on_rank, "rank_save", get_dir(root), tag, async_, None, False, with_optimizer))
     info = dict(res[0])
     info["blocked_s"] = max(r.get("blocked_s", 0.0) for r in res)
     return info
@@ -67,8 +68,26 @@ def save(tag: str | None = None, *, async_: bool = False, root: str | None = Non
 
 def wait(rankset=None) -> dict | None:
     """Wait until the background save (if any) is written and visible."""
-    res = _rs(rankset).apply(_on_rank, "rank_wait")
+    res = _storage_errors_once(_rs(rankset).submit(_on_rank, "rank_wait"))
     return res[0]
+
+
+class SaveFailed(RuntimeError):
+    """The storage refused a save (no space, read-only, a folder not shared by all ranks):
+    the same cause on every rank, said once; nothing of the checkpoint was kept."""
+
+
+def _storage_errors_once(call) -> builtins.list:
+    """The call's results; a storage fault every rank reports alike becomes one :class:`SaveFailed`."""
+    from ..cluster import RankFailure
+
+    try:
+        return call.result()
+    except RankFailure as exc:
+        names = {ename for ename, _, _ in exc.failures.values()}
+        if names == {"StorageError"}:
+            raise SaveFailed(exc.failures[min(exc.failures)][1]) from None
+        raise
 
 
 def load(which: str | int = "latest", *, root: str | None = None, model_only: bool = False, rankset=None,

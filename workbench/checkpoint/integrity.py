@@ -177,8 +177,9 @@ def table(manifest) -> dict:
     return dict(manifest.integrity) if getattr(manifest, "integrity", None) else dict(manifest.files)
 
 
-def verify_folder(folder: str, *, rank: int | None = None, world: int = 1) -> list[Problem]:
-    """Every problem of ``folder`` that ``rank`` can see (all of them with ``rank=None``)."""
+def verify_folder(folder: str, *, rank: int | None = None, world: int | None = None) -> list[Problem]:
+    """Every problem of ``folder`` that ``rank`` checks (all of them with ``rank=None``); files are
+    named with the rank that reads them at world size ``world`` (default: the saved one)."""
     from .manifest import ManifestError, read_manifest
 
     if rank in (None, 0):
@@ -189,4 +190,4 @@ def verify_folder(folder: str, *, rank: int | None = None, world: int = 1) -> li
         m = read_manifest(folder)
     except ManifestError as exc:
         return [Problem("manifest.json", 0, "manifest", str(exc))]
-    return check_files(folder, table(m), rank=rank, world=world)
+    return check_files(folder, table(m), rank=rank, world=world or m.world_size)
