@@ -14,7 +14,7 @@ from .integrity import DamagedCheckpoint, Problem, describe_problems
 
 __all__ = ["save", "load", "list", "delete", "export", "wait", "autosave", "resume", "get_dir", "set_dir",
            "describe_save", "describe_load", "rollback_hint", "verify", "describe_verify", "NoGoodCheckpoint",
-           "SaveFailed"]
+           "SaveFailed", "LoadFailed"]
 
 _SETUP = None  # the setup code/function last given to resume()
 _AUTOSAVE: dict | None = None  # last autosave settings (re-applied after resume)
@@ -77,16 +77,24 @@ class SaveFailed(RuntimeError):
     the same cause on every rank, said once; nothing of the checkpoint was kept."""
 
 
+class LoadFailed(RuntimeError):
+    """A rank could not read its part of a checkpoint; no rank applied anything."""
+
+
+_SAID_ONCE = {"StorageError": SaveFailed, "LoadFailed": LoadFailed}
+
+
 def _storage_errors_once(call) -> builtins.list:
-    """The call's results; a storage fault every rank reports alike becomes one :class:`SaveFailed`."""
+    """The call's results; an error every rank raises alike (a storage fault, a failed read)
+    becomes one :class:`SaveFailed` / :class:`LoadFailed`, said once instead of per rank."""
     from ..cluster import RankFailure
 
     try:
         return call.result()
     except RankFailure as exc:
         names = {ename for ename, _, _ in exc.failures.values()}
-        if names == {"StorageError"}:
-            raise SaveFailed(exc.failures[min(exc.failures)][1]) from None
+        if len(names) == 1 and next(iter(names)) in _SAID_ONCE:
+            raise _SAID_ONCE[next(iter(names))](exc.failures[min(exc.failures)][1]) from None
         raise
 
 
@@ -147,7 +155,7 @@ def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[dict]:
     from ..cluster import RankDied
 
     try:
-        return rs.apply(_on_rank, "rank_load", folder, model_only)
+        return _storage_errors_once(rs.submit(_on_rank, "rank_load", folder, model_only))
     except RankDied as exc:
         raise RankDied(
             f"{exc}\nThe load of {os.path.basename(folder)} did not complete. The checkpoint is applied only once "

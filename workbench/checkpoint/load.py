@@ -31,7 +31,7 @@ from .state import Target, apply_state, capture, merge_optimizer, set_rng_state,
 
 from .manifest import quiet_single_process as _quiet_single_process
 
-__all__ = ["load", "verify", "check_compatible", "DRILL"]
+__all__ = ["load", "verify", "check_compatible", "DRILL", "LoadFailed"]
 
 # Fault drill: seconds to pause once every tensor is read into staging, before it is applied.
 DRILL: dict[str, float] = {"before_apply": 0.0}
@@ -92,6 +92,10 @@ def _all_problems(missing, shapes, pg):
     m = sorted({k for o in out for k in o[0]})
     s = sorted({tuple(map(lambda x: tuple(x) if isinstance(x, list) else x, t)) for o in out for t in o[1]})
     return m, [(k, list(a), list(b)) for k, a, b in s]
+
+
+class LoadFailed(RuntimeError):
+    """A rank could not read its part of a checkpoint; no rank applied anything."""
 
 
 def verify(folder: str, pg=None) -> list[Problem]:
@@ -175,9 +179,15 @@ def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: 
     if with_opt and otensors:
         state["optim"] = _staging(otensors)
     staging_bytes = sum(_nbytes(v) for v in state.values())
-    with _quiet_single_process():
-        dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), process_group=pg,
-                 no_dist=dist is None)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _quiet_single_process():
+            dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), process_group=pg,
+                     no_dist=dist is None)
+    except CheckpointException as exc:  # raised alike on every rank: one line, not torch's tracebacks
+        raise LoadFailed(f"reading {os.path.basename(folder)} failed ({_save._dcp_failure(exc, 'read')}); nothing was "
+                         "applied: every rank's model, optimizer, step and RNG are as they were") from None
     if DRILL.get("before_apply"):
         time.sleep(DRILL["before_apply"])
     if not _agree(True, pg):  # pragma: no cover - a rank that failed raised in dcp.load on every rank

@@ -329,12 +329,12 @@ def _all_gather(obj, pg) -> list:
     return out
 
 
-def _dcp_failure(exc) -> str:
+def _dcp_failure(exc, verb: str = "write") -> str:
     """The first rank's cause from DCP's ``CheckpointException`` (rank -> (exception, traceback))."""
     for r, pair in sorted(exc.failures.items()):
         e = pair[0] if isinstance(pair, tuple) else pair
         if isinstance(e, OSError):
-            return f"rank {r} could not write {e.filename or 'its part'}: {_cause(e)}"
+            return f"rank {r} could not {verb} {e.filename or 'its part'}: {_cause(e)}"
         return f"rank {r}: {_cause(e)}"
     return str(exc)
 
