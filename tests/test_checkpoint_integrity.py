@@ -280,13 +280,41 @@ def test_retention_counts_only_good_checkpoints(tmp_path):
     assert "skipped step-00000008: damaged (rank-00000.json (read by rank 0) is truncated" in hint
 
 
-def test_sigkill_of_a_rank_mid_load_leaves_the_survivor_unchanged(fresh_ranks, tmp_path):
-    root = str(tmp_path)
+def _private_folder(path: str) -> str:
+    """Rank side: give this rank's main thread a mount namespace of its own with a tmpfs over
+    ``path``, so that it no longer sees what the other ranks write there (a folder that is
+    not shared, as a node-local disk would be)."""
+    import ctypes
+    import subprocess
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", path], check=True)
+    return os.path.realpath(path)
+
+
+def test_unshared_folder_refused_then_a_rank_killed_mid_load(fresh_ranks, tmp_path):
+    """One private set for both drills: rank 1 gets a folder of its own, then is killed."""
+    root = str(tmp_path / "ck")
+    os.makedirs(root)
     rs = fresh_ranks(2)
     rs.execute(BUILD + "_ci_train(2)", timeout=120)
     ck.save(root=root, rankset=rs)
-    rs.execute("_ci_train(1); from workbench.checkpoint import load as _ci_load; "
-               "_ci_load.DRILL['before_apply'] = 3.0", timeout=60)
+    rs.execute("_ci_train(1)", timeout=60)
+
+    lone = str(tmp_path / "lone")  # rank 1 alone sees a different (empty) filesystem here
+    os.makedirs(lone)
+    rs.apply(_private_folder, lone, ranks=[1])
+    with pytest.raises(ck.SaveFailed) as err:
+        ck.save(root=lone, rankset=rs)
+    msg = str(err.value)
+    assert f"rank 1 does not see the folder rank 0 just made ({lone}/step-00000003.tmp-" in msg
+    assert "is not shared by all ranks" in msg and os.listdir(lone) == []
+
+    rs.execute("from workbench.checkpoint import load as _ci_load; _ci_load.DRILL['before_apply'] = 3.0",
+               timeout=60)
     before = fingerprint(rs)
     from concurrent.futures import ThreadPoolExecutor
 

@@ -281,9 +281,7 @@ def _preflight(state, rank_info, root, tmp, name, made, pg, rank) -> None:
     if err is None:
         try:
             with open(os.path.join(tmp, rank_file(rank)), "w", encoding="utf-8") as fh:
-                json.dump(rank_info, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
+                json.dump(rank_info, fh)  # fsynced by the write, off the training thread
         except OSError as exc:
             err = f"rank {rank} cannot write {exc.filename or tmp}: {_cause(exc)}"
     free = None
@@ -360,6 +358,8 @@ def _write_and_commit(state, root, tmp, name, manifest: Manifest, pg, rank, keep
         err = f"rank {rank}: {_cause(exc)}"
     if err is None:
         try:  # this rank's files (rank 0: also DCP's .metadata), read back while in the page cache
+            with open(os.path.join(tmp, rank_file(rank)), "rb") as fh:
+                os.fsync(fh.fileno())
             mine = [n for n in os.listdir(tmp) if n.startswith(f"__{rank}_")] + [rank_file(rank)]
             mine += [".metadata"] if rank == 0 else []
             records = {n: integrity.record(os.path.join(tmp, n), CHECKSUM) for n in mine}
