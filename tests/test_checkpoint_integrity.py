@@ -152,6 +152,13 @@ def test_damaged_checkpoints_are_refused_by_name_and_nothing_changes(rs, tmp_pat
         ck.load("latest", root=root, rankset=rs)
     assert fingerprint(rs) == before
 
+    shutil.rmtree(folder)
+    shutil.copytree(pristine, folder)
+    damage(folder, "deleted shard")
+    info = ck.load("latest", root=root, rankset=rs, skip_damaged=True)  # as `restart --resume` does
+    assert info["step"] == 2 and "skipped step-00000004: damaged (__1_0.distcp (read by rank 1) is missing" \
+        in ck.describe_load(info)
+    rs.execute("_ci_train(3)", timeout=60)
     info = ck.load("step-00000002", root=root, rankset=rs)  # the newest good one loads
     after = fingerprint(rs)
     assert info["step"] == 2 and [a["step"] for a in after] == [2, 2] and after[0]["data"] == {"micro_batch": 2}
@@ -278,6 +285,12 @@ def test_retention_counts_only_good_checkpoints(tmp_path):
     hint = ck.rollback_hint(9, float("nan"), root=root)
     assert "`%distrain ckpt load step-00000006` rolls back to step-00000006" in hint
     assert "skipped step-00000008: damaged (rank-00000.json (read by rank 0) is truncated" in hint
+    os.remove(os.path.join(root, "step-00000008", "manifest.json"))
+    with pytest.raises(DamagedCheckpoint, match=r"step-00000008 is damaged.*manifest\.json.*is missing or "
+                                                r"invalid.*newest good checkpoint is step-00000006"):
+        catalog.resolve(root, "latest")
+    assert catalog.delete(root, ["step-00000008"]) == ["step-00000008"]  # a damaged one goes by its name
+    assert catalog.resolve(root, "latest")[1].step == 6
 
 
 def _private_folder(path: str) -> str:

@@ -192,7 +192,12 @@ def delete(root: str, which: list[str]) -> list[str]:
     """Delete the named checkpoints (``latest``, steps, tags or names); returns folder names."""
     folders = []
     for w in which:
-        folder, _ = resolve(root, w)
+        try:
+            folder, _ = resolve(root, w)
+        except DamagedCheckpoint as exc:  # a damaged one can be deleted by its name
+            if os.path.basename(exc.folder) != str(w):
+                raise
+            folder = exc.folder
         if folder not in folders:
             folders.append(folder)
     for f in folders:

@@ -29,6 +29,7 @@ import random
 import shutil
 import threading
 import time
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -169,17 +170,19 @@ def save(target: Target, root: str, *, tag: str | None = None, async_: bool = Fa
     made = _make_temp(root, os.path.join(root, catalog.temp_name(name, token))) if rank == 0 else None
     token = _agree_token(pg, token)  # after rank 0 made the folder: the others look for it next
     tmp = os.path.join(root, catalog.temp_name(name, token))
-    msd, osd = capture(target, with_optimizer=with_optimizer)
-    otensors, ovalues = split_optimizer(osd)
-    state = {"model": msd}
-    if otensors:
-        state["optim"] = otensors
-    rank_info = {"rank": rank, "world_size": world, "step": target.state.step, "data": target.state.data,
-                 "rng": rng_state()}
     try:
+        msd, osd = capture(target, with_optimizer=with_optimizer)
+        otensors, ovalues = split_optimizer(osd)
+        state = {"model": msd}
+        if otensors:
+            state["optim"] = otensors
+        rank_info = {"rank": rank, "world_size": world, "step": target.state.step, "data": target.state.data,
+                     "rng": rng_state()}
         _preflight(state, rank_info, root, tmp, name, made, pg, rank)
-    except StorageError as exc:
-        if report is None:
+    except BaseException as exc:
+        if rank == 0 and not isinstance(exc, StorageError):  # (a StorageError removed it already)
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(exc, StorageError) or report is None:
             raise
         info = {"name": name, "step": int(target.state.step), "failed": str(exc), "path": root,
                 "blocked_s": time.perf_counter() - t0}
@@ -257,7 +260,7 @@ def _sizes(state: dict) -> tuple[int, int, int]:
                 names.append(f"{prefix}{k}")
 
     walk(state)
-    return plain, hash(tuple(sorted(names))) & 0xFFFFFFFF, shards
+    return plain, zlib.crc32("\n".join(sorted(names)).encode()), shards  # str hash() differs per process
 
 
 def estimate_bytes(reports: list[dict]) -> int:
