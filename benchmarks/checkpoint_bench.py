@@ -17,7 +17,7 @@ exists), then ``runs`` times each, alternating saves that record a checksum per 
 Blocked time is the slowest rank's. Medians over ``runs``. Target: async blocks <= 1/4
 of sync, with checksums. Before the saves: the checksum candidates' throughput on one
 core over the ~largest checkpoint file (crc32 from zlib, sha256 from hashlib, xxh3_64
-from xxhash). Results: ``benchmarks/results/checkpoint_bench.json``. Usage::
+from xxhash). Results: ``benchmarks/results/checkpoint_bench-MODELS-RANKS.json``. Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs 3] [--models tiny,m100] [--ranks 2,4]
 """
@@ -73,7 +73,8 @@ def bench(model: str, n: int, runs: int) -> dict:
         out = {"model": model, "params": nparams, "ranks": n}
         m: dict = {}
         for i in range(runs):
-            for mode, algo in (("checksum", integrity.ALGO), ("sizes", None)):  # alternate: same conditions
+            modes = (("checksum", integrity.ALGO), ("sizes", None))
+            for mode, algo in modes if i % 2 == 0 else modes[::-1]:  # alternate which goes first
                 rs.apply(_set_checksum, algo)
                 info = ck.save(root=root, rankset=rs, tag=f"sync{i}")
                 m.setdefault(f"{mode}_sync", []).append(info["blocked_s"])
@@ -150,9 +151,10 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--models", default="tiny,m100")
     p.add_argument("--ranks", default="2,4")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                 "checkpoint_bench.json"))
+    p.add_argument("--out", default=None, help="results JSON (default benchmarks/results/checkpoint_bench-MODELS-RANKS.json)")
     a = p.parse_args(argv)
+    a.out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                  f"checkpoint_bench-{a.models.replace(',', '+')}-{a.ranks.replace(',', '+')}.json")
     rows = []
     speed = None
     for model in a.models.split(","):

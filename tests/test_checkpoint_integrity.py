@@ -6,7 +6,8 @@ model, optimizer, step, data position and RNG exactly as before; the newest good
 then loads. Storage faults at save (a full disk, a read-only folder: real tmpfs mounts
 the test makes and unmounts) cost a message, never a partial folder or the previous
 ``latest``; an auto-saving run trains on through a failed save and the dashboard says so.
-The shared 2-rank set is used throughout; only the kill drill starts its own.
+The shared 2-rank set is used throughout; only the drill that gives a rank a private
+folder and then kills it mid-load starts its own.
 """
 from __future__ import annotations
 
