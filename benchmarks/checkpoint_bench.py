@@ -1,23 +1,33 @@
-"""How long a checkpoint blocks training: async save vs sync save, and restore time.
+"""How long a checkpoint blocks training: async save vs sync save, what checksums add, restore time.
 
 For each model (tiny GPT, ~100M-parameter GPT) and world size (2, 4): real gloo ranks
 (``RankSet``), the model sharded with FSDP2 and trained one step (so AdamW state
-exists), then ``runs`` times each:
+exists), then ``runs`` times each, alternating saves that record a checksum per file
+(``save.CHECKSUM = integrity.ALGO``, the default) with saves that record sizes only
+(``CHECKSUM = None``), in the same run:
 
-- sync save: the training thread is blocked for the whole save (write + commit);
-- async save: blocked only while the state is copied to CPU memory; the write runs in
-  the background (its total time is shown too);
-- restore: ``load latest`` into the live model (DCP read + set_state_dict).
+- sync save: the training thread is blocked for the whole save (write, checksum, commit);
+- async save: blocked only while the state is copied to CPU memory and the storage is
+  checked (folder, free space); the write and the checksums run in the background
+  (its total time is shown too);
+- restore: ``load latest`` into the live model: verify sizes and checksums, DCP read into
+  staging storage, apply (``verify_s`` is the first part); ``staging MB`` is the extra
+  memory a rank holds during a load (one copy of its model + optimizer state).
 
 Blocked time is the slowest rank's. Medians over ``runs``. Target: async blocks <= 1/4
-of sync. Usage::
+of sync, with checksums. Before the saves: the checksum candidates' throughput on one
+core over the ~largest checkpoint file (crc32 from zlib, sha256 from hashlib, xxh3_64
+from xxhash). Results: ``benchmarks/results/checkpoint_bench-MODELS-RANKS.json``. Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs 3] [--models tiny,m100] [--ranks 2,4]
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import platform
 import shutil
 import statistics
 import sys
@@ -45,32 +55,87 @@ _nparams = sum(p.numel() for p in _prep.unwrap().parameters())
 """
 
 
+def _set_checksum(algo):
+    from workbench.checkpoint import save
+
+    save.CHECKSUM = algo
+    return algo
+
+
 def bench(model: str, n: int, runs: int) -> dict:
+    from workbench.checkpoint import integrity
+
     rs = RankSet.start(n=n, backend="gloo", threads=1)
     root = tempfile.mkdtemp(prefix=f"ckbench-{model}-{n}-")
     try:
         rs.execute(BUILD.replace("{model!r}", repr(model)), timeout=600)
         nparams = rs.pull("_nparams")[0]
-        sync_b, async_b, async_total, load_t, size = [], [], [], [], 0
+        out = {"model": model, "params": nparams, "ranks": n}
+        m: dict = {}
         for i in range(runs):
-            info = ck.save(root=root, rankset=rs, tag=f"sync{i}")
-            sync_b.append(info["blocked_s"])
-            size = ck.list(root).iloc[-1]["size_mb"]
-            t0 = time.perf_counter()
-            info = ck.save(root=root, rankset=rs, tag=f"async{i}", async_=True)
-            async_b.append(info["blocked_s"])
-            ck.wait(rankset=rs)
-            async_total.append(time.perf_counter() - t0)
-            res = rs.apply(_load_latest, root)
-            load_t.append(max(r["load_s"] for r in res))
-            for name in (f"sync{i}", f"async{i}"):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            modes = (("checksum", integrity.ALGO), ("sizes", None))
+            for mode, algo in modes if i % 2 == 0 else modes[::-1]:  # alternate which goes first
+                rs.apply(_set_checksum, algo)
+                info = ck.save(root=root, rankset=rs, tag=f"sync{i}")
+                m.setdefault(f"{mode}_sync", []).append(info["blocked_s"])
+                out["size_mb"] = float(ck.list(root).set_index("name").loc[f"sync{i}", "size_mb"])
+                t0 = time.perf_counter()
+                info = ck.save(root=root, rankset=rs, tag=f"async{i}", async_=True)
+                m.setdefault(f"{mode}_async_blocked", []).append(info["blocked_s"])
+                ck.wait(rankset=rs)
+                m.setdefault(f"{mode}_async_total", []).append(time.perf_counter() - t0)
+                if mode == "checksum":
+                    res = rs.apply(_load_latest, root)
+                    m.setdefault("restore", []).append(max(r["load_s"] for r in res))
+                    m.setdefault("verify", []).append(max(r["verify_s"] for r in res))
+                    out["staging_mb"] = max(r["staging_bytes"] for r in res) / 2**20
+                    if i == 0:
+                        out["largest_file"] = _largest(os.path.join(root, f"async{i}"))
+                for name in (f"sync{i}", f"async{i}"):
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         med = statistics.median
-        return {"model": model, "params": nparams, "ranks": n, "size_mb": size, "sync_s": med(sync_b),
-                "async_blocked_s": med(async_b), "async_total_s": med(async_total), "restore_s": med(load_t)}
+        for k, v in m.items():
+            out[f"{k}_s"] = med(v)
+            out[f"{k}_all_s"] = v
+        out["async_over_sync"] = out["checksum_async_blocked_s"] / out["checksum_sync_s"]
+        out["async_over_sync_sizes_only"] = out["sizes_async_blocked_s"] / out["sizes_sync_s"]
+        out["checksum_added_sync_s"] = out["checksum_sync_s"] - out["sizes_sync_s"]
+        out["checksum_added_async_blocked_s"] = out["checksum_async_blocked_s"] - out["sizes_async_blocked_s"]
+        return out
     finally:
         rs.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _largest(folder: str) -> str:
+    files = [os.path.join(folder, n) for n in os.listdir(folder)]
+    big = max(files, key=os.path.getsize)
+    keep = tempfile.mktemp(prefix="ckbench-file-")
+    shutil.copyfile(big, keep)
+    return keep
+
+
+def checksum_speed(path: str, runs: int) -> dict:
+    """GB/s of each checksum over one checkpoint file (read from the page cache), one core."""
+    import zlib
+
+    import xxhash
+
+    def crc(b):
+        return zlib.crc32(b)
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    algos = {"crc32": crc, "sha256": lambda b: hashlib.sha256(b).digest(), "xxh3_64": xxhash.xxh3_64_digest}
+    out = {"bytes": len(data)}
+    for name, fn in algos.items():
+        times = []
+        for _ in range(max(3, runs)):
+            t0 = time.perf_counter()
+            fn(data)
+            times.append(time.perf_counter() - t0)
+        out[name + "_gb_s"] = len(data) / statistics.median(times) / 1e9
+    return out
 
 
 def _load_latest(root):
@@ -86,23 +151,45 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--models", default="tiny,m100")
     p.add_argument("--ranks", default="2,4")
+    p.add_argument("--out", default=None, help="results JSON (default benchmarks/results/checkpoint_bench-MODELS-RANKS.json)")
     a = p.parse_args(argv)
+    a.out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                  f"checkpoint_bench-{a.models.replace(',', '+')}-{a.ranks.replace(',', '+')}.json")
     rows = []
+    speed = None
     for model in a.models.split(","):
         for n in (int(x) for x in a.ranks.split(",")):
             rows.append(bench(model, n, a.runs))
-            r = rows[-1]
+            big = rows[-1].pop("largest_file", None)
+            if big:
+                sp = checksum_speed(big, a.runs)
+                os.remove(big)
+                if speed is None or sp["bytes"] > speed["bytes"]:
+                    speed = sp
             print(f"# done {model} on {n} ranks", file=sys.stderr, flush=True)
-    hdr = (f"{'model':<6} {'params':>11} {'ranks':>5} {'ckpt MB':>8} {'sync save s':>12} {'async blocks s':>15} "
-           f"{'async/sync':>10} {'async write s':>14} {'restore s':>10}")
-    print(f"checkpoint benchmark: FSDP2 + AdamW, gloo CPU ranks, median of {a.runs} runs")
+    print(f"checksums over a {speed['bytes'] / 2**20:.1f} MiB checkpoint file, one core: "
+          + ", ".join(f"{k[:-5]} {v:.2f} GB/s" for k, v in speed.items() if k.endswith("_gb_s")))
+    hdr = (f"{'model':<6} {'params':>11} {'ranks':>5} {'ckpt MB':>8} {'sync s':>8} {'(no sum)':>8} "
+           f"{'async blocks s':>15} {'(no sum)':>8} {'async/sync':>10} {'async write s':>14} {'restore s':>10} "
+           f"{'verify s':>9} {'staging MB':>11}")
+    print(f"checkpoint benchmark: FSDP2 + AdamW, gloo CPU ranks, median of {a.runs} runs; "
+          "'no sum': the same save recording sizes only")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        ratio = r["async_blocked_s"] / r["sync_s"] if r["sync_s"] else float("nan")
-        print(f"{r['model']:<6} {r['params']:>11,} {r['ranks']:>5} {r['size_mb']:>8.1f} {r['sync_s']:>12.3f} "
-              f"{r['async_blocked_s']:>15.3f} {ratio:>10.2f} {r['async_total_s']:>14.3f} {r['restore_s']:>10.3f}")
-    return 0
+        print(f"{r['model']:<6} {r['params']:>11,} {r['ranks']:>5} {r['size_mb']:>8.1f} {r['checksum_sync_s']:>8.3f} "
+              f"{r['sizes_sync_s']:>8.3f} {r['checksum_async_blocked_s']:>15.3f} {r['sizes_async_blocked_s']:>8.3f} "
+              f"{r['async_over_sync']:>10.2f} {r['checksum_async_total_s']:>14.3f} {r['restore_s']:>10.3f} "
+              f"{r['verify_s']:>9.3f} {r['staging_mb']:>11.1f}")
+    ok = all(r["async_over_sync"] <= 0.25 for r in rows)
+    print(f"target async/sync <= 0.25 with checksums: {'met' if ok else 'NOT met'}")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as fh:
+        json.dump({"benchmark": "checkpoint", "runs": a.runs, "checksum": speed, "rows": rows, "target_met": ok,
+                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                               "load_avg": os.getloadavg()}, "time": time.time()}, fh, indent=1)
+    print(f"results: {a.out}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch
 
 from workbench.checkpoint import catalog, save as ck_save
 from workbench.checkpoint.export import export_safetensors
+from workbench.checkpoint.integrity import DamagedCheckpoint
 from workbench.checkpoint.load import load
 from workbench.checkpoint.manifest import MANIFEST
 from workbench.checkpoint.safety import IncompatibleCheckpoint, UnsafeCheckpoint
@@ -38,6 +39,19 @@ def step(t: Target, i: int) -> float:
     t.state.step += 1
     t.state.loss = float(loss.detach())
     return t.state.loss
+
+
+def reseal(folder: str) -> None:
+    """Record the folder's current files in its manifest, as an attacker who edits both would."""
+    import json
+
+    from workbench.checkpoint import integrity
+
+    path = os.path.join(folder, MANIFEST)
+    m = json.load(open(path))
+    m["integrity"] = {n: integrity.record(os.path.join(folder, n)) for n in os.listdir(folder) if n != MANIFEST}
+    m["files"] = {n: v[0] for n, v in m["integrity"].items()}
+    json.dump(m, open(path, "w"))
 
 
 class Boom:
@@ -71,6 +85,9 @@ def test_tampered_metadata_pickle_is_refused_without_running_it(tmp_path, monkey
     folder, _ = catalog.resolve(str(tmp_path / "ck"))
     with open(os.path.join(folder, ".metadata"), "wb") as fh:
         pickle.dump(Boom(), fh)
+    with pytest.raises(DamagedCheckpoint, match=r"\.metadata \(read by rank 0\) is (truncated|corrupt)"):
+        load(make(), folder)  # the recorded size/checksum catches it first
+    reseal(folder)  # the manifest edited too: the unpickler still refuses it
     with pytest.raises(UnsafeCheckpoint, match="posix.system|os.system"):
         load(make(), folder)
     assert not (tmp_path / "BOOM_MARKER").exists()
@@ -96,6 +113,7 @@ def test_pickled_non_tensor_entries_are_refused(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(sd, checkpoint_id=folder, no_dist=True)
+    reseal(folder)
     with pytest.raises(UnsafeCheckpoint, match="evil"):
         load(make(), folder)
     assert not (tmp_path / "BOOM_MARKER").exists()

@@ -1,6 +1,7 @@
 """Distributed checkpoints: save (sync/async), list, load with resharding, export, safety.
 
-Layout of a checkpoint folder and how it becomes visible: :mod:`.manifest`.
+Layout of a checkpoint folder and how it becomes visible: :mod:`.manifest`; sizes and
+checksums, verified before any load: :mod:`.integrity`.
 Rank side (collective, call on every rank): :func:`save.save`, :func:`load.load`.
 Notebook side (pure files, no torch): :mod:`.catalog`.
 """

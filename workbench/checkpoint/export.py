@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from . import integrity
 from .manifest import read_manifest
 from .safety import read_metadata_file
 
@@ -36,6 +37,9 @@ def _read_model(folder: str, dtype: str | None) -> dict:
 
     from .safety import SafeLoadPlanner, SafeReader
 
+    problems = integrity.verify_folder(folder)
+    if problems:
+        raise integrity.DamagedCheckpoint(folder, problems)
     meta = read_metadata_file(folder)
     want = {}
     for key, md in meta.state_dict_metadata.items():

@@ -5,11 +5,14 @@ tensors under DDP, its shards under FSDP2/TP, its stage's under pipeline), with 
 global shapes, and DCP reads exactly those slices from whichever files hold them. So a
 checkpoint saved from FSDP2 on 4 ranks loads into DDP on 2, or DeepSpeed, or 1 rank.
 
-Before any tensor is read: the manifest is read (JSON), DCP's ``.metadata`` is read
+Before any tensor is read: every file's size and checksum is checked against the
+manifest (:func:`verify`, each file by the rank that reads it), DCP's ``.metadata`` is read
 through the restricted unpickler of :mod:`.safety` (a tampered file is refused), and
 the checkpoint's tensor names and shapes are compared with the model's on every rank;
 a mismatch raises :class:`~.safety.IncompatibleCheckpoint` naming the tensors, with
-the model untouched.
+the model untouched. Tensors are read into staging storage of their own (one more copy of
+this rank's model and optimizer state, on the device they live on) and applied only when
+every rank has read its part: a failed load never leaves a mix of old and new state.
 """
 from __future__ import annotations
 
@@ -19,14 +22,19 @@ import time
 
 import torch
 
+from . import integrity
 from . import save as _save
+from .integrity import DamagedCheckpoint, Problem
 from .manifest import Manifest, read_manifest
 from .safety import IncompatibleCheckpoint, compare, mismatch_message, read_metadata_file
 from .state import Target, apply_state, capture, merge_optimizer, set_rng_state, split_optimizer
 
 from .manifest import quiet_single_process as _quiet_single_process
 
-__all__ = ["load", "check_compatible"]
+__all__ = ["load", "verify", "check_compatible", "DRILL", "LoadFailed"]
+
+# Fault drill: seconds to pause once every tensor is read into staging, before it is applied.
+DRILL: dict[str, float] = {"before_apply": 0.0}
 
 
 def _gather_keys(keys: set[str], pg) -> set[str]:
@@ -86,8 +94,60 @@ def _all_problems(missing, shapes, pg):
     return m, [(k, list(a), list(b)) for k, a, b in s]
 
 
+class LoadFailed(RuntimeError):
+    """A rank could not read its part of a checkpoint; no rank applied anything."""
+
+
+def verify(folder: str, pg=None) -> list[Problem]:
+    """Every problem of ``folder``, each file checked by the rank that reads it, in parallel
+    (collective: call on every rank; every rank gets the same list)."""
+    from .save import _all_gather, _dist
+
+    dist = _dist()
+    rank = dist.get_rank() if dist else 0
+    world = dist.get_world_size() if dist else 1
+    mine = integrity.verify_folder(folder, rank=rank, world=world)
+    found = {p for ps in _all_gather(mine, pg) for p in ps}
+    return sorted(found, key=lambda p: (p.what != "manifest", p.file))
+
+
+def _staging(sd: dict) -> dict:
+    """Storage of its own for every tensor of ``sd`` (DTensors keep their placement)."""
+    return {k: torch.empty_like(v) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+
+
+def _nbytes(sd: dict) -> int:
+    from torch.distributed.tensor import DTensor
+
+    n = 0
+    for v in sd.values():
+        if isinstance(v, torch.Tensor):
+            t = v.to_local() if isinstance(v, DTensor) else v
+            n += t.numel() * t.element_size()
+    return n
+
+
+def _agree(ok: bool, pg) -> bool:
+    """True when every rank is ready to apply; a dead peer raises here, before anything is applied."""
+    from .save import _dist
+
+    dist = _dist()
+    if dist is None:
+        return ok
+    t = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=pg)
+    return bool(t.item())
+
+
 def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: bool = True) -> dict:
-    """Load the checkpoint in ``folder`` into ``target`` (collective: call on every rank)."""
+    """Load the checkpoint in ``folder`` into ``target`` (collective: call on every rank).
+
+    All or nothing: the files are verified first (:func:`verify`; a damaged checkpoint
+    raises :class:`DamagedCheckpoint` on every rank), the tensors are read into staging
+    storage, the ranks agree that every one of them has read its part, and only then are
+    model, optimizer, step, data position and RNG replaced. Any failure before that point
+    (a file, a dead peer, an incompatible model) leaves this rank's state as it was.
+    """
     import torch.distributed.checkpoint as dcp
 
     from .safety import SafeLoadPlanner, SafeReader
@@ -98,39 +158,56 @@ def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: 
     pg = _save.ckpt_group()
     rank = dist.get_rank() if dist else 0
     world = dist.get_world_size() if dist else 1
+    problems = verify(folder, pg)
+    if problems:
+        raise DamagedCheckpoint(folder, problems)
+    verify_s = time.perf_counter() - t0
     manifest = read_manifest(folder)
     read_metadata_file(folder)  # refuses tampered / pickled content before anything else
+    rank_state = None
+    rf = os.path.join(folder, _save.rank_file(rank))
+    if restore_rng and os.path.exists(rf):
+        with open(rf, encoding="utf-8") as fh:
+            rank_state = json.load(fh)
     with_opt = not model_only and target.optimizer is not None
     msd, osd = capture(target, with_optimizer=with_opt)
     otensors, _ = split_optimizer(osd)
     opt = getattr(target.optimizer, "optimizer", target.optimizer)
     check_compatible(manifest, msd, otensors, pg=pg, with_optimizer=with_opt,
                      optimizer=type(opt).__name__ if opt is not None and not target.is_deepspeed else None)
-    state = {"model": msd}
+    state = {"model": _staging(msd)}  # the live tensors are never written by DCP
     if with_opt and otensors:
-        state["optim"] = otensors
-    with _quiet_single_process():
-        dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), process_group=pg,
-                 no_dist=dist is None)
+        state["optim"] = _staging(otensors)
+    staging_bytes = sum(_nbytes(v) for v in state.values())
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _quiet_single_process():
+            dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), process_group=pg,
+                     no_dist=dist is None)
+    except CheckpointException as exc:  # raised alike on every rank: one line, not torch's tracebacks
+        raise LoadFailed(f"reading {os.path.basename(folder)} failed ({_save._dcp_failure(exc, 'read')}); nothing was "
+                         "applied: every rank's model, optimizer, step and RNG are as they were") from None
+    if DRILL.get("before_apply"):
+        time.sleep(DRILL["before_apply"])
+    if not _agree(True, pg):  # pragma: no cover - a rank that failed raised in dcp.load on every rank
+        raise RuntimeError("a rank could not read its part of the checkpoint; nothing was applied")
+    # from here on nothing is collective: a peer dying now cannot stop this rank half-way
     full_osd = merge_optimizer(osd, state.get("optim", {}), manifest.optim_values) if with_opt else None
     apply_state(target, state["model"], full_osd)
     target.state.step = manifest.step
     target.state.loss = manifest.loss
     target.state.data = dict(manifest.data or {})
     notes = []
-    rf = os.path.join(folder, _save.rank_file(rank))
     if restore_rng:
-        if os.path.exists(rf):
-            with open(rf, encoding="utf-8") as fh:
-                set_rng_state(json.load(fh).get("rng", {}))
+        if rank_state is not None:
+            set_rng_state(rank_state.get("rng", {}))
             if world != manifest.world_size:
                 notes.append(f"RNG: rank {rank} took saved rank {rank}'s state (world size {manifest.world_size} -> {world})")
         else:
             notes.append(f"RNG: the checkpoint has no state for rank {rank} (saved on {manifest.world_size} ranks); "
                          "this rank keeps its current RNG")
-    if dist is not None:
-        dist.barrier(group=pg)
     return {"name": manifest.name, "step": manifest.step, "loss": manifest.loss, "path": folder,
             "from_world_size": manifest.world_size, "from_strategy": manifest.strategy,
             "world_size": world, "strategy": target.strategy, "model_only": not with_opt,
-            "load_s": time.perf_counter() - t0, "notes": notes}
+            "load_s": time.perf_counter() - t0, "verify_s": verify_s, "staging_bytes": staging_bytes, "notes": notes}

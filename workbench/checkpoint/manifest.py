@@ -2,7 +2,8 @@
 
 A checkpoint folder is ``ROOT/NAME/`` holding DCP's shards (``__R_0.distcp``), DCP's
 ``.metadata``, one ``rank-RRRRR.json`` per rank (RNG states, data position) and
-``manifest.json``. Rank 0 writes the manifest last, fsyncs it, then renames the whole
+``manifest.json`` (with each file's size and checksum: :mod:`.integrity`). Rank 0
+writes the manifest last, fsyncs it, then renames the whole
 folder from ``NAME.tmp-TOKEN`` to ``NAME``: a folder without a valid manifest, or
 still named ``*.tmp-*``, is not a checkpoint. Pure Python (no torch).
 """
@@ -51,6 +52,7 @@ class Manifest:
     optim_values: dict = field(default_factory=dict)  # non-tensor optimizer entries (lr, betas...)
     rank_files: list = field(default_factory=list)
     files: dict = field(default_factory=dict)  # relative path -> bytes
+    integrity: dict = field(default_factory=dict)  # relative path -> [bytes, "ALGO:hex"] (see .integrity)
     bytes: int = 0
     save_seconds: float | None = None
     torch_version: str = ""

@@ -1,6 +1,8 @@
-"""``%distrain ckpt save|list|load|delete|export|wait|dir|autosave|resume``: distributed checkpoints.
+"""``%distrain ckpt save|list|load|verify|delete|export|wait|dir|autosave|resume``: distributed checkpoints.
 
 Thin: parse, then call :mod:`workbench.checkpoint.api`, which users may call from Python.
+Each action takes only the flags of :data:`FLAGS`; any other is refused by name (a
+flag that would be ignored is never accepted).
 """
 from __future__ import annotations
 
@@ -19,9 +21,42 @@ def _int_at_least(lo: int):
     return conv
 
 
+ACTIONS = ("save", "list", "load", "verify", "delete", "export", "wait", "dir", "autosave", "resume")
+# action -> the flags it uses (argparse dest names); `--dir` goes with every action that reads checkpoints
+FLAGS = {
+    "save": {"dir", "tag", "async_", "model_only"},
+    "list": {"dir"},
+    "load": {"dir", "model_only"},
+    "verify": {"dir"},
+    "delete": {"dir", "keep"},
+    "export": {"dir", "dtype"},
+    "wait": set(),
+    "dir": set(),
+    "autosave": {"dir", "every", "keep", "sync", "off"},
+    "resume": {"dir", "n", "setup"},
+}
+_SPELLING = {"async_": "--async", "model_only": "--model-only", "n": "-n"}
+
+
+def _check_flags(args) -> None:
+    """Refuse flags the action does not use, naming them and the actions they go with."""
+    given = [d for d in ("dir", "tag", "async_", "model_only", "keep", "every", "sync", "off", "dtype", "n", "setup")
+             if getattr(args, d) not in (None, False)]
+    extra = [d for d in given if d not in FLAGS[args.action]]
+    if extra:
+        def spell(d):
+            return _SPELLING.get(d, "--" + d.replace("_", "-"))
+
+        where = "; ".join(f"{spell(d)} goes with {', '.join(a for a in ACTIONS if d in FLAGS[a])}" for d in extra)
+        raise UsageError(f"`ckpt {args.action}` does not take {', '.join(spell(d) for d in extra)} ({where}); "
+                         "nothing was done")
+    if args.action == "autosave" and args.off and (args.every or args.keep or args.sync or args.dir):
+        raise UsageError("`ckpt autosave --off` takes no other flag (--every/--keep/--sync/--dir set up an auto-save)")
+
+
 def _build(p) -> None:
-    p.add_argument("action", choices=("save", "list", "load", "delete", "export", "wait", "dir", "autosave", "resume"))
-    p.add_argument("args", nargs="*", help="load: latest|STEP|TAG; delete: names; export: PATH [which]; "
+    p.add_argument("action", choices=ACTIONS)
+    p.add_argument("args", nargs="*", help="load/verify: latest|STEP|TAG; delete: names; export: PATH [which]; "
                                           "dir: PATH; resume: [which]")
     p.add_argument("--dir", default=None, help="checkpoint folder (default ./checkpoints, or `ckpt dir`)")
     p.add_argument("--tag", default=None, help="save: a name for this checkpoint (kept by retention)")
@@ -41,10 +76,10 @@ def _build(p) -> None:
 
 
 @command("ckpt", "distributed checkpoints: save [--async] [--tag T] | list | load [latest|STEP|TAG] | "
-                 "delete ... | export PATH | autosave --every N | resume", _build)
+                 "verify [latest|STEP|TAG] | delete ... | export PATH | autosave --every N | resume", _build)
 def _ckpt(args, shell):
     from ..checkpoint import api as ck
-
+    _check_flags(args)
     root = args.dir
     a = args.action
     if a == "save":
@@ -59,6 +94,11 @@ def _ckpt(args, shell):
         _no_extra(args, 1)
         info = ck.load(args.args[0] if args.args else "latest", root=root, model_only=args.model_only)
         print(ck.describe_load(info))
+        return None
+    if a == "verify":
+        _no_extra(args, 1)
+        info = ck.verify(args.args[0] if args.args else "latest", root=root)
+        print(ck.describe_verify(info))
         return None
     if a == "delete":
         if not args.args and args.keep is None:
@@ -77,6 +117,7 @@ def _ckpt(args, shell):
               f"to {info['path']} ({info['bytes'] / 2**20:.1f} MiB)")
         return None
     if a == "wait":
+        _no_extra(args, 0)
         info = ck.wait()
         print(ck.describe_save(info) if info else "no save in flight")
         return None
@@ -86,6 +127,7 @@ def _ckpt(args, shell):
         print(f"checkpoints go to {path}")
         return None
     if a == "autosave":
+        _no_extra(args, 0)
         if args.off:
             ck.autosave(None)
             print("auto-save off")

@@ -136,6 +136,7 @@ class Dashboard:
                 self.controls.message.value = f"{_FAILED}redraw failed: {html.escape(str(exc))}</span>"
 
     def status_line(self, run: str) -> str:
+        """One line of the run's state; a failed auto-save (training went on) on a red line below."""
         s = self.store
         states = s.run_state(run)
         last = s.last_steps(run)
@@ -152,6 +153,9 @@ class Dashboard:
         line = " · ".join(parts)
         if reasons:
             line += "<br><span style='color:#c60'>" + html.escape("; ".join(sorted(reasons))[:500]) + "</span>"
+        failed = autosave_failure(s, run)
+        if failed:
+            line += "<br><span style='color:#c00'>" + html.escape(failed[:600]) + "</span>"
         return line
 
     # ---------------------------------------------------------------- showing
@@ -242,3 +246,18 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+def autosave_failure(store, run: str) -> str | None:
+    """The latest auto-save's outcome for ``run`` when it failed (rank 0's log line), else None.
+
+    The ranks' auto-save hook logs ``auto-save: saved ...`` or ``auto-save failed ...``
+    (``workbench.engine.checkpoint_hooks``); a later success clears the warning.
+    """
+    with store.lock:
+        logs = list(store.logs)
+    for e in reversed(logs):
+        text = e.get("text", "")
+        if e.get("run") in (run, "checkpoints") and text.startswith("auto-save"):
+            return text if text.startswith("auto-save failed") else None
+    return None

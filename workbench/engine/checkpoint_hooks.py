@@ -18,10 +18,11 @@ import math
 from ..checkpoint import catalog
 from ..checkpoint import load as _load
 from ..checkpoint import save as _save
+from ..checkpoint.integrity import DamagedCheckpoint
 from ..checkpoint.state import Target, TrainState, target_from_prepared
 
-__all__ = ["track", "target", "state", "step_done", "rank_save", "rank_load", "rank_wait", "autosave",
-           "set_autosave", "TrainState", "untrack"]
+__all__ = ["track", "target", "state", "step_done", "rank_save", "rank_load", "rank_verify", "rank_wait",
+           "autosave", "set_autosave", "TrainState", "untrack", "LAST_AUTOSAVE"]
 
 _TARGET: Target | None = None
 _AUTOSAVE = None  # the hook installed by set_autosave (called by step_done)
@@ -191,14 +192,28 @@ def rank_save(root: str | None = None, tag: str | None = None, async_: bool = Fa
 
 
 def rank_load(folder: str, model_only: bool = False) -> dict:
-    """``%distrain ckpt load`` on one rank (``folder`` resolved by the notebook)."""
+    """``%distrain ckpt load`` on one rank (``folder`` resolved by the notebook).
+
+    A damaged checkpoint is returned as ``{"damaged": [problem dicts]}`` (the same on every
+    rank, nothing loaded) for the notebook to name it with the newest good one.
+    """
     t = target()
     with _PausedTrainer(t):
-        info = _load.load(t, folder, model_only=model_only)
+        try:
+            info = _load.load(t, folder, model_only=model_only)
+        except DamagedCheckpoint as exc:
+            return {"damaged": [p.to_dict() for p in exc.problems], "path": folder}
         note = _sync_to_trainer(t)
     if note:
         info["notes"] = [*info.get("notes", []), note]
     return info
+
+
+def rank_verify(folder: str) -> list[dict]:
+    """``%distrain ckpt verify`` on one rank: the problems found by all ranks, each file checked
+    by the rank that reads it (collective)."""
+    _save.wait()
+    return [p.to_dict() for p in _load.verify(folder, _save.ckpt_group())]
 
 
 def rank_wait(timeout: float | None = None) -> dict | None:
@@ -226,10 +241,31 @@ def autosave(root: str, every: int, keep: int = 3, async_: bool = True):
         tr = _trainer_for(t)
         if tr is not None and tr.pausing:
             return None  # the trainer is pausing on a spike/NaN: keep the last good one as latest
-        return _save.save(t, root, async_=async_, keep=keep, auto=True)
+        return _save.save(t, root, async_=async_, keep=keep, auto=True, report=_report_autosave)
 
     hook.every, hook.keep, hook.root = every, keep, root
     return hook
+
+
+AUTOSAVE_FAILED = "auto-save failed"  # how the dashboard tells a failure from a success
+LAST_AUTOSAVE: dict = {}  # the latest auto-save's outcome on this rank ({"name", "step", "failed"?})
+
+
+def _report_autosave(info: dict) -> None:
+    """An auto-save ended: remember it, and (rank 0) tell the notebook's dashboard; a failed one
+    does not stop training (the error is in ``info["failed"]``, the same on every rank)."""
+    from .. import events
+    from . import publisher, runtime
+
+    LAST_AUTOSAVE.clear()
+    LAST_AUTOSAVE.update(info)
+    rank = runtime.context().rank if runtime._CONTEXT else 0
+    if rank != 0:
+        return
+    tr = _trainer()
+    text = (f"{AUTOSAVE_FAILED} at step {info['step']} (training goes on): {info['failed']}" if info.get("failed")
+            else f"auto-save: saved {info['name']} (step {info['step']})")
+    publisher.emit(events.log_event(run=getattr(tr, "run", None) or "checkpoints", rank=rank, text=text))
 
 
 def set_autosave(root: str | None, every: int | None, keep: int = 3, async_: bool = True):
