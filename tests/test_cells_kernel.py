@@ -1,0 +1,88 @@
+"""Tier 4: through a real Jupyter kernel, output is live from the first line and a failing
+rank is shown at once (2 ranks started in the kernel)."""
+import os
+import re
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+
+def execute(kc, code, timeout=180):
+    """Run code in the kernel; return (reply content, [(arrival time, iopub msg)])."""
+    msg_id = kc.execute(code)
+    msgs = []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        msgs.append((time.time(), msg))
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    while True:  # skip replies to earlier requests (the kernel_info of the start)
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"], msgs
+
+
+def streams(msgs, name="stdout") -> str:
+    return "".join(m["content"]["text"] for _, m in msgs
+                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    reply, msgs = execute(kc, "%load_ext workbench\n%distrain start -n 2 --backend gloo --threads 1")
+    assert reply["status"] == "ok", streams(msgs, "stderr")
+    yield kc
+    try:
+        execute(kc, "import workbench; workbench.stop()", timeout=60)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_output_is_live_from_the_first_line_then_regrouped(kernel):
+    reply, msgs = execute(kernel, "%%distrain\nimport time\nfrom workbench import engine\n"
+                                  "print('first', engine.rank, flush=True)\ntime.sleep(4)\n"
+                                  "print('second', engine.rank)")
+    assert reply["status"] == "ok"
+    t_idle = msgs[-1][0]
+    live = [(t, m) for t, m in msgs if m["msg_type"] == "display_data"
+            and "[rank 0] first 0" in m["content"]["data"].get("text/plain", "")]
+    assert live, "no live output while the cell ran"
+    assert live[0][0] < t_idle - 2.0, "the first line only showed up at the end"
+    display_id = live[0][1]["content"]["transient"]["display_id"]
+    updates = [m["content"]["data"]["text/plain"] for _, m in msgs
+               if m["msg_type"] == "update_display_data"
+               and m["content"]["transient"]["display_id"] == display_id]
+    assert updates and updates[-1] == "", "the live display was not emptied at the end"
+    out = streams(msgs)
+    lines = [line for line in out.splitlines() if line.startswith("[rank")]
+    assert lines == ["[rank 0] first 0", "[rank 0] second 0", "[rank 1] first 1", "[rank 1] second 1"]
+
+
+def test_a_quick_cell_opens_no_live_display(kernel):
+    reply, msgs = execute(kernel, "%%distrain\nprint('quick')")
+    assert reply["status"] == "ok"
+    assert not [m for _, m in msgs if m["msg_type"] in ("display_data", "update_display_data")]
+    assert streams(msgs).splitlines() == ["[rank 0] quick", "[rank 1] quick"]
+
+
+def test_failing_rank_traceback_within_a_second_while_the_other_waits(kernel):
+    reply, msgs = execute(kernel, "%%distrain --grace 2\nimport time, torch, torch.distributed as dist\n"
+                                  "t = torch.ones(1)\nif dist.get_rank() == 1:\n"
+                                  "    raise ValueError(f'boom at {time.time()!r}')\n"
+                                  "dist.all_reduce(t)\n")
+    assert reply["status"] == "error" and reply["ename"] == "RankFailure"
+    assert reply["evalue"].startswith("rank 1 failed first: ValueError: boom at")
+    raised_at = float(re.search(r"boom at ([0-9.]+)", reply["evalue"]).group(1))
+    shown = [t for t, m in msgs if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"
+             and "[rank 1]" in m["content"]["text"] and "boom at" in m["content"]["text"]]
+    assert shown and shown[0] - raised_at < 1.0
+    assert msgs[-1][0] - raised_at >= 2.0  # the other rank had its grace
+    reply, msgs = execute(kernel, "%%distrain\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+    assert reply["status"] == "ok"
+    assert streams(msgs).splitlines() == ["[rank 0] 2.0", "[rank 1] 2.0"]
