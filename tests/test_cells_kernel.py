@@ -86,3 +86,20 @@ def test_failing_rank_traceback_within_a_second_while_the_other_waits(kernel):
     reply, msgs = execute(kernel, "%%distrain\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
     assert reply["status"] == "ok"
     assert streams(msgs).splitlines() == ["[rank 0] 2.0", "[rank 1] 2.0"]
+
+
+def test_auto_mode_round_trip_in_a_kernel(kernel):
+    try:
+        reply, msgs = execute(kernel, "%distrain auto on")
+        assert reply["status"] == "ok" and "auto mode on" in streams(msgs)
+        reply, msgs = execute(kernel, "auto_x = 5\nprint('x', auto_x)")
+        assert reply["status"] == "ok"
+        out = streams(msgs).splitlines()
+        assert out[0].startswith("[auto] on the ranks") and out[1:] == ["[rank 0] x 5", "[rank 1] x 5"]
+        reply, msgs = execute(kernel, "%%local\nprint('here', 'auto_x' in dir())")
+        assert reply["status"] == "ok" and streams(msgs) == "here False\n"
+    finally:
+        reply, msgs = execute(kernel, "%distrain auto off")
+    assert reply["status"] == "ok" and "auto mode off" in streams(msgs)
+    reply, msgs = execute(kernel, "print('plain again')")
+    assert streams(msgs) == "plain again\n"

@@ -103,3 +103,34 @@ def test_bad_grace_is_refused_before_anything_runs(shell2, capsys, flags, says):
     assert shell2.run_cell("%%distrain\nprint('ran', 'ran_it' in dir())").success
     out, _ = capsys.readouterr()
     assert "[rank 0] ran False" in out and "[rank 1] ran False" in out
+
+
+def test_auto_mode_round_trip_in_the_shell(shell2, capsys):
+    from workbench import auto_cells
+
+    shell2.user_ns.pop("on_ranks", None)
+    try:
+        assert shell2.run_cell("%distrain auto on").success
+        assert "auto mode on" in capsys.readouterr()[0]
+        r = shell2.run_cell("on_ranks = 7\nprint('value', on_ranks)")
+        assert r.success, r.error_in_exec
+        out, _ = capsys.readouterr()
+        assert out.splitlines()[0] == auto_cells.MARKER
+        assert "[rank 0] value 7" in out and "[rank 1] value 7" in out
+        assert "on_ranks" not in shell2.user_ns  # it ran on the ranks, not here
+        r = shell2.run_cell("%%local\nhere_only = 3\nprint('local', here_only)")
+        assert r.success and shell2.user_ns["here_only"] == 3
+        out, _ = capsys.readouterr()
+        assert "local 3" in out and "[rank" not in out and auto_cells.MARKER not in out
+        r = shell2.run_cell("%distrain status")  # magics still run in the notebook
+        assert r.success and list(r.result.index) == [0, 1]
+        r = shell2.run_cell("%distrain auto maybe")
+        assert isinstance(r.error_in_exec, UsageError) and "invalid choice: 'maybe'" in str(r.error_in_exec)
+        assert auto_cells.is_on(shell2)  # a bad argument changed nothing
+        assert shell2.run_cell("%distrain auto off").success
+        capsys.readouterr()
+        r = shell2.run_cell("print('back', 'on_ranks' in dir())")
+        assert r.success
+        assert capsys.readouterr()[0] == "back False\n"
+    finally:
+        auto_cells.turn_off(shell2)

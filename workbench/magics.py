@@ -5,6 +5,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import api
+from .auto_cells import AUTO_MAGIC, MARKER
 from .cluster.cell import GRACE_S
 from .commands import UsageError, dispatch
 
@@ -50,3 +51,17 @@ class DistrainMagics(Magics):
         grace = 0.0 if args.fail_fast else (GRACE_S if args.grace is None else args.grace)
         api.current().select(args.ranks)  # refuse a bad selection before anything runs
         api.run(cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream, grace=grace)
+
+    @cell_magic(AUTO_MAGIC)
+    def distrain_auto(self, line: str, cell: str):
+        """A plain cell in auto mode (`%distrain auto on`): run on every rank, marked as such."""
+        print(MARKER, flush=True)
+        api.run(cell)
+
+    @cell_magic("local")
+    def local(self, line: str, cell: str):
+        """Run this cell in the notebook (also in auto mode, where plain cells go to the ranks)."""
+        if line.strip():
+            raise UsageError(f"%%local takes no options, got {line.strip()!r}")
+        result = self.shell.run_cell(cell, store_history=False)
+        result.raise_error()
