@@ -103,3 +103,24 @@ def test_auto_mode_round_trip_in_a_kernel(kernel):
     assert reply["status"] == "ok" and "auto mode off" in streams(msgs)
     reply, msgs = execute(kernel, "print('plain again')")
     assert streams(msgs) == "plain again\n"
+
+
+def test_tqdm_on_rank_0_is_one_live_bar(kernel):
+    reply, msgs = execute(kernel, "%%distrain\nimport time\nfrom tqdm import tqdm\nfrom workbench import engine\n"
+                                  "for i in tqdm(range(40), disable=engine.rank != 0, mininterval=0.05):\n"
+                                  "    time.sleep(0.1)\n")
+    assert reply["status"] == "ok"
+    opened = [m for _, m in msgs if m["msg_type"] == "display_data"]
+    assert len(opened) == 1, "the bar should be one display"
+    display_id = opened[0]["content"]["transient"]["display_id"]
+    states = [m["content"]["data"]["text/plain"] for _, m in msgs
+              if m["msg_type"] in ("display_data", "update_display_data")
+              and m["content"]["transient"]["display_id"] == display_id]
+    bars = [s for s in states if s]
+    assert all(len([l for l in s.splitlines() if "%|" in l]) == 1 for s in bars), bars
+    assert all(s.startswith("[rank 0] ") for s in bars)
+    counts = {re.search(r"(\d+)/40", s).group(1) for s in bars}
+    assert len(counts) >= 3, f"the bar was not updated while it ran: {counts}"
+    assert states[-1] == ""  # emptied at the end; the final bar is in the output once:
+    final = [l for l in streams(msgs, "stderr").splitlines() if "%|" in l]
+    assert len(final) == 1 and final[0].startswith("[rank 0] 100%") and "40/40" in final[0]

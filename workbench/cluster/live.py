@@ -1,5 +1,8 @@
 """Rank output shown while a cell runs, rank-tagged, in the order it arrives.
 
+A progress bar a rank redraws with carriage returns (tqdm) is one line of the live
+display, updated in place, rather than a line per redraw.
+
 In a Jupyter kernel the live lines go into one display that is updated in place and
 emptied when the cell ends, when the output is shown again grouped per rank: every
 line ends up once, in rank order. Where there is no display to update (a terminal, a
@@ -39,13 +42,20 @@ class LiveOutput:
         self.printed = [[0, 0] for _ in call.ranks]
         self._taken = [[0, 0] for _ in call.ranks]  # what the live display has shown
         self._lines: list[str] = []
+        self._shown = ""  # what the live display holds now
         self._handle = None
 
     def poll(self) -> None:
         outs, errs = self.call.per_rank("stdout"), self.call.per_rank("stderr")
         new: list[tuple[int, str]] = []
+        tails: list[str] = []
         for i, rank in enumerate(self.call.ranks):
             for j, text in enumerate((outs[i] or "", errs[i] or "")):
+                # a line still being rewritten with carriage returns (a tqdm bar): the
+                # client keeps only its latest state, shown live and replaced in place
+                tail = text[text.rfind("\n") + 1:].strip("\r")
+                if tail:
+                    tails.append(f"[rank {rank}] {tail}")
                 seen = self._taken[i][j] if self.regroup else self.printed[i][j]
                 fresh = text[seen:]
                 cut = fresh.rfind("\n") + 1  # whole lines only while running
@@ -57,12 +67,12 @@ class LiveOutput:
                 else:
                     self.printed[i][j] += cut
                     (sys.stderr if j else sys.stdout).write(tag(rank, fresh[:cut]))
-        if not new:
-            return
         if self.regroup:
             self._lines.extend(text for _, text in new)
-            self._show("".join(self._lines))
-        else:
+            shown = "".join(self._lines) + "".join(f"{t}\n" for t in tails)
+            if shown and shown != self._shown:
+                self._show(shown)
+        elif new:
             sys.stdout.flush()
             sys.stderr.flush()
 
@@ -80,6 +90,7 @@ class LiveOutput:
     def _show(self, text: str) -> None:
         from IPython.display import display
 
+        self._shown = text
         bundle = {"text/plain": text.rstrip("\n")}
         if self._handle is None:
             self._handle = display(bundle, raw=True, display_id=True)
