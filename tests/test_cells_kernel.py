@@ -124,3 +124,69 @@ def test_tqdm_on_rank_0_is_one_live_bar(kernel):
     assert states[-1] == ""  # emptied at the end; the final bar is in the output once:
     final = [l for l in streams(msgs, "stderr").splitlines() if "%|" in l]
     assert len(final) == 1 and final[0].startswith("[rank 0] 100%") and "40/40" in final[0]
+
+
+def drive_pdb(kc, code, commands, timeout=120):
+    """Run code; answer each input request with the next command. Returns (reply, iopub msgs, prompts)."""
+    import queue
+
+    msg_id = kc.execute(code, allow_stdin=True)
+    prompts, msgs = [], []
+    deadline = time.monotonic() + timeout
+    todo = list(commands)
+    idle = False
+    while not idle and time.monotonic() < deadline:
+        try:
+            req = kc.get_stdin_msg(timeout=0.1)
+        except queue.Empty:
+            req = None
+        while True:  # output printed before an input request can arrive after it: take it first
+            try:
+                msg = kc.get_iopub_msg(timeout=0.3 if req else 0.05)
+            except queue.Empty:
+                break
+            if msg["parent_header"].get("msg_id") == msg_id:
+                msgs.append((time.time(), msg))
+                idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+        if req is not None:
+            prompts.append((req["content"]["prompt"], len(msgs)))
+            kc.input(todo.pop(0) if todo else "c")
+    assert idle, "the cell never finished"
+    assert not todo, f"commands never asked for: {todo}"
+    while True:
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"], msgs, prompts
+
+
+def output_between(msgs, start, end) -> str:
+    return "".join(m["content"]["text"] for _, m in msgs[start:end] if m["msg_type"] == "stream")
+
+
+def test_breakpoint_on_rank_1_of_2_p_n_c_through_the_notebook(kernel):
+    code = ("%%distrain\nfrom workbench import engine\nx = 41 + engine.rank\n"
+            "if engine.rank == 1:\n    breakpoint()\n    y = x + 1\n    z = y * 2\nprint('done', x)\n"
+            "import torch.distributed as dist\ndist.barrier()")
+    reply, msgs, prompts = drive_pdb(kernel, code, ["p x", "n", "p y", "c"])
+    assert reply["status"] == "ok"
+    assert [p for p, _ in prompts] == ["(Pdb rank 1) "] * 4
+    stops = [i for _, i in prompts]
+    assert "[rank 1] stopped in pdb; rank 0 still running (waiting)" in output_between(msgs, 0, stops[0])
+    assert "[rank 1] 42" in output_between(msgs, stops[0], stops[1])  # p x
+    assert "-> y = x + 1" in output_between(msgs, 0, stops[0])  # stopped after breakpoint()
+    assert "-> z = y * 2" in output_between(msgs, stops[1], stops[2])  # n: at the next line
+    assert "[rank 1] 43" in output_between(msgs, stops[2], stops[3])  # p y
+    assert "[rank 0] done 41" in streams(msgs) and "[rank 1] done 42" in streams(msgs)
+
+
+def test_post_mortem_on_a_rank(kernel):
+    reply, _ = execute(kernel, "%%distrain --ranks 1\nz = 5\n1 / 0")
+    assert reply["status"] == "error"
+    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --rank 1", ["p z", "q"])
+    assert reply["status"] == "ok"
+    assert [p for p, _ in prompts] == ["(Pdb rank 1) "] * 2
+    before = output_between(msgs, 0, prompts[0][1])
+    assert "[rank 1] post-mortem: ZeroDivisionError: division by zero" in before and "-> 1 / 0" in before
+    assert "[rank 1] 5" in output_between(msgs, prompts[0][1], prompts[1][1])
+    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --rank 7", [])
+    assert reply["status"] == "error" and "--rank 7 does not exist" in reply["evalue"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from . import stragglers
+from . import debugging, stragglers
 from .diagnosis import collect_stacks, main_frames, where
 from .errors import CellTimeout, Interrupted, RankDied, RankFailure
 from .health import death_message
@@ -49,6 +49,10 @@ def run_cell(rankset, code: str, ranks=None, timeout: float | None = None, *, di
             done = call.wait(budget, poll=poll)
             if done or call.deaths():
                 break
+            for rank in debugging.waiting_sessions(rankset):
+                if display and rank in call.ranks:  # breakpoint() on a rank: pdb here
+                    live.poll()
+                    debugging.attach(rankset, rank, [r for r in call.pending() if r != rank])
             now = time.monotonic()
             if display and now - start > stream_after:
                 live.poll()

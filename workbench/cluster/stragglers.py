@@ -13,6 +13,7 @@ import dataclasses
 import time
 
 from .diagnosis import collect_stacks, main_frames, where
+from .ranges import ranks_phrase
 
 GRACE_S = 3.0  # how long ranks still running may take to finish after one failed
 LEAVE_WAIT_S = 5.0  # how long a peer's collective may take to notice a closed connection
@@ -36,15 +37,9 @@ def notice(failed: list[int], running: list[int], grace: float) -> str:
     then = (f"interrupting {them} now (--fail-fast)" if grace <= 0
             else f"interrupting {them} in {grace:g} s unless done (--grace S to wait longer, "
                  "--fail-fast for at once)")
-    return (f"{_ranks(failed)} failed; {_ranks(running)} still running — likely waiting in a "
+    return (f"{ranks_phrase(failed)} failed; {ranks_phrase(running)} still running — likely waiting in a "
             f"collective; {then}")
 
-
-def _ranks(ranks: list[int]) -> str:
-    """'rank 1' or 'ranks 0, 2, 3'."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks))
 
 
 def release(rankset, call) -> Release:
@@ -92,7 +87,7 @@ def failure_message(first: list[int], failures: dict, rel: Release, grace: float
         lines.append(f"rank {rank} failed first: {ename}: {evalue} (traceback above)")
     wait = "at once (--fail-fast)" if grace <= 0 else f"after {grace:g} s"
     were = "was" if len(rel.waiting) == 1 else "were"
-    lines.append(f"{_ranks(rel.waiting)} {were} still running and interrupted {wait}; where each was:")
+    lines.append(f"{ranks_phrase(rel.waiting)} {were} still running and interrupted {wait}; where each was:")
     for rank, stack in rel.stacks.items():
         lines.append(f"  [rank {rank}] {where(stack)}")
     for rank, stack in rel.stacks.items():
@@ -102,7 +97,7 @@ def failure_message(first: list[int], failures: dict, rel: Release, grace: float
             lines.extend(f"[rank {rank}]   {f}" for f in frames)
     if rel.stuck:
         lines.append(
-            f"{_ranks(rel.stuck)} could not be freed: closing the group on the other ranks did not "
+            f"{ranks_phrase(rel.stuck)} could not be freed: closing the group on the other ranks did not "
             "end the collective it waits in, and a rank interrupted inside a gloo collective cannot "
             "continue it, so `%distrain restart` is needed to use the ranks again")
     elif rel.rejoined:

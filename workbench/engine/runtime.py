@@ -102,6 +102,9 @@ def bootstrap(
             sys.path.insert(0, path)
     if stack_dir:
         _install_stack_dump(stack_dir, rank)
+        from . import rank_debug
+
+        rank_debug.install(os.path.join(os.path.dirname(stack_dir), "debug"), rank)
     if parent_pid:
         _exit_with_parent(parent_pid, also_end or [])
 
