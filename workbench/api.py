@@ -9,7 +9,7 @@ from __future__ import annotations
 import atexit
 
 from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
-from .cluster.cell import run_cell
+from .cluster.cell import GRACE_S, run_cell
 
 _current: RankSet | None = None
 _hooks: dict[str, list] = {"started": [], "stopping": []}
@@ -92,9 +92,16 @@ def status() -> list[dict]:
 
 
 def run(code: str, ranks=None, timeout: float | None = None, *, display: bool = True,
-        stream: bool | None = None):
-    """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``)."""
-    return run_cell(current(), code, ranks=ranks, timeout=timeout, display=display, stream=stream)
+        stream: bool | None = None, grace: float = GRACE_S):
+    """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``).
+
+    ``grace``: when a rank fails while others still run, the seconds they get to
+    finish before they are interrupted (0: at once).
+    """
+    if grace is None or grace < 0:
+        raise ValueError(f"grace must be 0 or more seconds, got {grace!r}")
+    return run_cell(current(), code, ranks=ranks, timeout=timeout, display=display, stream=stream,
+                    grace=grace)
 
 
 def apply(fn, *args, ranks=None, **kwargs) -> list:

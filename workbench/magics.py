@@ -5,6 +5,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import api
+from .auto_cells import AUTO_MAGIC, MARKER
+from .cluster.cell import GRACE_S
 from .commands import UsageError, dispatch
 
 
@@ -22,8 +24,14 @@ class DistrainMagics(Magics):
     @argument("--ranks", default=None, help="ranks to run on: 0,2-3 or all (default all)")
     @argument("--timeout", type=float, default=None,
               help="seconds before the cell is reported stuck (default: no timeout)")
+    @argument("--grace", type=float, default=None,
+              help="when a rank fails while others still run: seconds they get to finish "
+                   "before they are interrupted (default 3)")
+    @argument("--fail-fast", action="store_true",
+              help="interrupt the other ranks as soon as one fails")
     @argument("--stream", action="store_true", default=None,
-              help="show output live as it arrives (default: after 3 s of running)")
+              help="show output live as it arrives (default: in a kernel from the first line, "
+                   "regrouped per rank at the end; elsewhere after 3 s)")
     @argument("--no-stream", dest="stream", action="store_false",
               help="show output only at the end, grouped per rank")
     @cell_magic("distrain")
@@ -32,8 +40,28 @@ class DistrainMagics(Magics):
         try:
             args = parse_argstring(self.distrain_cell, line)
         except Exception as exc:  # UsageError from magic_arguments
-            raise UsageError(f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] [--stream|--no-stream]") from None
+            raise UsageError(f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] "
+                             "[--grace S|--fail-fast] [--stream|--no-stream]") from None
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout must be positive, got {args.timeout}")
+        if args.grace is not None and args.grace < 0:
+            raise UsageError(f"--grace must be 0 or more seconds, got {args.grace}")
+        if args.grace is not None and args.fail_fast:
+            raise UsageError("--grace and --fail-fast contradict each other: give one of them")
+        grace = 0.0 if args.fail_fast else (GRACE_S if args.grace is None else args.grace)
         api.current().select(args.ranks)  # refuse a bad selection before anything runs
-        api.run(cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream)
+        api.run(cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream, grace=grace)
+
+    @cell_magic(AUTO_MAGIC)
+    def distrain_auto(self, line: str, cell: str):
+        """A plain cell in auto mode (`%distrain auto on`): run on every rank, marked as such."""
+        print(MARKER, flush=True)
+        api.run(cell)
+
+    @cell_magic("local")
+    def local(self, line: str, cell: str):
+        """Run this cell in the notebook (also in auto mode, where plain cells go to the ranks)."""
+        if line.strip():
+            raise UsageError(f"%%local takes no options, got {line.strip()!r}")
+        result = self.shell.run_cell(cell, store_history=False)
+        result.raise_error()

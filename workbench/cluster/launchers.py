@@ -64,6 +64,12 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None) -> dic
         cfg.MPILauncher.mpi_args = mpi_args
     elif launcher in ("slurm", "ssh"):
         kwargs["engines"] = launcher
+    if launcher == "local":
+        # engines on this host read the controller's connection file themselves (they
+        # wait for it), so they start while the controller is still starting rather
+        # than after it (ipyparallel would first wait for the controller to hand it over)
+        kwargs["send_engines_connection_env"] = False
+        cfg.EngineLauncher.engine_args.append("--IPEngine.wait_for_url_file=120")
     for key, value in (options or {}).items():
         if key == "config":
             cfg.merge(value)

@@ -58,3 +58,10 @@ def format_ranks(ranks: list[int]) -> str:
         out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def ranks_phrase(ranks: list[int]) -> str:
+    """'rank 1' or 'ranks 0, 2, 3', for messages."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks))

@@ -1,7 +1,7 @@
 """``%distrain start|stop|status|restart|push|pull``: the rank set's life cycle."""
 from __future__ import annotations
 
-from .. import api
+from .. import api, auto_cells
 from ..cluster.launchers import LAUNCHERS
 from ..cluster.rankset import BACKENDS
 from . import UsageError, command
@@ -33,6 +33,7 @@ def _start_args(p) -> None:
     p.add_argument("--launcher", choices=LAUNCHERS, default="local")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="collective timeout in seconds")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch threads per rank")
+    p.add_argument("--auto", action="store_true", help="then run plain cells on the ranks (`%%distrain auto on`)")
 
 
 @command("start", "start N ranks and initialise their process group", _start_args)
@@ -41,6 +42,29 @@ def _start(args, shell):
                    threads=args.threads)
     backend = rs.info[0]["backend"] if rs.info else args.backend
     print(f"{rs.world_size} ranks up ({backend}, {args.launcher} launcher) in {rs.start_seconds:.1f} s")
+    if args.auto:
+        auto_cells.turn_on(shell)
+        print(AUTO_ON)
+
+
+AUTO_ON = "auto mode on: plain cells run on the ranks; magics and %%local cells run here"
+
+
+def _auto_args(p) -> None:
+    p.add_argument("state", choices=("on", "off"), help="on: plain cells run on the ranks; off: here")
+
+
+@command("auto", "run plain cells on the ranks (on) or in the notebook (off)", _auto_args)
+def _auto(args, shell):
+    if shell is None:
+        raise UsageError("`%distrain auto` needs an IPython shell (a notebook or IPython)")
+    if args.state == "on":
+        api.current()  # refuse before anything changes where no ranks run
+        auto_cells.turn_on(shell)
+        print(AUTO_ON)
+    else:
+        was_on = auto_cells.turn_off(shell)
+        print("auto mode off: plain cells run in the notebook" if was_on else "auto mode was already off")
 
 
 @command("stop", "stop the ranks (every process they started)")
@@ -49,6 +73,8 @@ def _stop(args, shell):
         print("no ranks are running")
         return
     left = api.stop()
+    if auto_cells.turn_off(shell):
+        print("auto mode off: plain cells run in the notebook")
     if left:
         print(f"stopped; processes still alive: {left}")
     else:

@@ -102,6 +102,9 @@ def bootstrap(
             sys.path.insert(0, path)
     if stack_dir:
         _install_stack_dump(stack_dir, rank)
+        from . import rank_debug
+
+        rank_debug.install(os.path.join(os.path.dirname(stack_dir), "debug"), rank)
     if parent_pid:
         _exit_with_parent(parent_pid, also_end or [])
 
@@ -249,3 +252,70 @@ def shutdown() -> None:
             except Exception:
                 pass
     _CONTEXT = None
+
+
+def leave_group() -> bool:
+    """Destroy this rank's process group, closing its connections to the other ranks.
+
+    Used after a rank's cell failed while others wait for it in a collective: gloo
+    gives a blocked peer no way out (SIGINT waits for the collective, ``abort()`` on
+    the peer does not wake it), but a closed connection makes the peer's collective
+    raise at once. Returns whether there was a group to destroy.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return False
+    from torch.distributed import distributed_c10d
+
+    group = distributed_c10d._get_default_group()
+    try:
+        group.shutdown()
+    except Exception:
+        pass
+    del group
+    dist.destroy_process_group()
+    # a collective that raised on this rank left the group referenced from the saved
+    # traceback: drop it, so that the group's connections really close
+    sys.last_type = sys.last_value = sys.last_traceback = None
+    if hasattr(sys, "last_exc"):
+        sys.last_exc = None
+    ip = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if ip is not None:
+        ip.last_execution_result = None
+    import gc
+
+    gc.collect()
+    return True
+
+
+def rejoin_group(master_port: int) -> dict:
+    """Initialise a new default process group (same ranks, a new rendezvous port).
+
+    Called on every rank together once a broken group has been left; the rank's
+    Python state is kept, but objects built on the old group (DDP wrappers, subgroups)
+    hold the old, destroyed one.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    global _CONTEXT
+    ctx = context()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    kwargs = {}
+    if ctx.backend == "nccl":
+        import torch
+
+        kwargs["device_id"] = torch.device(ctx.device)
+    dist.init_process_group(
+        backend=ctx.backend,
+        init_method=f"tcp://{ctx.master_addr}:{master_port}",
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=datetime.timedelta(seconds=ctx.timeout_s),
+        **kwargs,
+    )
+    _CONTEXT = dataclasses.replace(ctx, master_port=master_port)
+    return describe()

@@ -1,0 +1,141 @@
+"""Start-up: from a new notebook kernel to ranks with an initialised process group.
+
+Three ways, side by side through ``jupyter_client`` (a real kernel each time),
+interleaved per round so that all see the same machine load:
+
+- ``workbench``: ``%load_ext workbench`` + ``%distrain start -n N --backend gloo``;
+- ``ipyparallel``: raw ipyparallel, ``Cluster(n=N).start_and_connect_sync()`` then
+  ``init_process_group`` on every engine (what the workbench builds on);
+- ``jupyter-distributed`` (PyPI), in a venv of its own: its kernel with
+  ``JUPYTER_DISTRIBUTED_WORLD_SIZE=N``, then the user's ``init_process_group`` cell.
+
+Each figure is kernel start request -> the reply of the cell that leaves every rank's
+process group initialised. Results (medians, every run, load average) go to
+``benchmarks/results/startup.json``.
+
+Set up the other tool once (its own venv; torch comes from the shared venv through a
+``.pth`` file placed after its own packages):
+    python3 -m venv .state/jd/venv && .state/jd/venv/bin/pip install jupyter-distributed
+    echo $PWD/.venv/lib/python3.11/site-packages > \
+        .state/jd/venv/lib/python3.11/site-packages/zz_shared_torch.pth
+Run: ``OMP_NUM_THREADS=1 python benchmarks/startup_bench.py --sizes 2 4 --rounds 3``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STATE = ROOT / ".state" / "startup_bench"
+JD_PYTHON = ROOT / ".state" / "jd" / "venv" / "bin" / "python"
+
+INIT = ("import os, datetime, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', init_method=f\"tcp://127.0.0.1:{os.environ['MASTER_PORT']}\", "
+        "rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']))\n"
+        "print(dist.is_initialized())")
+
+IPP = """
+import ipyparallel as ipp, socket
+cluster = ipp.Cluster(n={n})
+rc = cluster.start_and_connect_sync(activate=False)
+rc.wait_for_engines({n}, timeout=120)
+with socket.socket() as s:
+    s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
+def init(rank, n, port):
+    import datetime, torch.distributed as dist
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{{port}}', rank=rank, world_size=n)
+    return dist.is_initialized()
+ars = [rc[e].apply_async(init, r, {n}, port) for r, e in enumerate(sorted(rc.ids))]
+assert all(a.get(timeout=120) for a in ars)
+"""
+
+
+def run_cell(kc, code, timeout=300):
+    msg_id = kc.execute(code)
+    while True:
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            if reply["content"]["status"] != "ok":
+                raise RuntimeError(f"cell failed: {reply['content'].get('evalue')}")
+            return
+
+
+def one(tool: str, n: int) -> float:
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    env = dict(os.environ)
+    for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+        env[var] = str(STATE / sub)
+        (STATE / sub).mkdir(parents=True, exist_ok=True)
+    if tool == "jupyter-distributed":
+        spec_dir = STATE / "kernels" / "jd"
+        spec_dir.mkdir(parents=True, exist_ok=True)
+        (spec_dir / "kernel.json").write_text(json.dumps({
+            "argv": [str(JD_PYTHON), "-m", "jupyter_distributed.kernel", "-f", "{connection_file}"],
+            "display_name": "jupyter-distributed", "language": "python"}))
+        env.update(JUPYTER_DISTRIBUTED_WORLD_SIZE=str(n), JUPYTER_DISTRIBUTED_BASE_KERNEL="python3",
+                   JUPYTER_DISTRIBUTED_CWD=str(STATE))
+        env.pop("PYTHONPATH", None)
+        km = KernelManager(kernel_name="jd", kernel_spec_manager=KernelSpecManager(
+            kernel_dirs=[str(STATE / "kernels")]))
+        code = INIT
+    else:
+        km = KernelManager(kernel_name="python3")
+        code = (f"%load_ext workbench\n%distrain start -n {n} --backend gloo" if tool == "workbench"
+                else IPP.format(n=n))
+    t0 = time.perf_counter()
+    km.start_kernel(env=env, cwd=str(STATE))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        run_cell(kc, code)
+        elapsed = time.perf_counter() - t0
+        if tool == "workbench":
+            run_cell(kc, "import workbench; workbench.stop()")
+        elif tool == "ipyparallel":
+            run_cell(kc, "rc.close(); cluster.stop_cluster_sync()")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tools", nargs="+", default=["workbench", "ipyparallel", "jupyter-distributed"])
+    args = parser.parse_args()
+    if "jupyter-distributed" in args.tools and not JD_PYTHON.exists():
+        sys.exit(f"jupyter-distributed is not set up at {JD_PYTHON}: see this script's docstring")
+    STATE.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict[str, list[float]]] = {str(n): {t: [] for t in args.tools} for n in args.sizes}
+    load = [os.getloadavg()[0]]
+    for r in range(args.rounds):
+        for n in args.sizes:
+            for tool in args.tools:
+                s = one(tool, n)
+                runs[str(n)][tool].append(s)
+                print(f"round {r + 1}, {n} ranks, {tool}: {s:.2f} s", flush=True)
+        load.append(os.getloadavg()[0])
+    result = {"what": "kernel start -> every rank's process group initialised, seconds",
+              "rounds": args.rounds, "cpu_count": os.cpu_count(), "load_average_1min": load,
+              "median_s": {n: {t: statistics.median(v) for t, v in tools.items()} for n, tools in runs.items()},
+              "runs_s": runs}
+    out = ROOT / "benchmarks" / "results" / "startup.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    for n, tools in result["median_s"].items():
+        print(f"{n} ranks: " + ", ".join(f"{t} {s:.2f} s" for t, s in tools.items()))
+    print(f"load average over the run: {', '.join(f'{x:.1f}' for x in load)}; saved {out}")
+
+
+if __name__ == "__main__":
+    main()
