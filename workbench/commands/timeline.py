@@ -1,0 +1,27 @@
+"""``%distrain timeline``: when each rank computed and waited inside the last steps."""
+from __future__ import annotations
+
+from . import UsageError, command
+
+
+def _timeline_args(p) -> None:
+    p.add_argument("--steps", type=int, default=5, help="how many of the latest steps (default 5, at most 200)")
+    p.add_argument("--ranks", default=None, help="ranks to show: 0,2-3 or all (default all)")
+    p.add_argument("--run", default=None, help="this run (default: the latest)")
+    p.add_argument("--table", action="store_true", help="a table per rank and step instead of the chart")
+
+
+@command("timeline", "Gantt chart of the last steps per rank: phases, collectives, waiting, the straggler",
+         _timeline_args)
+def _timeline(args, shell):
+    from .. import api, timelines
+    from ..dashboard.timeline_figure import timeline_figure, timeline_table
+
+    if not 1 <= args.steps <= 200:
+        raise UsageError(f"--steps must be between 1 and 200 (the ranks keep the last 200), got {args.steps}")
+    api.current().select(args.ranks)  # a bad selection is refused before anything runs
+    recs = timelines.records(args.steps, ranks=args.ranks, run=args.run)
+    if not recs:
+        raise UsageError("no steps recorded on the ranks yet: train a few steps first "
+                         "(`%distrain train start --steps 5`)")
+    return timeline_table(recs) if args.table else timeline_figure(recs)
