@@ -9,15 +9,13 @@ inside forward, and the record says so in its notes.
 """
 from __future__ import annotations
 
-import re
-
 import pytest
 from conftest import clean_trainer
 
 from workbench import api, timelines
 from workbench.dashboard.timeline_figure import stragglers, timeline_figure, timeline_table
 
-SLEEP_S = 0.15
+SLEEP_S = 0.3
 STEPS = 4
 
 
@@ -75,21 +73,31 @@ def test_phases_cover_the_step_and_the_slow_rank_is_the_straggler(rs):
     assert (slow["data_s"].values >= SLEEP_S).all()
     rebuilt = fast["notes"].str.contains("DDP rebuilt its gradient buckets")
     assert list(fast.loc[rebuilt, "step"]) == [2]
-    assert (fast.loc[~rebuilt, "waiting_s"] >= 0.7 * SLEEP_S).all(), fast[["step", "waiting_s"]]
-    assert (fast.loc[rebuilt, "forward_s"] >= 0.7 * SLEEP_S).all()
-    assert stragglers(recs) == {s: 1 for s in range(1, STEPS + 1)}
+    # about its lateness (a loaded machine slows the waiting rank too, so not to the millisecond)
+    assert (fast.loc[~rebuilt, "waiting_s"] >= 0.5 * SLEEP_S).all(), fast[["step", "waiting_s"]]
+    assert (fast.loc[rebuilt, "forward_s"] >= 0.5 * SLEEP_S).all()
+    assert stragglers(recs) == {s: 1 for s in range(1, STEPS + 1) if s != 2}  # step 2: see the module doc
     # DDP's bucket all-reduce is in rank 0's comm lane, its wait marked as waiting
     assert any(s["name"].startswith("all_reduce (DDP") and s["wait"] for r in recs if r["rank"] == 0 for s in r["spans"])
     fig = timeline_figure(recs)
-    assert f"straggler: rank 1 in {STEPS}/{STEPS} steps" in fig.layout.title.text
+    assert f"straggler: rank 1 in {STEPS - 1}/{STEPS - 1} steps" in fig.layout.title.text
     assert "rank 0 step 2" in fig.layout.title.text
+    # the dashboard's panel draws the same chart
+    from workbench.dashboard import Dashboard
+
+    dash = Dashboard(rs, live=False)
+    try:
+        dash.timeline.steps.value = STEPS
+        assert dash.timeline.refresh()
+        assert dash.timeline.figure.layout.title.text == fig.layout.title.text
+        assert {t.name for t in dash.timeline.figure.data} == {t.name for t in fig.data}
+    finally:
+        dash.close()
     drawn = {(t.name, lane) for t in fig.data for lane in t.y}
     assert {("data", "rank 1"), ("backward", "rank 0"), ("all_reduce (DDP buckets) (blocked)", "rank 0 comm")} <= drawn
 
 
 def test_timeline_magic(shell, ranks4):
-    from workbench.cluster.errors import WorkbenchError  # noqa: F401  (UsageError's base)
-
     ranks4.apply(clean_trainer, timeout=60)
     ranks4.apply(_forget_timeline)
     r = shell.run_cell("%distrain timeline")
@@ -102,8 +110,8 @@ def test_timeline_magic(shell, ranks4):
         assert ranks4.apply(slow_trainer_on_rank, 2, SLEEP_S, 3) == ["finished"] * 4
         fig = shell.run_cell("%distrain timeline --steps 3 --ranks 1-2").result
         assert {lane for t in fig.data for lane in t.y} == {"rank 1", "rank 2", "rank 1 comm", "rank 2 comm"}
-        # step 2 hides DDP's bucket-rebuild wait inside forward (see the module doc): 2 or 3 of 3
-        assert re.search(r"straggler: rank 2 in [23]/3 steps", fig.layout.title.text), fig.layout.title.text
+        # step 2 hides DDP's bucket-rebuild wait inside forward (see the module doc): not judged
+        assert "straggler: rank 2 in 2/2 steps" in fig.layout.title.text, fig.layout.title.text
         table = shell.run_cell("%distrain timeline --steps 2 --table").result
         assert sorted(set(table["rank"])) == [0, 1, 2, 3] and sorted(set(table["step"])) == [2, 3]
     finally:

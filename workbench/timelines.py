@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from . import api
 
-__all__ = ["records", "timeline"]
+__all__ = ["records", "timeline", "pipeline_runs", "pipeline_schedule"]
 
 
 def _recent(steps: int, run: str | None) -> list[dict]:
@@ -29,3 +29,26 @@ def timeline(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None
     from .dashboard.timeline_figure import timeline_figure
 
     return timeline_figure(records(steps, ranks=ranks, run=run, rankset=rankset))
+
+
+def _pipeline_run():
+    from workbench import engine
+
+    prepared = engine.prepared()
+    if not hasattr(prepared, "last_run"):
+        raise ValueError(f"the ranks' model is prepared with {prepared.layout['strategy']!r}, not pipeline "
+                         "parallel: `%distrain prepare pp` first")
+    return prepared.last_run
+
+
+def pipeline_runs(*, rankset=None) -> list[dict]:
+    """Every stage's latest pipeline step as it ran (see ``PipelinePrepared.last_run``)."""
+    rs = rankset if rankset is not None else api.current()
+    return rs.apply(_pipeline_run)
+
+
+def pipeline_schedule(*, rankset=None):
+    """The latest pipeline step as it ran: micro-batch x stage blocks, beside the bubble."""
+    from .dashboard.pipeline_figure import schedule_figure
+
+    return schedule_figure(pipeline_runs(rankset=rankset))

@@ -25,3 +25,16 @@ def _timeline(args, shell):
         raise UsageError("no steps recorded on the ranks yet: train a few steps first "
                          "(`%distrain train start --steps 5`)")
     return timeline_table(recs) if args.table else timeline_figure(recs)
+
+
+@command("pipeline", "the latest pipeline step as it ran: micro-batch x stage blocks beside the bubble formula")
+def _pipeline(args, shell):
+    from .. import timelines
+    from ..cluster.errors import WorkbenchError
+
+    try:
+        return timelines.pipeline_schedule()
+    except WorkbenchError as exc:  # the rank's ValueError, raised naming the rank
+        raise UsageError(str(exc).splitlines()[0]) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

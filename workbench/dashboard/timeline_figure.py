@@ -53,11 +53,15 @@ def timeline_table(records: list[dict]) -> pd.DataFrame:
 
 
 def stragglers(records: list[dict]) -> dict[int, int]:
-    """{step: the rank that waited least in it} over steps seen on more than one rank."""
+    """{step: the rank that waited least in it} over steps seen on more than one rank.
+
+    Steps where some rank's record says a wait is hidden (a collective no wrapper sees,
+    see ``engine.timeline``) are left out: its waiting would be read as work.
+    """
     table = timeline_table(records)
     out = {}
     for step, grp in table.groupby("step"):
-        if len(grp) > 1:
+        if len(grp) > 1 and not grp["notes"].astype(bool).any():
             out[int(step)] = int(grp.loc[grp["waiting_s"].idxmin(), "rank"])
     return out
 
@@ -103,7 +107,9 @@ def timeline_figure(records: list[dict]):
     late = stragglers(records)
     if late:
         counts = pd.Series(list(late.values())).value_counts()
-        title = f"straggler: rank {counts.index[0]} in {counts.iloc[0]}/{len(late)} steps (the rank the others wait for)"
+        unjudged = len({r["step"] for r in records}) - len(late)
+        title = (f"straggler: rank {counts.index[0]} in {counts.iloc[0]}/{len(late)} steps (the rank the others "
+                 f"wait for){f'; {unjudged} step(s) not judged, see below' if unjudged else ''}")
     else:
         title = "per-rank step timeline"
     steps = sorted({r["step"] for r in records})

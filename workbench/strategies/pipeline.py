@@ -8,6 +8,8 @@ microbatches of activations are alive. Both compute the same gradients.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -16,16 +18,55 @@ from .fsdp2 import broadcast_from_rank0
 from .layout import describe_params, make_layout
 from .meshes import make_mesh
 
-__all__ = ["PPStrategy", "PipelinePrepared"]
+__all__ = ["PPStrategy", "PipelinePrepared", "schedule_order"]
+
+
+def schedule_order(schedule, stage_idx: int) -> list[list]:
+    """torch's description of the schedule's compute on this stage (``pipeline_order``, idle
+    slots and gradient reductions left out): ``[["F" | "B", microbatch], ...]``.
+
+    Kept beside what ran, not trusted for it: in torch 2.13 ``Schedule1F1B``'s description
+    of the last stage starts at micro-batch 1 and ends at micro-batch m (which does not
+    exist), while ``_step_microbatches`` runs 0..m-1 correctly.
+    """
+    order = getattr(schedule, "pipeline_order", None) or {}
+    out = []
+    for action in order.get(stage_idx, []):
+        if action is None or action.microbatch_index is None:
+            continue
+        kind = action.computation_type.value
+        if kind in ("F", "B"):
+            out.append([kind, int(action.microbatch_index)])
+    return out
 
 
 class PipelinePrepared(Prepared):
+    """``last_run``: the latest step as it ran on this stage, for the schedule picture:
+    ``{"stage", "n_stages", "schedule", "microbatches", "wall_start", "duration", "torch_order",
+    "blocks": [["F" | "B", microbatch, start s, end s]]}`` (times from the step's start;
+    each block is one ``forward_one_chunk`` / ``backward_one_chunk`` call of the stage)."""
+
     def __init__(self, *, schedule, stage_idx: int, n_stages: int, pp_group, last_rank: int, **kw):
         super().__init__(**kw)
         self.schedule = schedule
         self.stage_idx, self.n_stages = stage_idx, n_stages
         self.pp_group = pp_group
         self.last_rank = last_rank
+        self.last_run: dict | None = None
+        self._blocks: list | None = None
+        stage = schedule._stage
+        for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk")):
+            setattr(stage, name, self._timed(kind, getattr(stage, name)))
+
+    def _timed(self, kind: str, fn):
+        def timed(chunk_id, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(chunk_id, *args, **kwargs)
+            finally:
+                if self._blocks is not None:
+                    self._blocks.append([kind, int(chunk_id), t0, time.perf_counter()])
+        return timed
 
     @property
     def is_first(self) -> bool:
@@ -44,6 +85,7 @@ class PipelinePrepared(Prepared):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
+        self._blocks, t0, wall = [], time.perf_counter(), time.time()
         with self._autocast_ctx():
             if self.is_first and self.is_last:
                 self.schedule.step(x, target=y, losses=losses)
@@ -53,6 +95,11 @@ class PipelinePrepared(Prepared):
                 self.schedule.step(target=y, losses=losses)
             else:
                 self.schedule.step()
+        blocks, self._blocks = self._blocks, None
+        self.last_run = {"stage": self.stage_idx, "n_stages": self.n_stages, "schedule": self.spec.pp_schedule,
+                         "microbatches": mb, "wall_start": wall, "duration": time.perf_counter() - t0,
+                         "torch_order": schedule_order(self.schedule, self.stage_idx),
+                         "blocks": [[k, i, a - t0, b - t0] for k, i, a, b in blocks]}
         self.optimizer.step()
         self.steps += 1
         loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else torch.zeros(())
