@@ -38,3 +38,27 @@ def _pipeline(args, shell):
         raise UsageError(str(exc).splitlines()[0]) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _profile_args(p) -> None:
+    p.add_argument("--steps", type=int, default=3, help="how many training steps to profile (default 3)")
+    p.add_argument("--ranks", default=None, help="ranks to profile: 0,2-3 or all (default all)")
+    p.add_argument("--out", default=None, help="folder for the traces (default profiles/profile-<time>)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the traces (default 300)")
+
+
+@command("profile", "torch.profiler on the ranks for N steps of their trainer: traces, summary, merged timeline",
+         _profile_args)
+def _profile(args, shell):
+    from .. import api, profiles
+    from ..cluster.errors import WorkbenchError
+
+    if not 1 <= args.steps <= 100:
+        raise UsageError(f"--steps must be between 1 and 100, got {args.steps}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive seconds, got {args.timeout}")
+    api.current().select(args.ranks)  # a bad selection is refused before anything runs
+    try:
+        return profiles.profile(args.steps, ranks=args.ranks, out=args.out, timeout=args.timeout)
+    except WorkbenchError as exc:  # raised on a rank (no trainer, too few steps left): nothing armed there
+        raise UsageError(str(exc)) from None
