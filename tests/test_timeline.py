@@ -81,7 +81,7 @@ def test_phases_cover_the_step_and_the_slow_rank_is_the_straggler(rs):
     assert any(s["name"].startswith("all_reduce (DDP") and s["wait"] for r in recs if r["rank"] == 0 for s in r["spans"])
     fig = timeline_figure(recs)
     assert f"straggler: rank 1 in {STEPS - 1}/{STEPS - 1} steps" in fig.layout.title.text
-    assert "rank 0 step 2" in fig.layout.title.text
+    assert "<sub>step 2, rank 0, 1: DDP rebuilt its gradient buckets" in fig.layout.title.text
     # the dashboard's panel draws the same chart
     from workbench.dashboard import Dashboard
 

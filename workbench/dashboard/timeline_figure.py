@@ -113,11 +113,13 @@ def timeline_figure(records: list[dict]):
     else:
         title = "per-rank step timeline"
     steps = sorted({r["step"] for r in records})
-    notes: dict[str, list[str]] = {}
+    notes: dict[str, list[tuple[int, int]]] = {}
     for rec in records:
         for note in rec.get("notes", []):
-            notes.setdefault(note, []).append(f"rank {rec['rank']} step {rec['step']}")
-    sub = "".join(f"<br><sub>{', '.join(where)}: {note}</sub>" for note, where in notes.items())
+            notes.setdefault(note, []).append((rec["step"], rec["rank"]))
+    sub = "".join(
+        f"<br><sub>step {', '.join(map(str, sorted({s for s, _ in where})))}, "
+        f"rank {', '.join(map(str, sorted({r for _, r in where})))}: {note}</sub>" for note, where in notes.items())
     fig.update_layout(
         title=f"steps {steps[0]}-{steps[-1]}: {title}{sub}", barmode="overlay", bargap=0.25,
         xaxis={"title": "ms from the first step's start"},

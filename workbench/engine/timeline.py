@@ -69,8 +69,8 @@ def record(*, run: str, rank: int, step: int, t0: float, t1: float, phases, comm
     if ddp is not None:
         ends = [s["end"] for s in spans if s["name"] == "backward"]
         if ddp[2]:
-            notes.append("DDP rebuilt its gradient buckets in this step's forward: a broadcast from C++ that "
-                         "is not seen here, so waiting for other ranks in it shows as forward")
+            notes.append("DDP rebuilt its gradient buckets in this forward (a broadcast from C++, not seen): "
+                         "waiting in it shows as forward")
         if ends:
             comm_s, exposed_s, _ = ddp
             end = ends[-1]
