@@ -83,3 +83,22 @@ def test_profile_refuses_bad_input(rs):
     finally:
         training.wait(timeout=60, rankset=rs)
     assert all(s["profiler_on"] is False and s["hooks"] == 0 for s in rs.apply(_left_running))
+
+
+CELL = ("import torch, torch.distributed as dist\n"
+        "for _ in range(4):\n"
+        "    profiled_a = torch.randn(192, 192) @ torch.randn(192, 192)\n"
+        "dist.all_reduce(profiled_a)\n")
+
+
+def test_profile_a_cell(rs, tmp_path):
+    prof = profiles.profile_cell(CELL, rankset=rs, out=str(tmp_path))
+    for r, path in prof.files.items():
+        names = _names(path)
+        assert "aten::mm" in names and prof.summary.loc[r, "top_op"] in names
+        assert prof.summary.loc[r, "comm_ms"] > 0  # the all_reduce
+    assert rs.pull("profiled_a")[0].shape == (192, 192)  # ran in the ranks' namespaces
+    assert all(s["profiler_on"] is False for s in rs.apply(_left_running))
+    rs.execute("del profiled_a")
+    with pytest.raises(UsageError, match="--code is empty"):
+        dispatch("profile --code ' '")

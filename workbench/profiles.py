@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from . import api
 
-__all__ = ["Profile", "profile"]
+__all__ = ["Profile", "profile", "profile_cell"]
 
 
 @dataclass(frozen=True)
@@ -64,15 +64,11 @@ def _read() -> bytes:
 def profile(steps: int = 3, *, ranks=None, out: str | None = None, timeout: float = 300.0, rankset=None) -> Profile:
     """Profile the next ``steps`` steps of the trainer on ``ranks`` (default all); blocks until
     the traces are written (or ``timeout``: then the profiles are cancelled and it raises)."""
-    from .dashboard.profile_figure import load_trace, profile_figure, summary_table, top_ops
-
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     rs = rankset if rankset is not None else api.current()
     sel = rs.select(ranks)
-    folder = pathlib.Path(out or os.path.join(os.environ.get("WORKBENCH_RUN_DIR", "."), "profiles",
-                                              time.strftime("profile-%Y%m%d-%H%M%S"))).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _folder(out)
     try:
         rs.apply(_arm, int(steps), str(folder), ranks=sel)
     except Exception:  # refused on some rank: leave none armed
@@ -90,6 +86,35 @@ def profile(steps: int = 3, *, ranks=None, out: str | None = None, timeout: floa
                    else f"no trace after {timeout:.0f} s")
             raise RuntimeError(f"profile cancelled: {why}; the profiler is stopped on every rank")
         time.sleep(0.2)
+    return _gather(rs, sel, states, folder)
+
+
+def _profile_code(code: str, folder: str) -> dict:
+    from workbench.engine import profiling
+
+    return profiling.profile_code(code, folder)
+
+
+def profile_cell(code: str, *, ranks=None, out: str | None = None, rankset=None) -> Profile:
+    """Run ``code`` on the ranks (as ``%%distrain`` would, in their namespaces) under
+    torch.profiler; the same traces, summary and timeline as :func:`profile`, one step."""
+    rs = rankset if rankset is not None else api.current()
+    sel = rs.select(ranks)
+    folder = _folder(out)
+    states = rs.apply(_profile_code, code, str(folder), ranks=sel)
+    return _gather(rs, sel, states, folder)
+
+
+def _folder(out: str | None) -> pathlib.Path:
+    folder = pathlib.Path(out or os.path.join(os.environ.get("WORKBENCH_RUN_DIR", "."), "profiles",
+                                              time.strftime("profile-%Y%m%d-%H%M%S"))).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _gather(rs, sel, states, folder) -> Profile:
+    from .dashboard.profile_figure import load_trace, profile_figure, summary_table, top_ops
+
     errors = [f"rank {r}: {s['error']}" for r, s in zip(sel, states) if s["error"]]
     if errors:
         raise RuntimeError("profile failed: " + "; ".join(errors))

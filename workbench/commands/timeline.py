@@ -45,6 +45,8 @@ def _profile_args(p) -> None:
     p.add_argument("--ranks", default=None, help="ranks to profile: 0,2-3 or all (default all)")
     p.add_argument("--out", default=None, help="folder for the traces (default profiles/profile-<time>)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the traces (default 300)")
+    p.add_argument("--code", default=None, help="profile this code on the ranks instead of trainer steps "
+                                              "(run in their namespaces, as %%%%distrain would)")
 
 
 @command("profile", "torch.profiler on the ranks for N steps of their trainer: traces, summary, merged timeline",
@@ -59,6 +61,10 @@ def _profile(args, shell):
         raise UsageError(f"--timeout must be positive seconds, got {args.timeout}")
     api.current().select(args.ranks)  # a bad selection is refused before anything runs
     try:
+        if args.code is not None:
+            if not args.code.strip():
+                raise UsageError("--code is empty: give the code to profile, e.g. --code 'y = model(x)'")
+            return profiles.profile_cell(args.code, ranks=args.ranks, out=args.out)
         return profiles.profile(args.steps, ranks=args.ranks, out=args.out, timeout=args.timeout)
     except WorkbenchError as exc:  # raised on a rank (no trainer, too few steps left): nothing armed there
         raise UsageError(str(exc)) from None

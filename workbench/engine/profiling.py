@@ -146,3 +146,32 @@ def read_trace() -> bytes:
         raise RuntimeError(f"no finished trace on this rank ({error or 'not done yet'})")
     with open(path, "rb") as f:
         return f.read()
+
+
+def profile_code(code: str, out_dir: str) -> dict:
+    """Run ``code`` as a cell of this rank's namespace under ``torch.profiler`` (on this, the
+    engine's thread), marked as one step; the trace goes to ``out_dir/rank{r}.trace.json``."""
+    import __main__
+
+    import torch
+    from torch.profiler import profile, record_function
+
+    from . import runtime
+
+    with _LOCK:
+        if _STATE and not _STATE.get("done"):
+            raise RuntimeError("a profile of the trainer is under way on this rank: wait for it or cancel it")
+    rank = runtime.context().rank
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"rank{rank}.trace.json")
+    compiled = compile(code, f"<profiled cell on rank {rank}>", "exec")
+    with profile(activities=_activities(), record_shapes=False, with_stack=False) as prof:
+        with record_function("ProfilerStep#0"):
+            exec(compiled, vars(__main__))
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    with _LOCK:
+        _STATE.clear()
+        _STATE.update(steps=1, seen=1, done=True, path=path, error=None, prof=None, trainer=None)
+    return status()
