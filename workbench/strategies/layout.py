@@ -13,7 +13,7 @@ Schema (version 1)::
 ``Stage(k)`` for a pipeline stage; ``ZeroShard(flat)`` for DeepSpeed ZeRO-3 partitions).
 ``param_bytes_global`` is the whole model's parameter bytes, the same on every rank.
 
-``holds`` (version 2) says which elements of the global tensor this rank's local tensor
+``holds`` (added to version 1: readers that need it say so when it is missing) says which elements of the global tensor this rank's local tensor
 covers, asked of the tensor itself rather than re-derived from placement names:
 ``{"kind": "grid", "runs": [[[start, stop], ...] per tensor dim], "partial": bool}`` (the
 local tensor is the cartesian product of those index runs, in order; a strided shard has
@@ -30,7 +30,7 @@ from torch import nn
 
 __all__ = ["LAYOUT_VERSION", "describe_params", "holdings", "index_runs", "make_layout", "dtype_name", "placement_name"]
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 1
 
 
 def dtype_name(dt: torch.dtype) -> str:
