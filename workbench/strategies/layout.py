@@ -14,7 +14,8 @@ Schema (version 1)::
 ``param_bytes_global`` is the whole model's parameter bytes, the same on every rank.
 
 ``holds`` (a later addition to version 1: readers that need it say so when it is
-missing) says which elements of the global tensor this rank's local tensor covers, asked of the tensor itself rather than re-derived from placement names:
+missing) says which elements of the global tensor this rank's local tensor covers,
+asked of the tensor itself rather than re-derived from placement names:
 ``{"kind": "grid", "runs": [[[start, stop], ...] per tensor dim], "partial": bool}`` (the
 local tensor is the cartesian product of those index runs, in order; a strided shard has
 several runs), or ``{"kind": "flat", "runs": [[start, stop]]}`` for a range of the
