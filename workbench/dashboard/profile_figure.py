@@ -52,12 +52,14 @@ def _length(intervals) -> float:
 def _minus(a: list, b: list) -> float:
     """Length of union(a) less its overlap with union(b)."""
     ua, ub = _union(a), _union(b)
-    overlap, j = 0.0, 0
-    for x0, x1 in ua:
-        for y0, y1 in ub:
-            if y1 <= x0 or y0 >= x1:
-                continue
-            overlap += min(x1, y1) - max(x0, y0)
+    overlap, i, j = 0.0, 0, 0
+    while i < len(ua) and j < len(ub):  # both sorted and disjoint: one sweep
+        (x0, x1), (y0, y1) = ua[i], ub[j]
+        overlap += max(0.0, min(x1, y1) - max(x0, y0))
+        if x1 <= y1:
+            i += 1
+        else:
+            j += 1
     return _length(ua) - overlap
 
 
