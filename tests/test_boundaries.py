@@ -9,6 +9,8 @@ import sys
 import workbench, workbench.magics, workbench.dashboard, workbench.planner, workbench.training
 import workbench.metrics, workbench.stream, workbench.planner.live
 import workbench.dashboard.layout_figure, workbench.dashboard.plan_figure
+import workbench.dashboard.timeline_figure, workbench.dashboard.pipeline_figure, workbench.dashboard.profile_figure
+import workbench.dashboard.timeline_panel, workbench.timelines, workbench.profiles
 from workbench.commands import load_all
 load_all()
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
@@ -18,6 +20,7 @@ RANK_SIDE = """
 import sys
 import workbench.engine, workbench.engine.trainer, workbench.engine.telemetry, workbench.engine.runtime
 import workbench.strategies, workbench.checkpoint, workbench.models, workbench.engine.memory_census
+import workbench.engine.timeline, workbench.engine.profiling, workbench.strategies.pipeline
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("plotly", "ipywidgets")))
 """
 

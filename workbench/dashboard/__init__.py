@@ -56,6 +56,7 @@ class Dashboard:
             ranks = None
         self.figure = figures.make_figure(widget=True, ranks=ranks)
         self.controls = Controls(lambda: self.rankset)
+        self._timeline = None  # the step-timeline panel, made with the widget
         self.redraws = 0
         self._box = None
         self._shown = None  # the display handle of where it is shown
@@ -164,8 +165,17 @@ class Dashboard:
         import ipywidgets as w
 
         if self._box is None:
-            self._box = w.VBox([self.controls.box, self.figure])
+            from .timeline_panel import TimelinePanel
+
+            self._timeline = TimelinePanel(lambda: self.rankset)
+            self._box = w.VBox([self.controls.box, self.figure, self._timeline.box])
         return self._box
+
+    @property
+    def timeline(self):
+        """The step-timeline panel (per-rank Gantt chart of the last steps, drawn on demand)."""
+        self.widget
+        return self._timeline
 
     def show(self) -> "Dashboard":
         """Show the dashboard here; where it was shown before, a line says it moved.

@@ -4,29 +4,38 @@ Input is the per-rank LAYOUT DESCRIPTION (``workbench.strategies.layout``), pull
 from the ranks; nothing here touches torch. Two views:
 
 * :func:`layout_figure` - tensors x ranks, coloured by the fraction of the tensor the
-  rank holds, with the placement and local shape on hover. DDP is a solid block
-  (everyone holds everything), FSDP a diagonal-free 1/N wash, TP a split by layer
-  type, 2D both at once.
+  rank holds, with how it is held (whole, shard, several strided blocks, partial sum),
+  the placement and local shape on hover. DDP is a solid block (everyone holds
+  everything), FSDP a 1/N wash, TP a split by layer type, 2D both at once.
 * :func:`tensor_figure` - one tensor drawn as its (rows x cols) grid, each block
-  labelled with the ranks that hold it, derived from DTensor placements and the
-  rank's mesh coordinate - the "which slice of which weight" view for a lab.
+  labelled with the ranks that hold it - the "which slice of which weight" view.
+
+Both draw what each rank reported holding (the layout's ``holds``: global index runs
+asked of the DTensor / DeepSpeed partition on the rank), never placement arithmetic
+redone here, which gets strided FSDP x TP shards wrong.
 """
 from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 
 import pandas as pd
 
-_SHARD = re.compile(r"(?:_?Strided)?Shard\((?:dim=)?(\d+)")
-
-
 def layout_table(layouts: list[dict]) -> pd.DataFrame:
-    """One row per (tensor, rank): placements, shapes, bytes and fraction held."""
+    """One row per (tensor, rank): placements, shapes, bytes, fraction held, and how
+    (``whole``, ``shard``, ``N blocks`` for a non-contiguous shard, ``partial sum``)."""
     rows = []
     for lay in layouts:
         for p in lay["params"]:
-            glob = math.prod(p["global_shape"]) or 1
+            blocks = held_blocks(p)
+            fraction = held_fraction(p)
+            if p["holds"].get("partial"):
+                how = "partial sum"
+            elif fraction == 1:
+                how = "whole"
+            else:
+                how = "shard" if len(blocks) <= 1 else f"{len(blocks)} blocks"
             rows.append({
                 "tensor": p["name"],
                 "rank": lay["rank"],
@@ -34,7 +43,8 @@ def layout_table(layouts: list[dict]) -> pd.DataFrame:
                 "global_shape": tuple(p["global_shape"]),
                 "local_shape": tuple(p["local_shape"]),
                 "local_bytes": p["local_bytes"],
-                "fraction": math.prod(p["local_shape"]) / glob,
+                "fraction": fraction,
+                "holding": how,
             })
     return pd.DataFrame(rows)
 
@@ -59,18 +69,21 @@ def layout_figure(layouts: list[dict], *, max_tensors: int = 24, match: str | No
     names = _pick(table, max_tensors, match)
     ranks = sorted({lay["rank"] for lay in layouts})
     sub = table[table["tensor"].isin(names)].set_index(["tensor", "rank"])
-    z, text = [], []
+    z, text, cell = [], [], []
     for name in names:
+        cell.append([_cell_label(sub.loc[(name, r)]) if (name, r) in sub.index else "" for r in ranks])
         z.append([float(sub.loc[(name, r), "fraction"]) if (name, r) in sub.index else 0.0 for r in ranks])
         text.append([
             f"{name}<br>rank {r}: {sub.loc[(name, r), 'local_shape']} of {sub.loc[(name, r), 'global_shape']}"
-            f"<br>{sub.loc[(name, r), 'placements']}" if (name, r) in sub.index else f"{name}<br>rank {r}: -"
+            f" ({sub.loc[(name, r), 'holding']}, {100 * sub.loc[(name, r), 'fraction']:.1f}%)"
+            f"<br>{sub.loc[(name, r), 'placements']}" if (name, r) in sub.index else f"{name}<br>rank {r}: not held"
             for r in ranks
         ])
     lay0 = layouts[0]
     mesh = " x ".join(f"{n}={s}" for n, s in zip(lay0["mesh"]["dim_names"], lay0["mesh"]["shape"]))
     fig = go.Figure(go.Heatmap(
-        z=z, x=[f"rank {r}" for r in ranks], y=names, text=text, hoverinfo="text",
+        z=z, x=[f"rank {r}" for r in ranks], y=names, hovertext=text, hoverinfo="text",
+        text=cell, texttemplate="%{text}",
         zmin=0, zmax=1, colorscale="Blues", colorbar={"title": "share held"},
     ))
     fig.update_layout(
@@ -81,35 +94,89 @@ def layout_figure(layouts: list[dict], *, max_tensors: int = 24, match: str | No
     return fig
 
 
-def mesh_coordinate(rank: int, shape: list[int]) -> list[int]:
-    """Row-major coordinate of ``rank`` in a mesh of ``shape`` (init_device_mesh's order)."""
-    coord = []
-    for size in reversed(shape):
-        coord.append(rank % size)
-        rank //= size
-    return list(reversed(coord))
+def _cell_label(row) -> str:
+    """What a heatmap cell says: ``all``, a share like ``1/4``, ``+2 blk`` for strided, ``Σ`` for partial."""
+    if row["holding"] == "partial sum":
+        return "Σ partial"
+    if row["holding"] == "whole":
+        return "all"
+    share = Fraction(float(row["fraction"])).limit_denominator(4096)
+    label = f"{share.numerator}/{share.denominator}"
+    return label if row["holding"] == "shard" else f"{label} in {row['holding']}"
 
 
-def owned_block(layout: dict, param: dict) -> list[tuple[int, int]]:
-    """[(start, stop)] per tensor dim that this rank holds, from its placements.
+def _flat_runs(runs: list[list[list[int]]], shape: list[int]) -> list[tuple[int, int]]:
+    """Index runs per dim -> runs of row-major flat indices over those dims."""
+    if not shape:
+        return [(0, 1)]
+    inner_shape = shape[1:]
+    stride = math.prod(inner_shape) if inner_shape else 1
+    inner = _flat_runs(runs[1:], inner_shape) if inner_shape else [(0, 1)]
+    whole_inner = inner == [(0, stride)]
+    out: list[tuple[int, int]] = []
 
-    Several mesh dims sharding the same tensor dim split it in mesh-dim order
-    (strided FSDP x TP shards are drawn in that simplified order).
-    """
-    shape = list(param["global_shape"])
-    spans = [(0, s) for s in shape]
-    coord = mesh_coordinate(layout["rank"], layout["mesh"]["shape"]) if layout["mesh"]["shape"] else []
-    for i, placement in enumerate(param["placements"]):
-        m = _SHARD.match(placement)
-        if not m or i >= len(coord):
+    def add(a: int, b: int) -> None:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+
+    for a, b in runs[0]:
+        if whole_inner:
+            add(a * stride, b * stride)
             continue
-        dim = int(m.group(1))
-        lo, hi = spans[dim]
-        n = layout["mesh"]["shape"][i]
-        chunk = math.ceil((hi - lo) / n)
-        start = min(hi, lo + coord[i] * chunk)
-        spans[dim] = (start, min(hi, start + chunk))
-    return spans
+        for i in range(a, b):
+            for ia, ib in inner:
+                add(i * stride + ia, i * stride + ib)
+    return out
+
+
+def grid_shape(shape: list[int]) -> tuple[int, int]:
+    """A tensor drawn as rows (dim 0) x columns (all later dims, flattened row-major)."""
+    return (shape[0] if shape else 1), (math.prod(shape[1:]) if len(shape) > 1 else 1)
+
+
+def _flat_to_rects(a: int, b: int, cols: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """A range of the flattened tensor as the (up to three) rectangles it covers on the grid."""
+    rects = []
+    r0, c0 = divmod(a, cols)
+    r1, c1 = divmod(b, cols)
+    if r0 == r1:
+        return [((r0, r0 + 1), (c0, c1))] if c1 > c0 else []
+    if c0:
+        rects.append(((r0, r0 + 1), (c0, cols)))
+        r0 += 1
+    if r1 > r0:
+        rects.append(((r0, r1), (0, cols)))
+    if c1:
+        rects.append(((r1, r1 + 1), (0, c1)))
+    return rects
+
+
+def held_blocks(param: dict) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The rectangles ``((row start, stop), (col start, stop))`` of the tensor's grid that
+    this rank holds, from what the rank reported holding (``holds``), never from placement
+    names: a strided shard comes back as the several blocks it is."""
+    holds = param.get("holds")
+    if holds is None:
+        raise ValueError(f"{param['name']}: this layout does not say what each rank holds (made by an older "
+                         "workbench); prepare the model again to draw it")
+    shape = list(param["global_shape"])
+    rows, cols = grid_shape(shape)
+    if holds["kind"] == "flat":
+        return [rect for a, b in holds["runs"] for rect in _flat_to_rects(a, b, cols)]
+    runs = holds["runs"]
+    if not shape:
+        return [((0, 1), (0, 1))]
+    col_runs = _flat_runs(runs[1:], shape[1:]) if len(shape) > 1 else [(0, 1)]
+    return [((a, b), (c, d)) for a, b in runs[0] for c, d in col_runs if b > a and d > c]
+
+
+def held_fraction(param: dict) -> float:
+    """Share of the tensor's elements this rank holds, counted from its blocks."""
+    rows, cols = grid_shape(list(param["global_shape"]))
+    held = sum((b - a) * (d - c) for (a, b), (c, d) in held_blocks(param))
+    return held / ((rows * cols) or 1)
 
 
 def tensor_blocks(layouts: list[dict], name: str) -> tuple[list[int], list[str], dict]:
@@ -120,11 +187,15 @@ def tensor_blocks(layouts: list[dict], name: str) -> tuple[list[int], list[str],
         raise KeyError(f"no tensor named {name!r} in the layout; some names: {known}, ...")
     blocks: dict[tuple, list[int]] = {}
     for lay, p in entries:
-        spans = owned_block(lay, p)
-        key = (spans[0], spans[1] if len(spans) > 1 else (0, 1))
-        blocks.setdefault(key, []).append(lay["rank"])
+        for key in held_blocks(p):
+            blocks.setdefault(key, []).append(lay["rank"])
     first = entries[0][1]
     return list(first["global_shape"]), list(first["placements"]), dict(sorted(blocks.items()))
+
+
+def _partial_ranks(layouts: list[dict], name: str) -> set[int]:
+    return {lay["rank"] for lay in layouts for p in lay["params"]
+            if p["name"] == name and (p.get("holds") or {}).get("partial")}
 
 
 def tensor_figure(layouts: list[dict], name: str):
@@ -132,17 +203,23 @@ def tensor_figure(layouts: list[dict], name: str):
     import plotly.graph_objects as go
 
     shape, placements, blocks = tensor_blocks(layouts, name)
-    rows, cols = shape[0], shape[1] if len(shape) > 1 else 1
+    rows, cols = grid_shape(shape)
+    partial = _partial_ranks(layouts, name)
+    per_rank = {r: sum(1 for rs in blocks.values() if r in rs) for rs in blocks.values() for r in rs}
     fig = go.Figure()
     palette = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6"]
     for i, ((rspan, cspan), ranks) in enumerate(blocks.items()):
         label = "ranks " + ",".join(map(str, sorted(ranks))) if len(ranks) > 1 else f"rank {ranks[0]}"
+        if partial & set(ranks):
+            label += " (partial sum)"
         fig.add_shape(type="rect", x0=cspan[0], x1=cspan[1], y0=rspan[0], y1=rspan[1],
                       fillcolor=palette[i % len(palette)], opacity=0.75, line={"color": "white", "width": 2})
         fig.add_annotation(x=(cspan[0] + cspan[1]) / 2, y=(rspan[0] + rspan[1]) / 2, text=label,
                            showarrow=False, font={"color": "white"})
-    fig.update_xaxes(range=[0, cols], title="dim 1" if len(shape) > 1 else "")
+    split = sorted(r for r, n in per_rank.items() if n > 1)
+    fig.update_xaxes(range=[0, cols], title=("dim 1" if len(shape) == 2 else "dims 1.. flattened") if len(shape) > 1 else "")
     fig.update_yaxes(range=[rows, 0], title="dim 0")
-    fig.update_layout(title=f"{name} {tuple(shape)}: {', '.join(placements)}",
+    note = f"<br><sub>non-contiguous: rank(s) {', '.join(map(str, split))} hold several blocks</sub>" if split else ""
+    fig.update_layout(title=f"{name} {tuple(shape)}: {', '.join(placements)}{note}",
                       height=420, margin={"l": 10, "r": 10, "t": 50, "b": 10})
     return fig

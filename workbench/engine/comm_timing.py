@@ -31,6 +31,7 @@ import functools
 import inspect
 import threading
 import time
+from collections import deque
 
 # function name -> (collective kind, argument holding the payload, how to size it)
 _SPECS = {
@@ -63,6 +64,9 @@ class CommStats:
         self._lock = threading.Lock()
         self.totals: dict[str, list] = {}  # kind -> [count, bytes, time_s]
         self.blocking_s = 0.0  # time callers spent blocked in synchronous collectives
+        # (kind, start, end, blocking) in perf_counter time, newest last: the timeline's comm lane
+        self.spans: deque = deque(maxlen=8192)
+        self.span_count = 0  # spans ever appended (see spans_since)
 
     def launch(self, kind: str, nbytes: int) -> None:
         with self._lock:
@@ -70,8 +74,11 @@ class CommStats:
             t[0] += 1
             t[1] += nbytes
 
-    def finish(self, kind: str, seconds: float, blocking: bool) -> None:
+    def finish(self, kind: str, seconds: float, blocking: bool, start: float | None = None) -> None:
         with self._lock:
+            if start is not None:
+                self.spans.append((kind, start, start + seconds, blocking))
+                self.span_count += 1
             self.totals.setdefault(kind, [0, 0, 0.0])[2] += seconds
             if blocking:
                 self.blocking_s += seconds
@@ -80,6 +87,12 @@ class CommStats:
         """Time a step waited on collectives it did not call itself (DDP's exposed wait)."""
         with self._lock:
             self.blocking_s += seconds
+
+    def spans_since(self, count: int) -> list:
+        """Collective spans finished after ``span_count`` was ``count``, oldest first."""
+        with self._lock:
+            k = min(self.span_count - count, len(self.spans))
+            return [s for _, s in zip(range(k), reversed(self.spans))][::-1]
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -144,7 +157,7 @@ def _wrap(name: str, fn):
         if is_async and work is not None:
             _time_async(work, kind, t0)
         else:
-            STATS.finish(kind, time.perf_counter() - t0, blocking=True)
+            STATS.finish(kind, time.perf_counter() - t0, blocking=True, start=t0)
         return work
 
     timed.__wrapped_collective__ = fn
@@ -154,7 +167,7 @@ def _wrap(name: str, fn):
 def _time_async(work, kind: str, t0: float) -> None:
     try:
         fut = work.get_future()
-        fut.add_done_callback(lambda _f: STATS.finish(kind, time.perf_counter() - t0, blocking=False))
+        fut.add_done_callback(lambda _f: STATS.finish(kind, time.perf_counter() - t0, blocking=False, start=t0))
     except Exception:  # a backend without futures: launch time only
         STATS.finish(kind, time.perf_counter() - t0, blocking=False)
 
@@ -223,6 +236,10 @@ class DDPWatch:
         self.ddp = ddp
         ddp._set_ddp_runtime_logging_sample_rate(1)
         self._seen = None
+        # (comm_s, exposed_s, rebuilt) of the latest record; rebuilt: DDP rebuilt its buckets
+        # in that step's forward, with a broadcast from C++ that no wrapper here sees
+        self.last: tuple[float, float, bool] | None = None
+        self._rebuilt = False
 
     def record(self) -> bool:
         """Count the gradient all-reduces of the latest synchronising backward, once; False
@@ -246,6 +263,9 @@ class DDPWatch:
         STATS.finish("all_reduce", comm_s, blocking=False)
         STATS.finish("ddp_bucket", comm_s, blocking=False)
         STATS.blocked(exposed_s)
+        rebuilt = bool(data.get("has_rebuilt_buckets"))
+        self.last = (comm_s, exposed_s, rebuilt and not self._rebuilt)
+        self._rebuilt = rebuilt
         return True
 
 

@@ -23,14 +23,20 @@ _LIBC = None
 
 
 class PhaseClock:
-    """Accumulates seconds per phase of one step (``with clock.phase("forward"): ...``)."""
+    """Accumulates seconds per phase of one step (``with clock.phase("forward"): ...``).
+
+    ``spans`` keeps each phase's ``(name, start, end)`` in ``perf_counter`` time, for the
+    per-rank timeline (:mod:`.timeline`); on GPU the end is after the stream synchronised.
+    """
 
     def __init__(self, sync=None):
         self.sync = sync  # callable run at phase ends (CUDA synchronise), or None on CPU
         self.seconds: dict[str, float] = {}
+        self.spans: list[tuple[str, float, float]] = []
 
     def reset(self) -> None:
         self.seconds = {}
+        self.spans = []
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -40,7 +46,9 @@ class PhaseClock:
         finally:
             if self.sync is not None:
                 self.sync()
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.seconds[name] = self.seconds.get(name, 0.0) + t1 - t0
+            self.spans.append((name, t0, t1))
 
 
 def malloc_trim() -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import events
-from . import agreement, batch_forms, comm_timing, data_sources, memory_report, publisher, runtime, telemetry
+from . import agreement, batch_forms, comm_timing, data_sources, memory_report, publisher, runtime, telemetry, timeline
 
 REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
            3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
@@ -109,6 +109,7 @@ class Trainer:
                              f"{' and a loss_fn' if loss_fn is not None else ''}: lay the model out with a "
                              "strategy whose step the trainer runs (ddp, fsdp2, tp, ...), or give (x, y) batches")
         comm_timing.install()
+        timeline.watch_gc()
         self.notes: list[str] = [f"data: {self._source.describe()}; batches {self._form}"]
         self._ddp_watch, note = comm_timing.watch_ddp(self.model)
         if note:
@@ -412,6 +413,7 @@ class Trainer:
     def _one_step(self, control_s: float) -> None:
         clock = telemetry.PhaseClock(self._sync)
         comm_before = comm_timing.STATS.snapshot()
+        spans_before = comm_timing.STATS.span_count
         t0 = time.perf_counter()
         step = self.step + 1
         tokens = samples = 0
@@ -441,9 +443,14 @@ class Trainer:
         if bad or spike:  # decided alike on every rank from the agreed loss: act at once
             self._pause_agreed(3 if bad else 2)
         self.step = step
+        ddp = None
         if self._ddp_watch is not None:
-            self._ddp_watch.record()
-        seconds = time.perf_counter() - t0
+            with clock.phase("telemetry"):  # reading DDP's reducer clock
+                ddp = self._ddp_watch.last if self._ddp_watch.record() else None
+        t1 = time.perf_counter()
+        seconds = t1 - t0
+        timeline.record(run=self.run, rank=self.rank, step=step, t0=t0, t1=t1, phases=clock.spans,
+                        comm=comm_timing.STATS.spans_since(spans_before), ddp=ddp)
         if self._agreed is not None:  # agreed inside this step (with the loss): that is its cost
             control_s = self._agreed_s
         comm, blocking_s = comm_timing.CommStats.delta(comm_timing.STATS.snapshot(), comm_before)
@@ -477,15 +484,17 @@ class Trainer:
         """Forward/backward per micro-batch, clip, optimizer step; returns the numbers."""
         model, opt, accum = self.model, self.optimizer, self.config.grad_accum
         if not self._settled:  # once per (re)start: ~1 ms of Python a step on a small model
-            if self.prepared is not None:
-                self.prepared.check()
-            model.train()
-            # the parameters clipping looks at (walking the module tree for them every step showed in profiles)
-            self._params = [p for p in model.parameters() if p.requires_grad]
-            self._settled = True
+            with clock.phase("setup"):
+                if self.prepared is not None:
+                    self.prepared.check()
+                model.train()
+                # the parameters clipping looks at (walking the module tree for them every step showed in profiles)
+                self._params = [p for p in model.parameters() if p.requires_grad]
+                self._settled = True
         elif not model.training:  # a hook switched to eval and did not switch back
             model.train()
-        opt.zero_grad(set_to_none=True)
+        with clock.phase("zero_grad"):  # its first call also sets up the optimizer's hooks (~10 ms)
+            opt.zero_grad(set_to_none=True)
         total = 0.0
         tokens = samples = 0
         autocast = self.prepared._autocast_ctx if self.prepared is not None else None
@@ -511,7 +520,8 @@ class Trainer:
                     loss.backward()
         with clock.phase("optimizer"):
             grad_norm = self._clip()
-        self._agreed, loss_global, self._agreed_s = agreeing.result()
+        with clock.phase("agreement"):  # waits here only for a rank that is behind (timeline)
+            self._agreed, loss_global, self._agreed_s = agreeing.result()
         with clock.phase("optimizer"):
             if math.isfinite(loss_global) and math.isfinite(grad_norm):
                 opt.step()

@@ -5,13 +5,22 @@ Schema (version 1)::
     {"version": 1, "strategy": kind, "path": "native" | "accelerate" | "deepspeed",
      "mesh": {"shape": [...], "dim_names": [...]}, "rank": r, "world_size": w,
      "params": [{"name", "global_shape", "local_shape", "placements": [str], "dtype",
-                 "local_bytes", "global_bytes"}],
+                 "local_bytes", "global_bytes", "holds"}],
      "param_bytes_local": int, "param_bytes_global": int, "notes": [str],
      "data": {"dp_rank": int, "dp_size": int}}
 
 ``placements`` has one entry per mesh dimension (DTensor's ``Shard(0)``/``Replicate()``;
 ``Stage(k)`` for a pipeline stage; ``ZeroShard(flat)`` for DeepSpeed ZeRO-3 partitions).
 ``param_bytes_global`` is the whole model's parameter bytes, the same on every rank.
+
+``holds`` (a later addition to version 1: readers that need it say so when it is
+missing) says which elements of the global tensor this rank's local tensor covers,
+asked of the tensor itself rather than re-derived from placement names:
+``{"kind": "grid", "runs": [[[start, stop], ...] per tensor dim], "partial": bool}`` (the
+local tensor is the cartesian product of those index runs, in order; a strided shard has
+several runs), or ``{"kind": "flat", "runs": [[start, stop]]}`` for a range of the
+flattened tensor (DeepSpeed ZeRO-3 partitions). ``partial`` marks a ``Partial`` placement:
+the right shape, but a partial sum.
 """
 from __future__ import annotations
 
@@ -20,7 +29,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["LAYOUT_VERSION", "describe_params", "make_layout", "dtype_name", "placement_name"]
+__all__ = ["LAYOUT_VERSION", "describe_params", "holdings", "index_runs", "make_layout", "dtype_name", "placement_name"]
 
 LAYOUT_VERSION = 1
 
@@ -42,6 +51,68 @@ def placement_name(pl) -> str:
     if kind in ("Partial", "_Partial"):
         return f"Partial({getattr(pl, 'reduce_op', 'sum')})"
     return str(pl)
+
+
+def index_runs(index) -> list[list[int]]:
+    """Sorted-or-not global indices -> ``[[start, stop], ...]`` runs of consecutive ones, in order."""
+    runs: list[list[int]] = []
+    for i in (int(v) for v in index):
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def _dtensor_indices(p) -> list:
+    """Global indices, per tensor dim, that a DTensor's local shard covers on this rank.
+
+    DTensor's own bookkeeping (the per-dim index lists behind
+    ``compute_local_shape_and_global_offset``, which keeps only their first element):
+    shards are applied mesh dim by mesh dim, and a ``_StridedShard`` picks a strided subset
+    of what the earlier dims left, so the indices are composed, not added.
+    """
+    from torch.distributed.tensor._utils import _get_shard_size_and_offsets
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
+
+    mesh, shape = p.device_mesh, list(p.shape)
+    coord = mesh.get_coordinate()
+    index = [torch.arange(s) for s in shape]
+    sizes = list(shape)
+    for mesh_dim, pl in enumerate(p.placements):
+        if not isinstance(pl, (Shard, _StridedShard)):
+            continue
+        size, offsets = _get_shard_size_and_offsets(sizes[pl.dim], mesh.size(mesh_dim), coord[mesh_dim], pl,
+                                                    index[pl.dim], shape[pl.dim], False)
+        sizes[pl.dim] = size
+        index[pl.dim] = offsets[:size] if size else torch.arange(0)
+    return index
+
+
+def holdings(p: torch.Tensor) -> dict:
+    """Which global elements this rank's local copy of ``p`` covers (see the module doc).
+
+    Checked against the local tensor's real shape: a mismatch raises rather than
+    letting a picture show a shard the rank does not hold.
+    """
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(p, DTensor):
+        index = _dtensor_indices(p)
+        local = tuple(p.to_local().shape)
+        if tuple(len(i) for i in index) != local:
+            raise RuntimeError(f"index lists {[len(i) for i in index]} disagree with the local shape {local} "
+                               f"of a DTensor with placements {p.placements}")
+        partial = any(type(pl).__name__ in ("Partial", "_Partial") for pl in p.placements)
+        return {"kind": "grid", "runs": [index_runs(i) for i in index], "partial": partial}
+    if hasattr(p, "ds_tensor"):  # DeepSpeed ZeRO-3: rank k of the partition group holds flat slot k
+        import torch.distributed as dist
+
+        size = int(p.ds_tensor.ds_numel)
+        start = size * dist.get_rank(group=p.ds_process_group)
+        stop = min(start + size, int(p.ds_numel))
+        return {"kind": "flat", "runs": [[start, stop]] if stop > start else [], "partial": False}
+    return {"kind": "grid", "runs": [[[0, s]] for s in p.shape], "partial": False}
 
 
 def _param_entry(name: str, p: torch.Tensor, mesh_ndim: int, default_placement: str) -> dict:
@@ -73,6 +144,7 @@ def _param_entry(name: str, p: torch.Tensor, mesh_ndim: int, default_placement: 
         "dtype": dtype_name(local.dtype),
         "local_bytes": int(math.prod(lshape)) * esize,
         "global_bytes": int(math.prod(gshape)) * esize,
+        "holds": holdings(p),
     }
 
 

@@ -16,6 +16,7 @@ microbatches of activations are alive. Both compute the same gradients.
 """
 from __future__ import annotations
 
+import time
 import types
 
 import torch
@@ -24,7 +25,26 @@ from torch import nn
 
 from .base import Prepared, PrepareError, all_reduce_mean
 
-__all__ = ["PipelinePrepared", "split_points", "check_splittable", "keep_stage", "make_schedule"]
+__all__ = ["PipelinePrepared", "split_points", "check_splittable", "keep_stage", "make_schedule", "schedule_order"]
+
+
+def schedule_order(schedule, stage_idx: int) -> list[list]:
+    """torch's description of the schedule's compute on this stage (``pipeline_order``, idle
+    slots and gradient reductions left out): ``[["F" | "B", microbatch], ...]``.
+
+    Kept beside what ran, not trusted for it: in torch 2.13 ``Schedule1F1B``'s description
+    of the last stage starts at micro-batch 1 and ends at micro-batch m (which does not
+    exist), while ``_step_microbatches`` runs 0..m-1 correctly.
+    """
+    order = getattr(schedule, "pipeline_order", None) or {}
+    out = []
+    for action in order.get(stage_idx, []):
+        if action is None or action.microbatch_index is None:
+            continue
+        kind = action.computation_type.value
+        if kind in ("F", "B"):
+            out.append([kind, int(action.microbatch_index)])
+    return out
 
 
 def split_points(keys: list[str], n_stages: int, boundaries: list[int] | None = None) -> list[list[str]]:
@@ -141,7 +161,12 @@ def make_schedule(model, stage_idx: int, n_stages: int, device, group, spec, los
 
 class PipelinePrepared(Prepared):
     """Train steps through a pipeline schedule; the loss comes from the last stage, then is
-    averaged over the data-parallel groups (``pp x dp_shard``)."""
+    averaged over the data-parallel groups (``pp x dp_shard``).
+
+    ``last_run``: the latest step as it ran on this stage, for the schedule picture:
+    ``{"stage", "n_stages", "schedule", "microbatches", "wall_start", "duration", "torch_order",
+    "blocks": [["F" | "B", microbatch, start s, end s]]}`` (times from the step's start;
+    each block is one ``forward_one_chunk`` / ``backward_one_chunk`` call of the stage)."""
 
     def __init__(self, *, schedule, stage_idx: int, n_stages: int, pp_group, last_rank: int, sharded: bool = False, **kw):
         super().__init__(**kw)
@@ -150,6 +175,21 @@ class PipelinePrepared(Prepared):
         self.pp_group = pp_group
         self.last_rank = last_rank
         self._sharded = sharded
+        self.last_run: dict | None = None
+        self._blocks: list | None = None
+        stage = schedule._stage
+        for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk")):
+            setattr(stage, name, self._timed(kind, getattr(stage, name)))
+
+    def _timed(self, kind: str, fn):
+        def timed(chunk_id, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(chunk_id, *args, **kwargs)
+            finally:
+                if self._blocks is not None:
+                    self._blocks.append([kind, int(chunk_id), t0, time.perf_counter()])
+        return timed
 
     @property
     def is_first(self) -> bool:
@@ -176,6 +216,7 @@ class PipelinePrepared(Prepared):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
+        self._blocks, t0, wall = [], time.perf_counter(), time.time()
         with self._autocast_ctx():
             if self.is_first and self.is_last:
                 self.schedule.step(x, target=y, losses=losses)
@@ -185,6 +226,11 @@ class PipelinePrepared(Prepared):
                 self.schedule.step(target=y, losses=losses)
             else:
                 self.schedule.step()
+        blocks, self._blocks = self._blocks, None
+        self.last_run = {"stage": self.stage_idx, "n_stages": self.n_stages, "schedule": self.spec.pp_schedule,
+                         "microbatches": mb, "wall_start": wall, "duration": time.perf_counter() - t0,
+                         "torch_order": schedule_order(self.schedule, self.stage_idx),
+                         "blocks": [[k, i, a - t0, b - t0] for k, i, a, b in blocks]}
         self.optimizer.step()
         self.steps += 1
         loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else torch.zeros(())
