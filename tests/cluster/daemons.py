@@ -195,7 +195,7 @@ class SecondHost:
             f"Port {self.port}", f"ListenAddress {self.addr}", f"HostKey {d / 'host_key'}",
             f"AuthorizedKeysFile {d / 'authorized_keys'}", "PermitRootLogin prohibit-password",
             "PasswordAuthentication no", "UsePAM no", "StrictModes no", f"PidFile {d / 'sshd.pid'}",
-            "AcceptEnv LANG", "",
+            "Subsystem sftp /usr/lib/openssh/sftp-server", "",
         ]))
         self.ssh_config = d / "ssh_config"
         self.ssh_config.write_text("\n".join([

@@ -22,6 +22,7 @@ class Lifeline:
         self.exits: dict[tuple[str, int], int] = {}
         self.rejected = 0
         self._conns: list[socket.socket] = []
+        self._readers: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -39,9 +40,11 @@ class Lifeline:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            t = threading.Thread(target=self._read, args=(conn,), name="workbench-lifeline-conn", daemon=True)
             with self._lock:
                 self._conns.append(conn)
-            threading.Thread(target=self._read, args=(conn,), name="workbench-lifeline-conn", daemon=True).start()
+                self._readers.append(t)
+            t.start()
 
     def _read(self, conn: socket.socket) -> None:
         with conn.makefile("rb") as lines:
@@ -63,18 +66,35 @@ class Lifeline:
         with self._lock:
             return {h.get("host") for h in self.hellos}
 
-    def close(self) -> None:
-        """Close every connection: the guards then end whatever rank is still running."""
+    def close(self, wait: float = 5.0) -> list[str]:
+        """End every guard's connection: each guard then ends its rank and exits.
+
+        Waits up to ``wait`` seconds for the guards to close their ends (their ranks are
+        gone then); returns the hosts of guards that had not.
+        """
+        import time
+
         self._closed = True
+        self.on_exit = None
         try:
             self._sock.close()
         except OSError:
             pass
         with self._lock:
             conns, self._conns = self._conns, []
+            readers = list(self._readers)
         for c in conns:
             try:
-                c.shutdown(socket.SHUT_RDWR)
+                c.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        for t in readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        late = [str(i) for i, t in enumerate(readers) if t.is_alive()]
+        for c in conns:
+            try:
                 c.close()
             except OSError:
                 pass
+        return late

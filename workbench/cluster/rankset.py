@@ -309,6 +309,8 @@ class RankSet:
     def _launcher_pids(self) -> list[int]:
         pids = []
         for es in (self.cluster.engines or {}).values():
+            if type(es).__name__ == "SSHEngineSetLauncher":
+                continue  # their pids are on other hosts: the guards end those
             for launcher in (getattr(es, "launchers", None) or {}).values():
                 pid = getattr(launcher, "pid", None)
                 if pid and pid > 0:
@@ -553,6 +555,7 @@ class RankSet:
         if self.job_id:
             slurm.cancel(self.job_id)
         if self.cluster is not None:
+            self._forget_ssh_engines()
             try:
                 self.cluster.stop_cluster_sync()
             except Exception:
@@ -561,6 +564,18 @@ class RankSet:
             slurm.wait_until_gone(self.job_id)
         self.stopped = True
         return health.end_pids(pids, grace=1.0)
+
+    def _forget_ssh_engines(self) -> None:
+        """SSH engine sets: their guards have ended them; ipyparallel's stop would ssh to
+        each host to signal and wait for them (seconds each, and errors once a host is gone)."""
+        for esid, es in list((self.cluster.engines or {}).items()):
+            if type(es).__name__ != "SSHEngineSetLauncher":
+                continue
+            for launcher in (getattr(es, "launchers", None) or {}).values():
+                waiting = getattr(launcher, "_stop_waiting", None)
+                if waiting is not None:
+                    waiting.set()
+            self.cluster.engines.pop(esid, None)
 
     def allocation(self) -> str:
         """Where the ranks run: the Slurm job and its nodes, or the hosts; '' for one host."""

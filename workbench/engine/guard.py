@@ -113,6 +113,8 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # scancel / stop: pass it on
         signal.signal(sig, lambda s, _f: child.poll() is None and child.send_signal(s))
 
+    ending = threading.Event()  # the notebook is gone: main ends the rank and the job itself
+
     def wait_child() -> None:
         code = child.wait()
         send(kind="exit", host=host, pid=child.pid, code=code, time=time.time())
@@ -120,7 +122,8 @@ def main(argv: list[str]) -> int:
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        os._exit(128 - code if code < 0 else code)
+        if not ending.is_set():
+            os._exit(128 - code if code < 0 else code)
 
     threading.Thread(target=wait_child, daemon=True).start()
     while True:  # the notebook never writes: any return from recv is its end closing
@@ -132,8 +135,10 @@ def main(argv: list[str]) -> int:
             data = b""
         if not data:
             break
-    print(f"workbench guard on {host}: the notebook at {address} is gone; ending rank pid {child.pid}",
-          file=sys.stderr, flush=True)
+    ending.set()
+    if child.poll() is None:
+        print(f"workbench guard on {host}: the notebook at {address} is gone; ending rank pid {child.pid}",
+              file=sys.stderr, flush=True)
     _end(child)
     _cancel_slurm_job()
     return 0
