@@ -448,7 +448,13 @@ class RankSet:
     def submit(self, fn, *args, ranks=None, **kwargs) -> "RankCall":
         """Run ``fn(*args, **kwargs)`` on the ranks without waiting."""
         sel = self.select(ranks)
-        ar = self.view(sel).apply_async(fn, *args, **kwargs)
+        try:
+            ar = self.view(sel).apply_async(fn, *args, **kwargs)
+        except KeyError:  # the controller has dropped a dead rank's engine: name the rank
+            deaths = [d for d in self.dead() if d["rank"] in sel]
+            if deaths:
+                raise RankDied(health.death_message(deaths), deaths) from None
+            raise
         return RankCall(self, sel, ar)
 
     def apply(self, fn, *args, ranks=None, timeout: float | None = None, **kwargs) -> list:
