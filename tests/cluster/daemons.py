@@ -148,7 +148,7 @@ class Slurm:
 
 
 class SecondHost:
-    """A network namespace ``hostb`` (own hostname and address) running sshd on a free port."""
+    """A network namespace ``hostb`` (own hostname, address and one private folder) running sshd."""
 
     def __init__(self):
         tag = f"{os.getpid() % 100000}"
@@ -203,8 +203,13 @@ class SecondHost:
             "  StrictHostKeyChecking no", "  UserKnownHostsFile /dev/null", "  BatchMode yes",
             "  LogLevel ERROR", "",
         ]))
-        self.proc = _spawn(["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
-                            f"hostname {self.hostname} && exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}"],
+        # its own mount namespace too, with one folder only it sees (a host-local disk)
+        self.private = d / "private"
+        self.private.mkdir()
+        self.proc = _spawn(["ip", "netns", "exec", self.netns, "unshare", "--uts", "--mount", "--propagation",
+                            "private", "sh", "-c",
+                            f"hostname {self.hostname} && mount -t tmpfs none {self.private} && "
+                            f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}"],
                            d / "sshd.out")
         _wait_for(lambda: self.ssh("true").returncode == 0, 20, "sshd in the namespace", d / "sshd.out")
 

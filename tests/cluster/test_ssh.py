@@ -101,6 +101,18 @@ def test_stream_from_the_other_host_and_a_forged_event_is_dropped_and_counted(se
     assert not any(e.get("text") == "forged" for e in collector.store.logs)
 
 
+def test_checkpoint_folder_not_shared_by_every_host_is_refused_at_save(second_host, ssh_ranks, tmp_path):
+    from workbench.checkpoint import api as ckpt
+    from workbench.cluster.shared_dir import NotShared, require
+
+    require(ssh_ranks, str(tmp_path / "shared"))  # one file system seen by both hosts: accepted
+    assert list((tmp_path / "shared").iterdir()) == []  # the probe files are gone
+    host = second_host.hostname
+    with pytest.raises(NotShared, match=rf"not shared by every host: rank 2 \(host {host}\) does not see rank 0's file there; "
+                                        rf"rank 3 \(host {host}\) does not see"):
+        ckpt.save(root=str(second_host.private / "ckpt"), rankset=ssh_ranks)
+
+
 def test_sigkill_on_the_other_host_is_named_with_host_and_exit_within_2s(second_host, ssh_ranks):
     rs = ssh_ranks
     victim = rs.procs[3]
