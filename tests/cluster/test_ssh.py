@@ -168,3 +168,16 @@ def test_notebook_killed_leaves_no_rank_on_either_host(second_host):
         time.sleep(0.2)
     assert _alive(pids) == []
     assert set(second_host.pids_in_namespace()) == {second_host.proc.pid}
+
+
+def test_loopback_is_refused_when_a_rank_is_remote(second_host):
+    from workbench import api
+    from workbench.commands import UsageError, dispatch
+
+    before = api._current
+    line = (f"start --launcher ssh --hosts localhost:1,root@{second_host.addr}:1 "
+            f"--ssh-config {second_host.ssh_config} --ip 127.0.0.1")
+    with pytest.raises(UsageError, match=rf"--ip 127.0.0.1 is loopback, which ranks on {second_host.addr} cannot reach"):
+        dispatch(line)
+    assert api._current is before
+    assert set(second_host.pids_in_namespace()) == {second_host.proc.pid}
