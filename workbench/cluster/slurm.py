@@ -94,6 +94,9 @@ def launcher_class():
     class WorkbenchSlurmEngineSetLauncher(SlurmEngineSetLauncher):
         def _run_command(self, command, **kwargs):
             r = subprocess.run(command, capture_output=True, text=True, **kwargs)
+            if r.returncode != 0 and command[:1] != self.submit_command[:1]:
+                # scancel of a job already gone (the workbench cancels first): nothing left to do
+                return r.stdout + r.stderr
             if r.returncode != 0:
                 msg = (r.stderr or r.stdout).strip().replace("sbatch: error: ", "")
                 raise SlurmError(f"{command[0]} refused the request: {msg}")
