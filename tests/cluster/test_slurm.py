@@ -45,7 +45,8 @@ def slurm_ranks(slurm_cluster):
     lines: list[str] = []
     rs = RankSet.start(n=4, backend="gloo", threads=1, launcher="slurm", profile_dir=str(PROFILE),
                        sys_path=(str(ROOT / "tests"),), progress=lines.append,
-                       slurm=SlurmRequest(time="10:00", sbatch=("--overcommit", "--comment=workbench-test")))
+                       slurm=SlurmRequest(time="10:00", partition="debug", account="wbtest",
+                                          sbatch=("--overcommit", "--comment=workbench-test")))
     rs.lines = lines
     yield rs
     rs.stop()
@@ -57,7 +58,9 @@ def test_four_ranks_through_sbatch_with_every_option(slurm_cluster, slurm_ranks)
     assert job and any(line.startswith(f"{job} RUNNING") for line in slurm_cluster.squeue())
     info = _scontrol(job)
     # each option reached sbatch (ipyparallel's own template would have dropped them)
-    assert "TimeLimit=00:10:00" in info and "Comment=workbench-test" in info and "NumTasks=4" in info
+    for field in ("TimeLimit=00:10:00", "Comment=workbench-test", "NumTasks=4", "Partition=debug",
+                  "Account=wbtest", "OverSubscribe=OK"):
+        assert field in info, (field, info)
     assert rs.nodes == (slurm_cluster.host,)
     assert rs.allocation() == f"Slurm job {job} on {slurm_cluster.host}"
     assert f"job {job} running on {slurm_cluster.host}" in rs.lines
@@ -192,6 +195,11 @@ def test_request_that_can_never_run_is_reported_with_slurms_reason(slurm_cluster
     with pytest.raises(SlurmError, match=r"sbatch refused the request: .*partition"):
         api.start(2, launcher="slurm", backend="gloo", profile_dir=str(PROFILE), progress=lambda line: None,
                   slurm=SlurmRequest(partition="nosuch"))
+    # --gpus-per-node reaches sbatch (this Slurm has no GPUs configured, and says so)
+    with pytest.raises(SlurmError, match=r"sbatch refused the request: .*generic resource"):
+        api.start(2, launcher="slurm", backend="gloo", profile_dir=str(PROFILE), progress=lambda line: None,
+                  slurm=SlurmRequest(gpus_per_node=1))
+    assert slurm_cluster.squeue() == []
 
 
 def test_start_flags_refused_in_one_line_before_anything_starts(slurm_cluster, no_current):
