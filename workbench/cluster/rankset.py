@@ -172,8 +172,11 @@ class RankSet:
         if cfg.launcher == "slurm":
             request = cfg.slurm or slurm.SlurmRequest()
             env = ssh.remote_env(cfg.python, self.lifeline.env(), 0)
+            # ipyparallel writes the script into the working directory unless given a path
+            os.makedirs(self.state_dir(), exist_ok=True)
+            script = os.path.join(self.state_dir(), "slurm_engines.sbatch")
             esid = self.cluster.start_engines_sync(
-                cfg.n, batch_template=slurm.batch_template(request, cfg.n),
+                cfg.n, batch_template=slurm.batch_template(request, cfg.n), batch_file_name=script,
                 engine_cmd=ssh.engine_cmd(python), environment=env)
             self.job_id = self.cluster.engines[esid].job_id
             self.client = self.cluster.connect_client_sync()
