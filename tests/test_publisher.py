@@ -19,7 +19,7 @@ def _wakeups(thread) -> int:
 def pair():
     """A collector and a connected sender, past their first message; closed afterwards."""
     collector = Collector()
-    pub = Publisher(collector.address, rank=0)
+    pub = Publisher(collector.address, rank=0, key=collector.key)
     try:
         pub.emit(events.log_event(run="warm-up", rank=0, text="warm-up"))
         assert pub.flush(5.0)

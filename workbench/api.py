@@ -12,6 +12,7 @@ from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
 from .cluster.cell import GRACE_S, run_cell
 
 _current: RankSet | None = None
+_starting: RankSet | None = None  # a start in progress (a Slurm job in the queue): stop() cancels it
 _hooks: dict[str, list] = {"started": [], "stopping": []}
 
 
@@ -38,19 +39,36 @@ def is_running() -> bool:
 
 def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout: float = 300.0,
           threads: int | None = None, launcher_options: dict | None = None,
-          profile_dir: str | None = None, sys_path: tuple[str, ...] = ()) -> RankSet:
-    """Start ``n`` ranks and initialise their process group (blocks until ready)."""
-    global _current
+          profile_dir: str | None = None, sys_path: tuple[str, ...] = (), ip: str | None = None,
+          hosts: str | None = None, ssh_config: str | None = None, python: str | None = None,
+          slurm=None, progress=None) -> RankSet:
+    """Start ``n`` ranks and initialise their process group (blocks until ready).
+
+    ``launcher="slurm"`` with ``slurm=SlurmRequest(...)`` submits one job; ``"ssh"`` with
+    ``hosts="a:2,b:2"`` spans hosts. ``progress(line)`` gets live lines while waiting
+    (``queued: job N PENDING (Reason)``); ``stop()`` from another thread, or Ctrl-C,
+    cancels a start that waits in the queue.
+    """
+    global _current, _starting
     config = RankSetConfig(n=n, backend=backend, launcher=launcher, timeout=timeout, threads=threads,
                            launcher_options=launcher_options or {}, profile_dir=profile_dir,
-                           sys_path=tuple(sys_path))
+                           sys_path=tuple(sys_path), ip=ip, hosts=hosts, ssh_config=ssh_config,
+                           python=python, slurm=slurm)
     config.validate()
     if is_running():
         raise AlreadyRunning(
             f"{_current.world_size} ranks are already running: use `%distrain restart -n {n}` "
             "to replace them, or `%distrain stop` first"
         )
-    _current = RankSet.start(config)
+
+    def created(rs):
+        global _starting
+        _starting = rs
+
+    try:
+        _current = RankSet.start(config, progress=progress, on_created=created)
+    finally:
+        _starting = None
     for fn in _hooks["started"]:
         fn(_current)
     return _current
@@ -60,6 +78,8 @@ def stop() -> list[int]:
     """Stop the current ranks. Returns pids that could not be ended (normally none)."""
     global _current
     if _current is None:
+        if _starting is not None:  # still starting (queued): cancel the job, stop what started
+            _starting.cancel()
         return []
     rs, _current = _current, None
     for fn in _hooks["stopping"]:

@@ -60,6 +60,9 @@ def save(tag: str | None = None, *, async_: bool = False, root: str | None = Non
          rankset=None) -> dict:
     """Checkpoint every rank's model, optimizer, step, data position and RNG into ``root``."""
     rs = _rs(rankset)
+    from ..cluster import shared_dir
+
+    shared_dir.require(rs, get_dir(root))  # ranks on several hosts: a folder they all share
     res = _storage_errors_once(rs.submit(_on_rank, "rank_save", get_dir(root), tag, async_, None, False, with_optimizer))
     info = dict(res[0])
     info["blocked_s"] = max(r.get("blocked_s", 0.0) for r in res)

@@ -181,13 +181,15 @@ class Watcher:
                     }
         return dict(self.deaths)
 
-    def mark_dead(self, rank: int, reason: str) -> None:
-        """Record a death reported by the controller (a remote rank's heartbeat stopped)."""
+    def mark_dead(self, rank: int, reason: str, exit_code: int | None = None) -> None:
+        """Record a death reported from outside: the controller (a heartbeat stopped) or the
+        rank's guard (with the exit status, which replaces a death seen without one)."""
         with self._lock:
-            if rank not in self.deaths:
+            known = self.deaths.get(rank)
+            if known is None or (known["exit_code"] is None and exit_code is not None):
                 p = self.procs[rank]
-                self.deaths[rank] = {"rank": rank, "host": p.host, "pid": p.pid,
-                                     "exit_code": None, "exit": reason, "time": time.time()}
+                self.deaths[rank] = {"rank": rank, "host": p.host, "pid": p.pid, "exit_code": exit_code,
+                                     "exit": reason, "time": known["time"] if known else time.time()}
 
     def close(self) -> None:
         self._stop.set()

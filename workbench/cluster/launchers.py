@@ -17,16 +17,21 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 # on its next heartbeat). Ranks on this host are watched by pid (``health.Watcher``:
 # a death is seen at once), so there the controller may wait a minute: a rank stopped with SIGSTOP or
 # under a debugger is "stuck", not dead, and must still be there after SIGCONT. Ranks
-# on other hosts have only the heartbeat: 1.5 s of silence and they are reported dead.
+# on other hosts without a guard have only the heartbeat: 1.5 s of silence and they are
+# reported dead; with a guard (Slurm, SSH: ``workbench.engine.guard``) a death is reported
+# at once with its exit status, and the heartbeat may be as patient as for local ranks
+# (a rank importing torch on a busy node misses beats while it registers).
 HEARTBEAT_MS = 300
 MISSES_LOCAL = 200
 MISSES_REMOTE = 5
+
+REGISTRATION_S = 600  # guarded launches: the notebook's own wait (RankSet) ends first, with a message
 
 # Run by each engine as soon as it is up: the rank bootstrap then finds torch imported.
 PRELOAD = "import torch, torch.distributed"
 
 
-def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None) -> dict:
+def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarded: bool = False) -> dict:
     """Keyword arguments for ``ipyparallel.Cluster`` for this launcher.
 
     ``options`` are passed through to ipyparallel (e.g. ``{"engines": {...}}`` or
@@ -48,9 +53,13 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None) -> dic
         "controller_args": [
             f"--HeartMonitor.period={HEARTBEAT_MS}",
             f"--HeartMonitor.max_heartmonitor_misses="
-            f"{MISSES_LOCAL if launcher in ('local', 'mpi') else MISSES_REMOTE}",
+            f"{MISSES_LOCAL if launcher in ('local', 'mpi') or guarded else MISSES_REMOTE}",
         ],
     }
+    if guarded:
+        # an engine completes registration only after importing torch (PRELOAD), which on a
+        # busy node took 75 s here: the controller's default 30 s dropped it half-way
+        kwargs["controller_args"].append(f"--IPController.registration_timeout={REGISTRATION_S}")
     # import torch while the other engines register, not after (start-up time)
     cfg.EngineLauncher.engine_args = ["--IPEngine.startup_command=" + PRELOAD]
     if launcher == "mpi":

@@ -8,14 +8,16 @@ It never imports torch in the notebook process.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
 from .. import background
-from . import health, launchers
-from .errors import NotRunning, RankDied, RankFailure
+from . import health, launchers, network, slurm, ssh
+from .errors import Interrupted, NotRunning, RankDied, RankFailure
 from .ranges import parse_ranks
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -33,11 +35,38 @@ class RankSetConfig:
     launcher_options: dict = field(default_factory=dict)
     profile_dir: str | None = None
     sys_path: tuple[str, ...] = ()  # extra import paths for the ranks (cwd is always added)
+    ip: str | None = None  # address the notebook listens on for remote ranks (default: toward them)
+    hosts: str | None = None  # ssh: "hostA:2,hostB:2"
+    ssh_config: str | None = None  # ssh: an ssh_config file (ssh -F)
+    python: str | None = None  # ssh/slurm: the ranks' python (default: this one's path)
+    slurm: slurm.SlurmRequest | None = None
 
     def validate(self) -> None:
         """Refuse bad settings before any process is started."""
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"-n must be a whole number of ranks >= 1, got {self.n!r}")
+        if self.hosts is not None and self.launcher != "ssh":
+            raise ValueError("--hosts goes with --launcher ssh")
+        if (self.ssh_config or self.python) and self.launcher not in ("ssh", "slurm"):
+            raise ValueError("--ssh-config and --python go with --launcher ssh (--python also with slurm)")
+        if self.ssh_config and not os.path.isfile(self.ssh_config):
+            raise ValueError(f"--ssh-config {self.ssh_config}: no such file")
+        if self.slurm is not None:
+            if self.launcher != "slurm":
+                raise ValueError("--nodes/--gpus-per-node/--partition/--time/--account/--sbatch go with --launcher slurm")
+            self.slurm.validate()
+            if self.slurm.nodes and self.slurm.nodes > self.n:
+                raise ValueError(f"--nodes {self.slurm.nodes} is more nodes than ranks (-n {self.n})")
+        if self.launcher == "ssh" and self.hosts is not None:
+            slots = ssh.parse_hosts(self.hosts)
+            total = sum(s.n for s in slots)
+            if total != self.n:
+                raise ValueError(f"--hosts {self.hosts} holds {total} ranks but -n is {self.n}: "
+                                 f"give -n {total} or leave -n out")
+        if self.launcher == "ssh" and self.hosts is None and not self.launcher_options:
+            raise ValueError("--launcher ssh needs --hosts, e.g. --hosts node1:2,node2:2")
+        if self.ip is not None:
+            network.check_ip(self.ip)
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend {self.backend!r} is not known: use one of {', '.join(BACKENDS)}")
         if self.launcher not in launchers.LAUNCHERS:
@@ -69,22 +98,194 @@ class RankSet:
         self.stopped = False
         self.start_seconds: float | None = None
         self._views: dict[tuple[int, ...], object] = {}
+        self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
+        self.listen_ip = "127.0.0.1"  # where the controller, event stream and lifeline listen
+        self.lifeline = None
+        self.job_id: str | None = None  # slurm
+        self.nodes: tuple[str, ...] = ()
+        self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
+        self._cancel = threading.Event()
+        self._finished = threading.Event()
 
     # ------------------------------------------------------------------ start
     @classmethod
-    def start(cls, config: RankSetConfig | None = None, **kwargs) -> "RankSet":
-        """Start engines, assign ranks and initialise the process group on every rank."""
+    def start(cls, config: RankSetConfig | None = None, *, progress=None, on_created=None,
+              **kwargs) -> "RankSet":
+        """Start engines, assign ranks and initialise the process group on every rank.
+
+        ``progress(line)`` gets live lines while starting (a queued Slurm job);
+        ``on_created(rankset)`` is called at once, so that another thread can
+        :meth:`cancel` a start that waits in a queue.
+        """
         config = config or RankSetConfig(**kwargs)
         self = cls(config)
+        if progress is not None:
+            self.progress = progress
+        if on_created is not None:
+            on_created(self)
         t0 = time.perf_counter()
         try:
-            self._launch()
+            if config.launcher in ("slurm", "ssh") and not config.launcher_options:
+                self._launch_remote()
+            else:
+                self._launch()
             self._bootstrap()
         except BaseException:
             self.stop()
             raise
+        finally:
+            self._finished.set()
         self.start_seconds = time.perf_counter() - t0
         return self
+
+    def cancel(self, timeout: float = 60.0) -> None:
+        """Abandon a start in progress (a job waiting in the queue): cancelled, nothing left."""
+        self._cancel.set()
+        if self.job_id:
+            slurm.cancel(self.job_id)
+        self._finished.wait(timeout)
+
+    def _launch_remote(self) -> None:
+        """Slurm or SSH: listeners on an address the ranks reach, each engine under a guard."""
+        import ipyparallel as ipp
+
+        from .lifeline import Lifeline
+
+        cfg = self.config
+        slots = ssh.parse_hosts(cfg.hosts) if cfg.launcher == "ssh" else ()
+        if cfg.launcher == "ssh":
+            remote = [network.ssh_hostname(s.host, cfg.ssh_config) for s in slots if not s.local]
+            self.listen_ip = network.listen_address(cfg.ip, remote)
+        else:
+            self.listen_ip = network.listen_address(cfg.ip, []) if cfg.ip else slurm.node_route()
+        self.lifeline = Lifeline(self.listen_ip, self.secret, on_exit=self._guard_exit)
+        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, guarded=True)
+        kwargs["controller_ip"] = self.listen_ip
+        if cfg.profile_dir:
+            kwargs["profile_dir"] = cfg.profile_dir
+        python = ssh.remote_python(cfg.python)
+        if cfg.launcher == "slurm":
+            kwargs["engines"] = slurm.launcher_class()
+        self.cluster = ipp.Cluster(**kwargs)
+        self.cluster.start_controller_sync()
+        self.started_pids.extend(self._controller_pids())
+        if cfg.launcher == "slurm":
+            request = cfg.slurm or slurm.SlurmRequest()
+            env = ssh.remote_env(cfg.python, self.lifeline.env(), 0)
+            # ipyparallel writes the script into the working directory unless given a path
+            os.makedirs(self.state_dir(), exist_ok=True)
+            script = os.path.join(self.state_dir(), "slurm_engines.sbatch")
+            esid = self.cluster.start_engines_sync(
+                cfg.n, batch_template=slurm.batch_template(request, cfg.n), batch_file_name=script,
+                engine_cmd=ssh.engine_cmd(python), environment=env)
+            self.job_id = self.cluster.engines[esid].job_id
+            self.client = self.cluster.connect_client_sync()
+            self._await_slurm()
+        else:
+            for i, slot in enumerate(slots):
+                env = ssh.remote_env(cfg.python, self.lifeline.env(), i)
+                if slot.local:
+                    self.cluster.engine_launcher_class = "local"
+                    self.cluster.start_engines_sync(slot.n, environment={"WORKBENCH_HOST_SLOT": str(i)})
+                else:
+                    self.cluster.engine_launcher_class = "ssh"
+                    opts = ssh.ssh_options(cfg.ssh_config)
+                    self.cluster.start_engines_sync(
+                        slot.n, engines={slot.host: slot.n}, ssh_args=opts, scp_args=opts, remote_python=python,
+                        engine_cmd=ssh.engine_cmd(python), environment=env,
+                        remote_profile_dir=os.path.join(self.cluster.profile_dir, "remote", str(i)))
+            self.started_pids.extend(self._launcher_pids())
+            self.client = self.cluster.connect_client_sync()
+            self._await_engines(time.monotonic() + self._register_s(), [s.host for s in slots if not s.local])
+        background.lower_processes(self._controller_pids())
+
+    def _await_slurm(self) -> None:
+        """Wait for the job's allocation (showing it live), then for its engines."""
+        cfg = self.config
+        shown = None
+        while True:
+            if self._cancel.is_set():
+                raise Interrupted(f"start cancelled: Slurm job {self.job_id} cancelled while {shown or 'queued'}")
+            js = slurm.job_state(self.job_id)
+            if js.state == "PENDING":
+                line = slurm.queued_line(js)
+                if line != shown:
+                    self.progress(line)
+                    shown = line
+                if slurm.hopeless(js):
+                    raise slurm.SlurmError(f"Slurm job {self.job_id} can never run: {js.reason}; it was cancelled. "
+                                           "Ask for what the partition holds (sinfo shows it)")
+                time.sleep(0.5)
+                continue
+            if js.state in ("RUNNING", "CONFIGURING", "COMPLETING") and js.nodes:
+                self.nodes = js.nodes
+                here = {socket.gethostname(), socket.gethostname().split(".")[0]}
+                away = [h for h in js.nodes if h not in here]
+                if away and network.is_loopback(self.listen_ip):
+                    raise network.AddressError(
+                        f"Slurm gave nodes {', '.join(away)}, which cannot reach this notebook at {self.listen_ip}: "
+                        "pass --ip with this host's address toward them")
+                self.progress(f"job {self.job_id} running on {', '.join(js.nodes)}")
+                break
+            if js.state not in ("RUNNING", "CONFIGURING"):
+                raise slurm.SlurmError(f"Slurm job {self.job_id} ended ({js.state}) before its ranks came up"
+                                       + self._slurm_output())
+            time.sleep(0.2)
+        self._await_engines(time.monotonic() + self._register_s(), list(self.nodes))
+
+    def _slurm_output(self) -> str:
+        es = next(iter((self.cluster.engines or {}).values()), None)
+        path = getattr(es, "output_file", None)
+        if path and os.path.exists(path):
+            with open(path, errors="replace") as f:
+                return ":\n" + f.read()[-2000:]
+        return ""
+
+    def _await_engines(self, deadline: float, remote_hosts: list[str]) -> None:
+        """All engines registered, or a message naming the address they could not reach."""
+        n = self.config.n
+        while True:
+            try:
+                self.client.wait_for_engines(n, timeout=0.25, block=True, interactive=False)
+                return
+            except TimeoutError:
+                pass
+            if self._cancel.is_set():
+                raise Interrupted("start cancelled while the ranks were registering")
+            if self.job_id and slurm.job_state(self.job_id).state not in ("RUNNING", "CONFIGURING", "COMPLETING"):
+                raise slurm.SlurmError(f"Slurm job {self.job_id} ended before its ranks came up" + self._slurm_output())
+            if time.monotonic() > deadline:
+                url = self._controller_url()
+                said = sorted(self.lifeline.hosts_said_hello()) if self.lifeline else []
+                raise TimeoutError(
+                    f"{len(self.client.ids)} of {n} ranks registered; ranks on {', '.join(remote_hosts) or 'the nodes'} "
+                    f"did not reach the controller at {url} (lifeline {self.lifeline.address if self.lifeline else '-'}, "
+                    f"reached from: {', '.join(said) or 'no host'}): the notebook's address {self.listen_ip} and "
+                    "its ports must be open to them; choose the interface with --ip"
+                    + (self._slurm_output() if self.job_id else ""))
+
+    def _register_s(self) -> float:
+        """How long engines may take to register once started (each imports torch first)."""
+        return max(180.0, 30.0 * self.config.n)
+
+    def _controller_url(self) -> str:
+        try:
+            import json
+
+            path = os.path.join(self.cluster.profile_dir, "security", f"ipcontroller-{self.cluster.cluster_id}-engine.json")
+            with open(path) as f:
+                info = json.load(f)
+            return f"{info.get('interface', 'tcp://' + self.listen_ip)}:{info.get('registration', '?')}"
+        except (OSError, ValueError):
+            return f"tcp://{self.listen_ip}"
+
+    def _guard_exit(self, host: str, pid: int, code: int) -> None:
+        """A guarded engine ended: record it, named with host and exit status."""
+        if self.watcher is None:
+            return
+        for p in self.procs:
+            if p.pid == pid and p.host == host:
+                self.watcher.mark_dead(p.rank, health.describe_exit(code), exit_code=code)
 
     def _launch(self) -> None:
         import ipyparallel as ipp
@@ -111,6 +312,8 @@ class RankSet:
     def _launcher_pids(self) -> list[int]:
         pids = []
         for es in (self.cluster.engines or {}).values():
+            if type(es).__name__ == "SSHEngineSetLauncher":
+                continue  # their pids are on other hosts: the guards end those
             for launcher in (getattr(es, "launchers", None) or {}).values():
                 pid = getattr(launcher, "pid", None)
                 if pid and pid > 0:
@@ -135,29 +338,35 @@ class RankSet:
 
         cfg = self.config
         ids = sorted(self.client.ids)[: cfg.n]
-        idents = self.client[ids].apply_async(runtime.identity).get(timeout=60)
+        idents = self.client[ids].apply_async(runtime.identity, self.listen_ip).get(timeout=60)
         order = sorted(
             range(len(ids)),
-            key=lambda i: (idents[i]["launcher_rank"] if idents[i]["launcher_rank"] is not None else ids[i]),
+            key=lambda i: (idents[i]["slot"] if idents[i]["slot"] is not None else 0,
+                           idents[i]["launcher_rank"] if idents[i]["launcher_rank"] is not None else ids[i]),
         )
         self.engine_ids = [ids[i] for i in order]
         idents = [idents[i] for i in order]
         hosts = [d["host"] for d in idents]
         master_host = hosts[0]
-        master_addr = "127.0.0.1" if all(h == master_host for h in hosts) else master_host
+        one_host = all(h == master_host for h in hosts)
+        # rank 0's address on the route to this notebook: the other hosts reach it the same way
+        master_addr = "127.0.0.1" if one_host else idents[0]["addr"]
         master_port = self.client[self.engine_ids[0]].apply_sync(runtime.free_port)
-        gpu_ids = launchers.gpu_ids() if cfg.backend != "gloo" else []
-        if cfg.backend == "nccl" and not gpu_ids:
+        remote_launch = cfg.launcher in ("slurm", "ssh") and not cfg.launcher_options
+        # Slurm/SSH: each rank pins from the GPUs its own host (and Slurm) makes visible to it
+        gpu_ids = (launchers.gpu_ids() if cfg.backend != "gloo" else []) if not remote_launch else []
+        if cfg.backend == "nccl" and not gpu_ids and not remote_launch:
             raise ValueError("--backend nccl needs GPUs and none are visible: use --backend gloo (CPU ranks)")
         stack_dir = os.path.join(self.state_dir(), "stacks")
         controller = self._controller_pids()
         pending = []
         for rank, eid in enumerate(self.engine_ids):
             same_host = [r for r, h in enumerate(hosts) if h == hosts[rank]]
+            launcher_local = idents[rank].get("launcher_local_rank")
             kwargs = dict(
                 rank=rank,
                 world_size=cfg.n,
-                local_rank=same_host.index(rank),
+                local_rank=launcher_local if launcher_local is not None else same_host.index(rank),
                 local_world_size=len(same_host),
                 master_addr=master_addr,
                 master_port=master_port,
@@ -165,6 +374,8 @@ class RankSet:
                 timeout_s=cfg.timeout,
                 threads=cfg.threads_per_rank(),
                 gpu_ids=gpu_ids or None,
+                pin_visible_gpu=remote_launch and cfg.backend != "gloo",
+                interface_addr=None if one_host else idents[rank]["addr"],
                 stack_dir=stack_dir,
                 sys_path=[os.getcwd(), *cfg.sys_path],
                 # ranks on this host end themselves (rank 0 the controller too) should the
@@ -181,6 +392,9 @@ class RankSet:
         local_pids = [p.pid for p in self.procs if p.local]
         self.started_pids = sorted(set(self.started_pids) | set(health.process_tree(local_pids)))
         self.watcher = health.Watcher(self.procs)
+        if self.lifeline is not None:  # engines that ended while the set was coming up
+            for (host, pid), code in list(self.lifeline.exits.items()):
+                self._guard_exit(host, pid, code)
 
     # ------------------------------------------------------------- properties
     @property
@@ -237,7 +451,13 @@ class RankSet:
     def submit(self, fn, *args, ranks=None, **kwargs) -> "RankCall":
         """Run ``fn(*args, **kwargs)`` on the ranks without waiting."""
         sel = self.select(ranks)
-        ar = self.view(sel).apply_async(fn, *args, **kwargs)
+        try:
+            ar = self.view(sel).apply_async(fn, *args, **kwargs)
+        except KeyError:  # the controller has dropped a dead rank's engine: name the rank
+            deaths = [d for d in self.dead() if d["rank"] in sel]
+            if deaths:
+                raise RankDied(health.death_message(deaths), deaths) from None
+            raise
         return RankCall(self, sel, ar)
 
     def apply(self, fn, *args, ranks=None, timeout: float | None = None, **kwargs) -> list:
@@ -338,13 +558,40 @@ class RankSet:
         # stops the controller and tidies its files.
         controller = set(self._controller_pids())
         health.end_pids([p for p in pids if p not in controller], grace=0.2)
+        if self.lifeline is not None:
+            # the guards on other hosts see their notebook end go and end their ranks
+            self.lifeline.close()
+        if self.job_id:
+            slurm.cancel(self.job_id)
         if self.cluster is not None:
+            self._forget_ssh_engines()
             try:
                 self.cluster.stop_cluster_sync()
             except Exception:
                 pass
+        if self.job_id:
+            slurm.wait_until_gone(self.job_id)
         self.stopped = True
         return health.end_pids(pids, grace=1.0)
+
+    def _forget_ssh_engines(self) -> None:
+        """SSH engine sets: their guards have ended them; ipyparallel's stop would ssh to
+        each host to signal and wait for them (seconds each, and errors once a host is gone)."""
+        for esid, es in list((self.cluster.engines or {}).items()):
+            if type(es).__name__ != "SSHEngineSetLauncher":
+                continue
+            for launcher in (getattr(es, "launchers", None) or {}).values():
+                waiting = getattr(launcher, "_stop_waiting", None)
+                if waiting is not None:
+                    waiting.set()
+            self.cluster.engines.pop(esid, None)
+
+    def allocation(self) -> str:
+        """Where the ranks run: the Slurm job and its nodes, or the hosts; '' for one host."""
+        if self.job_id:
+            return f"Slurm job {self.job_id} on {', '.join(self.nodes) or '(no nodes yet)'}"
+        hosts = sorted({d.get("host") for d in self.info if d.get("host")})
+        return f"hosts {', '.join(hosts)}" if len(hosts) > 1 else ""
 
     def __repr__(self) -> str:
         state = "stopped" if self.stopped else "running"

@@ -28,23 +28,75 @@ def _seconds(text: str) -> float:
 
 
 def _start_args(p) -> None:
-    p.add_argument("-n", type=_positive_int, default=2, help="number of ranks (default 2)")
+    p.add_argument("-n", type=_positive_int, default=None, help="number of ranks (default 2, or the --hosts total)")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl with GPUs, else gloo")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="collective timeout in seconds")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch threads per rank")
     p.add_argument("--auto", action="store_true", help="then run plain cells on the ranks (`%%distrain auto on`)")
+    p.add_argument("--ip", default=None, help="slurm/ssh: this host's address the ranks connect to")
+    p.add_argument("--hosts", default=None, help="ssh: hostA:2,hostB:2 (ranks per host)")
+    p.add_argument("--ssh-config", default=None, help="ssh: an ssh_config file (ssh -F)")
+    p.add_argument("--python", default=None, help="slurm/ssh: the ranks' python (default: this one's path)")
+    p.add_argument("--nodes", type=_positive_int, default=None, help="slurm: number of nodes")
+    p.add_argument("--gpus-per-node", type=_positive_int, default=None, help="slurm: GPUs per node")
+    p.add_argument("--partition", default=None, help="slurm: partition")
+    p.add_argument("--time", default=None, help="slurm: time limit (H:MM:SS)")
+    p.add_argument("--account", default=None, help="slurm: account")
+    p.add_argument("--sbatch", default=None, help='slurm: more sbatch options, e.g. "--constraint=h100"')
+
+
+_SLURM_FLAGS = ("nodes", "gpus_per_node", "partition", "time", "account", "sbatch")
+
+
+def _slurm_request(args):
+    given = {k: getattr(args, k) for k in _SLURM_FLAGS if getattr(args, k) is not None}
+    if not given:
+        return None
+    if args.launcher != "slurm":
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise UsageError(f"{flags} go with --launcher slurm")
+    from ..cluster.slurm import SlurmRequest, parse_sbatch
+
+    return SlurmRequest(nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
+                        time=args.time, account=args.account, sbatch=parse_sbatch(args.sbatch))
+
+
+def _rank_count(args) -> int:
+    if args.hosts and args.launcher == "ssh":
+        from ..cluster.ssh import parse_hosts
+
+        try:
+            total = sum(s.n for s in parse_hosts(args.hosts))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return args.n or total
+    return args.n or 2
 
 
 @command("start", "start N ranks and initialise their process group", _start_args)
 def _start(args, shell):
-    rs = api.start(args.n, backend=args.backend, launcher=args.launcher, timeout=args.timeout,
-                   threads=args.threads)
+    try:
+        rs = api.start(_rank_count(args), backend=args.backend, launcher=args.launcher, timeout=args.timeout,
+                       threads=args.threads, ip=args.ip, hosts=args.hosts, ssh_config=args.ssh_config,
+                       python=args.python, slurm=_slurm_request(args), progress=_live_line())
+    except ValueError as exc:  # bad settings: one line, nothing started
+        raise UsageError(str(exc)) from None
     backend = rs.info[0]["backend"] if rs.info else args.backend
-    print(f"{rs.world_size} ranks up ({backend}, {args.launcher} launcher) in {rs.start_seconds:.1f} s")
+    where = rs.allocation()
+    print(f"{rs.world_size} ranks up ({backend}, {args.launcher} launcher{', ' + where if where else ''}) "
+          f"in {rs.start_seconds:.1f} s")
     if args.auto:
         auto_cells.turn_on(shell)
         print(AUTO_ON)
+
+
+def _live_line():
+    """Print each progress line as it comes (a queued job's state shows while the cell waits)."""
+    def show(line: str) -> None:
+        print(line, flush=True)
+
+    return show
 
 
 AUTO_ON = "auto mode on: plain cells run on the ranks; magics and %%local cells run here"
@@ -109,6 +161,9 @@ def _restart(args, shell):
 @command("status", "rank, host, pid, device, memory and state of each rank")
 def _status(args, shell):
     rows = api.status()
+    where = api.current().allocation()
+    if where:
+        print(where)
     dead = [r for r in rows if r["state"] == "dead"]
     if dead:
         print("; ".join(f"rank {r['rank']} (host {r['host']}, pid {r['pid']}) {r['exit']}" for r in dead)

@@ -16,12 +16,15 @@ with the training thread, and a lowered thread preempted while holding the GIL h
 the step (see ``workbench.background``). The queue is bounded: should the notebook stop
 reading for long, new events are counted as dropped (reported, never silent) rather than
 growing memory without limit. ``flush`` waits until everything queued is sent, which the
-trainer calls at the end of a run.
+trainer calls at the end of a run. Each batch goes with an HMAC-SHA256 of its bytes
+under the rank set's key: the notebook drops (and counts) anything unsigned.
 """
 from __future__ import annotations
 
 import atexit
 import collections
+import hashlib
+import hmac
 import threading
 import time
 
@@ -38,11 +41,12 @@ _PUBLISHER: "Publisher | None" = None
 class Publisher:
     """One per rank process; connected to the notebook's collector address."""
 
-    def __init__(self, address: str, rank: int):
+    def __init__(self, address: str, rank: int, key: bytes = b""):
         import zmq
 
         self.address = address
         self.rank = rank
+        self._key = key
         # a private context: pyzmq terms Context.instance() at exit, which would wait
         # forever for this socket and keep a stopped rank alive until it is SIGKILLed
         self._ctx = zmq.Context()
@@ -106,9 +110,10 @@ class Publisher:
             while self._queue and len(batch) < BATCH:
                 batch.append(self._queue.popleft())
             data = events.encode(batch)
+            mac = hmac.new(self._key, data, hashlib.sha256).digest()
             while True:
                 try:
-                    self._sock.send(data, flags=zmq.NOBLOCK)
+                    self._sock.send_multipart((mac, data), flags=zmq.NOBLOCK)
                     break
                 except zmq.Again:  # the notebook is behind: wait here, not in the training thread
                     if self._closed and self._sock.closed:
@@ -148,18 +153,19 @@ class Publisher:
         atexit.unregister(self._at_exit)
 
 
-def connect(address: str, rank: int | None = None) -> dict:
-    """Point this rank's stream at the notebook (called by the notebook on every rank)."""
+def connect(address: str, rank: int | None = None, key: bytes = b"") -> dict:
+    """Point this rank's stream at the notebook (called by the notebook on every rank,
+    through ipyparallel's signed channel, which is how ``key`` arrives)."""
     global _PUBLISHER
     from . import runtime
 
     if rank is None:
         rank = runtime.context().rank
-    if _PUBLISHER is not None and _PUBLISHER.address == address:
+    if _PUBLISHER is not None and _PUBLISHER.address == address and _PUBLISHER._key == key:
         return {"rank": rank, "address": address, "reused": True}
     if _PUBLISHER is not None:
         _PUBLISHER.close(timeout=1.0)
-    _PUBLISHER = Publisher(address, rank)
+    _PUBLISHER = Publisher(address, rank, key)
     return {"rank": rank, "address": address, "reused": False}
 
 

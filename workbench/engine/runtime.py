@@ -48,14 +48,60 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def identity() -> dict:
-    """Host, pid and launcher-provided rank of this process (before bootstrap)."""
-    launcher_rank = None
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            launcher_rank = int(os.environ[var])
-            break
-    return {"host": socket.gethostname(), "pid": os.getpid(), "launcher_rank": launcher_rank}
+def identity(toward: str | None = None) -> dict:
+    """Host, pid, launcher-provided rank and local rank of this process (before bootstrap).
+
+    ``addr`` is this host's address on the route to ``toward`` (the notebook's address):
+    the one other hosts reach this rank by, rank 0's becomes ``MASTER_ADDR``.
+    """
+    def first(*names):
+        for var in names:
+            if var in os.environ:
+                return int(os.environ[var])
+        return None
+
+    addr = "127.0.0.1"
+    if toward:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((toward, 9))  # a route lookup: no packet is sent
+            addr = s.getsockname()[0]
+    slot = os.environ.get("WORKBENCH_HOST_SLOT")
+    return {
+        "host": socket.gethostname(), "pid": os.getpid(), "addr": addr,
+        "launcher_rank": first("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"),
+        "launcher_local_rank": first("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"),
+        "slot": int(slot) if slot and slot.isdigit() else None,
+    }
+
+
+def interface_of(addr: str) -> str | None:
+    """The network interface that holds ``addr`` on this host."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == addr for a in addrs):
+            return name
+    return None
+
+
+def visible_gpu(local_rank: int, visible: str | None, count: int) -> str | None:
+    """This rank's GPU among those its host (or Slurm's allocation) makes visible."""
+    ids = [x for x in (visible.split(",") if visible else [str(i) for i in range(count)]) if x.strip()]
+    return ids[local_rank % len(ids)].strip() if ids else None
+
+
+def _gpu_count() -> int:
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def bootstrap(
@@ -74,6 +120,8 @@ def bootstrap(
     sys_path: list[str] | None = None,
     parent_pid: int | None = None,
     also_end: list[int] | None = None,
+    pin_visible_gpu: bool = False,
+    interface_addr: str | None = None,
 ) -> dict:
     """Set the rank's environment, pin its device and initialise the process group.
 
@@ -96,6 +144,19 @@ def bootstrap(
     }
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids[local_rank % len(gpu_ids)])
+    elif pin_visible_gpu:  # Slurm/SSH: this host's GPUs (Slurm sets CUDA_VISIBLE_DEVICES per job)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpu = visible_gpu(local_rank, visible, 0 if visible else _gpu_count())
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+            gpu_ids = [int(gpu)] if gpu.isdigit() else [0]
+    if interface_addr:
+        # gloo and NCCL find their interface from the host name, which another host may not
+        # resolve (or resolves to loopback): use the one on the route to the notebook
+        iface = interface_of(interface_addr)
+        if iface:
+            env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", iface))
+            env.setdefault("NCCL_SOCKET_IFNAME", os.environ.get("NCCL_SOCKET_IFNAME", iface))
     os.environ.update(env)
     for path in reversed(sys_path or []):
         if path not in sys.path:

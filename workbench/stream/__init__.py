@@ -31,9 +31,12 @@ def attach(rankset) -> Collector:
         return entry[1]
     from ..engine import publisher
 
-    collector = Collector(local_only=_all_local(rankset))
+    local = _all_local(rankset)
+    ip = getattr(rankset, "listen_ip", "127.0.0.1")
+    collector = Collector(local_only=local, bind_ip=None if local else ip,
+                          key=getattr(rankset, "secret", None))
     try:
-        rankset.apply(publisher.connect, collector.address, timeout=60)
+        rankset.apply(publisher.connect, collector.address, key=collector.key, timeout=60)
     except BaseException:
         collector.close()
         raise

@@ -1,13 +1,20 @@
 """The notebook end of the event stream: a ZMQ PULL socket and a thread feeding a store.
 
-The notebook binds (it is the one fixed point; ranks come and go) on a free port,
-loopback-only when every rank is on this host. Each rank connects one PUSH socket, so
-a rank's events arrive in the order it sent them; ZMQ over TCP delivers each message
-once, and the store still drops and counts any duplicate.
+The notebook binds (it is the one fixed point; ranks come and go) on a free port, on
+loopback when every rank is on this host, else on the rank set's chosen address (never
+every interface). Each rank connects one PUSH socket, so a rank's events arrive in the
+order it sent them; ZMQ over TCP delivers each message once, and the store still drops
+and counts any duplicate.
+
+Every message carries an HMAC-SHA256 of its bytes under the rank set's key (shipped to
+the ranks through ipyparallel's own signed channel): a message without a valid one is
+dropped and counted in ``rejected``, never shown. One HMAC per batch, not per event.
 """
 from __future__ import annotations
 
-import socket
+import hashlib
+import hmac
+import secrets
 import threading
 
 from .. import events
@@ -15,17 +22,22 @@ from .store import EventStore
 
 
 class Collector:
-    def __init__(self, store: EventStore | None = None, *, local_only: bool = True):
+    def __init__(self, store: EventStore | None = None, *, local_only: bool = True, bind_ip: str | None = None,
+                 key: bytes | None = None):
         import zmq
 
         self.store = store or EventStore()
+        self.key = key or secrets.token_bytes(32)
+        self.rejected = 0  # messages dropped for a missing or wrong HMAC
         self._ctx = zmq.Context()  # private: closing it never touches the kernel's own sockets
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
         self._sock.setsockopt(zmq.LINGER, 0)
-        bind_host = "127.0.0.1" if local_only else "0.0.0.0"
+        bind_host = bind_ip or "127.0.0.1"
+        if not local_only and bind_ip is None:
+            raise ValueError("a collector for remote ranks needs the address they reach (bind_ip)")
         port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
-        self.address = f"tcp://{'127.0.0.1' if local_only else socket.gethostname()}:{port}"
+        self.address = f"tcp://{bind_host}:{port}"
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-collector", daemon=True)
@@ -44,9 +56,14 @@ class Collector:
                 continue
             while True:
                 try:
-                    data = self._sock.recv(zmq.NOBLOCK)
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                data = frames[-1]
+                good = hmac.new(self.key, data, hashlib.sha256).digest()
+                if len(frames) != 2 or not hmac.compare_digest(frames[0], good):
+                    self.rejected += 1
+                    continue
                 try:
                     self.store.add(events.decode(data))
                 except Exception as exc:  # a bad message must not kill the collector

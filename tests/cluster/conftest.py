@@ -1,0 +1,57 @@
+"""Fixtures with real cluster daemons: a single-node Slurm and a second host over SSH.
+
+Both are started by the tests and torn down by them (by the pids and names they made);
+the suite skips them, saying why, on a machine without the packages or without root
+(``.ci/run`` installs ``slurm-wlm munge openssh-server``).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .daemons import SecondHost, Slurm, missing_tools
+
+
+def _skip_reason() -> str | None:
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        return "the cluster daemons (munged, slurmd, a network namespace) need root"
+    missing = missing_tools()
+    if missing:
+        return f"not installed: {', '.join(missing)} (apt-get install slurm-wlm munge openssh-server)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _skip_reason()
+    for item in items:
+        if "tests/cluster/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.cluster)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """munged + slurmctld + slurmd (and a declared node that never comes up); SLURM_CONF set."""
+    cluster = Slurm()
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def second_host():
+    """A network namespace with its own host name and address, running sshd."""
+    host = SecondHost()
+    try:
+        yield host
+    finally:
+        host.close()

@@ -1,0 +1,183 @@
+"""One rank set over two hosts: this one, and a network namespace with its own host name,
+address and sshd (started by the fixture), reached over a veth pair and real ssh."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from workbench.cluster import RankDied, RankSet
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROFILE = ROOT / ".state" / "test" / "ssh-profile"
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def ssh_ranks(second_host):
+    rs = RankSet.start(n=4, backend="gloo", threads=1, launcher="ssh", profile_dir=str(PROFILE),
+                       hosts=f"localhost:2,root@{second_host.addr}:2", ssh_config=str(second_host.ssh_config),
+                       sys_path=(str(ROOT / "tests"),))
+    yield rs
+    rs.stop()
+
+
+def test_ranks_span_both_hosts_and_all_reduce_over_the_veth(second_host, ssh_ranks):
+    rs = ssh_ranks
+    here = os.uname().nodename
+    assert [d["host"] for d in rs.info] == [here, here, second_host.hostname, second_host.hostname]
+    assert rs.listen_ip == second_host.addr_here  # the address toward the other host: not 0.0.0.0, not loopback
+    controller = psutil.Process(rs._controller_pids()[0])
+    listening = {c.laddr.ip for c in controller.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert listening == {second_host.addr_here}
+
+    def where():
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(1) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        return os.environ["MASTER_ADDR"], os.environ.get("GLOO_SOCKET_IFNAME"), t.item()
+
+    got = rs.apply(where, timeout=120)
+    assert [g[0] for g in got] == [second_host.addr_here] * 4  # rank 0's reachable address
+    assert [g[1] for g in got] == [second_host.veth_here] * 2 + [second_host.veth_there] * 2
+    assert [g[2] for g in got] == [10.0] * 4
+
+
+def test_stream_from_the_other_host_and_a_forged_event_is_dropped_and_counted(second_host, ssh_ranks):
+    from workbench import stream
+
+    rs = ssh_ranks
+    collector = stream.attach(rs)
+    assert collector.address.startswith(f"tcp://{second_host.addr_here}:")
+
+    def say(text):
+        from workbench import events
+        from workbench.engine import publisher, runtime
+
+        publisher.emit(events.log_event(run="hello", rank=runtime.context().rank, text=text))
+        return publisher.flush(10)
+
+    assert rs.apply(say, "signed", ranks=[3]) == [True]
+    assert collector.store.wait(lambda s: any(e.get("text") == "signed" for e in s.logs), timeout=20)
+    # a sender on the other host without the key: two forged messages (unsigned, wrong key)
+    forge = textwrap.dedent(f"""
+        import hashlib, hmac, time, zmq
+        from workbench import events
+        data = events.encode([events.log_event(run="hello", rank=3, text="forged")])
+        s = zmq.Context().socket(zmq.PUSH)
+        s.connect({collector.address!r})
+        s.send(data)
+        s.send_multipart([hmac.new(b"not the key", data, hashlib.sha256).digest(), data])
+        time.sleep(1)
+        s.close(linger=2000)
+    """)
+    r = subprocess.run(["ip", "netns", "exec", second_host.netns, sys.executable, "-c", forge],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert collector.store.wait(lambda s: collector.rejected >= 2, timeout=20)
+    assert collector.rejected == 2
+    assert not any(e.get("text") == "forged" for e in collector.store.logs)
+
+
+def test_checkpoint_folder_not_shared_by_every_host_is_refused_at_save(second_host, ssh_ranks, tmp_path):
+    from workbench.checkpoint import api as ckpt
+    from workbench.cluster.shared_dir import NotShared, require
+
+    require(ssh_ranks, str(tmp_path / "shared"))  # one file system seen by both hosts: accepted
+    assert list((tmp_path / "shared").iterdir()) == []  # the probe files are gone
+    host = second_host.hostname
+    with pytest.raises(NotShared, match=rf"not shared by every host: rank 2 \(host {host}\) does not see rank 0's file there; "
+                                        rf"rank 3 \(host {host}\) does not see"):
+        ckpt.save(root=str(second_host.private / "ckpt"), rankset=ssh_ranks)
+
+
+def test_sigkill_on_the_other_host_is_named_with_host_and_exit_within_2s(second_host, ssh_ranks):
+    rs = ssh_ranks
+    victim = rs.procs[3]
+    assert not victim.local and victim.host == second_host.hostname
+    t0 = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)  # the namespace shares this pid space: the rank on "hostb"
+    dead = []
+    while not dead and time.monotonic() - t0 < 2.0:
+        dead = [d for d in rs.dead() if d["rank"] == 3]
+        time.sleep(0.02)
+    assert dead, f"rank 3 not reported within 2 s: {rs.dead()}"
+    assert dead[0]["host"] == second_host.hostname and dead[0]["exit"] == "killed by SIGKILL"
+    with pytest.raises(RankDied, match=rf"rank 3 \(host {second_host.hostname}, pid {victim.pid}\) killed by SIGKILL"):
+        rs.apply(lambda: 1, timeout=30)
+
+
+def test_stop_leaves_no_rank_on_either_host(second_host, ssh_ranks):
+    rs = ssh_ranks
+    pids = list(rs.started_pids) + [p.pid for p in rs.procs]
+    assert rs.stop() == []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (set(second_host.pids_in_namespace()) - {second_host.proc.pid}):
+        time.sleep(0.2)
+    assert set(second_host.pids_in_namespace()) == {second_host.proc.pid}  # sshd alone
+    assert _alive(pids) == []
+
+
+NOTEBOOK = """
+import json, sys
+from workbench.cluster import RankSet
+rs = RankSet.start(n=2, backend="gloo", threads=1, launcher="ssh", profile_dir=sys.argv[1],
+                   hosts=sys.argv[2], ssh_config=sys.argv[3])
+print(json.dumps({"ranks": [p.pid for p in rs.procs], "controller": rs._controller_pids()}), flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def test_notebook_killed_leaves_no_rank_on_either_host(second_host):
+    nb = subprocess.Popen([sys.executable, "-c", NOTEBOOK, str(PROFILE), f"localhost:1,root@{second_host.addr}:1",
+                           str(second_host.ssh_config)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        started = json.loads(nb.stdout.readline())
+    except ValueError:
+        nb.kill()
+        raise
+    pids = started["ranks"] + started["controller"]
+    assert set(second_host.pids_in_namespace()) - {second_host.proc.pid}  # a rank runs over there
+    nb.kill()  # SIGKILL: no clean-up runs in the notebook process
+    nb.wait(10)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (_alive(pids) or set(second_host.pids_in_namespace()) - {second_host.proc.pid}):
+        time.sleep(0.2)
+    assert _alive(pids) == []
+    assert set(second_host.pids_in_namespace()) == {second_host.proc.pid}
+
+
+def test_loopback_is_refused_when_a_rank_is_remote(second_host):
+    from workbench import api
+    from workbench.commands import UsageError, dispatch
+
+    before = api._current
+    line = (f"start --launcher ssh --hosts localhost:1,root@{second_host.addr}:1 "
+            f"--ssh-config {second_host.ssh_config} --ip 127.0.0.1")
+    with pytest.raises(UsageError, match=rf"--ip 127.0.0.1 is loopback, which ranks on {second_host.addr} cannot reach"):
+        dispatch(line)
+    assert api._current is before
+    assert set(second_host.pids_in_namespace()) == {second_host.proc.pid}

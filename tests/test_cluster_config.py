@@ -1,0 +1,72 @@
+"""Pure parts of the cluster launchers: the Slurm script, --hosts, GPU pinning, signed lines.
+
+The real daemons (Slurm, a second host over SSH) are exercised in tests/cluster/.
+"""
+from __future__ import annotations
+
+import pytest
+
+from workbench.cluster import network, ssh
+from workbench.cluster.slurm import SlurmRequest, batch_template, parse_sbatch
+from workbench.engine import guard
+from workbench.engine.runtime import visible_gpu
+
+
+def test_every_slurm_option_is_a_line_of_the_script():
+    req = SlurmRequest(nodes=2, gpus_per_node=4, partition="gpu", time="1:00:00", account="proj",
+                       sbatch=parse_sbatch('--constraint="h100|a100" --qos=high'))
+    req.validate()
+    script = batch_template(req, 8)
+    for line in ("#SBATCH --ntasks=8", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --time=1:00:00",
+                 "#SBATCH --account=proj", "#SBATCH '--constraint=h100|a100'", "#SBATCH --qos=high"):
+        assert line in script.splitlines(), line
+    assert "srun" in script and "{program_and_args}" in script
+
+
+def test_braces_in_options_survive_ipyparallels_formatting():
+    from ipyparallel.cluster.launcher import EvalFormatter
+
+    script = batch_template(SlurmRequest(sbatch=("--comment={x}",)), 2)
+    out = EvalFormatter().format(script, program_and_args="run", cluster_id="c", output_file="o")
+    assert "#SBATCH '--comment={x}'" in out and out.rstrip().endswith("run")
+
+
+@pytest.mark.parametrize("req, words", [
+    (SlurmRequest(nodes=0), "--nodes must be a whole number"),
+    (SlurmRequest(time="soon"), "is not a Slurm time"),
+    (SlurmRequest(sbatch=("constraint=h100",)), "takes sbatch options"),
+])
+def test_bad_slurm_requests(req, words):
+    with pytest.raises(ValueError, match=words):
+        req.validate()
+
+
+def test_hosts_parse_and_name_this_machine():
+    slots = ssh.parse_hosts("localhost:2,root@node7:3")
+    assert [(s.host, s.n, s.local) for s in slots] == [("localhost", 2, True), ("root@node7", 3, False)]
+    for bad in ("a", "a:0", "a:2,a:2", "a b:2"):
+        with pytest.raises(ValueError):
+            ssh.parse_hosts(bad)
+
+
+def test_listen_address_never_loopback_for_remote_and_checks_ip():
+    assert network.listen_address(None, []) == "127.0.0.1"
+    with pytest.raises(network.AddressError, match="loopback"):
+        network.listen_address("127.0.0.1", ["node7"])
+    with pytest.raises(network.AddressError, match="not an address of this host"):
+        network.check_ip("10.255.255.1")
+
+
+def test_gpu_pinned_by_local_rank_among_visible():
+    assert visible_gpu(1, "4,5,6,7", 0) == "5"
+    assert visible_gpu(5, "4,5", 0) == "5"
+    assert visible_gpu(2, None, 4) == "2"
+    assert visible_gpu(0, None, 0) is None
+
+
+def test_guard_lines_are_signed():
+    line = guard.sign(b"k" * 32, '{"kind": "exit", "code": -9}')
+    assert guard.verify(b"k" * 32, line) == {"kind": "exit", "code": -9}
+    assert guard.verify(b"x" * 32, line) is None
+    assert guard.verify(b"k" * 32, line.replace(b"-9", b"-1")) is None

@@ -1,0 +1,80 @@
+"""Ranks on several hosts over SSH: ``--hosts hostA:2,hostB:2``.
+
+Hosts that name this machine (``localhost``, its host name or one of its addresses) get
+local engines; every other host gets ipyparallel's SSH engine launcher, one engine set
+per host, each engine wrapped by the rank guard (``workbench.engine.guard``) so that its
+death is reported with host and exit status and it ends when the notebook is gone.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from dataclasses import dataclass
+
+from . import network
+
+_HOST = re.compile(r"^(?:[A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class HostSlot:
+    host: str  # as given: [user@]name
+    n: int
+    local: bool
+
+
+def parse_hosts(text: str) -> tuple[HostSlot, ...]:
+    """``a:2,b:2`` -> slots; a clear error naming the bad entry otherwise."""
+    slots = []
+    for item in (text or "").split(","):
+        item = item.strip()
+        host, sep, count = item.rpartition(":")
+        if not sep or not host or not count.isdigit() or int(count) < 1 or not _HOST.match(host):
+            raise ValueError(f"--hosts entry {item!r} is not HOST:N (e.g. --hosts node1:4,root@node2:4)")
+        slots.append(HostSlot(host, int(count), is_this_host(host)))
+    names = [s.host for s in slots]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--hosts names a host twice ({text}): give each host once with its count")
+    return tuple(slots)
+
+
+def is_this_host(host: str) -> bool:
+    name = host.split("@", 1)[-1]
+    if name in ("localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]):
+        return True
+    return name in network.local_addresses()
+
+
+def guard_cmd(python: str) -> list[str]:
+    """Run the guard from the installed package without importing the package itself first."""
+    code = ("import importlib.util,os,runpy,sys;"
+            "p=importlib.util.find_spec('workbench').submodule_search_locations[0];"
+            "sys.argv[0]=os.path.join(p,'engine','guard.py');"
+            "runpy.run_path(sys.argv[0],run_name='__main__')")
+    return [python, "-c", code]
+
+
+def engine_cmd(python: str) -> list[str]:
+    return guard_cmd(python) + ["--", python, "-m", "ipyparallel.engine"]
+
+
+def ssh_options(ssh_config: str | None) -> list[str]:
+    return ["-F", ssh_config] if ssh_config else []
+
+
+def remote_env(python: str | None, lifeline_env: dict, slot: int) -> dict:
+    """Environment of a remote engine: the lifeline and, with the same venv path, our PYTHONPATH."""
+    env = dict(lifeline_env)
+    env["WORKBENCH_HOST_SLOT"] = str(slot)
+    if python is None and os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    for var in ("OMP_NUM_THREADS",):
+        if var in os.environ:
+            env[var] = os.environ[var]
+    return env
+
+
+def remote_python(python: str | None) -> str:
+    return python or sys.executable

@@ -1,0 +1,148 @@
+"""A rank's guard on a host the notebook does not run on: ``python -m workbench.engine.guard -- CMD``.
+
+Slurm (through ``srun``) and SSH start this instead of the ipyparallel engine; it starts
+the engine as its child and holds one TCP connection to the notebook (the "lifeline"):
+
+- the engine ends: the guard is its parent, so it knows the exit status and reports it
+  at once (``rank 3 (host b, pid 77) killed by SIGKILL``, not a heartbeat timeout);
+- the notebook process is gone (its end of the connection closes, or TCP keepalive gives
+  up on a dead link): the guard ends the engine, and under Slurm cancels the job, so a
+  killed kernel leaves no rank on any host.
+
+The lifeline address and key come in the environment (``WORKBENCH_LIFELINE``,
+``WORKBENCH_LIFELINE_KEY``), which Slurm and ipyparallel's SSH launcher carry, not on
+the command line; every line sent carries an HMAC-SHA256 of itself under that key.
+Plain standard library: this runs before torch or the engine is imported.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ENV_ADDRESS = "WORKBENCH_LIFELINE"
+ENV_KEY = "WORKBENCH_LIFELINE_KEY"
+ENV_SLOT = "WORKBENCH_HOST_SLOT"  # which --hosts entry started this rank (for rank order)
+END_GRACE_S = 2.0
+
+
+def sign(key: bytes, body: str) -> bytes:
+    return (hmac.new(key, body.encode(), hashlib.sha256).hexdigest() + " " + body + "\n").encode()
+
+
+def verify(key: bytes, line: bytes) -> dict | None:
+    """The message of a signed line, or None if its HMAC does not match."""
+    mac, _, body = line.decode(errors="replace").rstrip("\n").partition(" ")
+    good = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(mac, good):
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def _connect(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=15)
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    # a notebook host that vanishes without closing (power, network) is given up on in ~10 s
+    for opt, value in (("TCP_KEEPIDLE", 4), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    return sock
+
+
+def _end(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(END_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _cancel_slurm_job() -> None:
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and os.environ.get("SLURM_PROCID") == "0":
+        try:
+            subprocess.run(["scancel", job], timeout=10, capture_output=True)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        print("usage: python -m workbench.engine.guard -- COMMAND...", file=sys.stderr)
+        return 2
+    cmd = argv[argv.index("--") + 1:]
+    address = os.environ.pop(ENV_ADDRESS, "")
+    key = bytes.fromhex(os.environ.pop(ENV_KEY, ""))
+    if not address or not key:
+        print(f"workbench guard: {ENV_ADDRESS} and {ENV_KEY} must be set", file=sys.stderr)
+        return 2
+    try:
+        sock = _connect(address)
+    except OSError as exc:
+        print(f"workbench guard on {socket.gethostname()}: cannot reach the notebook at {address} ({exc}); "
+              "that address must be open to this host (pass --ip with the notebook's address toward it)",
+              file=sys.stderr, flush=True)
+        return 3
+    child = subprocess.Popen(cmd)
+    host = socket.gethostname()
+    lock = threading.Lock()
+
+    def send(**msg) -> None:
+        with lock:
+            try:
+                sock.sendall(sign(key, json.dumps(msg)))
+            except OSError:
+                pass
+
+    send(kind="hello", host=host, pid=child.pid, guard_pid=os.getpid(), slot=os.environ.get(ENV_SLOT),
+         slurm_procid=os.environ.get("SLURM_PROCID"), time=time.time())
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # scancel / stop: pass it on
+        signal.signal(sig, lambda s, _f: child.poll() is None and child.send_signal(s))
+
+    ending = threading.Event()  # the notebook is gone: main ends the rank and the job itself
+
+    def wait_child() -> None:
+        code = child.wait()
+        send(kind="exit", host=host, pid=child.pid, code=code, time=time.time())
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        if not ending.is_set():
+            os._exit(128 - code if code < 0 else code)
+
+    threading.Thread(target=wait_child, daemon=True).start()
+    while True:  # the notebook never writes: any return from recv is its end closing
+        try:
+            data = sock.recv(64)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            break
+    ending.set()
+    if child.poll() is None:
+        print(f"workbench guard on {host}: the notebook at {address} is gone; ending rank pid {child.pid}",
+              file=sys.stderr, flush=True)
+    _end(child)
+    _cancel_slurm_job()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
