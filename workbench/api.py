@@ -26,6 +26,13 @@ def on(event: str, fn) -> None:
 
 def current() -> RankSet:
     """The running rank set; a clear error where there is none."""
+    if _current is not None and _current.running:
+        from . import registry
+
+        note = registry.stopped_elsewhere(_current)
+        if note:  # the sidebar ended the ranks while this kernel was busy: forget them here too
+            stop()
+            raise NotRunning(f"the ranks were {note}; start them again with `%distrain start -n 2`")
     if _current is None or not _current.running:
         raise NotRunning("no ranks are running: start them with `%distrain start -n 2` "
                          "(or workbench.start(2))")
