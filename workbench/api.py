@@ -12,11 +12,14 @@ from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
 from .cluster.cell import run_cell
 
 _current: RankSet | None = None
-_hooks: dict[str, list] = {"started": [], "stopping": []}
+_hooks: dict[str, list] = {"started": [], "stopping": [], "check": []}
 
 
 def on(event: str, fn) -> None:
     """Register ``fn(rankset)`` to run when a rank set has ``started`` or is ``stopping``.
+
+    ``check`` functions run whenever the current set is asked for; one that returns a
+    text (the ranks were ended from outside this kernel) makes the set stopped, with it.
 
     Other parts (telemetry stream, trainer control) attach to new rank sets this way
     instead of the rank set knowing about them.
@@ -26,11 +29,9 @@ def on(event: str, fn) -> None:
 
 def current() -> RankSet:
     """The running rank set; a clear error where there is none."""
-    if _current is not None and _current.running:
-        from . import registry
-
-        note = registry.stopped_elsewhere(_current)
-        if note:  # the sidebar ended the ranks while this kernel was busy: forget them here too
+    for fn in _hooks["check"] if _current is not None and _current.running else ():
+        note = fn(_current)
+        if note:  # e.g. the Lab sidebar ended the ranks while this kernel was busy
             stop()
             raise NotRunning(f"the ranks were {note}; start them again with `%distrain start -n 2`")
     if _current is None or not _current.running:

@@ -245,6 +245,7 @@ def _register() -> None:
 
     api.on("started", _on_started)
     api.on("stopping", withdraw)
+    api.on("check", stopped_elsewhere)
 
 
 _register()
