@@ -113,7 +113,7 @@ class Controllers:
             if held[1] is None:
                 import ipyparallel as ipp
 
-                held[1] = ipp.Client(url_file=entry["connection_file"], timeout=5)
+                held[1] = ipp.Client(entry["connection_file"], timeout=5)
             return fn(held[1])
         return held[2].submit(run).result(timeout)
 
