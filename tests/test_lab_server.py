@@ -46,7 +46,12 @@ class Server:
                 return exc.code, raw.decode(errors="replace")
 
     def ws(self, path: str, token: bool = True):
-        from tornado import httpclient, ioloop, websocket
+        """The first message of the websocket at ``path`` (on a thread of its own: Playwright,
+        when the browser tests ran first, holds an event loop on this one)."""
+        import asyncio
+        import concurrent.futures
+
+        from tornado import httpclient, websocket
 
         url = f"ws://127.0.0.1:{self.port}{BASE}{path}" + (f"?token={self.token}" if token else "")
 
@@ -56,7 +61,8 @@ class Server:
                 return json.loads(await conn.read_message())
             finally:
                 conn.close()
-        return ioloop.IOLoop(make_current=False).run_sync(first_message, timeout=30)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, asyncio.wait_for(first_message(), 30)).result(40)
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +101,14 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def announced(ranks2):
+    from workbench import stream
+
+    had_stream = stream.stream_of(ranks2) is not None
     entry_id = registry.announce(ranks2)
     yield entry_id
     registry.withdraw(ranks2)
+    if not had_stream:  # leave the shared set's stream as other tests expect to find it
+        stream.detach(ranks2)
 
 
 def _set(server, entry_id):
@@ -166,10 +177,11 @@ def test_requests_without_the_token_are_refused(server, announced):
 
 
 def test_websocket_sends_the_history_so_far(server, announced, ranks2):
+    # rank 1's trainer lags rank 0 by 3 steps: marked a straggler
     code = ("from workbench import events\nfrom workbench.engine import publisher, runtime\n"
-            "for s in range(1, 6):\n"
-            "    publisher.emit(events.step_event(run='lab-test', rank=runtime.context().rank, step=s,"
-            " metrics={'loss': 1.0 / s}))\n"
+            "r = runtime.context().rank\n"
+            "for s in range(1, 6 - 3 * r):\n"
+            "    publisher.emit(events.step_event(run='lab-test', rank=r, step=s, metrics={'loss': 1.0 / s}))\n"
             "publisher.flush()")
     ranks2.execute(code, timeout=30)
     deadline = time.monotonic() + 10
@@ -180,4 +192,28 @@ def test_websocket_sends_the_history_so_far(server, announced, ranks2):
             break
         time.sleep(0.3)
     assert msg["type"] == "history"
-    assert sorted(steps) == [(r, s) for r in (0, 1) for s in range(1, 6)]
+    assert sorted(steps) == [(0, s) for s in range(1, 6)] + [(1, 1), (1, 2)]
+    rs = _set(server, announced)
+    assert rs["step"] == 5 and [r["trainer"]["step"] for r in rs["ranks"]] == [5, 2]
+    assert [r["straggler"] for r in rs["ranks"]] == [False, True]
+    assert rs["loss"] == pytest.approx((1 / 5 + 1 / 2) / 2)
+
+
+def test_trainer_request_behind_a_running_cell_is_refused(server, announced, ranks2):
+    # the request would wait behind the cell, so it is withdrawn and refused with what to do;
+    # pause/resume/stop of a training run are driven from the sidebar in tests/browser
+    call = ranks2.execute_async("import time; time.sleep(8)")
+    try:
+        time.sleep(0.3)
+        status, body = server.request("POST", f"workbench/ranksets/{announced}/trainer-pause")
+        assert status == 400 and "running a cell" in body["message"], body
+    finally:
+        call.result(timeout=30)
+    # withdrawn, not queued: after the cell the ranks have no trainer request pending
+    assert ranks2.apply(_trainer_status) == [{"state": "none", "step": 0}] * 2
+
+
+def _trainer_status():
+    from workbench.engine import control
+
+    return control.status()

@@ -11,6 +11,7 @@ export interface RankRow {
   state: string;
   exit: string;
   memory_mb: number | null;
+  gpu: { device: number; memory_mb: number | null; util: number } | null;
   straggler: boolean;
   trainer: { run: string | null; state: string | null; step: number | null; loss: number | null };
 }
@@ -20,6 +21,7 @@ export interface RankSet {
   kernel_id: string | null;
   kernel_pid: number;
   notebook: string | null;
+  notebook_path: string | null;
   launcher: string;
   backend: string;
   world_size: number;

@@ -28,7 +28,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     };
     const sidebar = new RanksSidebar(model, {
       openPane,
-      openNotebook: path => void app.commands.execute('docmanager:open', { path: relativePath(path) })
+      openNotebook: path => void app.commands.execute('docmanager:open', { path })
     });
     app.shell.add(sidebar, 'left', { rank: 950 });
     model.start();
@@ -90,11 +90,6 @@ export function statusText(rs: RankSet): string {
     text += ` · ${dead} dead`;
   }
   return text;
-}
-
-function relativePath(path: string): string {
-  // the kernel knows its notebook as the server's session path (relative to the root)
-  return path.replace(/^\/+/, '');
 }
 
 export default plugin;

@@ -3,7 +3,7 @@
 // over its websocket (history first), so it keeps moving while the kernel runs a cell.
 import { Widget } from '@lumino/widgets';
 import { eventsSocket, RankSet } from './api';
-import { el } from './sidebar';
+import { displayName, el } from './sidebar';
 
 const PHASES = ['data', 'forward', 'backward', 'optimizer', 'comm_wait'];
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
@@ -132,7 +132,8 @@ export class LivePane extends Widget {
     super();
     this.id = `workbench-pane-${rs.id}-${Math.random().toString(36).slice(2, 8)}`;
     this.addClass('wb-Pane');
-    this.title.label = `Live: ${rs.notebook || rs.id}`;
+    this.title.label = `Live: ${displayName(rs)}`;
+    this.title.caption = `live training of ${rs.notebook || rs.id}`;
     this.title.closable = true;
     this.node.dataset.ranksetId = rs.id;
     this.status = el('div', 'wb-Pane-head', 'connecting…');

@@ -59,7 +59,9 @@ export class RanksSidebar extends Widget {
     const box = el('div', 'wb-RankSet');
     box.dataset.ranksetId = rs.id;
     box.dataset.state = rs.state;
-    box.appendChild(el('div', 'wb-RankSet-title', rs.notebook || `kernel ${rs.kernel_pid}`));
+    const title = el('div', 'wb-RankSet-title', displayName(rs));
+    title.title = rs.notebook || '';
+    box.appendChild(title);
     let meta = `${rs.world_size} ranks · ${rs.launcher} · ${rs.backend} · ${rs.state}`;
     if (rs.step !== null) {
       meta += ` · step ${rs.step} · loss ${fmt(rs.loss, 4)}`;
@@ -91,16 +93,17 @@ export class RanksSidebar extends Widget {
       button.onclick = () => void forget(rs.id).then(() => this.model.refresh(), showError);
       actions.appendChild(button);
     }
-    if (rs.notebook) {
+    if (rs.notebook_path) {
       const open = el('button', '', 'Open notebook') as HTMLButtonElement;
       open.dataset.action = 'open';
-      open.onclick = () => this.callbacks.openNotebook(rs.notebook!);
+      open.onclick = () => this.callbacks.openNotebook(rs.notebook_path!);
       actions.appendChild(open);
     }
     box.appendChild(actions);
     const table = el('table', 'wb-RankTable');
     const header = el('tr', '');
-    for (const h of ['rank', 'state', 'host', 'pid', 'device', 'MB', 'step', 'loss']) {
+    const gpu = rs.ranks.some(r => r.gpu);
+    for (const h of ['rank', 'state', 'host', 'pid', 'device', 'MB', ...(gpu ? ['GPU MB', 'GPU %'] : []), 'step', 'loss']) {
       header.appendChild(el('th', '', h));
     }
     table.appendChild(header);
@@ -110,11 +113,13 @@ export class RanksSidebar extends Widget {
       row.dataset.pid = String(r.pid);
       row.dataset.state = r.state;
       const state = r.state + (r.exit ? ` (${r.exit})` : '') + (r.trainer.state ? ` · ${r.trainer.state}` : '');
-      const cells = [String(r.rank), state, r.host, String(r.pid), r.device, fmt(r.memory_mb, 4),
+      const gpuCells = gpu ? [fmt(r.gpu?.memory_mb, 4), r.gpu ? String(r.gpu.util) : ''] : [];
+      const cells = [String(r.rank), state, r.host, String(r.pid), r.device, fmt(r.memory_mb, 4), ...gpuCells,
         r.trainer.step === null ? '' : String(r.trainer.step), fmt(r.trainer.loss, 4)];
+      const stepColumn = 6 + gpuCells.length;
       cells.forEach((text, i) => {
         const td = el('td', i === 1 ? `wb-state wb-state-${r.state}` : '', text);
-        if (i === 6 && r.straggler) {
+        if (i === stepColumn && r.straggler) {
           td.classList.add('wb-straggler');
           td.title = 'straggler: this rank lags the others';
           td.textContent = `${text} ⚠`;
@@ -129,7 +134,7 @@ export class RanksSidebar extends Widget {
 
   private async run(rs: RankSet, action: string, label: string, question: string): Promise<void> {
     const answer = await showDialog({
-      title: `${label}: ${rs.notebook || rs.id}`,
+      title: `${label}: ${displayName(rs)}`,
       body: question,
       buttons: [Dialog.cancelButton(), Dialog.okButton({ label, displayType: action === 'stop' ? 'warn' : 'default' })]
     });
@@ -153,6 +158,11 @@ export class RanksSidebar extends Widget {
     }
     await this.model.refresh();
   }
+}
+
+export function displayName(rs: RankSet): string {
+  const path = rs.notebook_path || rs.notebook;
+  return path ? path.split('/').pop()! : `kernel ${rs.kernel_pid}`;
 }
 
 function showError(err: unknown): void {

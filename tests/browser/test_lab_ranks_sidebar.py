@@ -35,7 +35,6 @@ CELLS = [
     "import json, workbench\nprint('PIDS', json.dumps([r['pid'] for r in workbench.status()]))",
     "%distrain train start --model tiny --steps 100000 --no-dashboard",
     "import time\ntime.sleep(15)\nprint('SLEPT')",
-    "%distrain train stop",
     "%%distrain\nimport time\nwhile True:\n    time.sleep(0.05)",
     "%distrain status",
 ]
@@ -185,6 +184,14 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     wait_kernel_idle(page)
     assert "/hub/user/wb/lab" in page.url
 
+    # the command palette inserts the cell that starts ranks
+    page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Control+Shift+C")
+    page.locator(".lm-CommandPalette-input").fill("Workbench: insert")
+    page.locator(".lm-CommandPalette-item", has_text="insert a cell that starts 2 ranks").first.click()
+    cells = page.locator(".jp-Notebook .jp-Cell", has_text="%distrain start -n 2")
+    assert cells.count() == 2 and "%load_ext workbench" in cells.first.inner_text()
+
     # start: the sidebar lists the two ranks with the pids `status` reports
     run_cell(page, "%distrain start -n 2")
     wait_kernel_idle(page, timeout=180_000)
@@ -235,8 +242,17 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     assert second > first, f"the pane's points did not grow during the cell: {first} -> {second}"
     page.locator(".wb-StatusItem", has_text=re.compile(r"2 ranks · step \d+ · loss \d")).wait_for(timeout=10_000)
     _wait_output(page, "time.sleep(15)", "SLEPT", timeout=60)
-    run_cell(page, "%distrain train stop")
-    wait_kernel_idle(page, timeout=60_000)
+
+    # the trainer paused, resumed and stopped from the sidebar
+    _confirm(page, "trainer-pause")
+    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow')]
+        .filter(r => r.dataset.state === 'paused').length === 2""", timeout=15_000)
+    _confirm(page, "trainer-resume")
+    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow td.wb-state')]
+        .filter(td => td.textContent.endsWith('· running')).length === 2""", timeout=15_000)
+    _confirm(page, "trainer-stop")
+    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow td.wb-state')]
+        .filter(td => td.textContent.endsWith('· stopped')).length === 2""", timeout=15_000)
 
     # interrupt from the sidebar stops a `while True` cell on the ranks
     run_cell(page, "while True:")

@@ -16,6 +16,6 @@ def _load_jupyter_server_extension(serverapp) -> None:
     from .monitor import Monitor
 
     web_app = serverapp.web_app
-    web_app.settings["workbench_monitor"] = Monitor()
+    web_app.settings["workbench_monitor"] = Monitor(serverapp.root_dir)
     web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
     serverapp.log.info("workbench: ranks sidebar handlers at %sworkbench/ranksets", web_app.settings["base_url"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import socket
 import threading
 import time
@@ -131,10 +132,40 @@ class Controllers:
             held[2].shutdown(wait=False)
 
 
+def gpu_usage() -> dict[int, dict] | None:
+    """pid -> GPU memory (MB) and its device's utilisation (%), via NVML; None where NVML is absent."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver / no GPU: nothing to show, nothing broken
+        return None
+    out: dict[int, dict] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                used = proc.usedGpuMemory
+                out[proc.pid] = {"device": i, "memory_mb": round(used / 2**20, 1) if used else None,
+                                 "util": util}
+    except Exception:
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
 class Monitor:
     """The server extension's view of every rank set in the registry."""
 
-    def __init__(self):
+    def __init__(self, root_dir: str | None = None):
+        self.root_dir = os.path.realpath(root_dir) if root_dir else None
         self.readers: dict[str, StreamReader] = {}
         self.controllers = Controllers()
         self.gone: dict[str, dict] = {}  # stale entries cleaned, shown for a while
@@ -196,6 +227,7 @@ class Monitor:
         deaths = entry.get("deaths") or {}
         steps = [v["step"] for v in last.values() if "step" in v]
         top = max(steps) if steps else None
+        gpus = None if gone else gpu_usage()
         ranks = []
         for r in entry["ranks"]:
             row = {k: r.get(k) for k in ("rank", "host", "pid", "device", "engine_id")}
@@ -208,6 +240,7 @@ class Monitor:
                 row.update(state="dead", exit=death.get("exit", ""))
             elif r.get("host") == here:
                 row.update(self._process(r["pid"]))
+                row["gpu"] = gpus.get(int(r["pid"])) if gpus else None
             else:
                 row["state"] = "remote"
             if row["state"] in ("running", "remote"):
@@ -223,6 +256,7 @@ class Monitor:
             ranks.append(row)
         out = {k: entry.get(k) for k in ("id", "kernel_id", "kernel_pid", "notebook", "launcher", "backend",
                                          "world_size", "started", "host", "stopped_by")}
+        out["notebook_path"] = self._relative(entry.get("notebook"))
         out["stale"] = bool(entry.get("stale"))
         out["state"] = "stale" if out["stale"] else ("stopped" if stopped else "running")
         out["ranks"] = ranks
@@ -231,6 +265,17 @@ class Monitor:
         losses = [last[k].get("loss") for k in last if last[k].get("loss") is not None]
         out["loss"] = (sum(losses) / len(losses)) if losses else None
         return out
+
+    def _relative(self, path: str | None) -> str | None:
+        """The notebook's path as the Lab opens it (relative to the server's root), if it is under it."""
+        if not path:
+            return None
+        if not os.path.isabs(path):
+            return path
+        if self.root_dir is None:
+            return None
+        rel = os.path.relpath(os.path.realpath(path), self.root_dir)
+        return None if rel.startswith("..") else rel.replace(os.sep, "/")
 
     @staticmethod
     def _process(pid) -> dict:
