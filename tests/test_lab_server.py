@@ -188,7 +188,7 @@ def test_websocket_sends_the_history_so_far(server, announced, ranks2):
     while True:  # the server's reader gets the mirror's history, then live batches
         msg = server.ws(f"workbench/ranksets/{announced}/events")
         steps = [(e["rank"], e["step"]) for e in msg["events"] if e.get("run") == "lab-test"]
-        if len(steps) == 10 or time.monotonic() > deadline:
+        if len(steps) == 7 or time.monotonic() > deadline:
             break
         time.sleep(0.3)
     assert msg["type"] == "history"
@@ -202,7 +202,7 @@ def test_websocket_sends_the_history_so_far(server, announced, ranks2):
 def test_trainer_request_behind_a_running_cell_is_refused(server, announced, ranks2):
     # the request would wait behind the cell, so it is withdrawn and refused with what to do;
     # pause/resume/stop of a training run are driven from the sidebar in tests/browser
-    call = ranks2.execute_async("import time; time.sleep(8)")
+    call = ranks2.execute_async("import time; time.sleep(6)")  # longer than the server's 5 s wait
     try:
         time.sleep(0.3)
         status, body = server.request("POST", f"workbench/ranksets/{announced}/trainer-pause")
