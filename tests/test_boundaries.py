@@ -9,6 +9,7 @@ import sys
 import workbench, workbench.magics, workbench.dashboard, workbench.planner, workbench.training
 import workbench.metrics, workbench.stream, workbench.planner.live
 import workbench.dashboard.layout_figure, workbench.dashboard.plan_figure
+import workbench.registry, workbench.stream.mirror, workbench.labserver.handlers, workbench.labserver.actions
 from workbench.commands import load_all
 load_all()
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
