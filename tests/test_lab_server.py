@@ -217,3 +217,22 @@ def _trainer_status():
     from workbench.engine import control
 
     return control.status()
+
+
+def test_stale_entry_is_shown_as_such_then_cleaned(server):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a kernel pid that is gone
+    registry.write({"version": registry.VERSION, "id": "test-stale-kernel", "host": None, "started": 1.0,
+                    "kernel_pid": child.pid, "kernel_started": 1.0, "notebook": "gone.ipynb", "world_size": 1,
+                    "ranks": [{"rank": 0, "host": socket.gethostname(), "pid": child.pid, "device": "cpu"}]})
+    try:
+        rs = _set(server, "test-stale-kernel")
+        assert rs["state"] == "stale" and rs["stale"] is True
+        assert registry.read("test-stale-kernel") is None  # cleaned from disk at once
+        assert _set(server, "test-stale-kernel")["state"] == "stale"  # still shown for a while
+        status, _ = server.request("DELETE", "workbench/ranksets/test-stale-kernel")
+        assert status == 204
+        ids = [s["id"] for s in server.request("GET", "workbench/ranksets")[1]["ranksets"]]
+        assert "test-stale-kernel" not in ids
+    finally:
+        registry.remove("test-stale-kernel")

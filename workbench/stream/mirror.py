@@ -10,6 +10,7 @@ kernel's main thread: it keeps going while a cell runs.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 
@@ -37,6 +38,9 @@ class Mirror:
         self.history: deque = deque()  # (n events, encoded batch)
         self._n = 0
         self._pending: deque = deque()
+        # the thread sleeps until a batch is offered (a byte on this pipe), not on a timer
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self.subscribers: set[bytes] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-stream-mirror", daemon=True)
@@ -45,6 +49,13 @@ class Mirror:
     def offer(self, batch: list[dict]) -> None:
         """Called on the collector's thread: cheap, the encoding happens on the mirror's."""
         self._pending.append(batch)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):  # already full of wake-ups: the thread is awake
+            pass
 
     def _run(self) -> None:
         import zmq
@@ -54,8 +65,12 @@ class Mirror:
         lower_this_thread()
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop.is_set():
-            if poller.poll(100):
+            ready = dict(poller.poll())
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+            if self._sock in ready:
                 self._requests(zmq)
             while self._pending:
                 batch = self._pending.popleft()
@@ -94,6 +109,9 @@ class Mirror:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake()
         self._thread.join(2.0)
         self._sock.close(linger=0)
         self._ctx.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
