@@ -179,7 +179,8 @@ def test_requests_without_the_token_are_refused(server, announced):
 def test_websocket_sends_the_history_so_far(server, announced, ranks2):
     # rank 1's trainer lags rank 0 by 3 steps: marked a straggler
     code = ("from workbench import events\nfrom workbench.engine import publisher, runtime\n"
-            "r = runtime.context().rank\n"
+            "import time\nr = runtime.context().rank\n"
+            "time.sleep(1.5 if r == 0 else 0)\n"  # rank 1's last step is older as well as behind
             "for s in range(1, 6 - 3 * r):\n"
             "    publisher.emit(events.step_event(run='lab-test', rank=r, step=s, metrics={'loss': 1.0 / s}))\n"
             "publisher.flush()")

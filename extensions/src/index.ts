@@ -1,6 +1,6 @@
 // The distrain workbench's JupyterLab extension: ranks sidebar, live panes, status bar item
 // and a command-palette entry that starts ranks in the current notebook.
-import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -17,7 +17,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'distrain-workbench-lab:plugin',
   description: 'Ranks sidebar, live panes and status bar of the distrain workbench.',
   autoStart: true,
-  optional: [ICommandPalette, INotebookTracker, IStatusBar, ILabShell],
+  optional: [ICommandPalette, INotebookTracker, IStatusBar],
   activate: (app: JupyterFrontEnd, palette: ICommandPalette | null, notebooks: INotebookTracker | null,
     statusBar: IStatusBar | null) => {
     const model = new RankSetsModel(1000);

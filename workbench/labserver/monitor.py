@@ -20,7 +20,11 @@ import psutil
 
 from .. import registry
 
-STRAGGLER_STEPS = 2  # a rank this many trainer steps behind the furthest rank is marked
+# A rank is marked a straggler when its trainer is this many steps behind the furthest rank
+# and its latest step was taken this long (rank clocks) before the furthest rank's: ranks that
+# agree every step differ by a step or two within one 0.1 s event batch, not a straggler.
+STRAGGLER_STEPS = 2
+STRAGGLER_S = 1.0
 
 
 class StreamReader:
@@ -227,6 +231,7 @@ class Monitor:
         deaths = entry.get("deaths") or {}
         steps = [v["step"] for v in last.values() if "step" in v]
         top = max(steps) if steps else None
+        newest = max((v["time"] for v in last.values() if "time" in v), default=None)
         gpus = None if gone else gpu_usage()
         ranks = []
         for r in entry["ranks"]:
@@ -234,7 +239,8 @@ class Monitor:
             row.update(state="?", exit="", memory_mb=None, gpu=None)
             t = last.get(r["rank"], {})
             row["trainer"] = {k: t.get(k) for k in ("run", "state", "step", "loss")}
-            row["straggler"] = bool(top is not None and "step" in t and top - t["step"] >= STRAGGLER_STEPS)
+            row["straggler"] = bool(top is not None and "step" in t and top - t["step"] >= STRAGGLER_STEPS
+                                    and newest - t["time"] >= STRAGGLER_S)
             death = deaths.get(str(r["rank"]))
             if death:
                 row.update(state="dead", exit=death.get("exit", ""))
