@@ -16,7 +16,15 @@ export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 
 .PHONY: lab demo test bench clean
 
-$(BIN)/.installed: pyproject.toml
+# The JupyterLab extension: npm packages from the registry, built against this venv's
+# JupyterLab, output in workbench/labextension/ (pip installs it under share/jupyter).
+LABEXT := workbench/labextension/package.json
+$(LABEXT): extensions/package.json extensions/package-lock.json extensions/tsconfig.json $(wildcard extensions/src/*.ts extensions/style/*)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q "jupyterlab>=4,<5"
+	cd extensions && npm ci --no-audit --no-fund && PATH="$(CURDIR)/$(BIN):$$PATH" npm run build
+
+$(BIN)/.installed: pyproject.toml $(LABEXT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"

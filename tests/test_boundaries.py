@@ -11,6 +11,7 @@ import workbench.metrics, workbench.stream, workbench.planner.live
 import workbench.dashboard.layout_figure, workbench.dashboard.plan_figure
 import workbench.dashboard.timeline_figure, workbench.dashboard.pipeline_figure, workbench.dashboard.profile_figure
 import workbench.dashboard.timeline_panel, workbench.timelines, workbench.profiles
+import workbench.registry, workbench.stream.mirror, workbench.labserver.handlers, workbench.labserver.actions
 from workbench.commands import load_all
 load_all()
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))

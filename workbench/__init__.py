@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .api import apply, current, is_running, pull, push, restart, run, start, status, stop
 from . import stream as _stream  # noqa: F401  (attaches the event stream when ranks start)
+from . import registry as _registry  # noqa: F401  (announces rank sets to the JupyterLab extension)
 from . import training as train
 from .metrics import export_metrics, metrics
 from . import dashboard  # a callable module: workbench.dashboard() shows the live dashboard

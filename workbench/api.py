@@ -13,11 +13,14 @@ from .cluster.cell import GRACE_S, run_cell
 
 _current: RankSet | None = None
 _starting: RankSet | None = None  # a start in progress (a Slurm job in the queue): stop() cancels it
-_hooks: dict[str, list] = {"started": [], "stopping": []}
+_hooks: dict[str, list] = {"started": [], "stopping": [], "check": []}
 
 
 def on(event: str, fn) -> None:
     """Register ``fn(rankset)`` to run when a rank set has ``started`` or is ``stopping``.
+
+    ``check`` functions run whenever the current set is asked for; one that returns a
+    text (the ranks were ended from outside this kernel) makes the set stopped, with it.
 
     Other parts (telemetry stream, trainer control) attach to new rank sets this way
     instead of the rank set knowing about them.
@@ -27,6 +30,11 @@ def on(event: str, fn) -> None:
 
 def current() -> RankSet:
     """The running rank set; a clear error where there is none."""
+    for fn in _hooks["check"] if _current is not None and _current.running else ():
+        note = fn(_current)
+        if note:  # e.g. the Lab sidebar ended the ranks while this kernel was busy
+            stop()
+            raise NotRunning(f"the ranks were {note}; start them again with `%distrain start -n 2`")
     if _current is None or not _current.running:
         raise NotRunning("no ranks are running: start them with `%distrain start -n 2` "
                          "(or workbench.start(2))")

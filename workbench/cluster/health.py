@@ -115,6 +115,7 @@ class Watcher:
         self.procs = procs
         self.period = period
         self.deaths: dict[int, dict] = {}
+        self.listeners: list = []  # fn(death) called on the watcher's thread at each first death
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-rank-watcher", daemon=True)
@@ -179,7 +180,15 @@ class Watcher:
                         "exit": describe_exit(code),
                         "time": time.time(),
                     }
+                    self._tell(self.deaths[p.rank])
         return dict(self.deaths)
+
+    def _tell(self, death: dict) -> None:
+        for fn in list(self.listeners):
+            try:
+                fn(death)
+            except Exception:  # a listener (the Lab registry) must never break the watching
+                pass
 
     def mark_dead(self, rank: int, reason: str, exit_code: int | None = None) -> None:
         """Record a death reported from outside: the controller (a heartbeat stopped) or the
@@ -190,6 +199,7 @@ class Watcher:
                 p = self.procs[rank]
                 self.deaths[rank] = {"rank": rank, "host": p.host, "pid": p.pid, "exit_code": exit_code,
                                      "exit": reason, "time": known["time"] if known else time.time()}
+                self._tell(self.deaths[rank])
 
     def close(self) -> None:
         self._stop.set()

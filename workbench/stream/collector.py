@@ -39,6 +39,7 @@ class Collector:
         port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
         self.address = f"tcp://{bind_host}:{port}"
         self.errors: list[str] = []
+        self.mirror = None  # a stream.mirror.Mirror once the Lab registry asks for one
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-collector", daemon=True)
         self._thread.start()
@@ -65,12 +66,17 @@ class Collector:
                     self.rejected += 1
                     continue
                 try:
-                    self.store.add(events.decode(data))
+                    batch = events.decode(data)
+                    self.store.add(batch)
+                    if self.mirror is not None:
+                        self.mirror.offer(batch)
                 except Exception as exc:  # a bad message must not kill the collector
                     self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2.0)
+        if self.mirror is not None:
+            self.mirror.close()
         self._sock.close(linger=0)
         self._ctx.term()

@@ -1,0 +1,95 @@
+// The distrain workbench's JupyterLab extension: ranks sidebar, live panes, status bar item
+// and a command-palette entry that starts ranks in the current notebook.
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { Widget } from '@lumino/widgets';
+import { RankSet } from './api';
+import { RankSetsModel } from './model';
+import { LivePane } from './pane';
+import { RanksSidebar } from './sidebar';
+
+const INSERT = 'workbench:insert-start';
+const SIDEBAR = 'workbench:open-ranks';
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'distrain-workbench-lab:plugin',
+  description: 'Ranks sidebar, live panes and status bar of the distrain workbench.',
+  autoStart: true,
+  optional: [ICommandPalette, INotebookTracker, IStatusBar],
+  activate: (app: JupyterFrontEnd, palette: ICommandPalette | null, notebooks: INotebookTracker | null,
+    statusBar: IStatusBar | null) => {
+    const model = new RankSetsModel(1000);
+    const openPane = (rs: RankSet) => {
+      const pane = new LivePane(rs);
+      app.shell.add(pane, 'main', { mode: 'split-right' });
+      app.shell.activateById(pane.id);
+    };
+    const sidebar = new RanksSidebar(model, {
+      openPane,
+      openNotebook: path => void app.commands.execute('docmanager:open', { path })
+    });
+    app.shell.add(sidebar, 'left', { rank: 950 });
+    model.start();
+
+    app.commands.addCommand(SIDEBAR, {
+      label: 'Workbench: show the ranks sidebar',
+      execute: () => app.shell.activateById(sidebar.id)
+    });
+    app.commands.addCommand(INSERT, {
+      label: 'Workbench: insert a cell that starts 2 ranks (%distrain start -n 2)',
+      isEnabled: () => !!notebooks?.currentWidget,
+      execute: () => {
+        const panel = notebooks?.currentWidget;
+        if (!panel) {
+          return;
+        }
+        NotebookActions.insertAbove(panel.content);
+        panel.content.activeCell?.model.sharedModel.setSource('%load_ext workbench\n%distrain start -n 2');
+      }
+    });
+    if (palette) {
+      palette.addItem({ command: INSERT, category: 'Workbench' });
+      palette.addItem({ command: SIDEBAR, category: 'Workbench' });
+    }
+
+    if (statusBar) {
+      const item = new Widget();
+      item.addClass('wb-StatusItem');
+      item.node.title = 'workbench ranks of this notebook';
+      const update = () => {
+        const kernelId = notebooks?.currentWidget?.sessionContext.session?.kernel?.id;
+        const running = model.ranksets.filter(r => r.state === 'running');
+        const rs = running.find(r => r.kernel_id && r.kernel_id === kernelId);
+        item.node.textContent = rs ? statusText(rs) : '';
+        item.node.dataset.ranksetId = rs ? rs.id : '';
+      };
+      model.changed.connect(update);
+      notebooks?.currentChanged.connect(update);
+      statusBar.registerStatusItem('distrain-workbench-lab:status', {
+        item,
+        align: 'left',
+        rank: 4,
+        isActive: () => true
+      });
+    }
+  }
+};
+
+export function statusText(rs: RankSet): string {
+  let text = `${rs.world_size} ranks`;
+  if (rs.step !== null) {
+    text += ` · step ${rs.step}`;
+  }
+  if (rs.loss !== null) {
+    text += ` · loss ${rs.loss.toFixed(2)}`;
+  }
+  const dead = rs.ranks.filter(r => r.state === 'dead').length;
+  if (dead) {
+    text += ` · ${dead} dead`;
+  }
+  return text;
+}
+
+export default plugin;

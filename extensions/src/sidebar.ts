@@ -1,0 +1,181 @@
+// The ranks sidebar: every rank set of this user's kernels, a row per rank, confirmed actions.
+import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+import { act, forget, RankSet } from './api';
+import { RankSetsModel } from './model';
+
+const ACTIONS: { action: string; label: string; confirm: string; danger?: boolean }[] = [
+  { action: 'interrupt', label: 'Interrupt', confirm: 'Interrupt the cell running on every rank (SIGINT)?' },
+  { action: 'where', label: 'Where', confirm: "Dump every rank's Python stack (nothing is stopped)?" },
+  { action: 'trainer-pause', label: 'Pause', confirm: "Pause the ranks' trainer?" },
+  { action: 'trainer-resume', label: 'Resume', confirm: "Resume the ranks' trainer?" },
+  { action: 'trainer-stop', label: 'Stop trainer', confirm: "Stop the ranks' trainer?" },
+  { action: 'stop', label: 'Stop ranks', confirm: 'End every rank process of this set? Their state is lost.', danger: true }
+];
+
+function fmt(value: number | null | undefined, digits = 3): string {
+  return value === null || value === undefined ? '' : Number(value).toPrecision(digits);
+}
+
+export interface SidebarCallbacks {
+  openPane(rs: RankSet): void;
+  openNotebook(path: string): void;
+}
+
+export class RanksSidebar extends Widget {
+  private message = '';
+
+  constructor(private model: RankSetsModel, private callbacks: SidebarCallbacks) {
+    super();
+    this.id = 'workbench-ranks';
+    this.addClass('wb-Ranks');
+    this.title.caption = 'Workbench ranks';
+    this.title.label = 'Ranks';
+    model.changed.connect(() => this.render());
+    this.render();
+  }
+
+  private render(): void {
+    const node = this.node;
+    node.textContent = '';
+    const head = document.createElement('h2');
+    head.textContent = 'Workbench ranks';
+    node.appendChild(head);
+    if (this.model.error) {
+      node.appendChild(el('div', 'wb-Message', this.model.error));
+    }
+    if (!this.model.ranksets.length) {
+      node.appendChild(el('div', 'wb-Empty', 'No rank sets. Start one in a notebook: %distrain start -n 2'));
+    }
+    for (const rs of this.model.ranksets) {
+      node.appendChild(this.renderSet(rs));
+    }
+    if (this.message) {
+      node.appendChild(el('div', 'wb-Message', this.message));
+    }
+  }
+
+  private renderSet(rs: RankSet): HTMLElement {
+    const box = el('div', 'wb-RankSet');
+    box.dataset.ranksetId = rs.id;
+    box.dataset.state = rs.state;
+    const title = el('div', 'wb-RankSet-title', displayName(rs));
+    title.title = rs.notebook || '';
+    box.appendChild(title);
+    let meta = `${rs.world_size} ranks · ${rs.launcher} · ${rs.backend} · ${rs.state}`;
+    if (rs.step !== null) {
+      meta += ` · step ${rs.step} · loss ${fmt(rs.loss, 4)}`;
+    }
+    if (rs.stopped_by) {
+      meta += ` (${rs.stopped_by})`;
+    }
+    if (rs.stale) {
+      meta += ' (its kernel is gone: cleaned from the registry)';
+    }
+    box.appendChild(el('div', 'wb-RankSet-meta', meta));
+    const actions = el('div', 'wb-Actions');
+    if (rs.state === 'running') {
+      for (const spec of ACTIONS) {
+        const button = el('button', spec.danger ? 'wb-danger' : '', spec.label) as HTMLButtonElement;
+        button.dataset.action = spec.action;
+        button.onclick = () => void this.run(rs, spec.action, spec.label, spec.confirm);
+        actions.appendChild(button);
+      }
+      if (rs.stream) {
+        const pane = el('button', '', 'Live pane') as HTMLButtonElement;
+        pane.dataset.action = 'pane';
+        pane.onclick = () => this.callbacks.openPane(rs);
+        actions.appendChild(pane);
+      }
+    } else {
+      const button = el('button', '', 'Forget') as HTMLButtonElement;
+      button.dataset.action = 'forget';
+      button.onclick = () => void forget(rs.id).then(() => this.model.refresh(), showError);
+      actions.appendChild(button);
+    }
+    if (rs.notebook_path) {
+      const open = el('button', '', 'Open notebook') as HTMLButtonElement;
+      open.dataset.action = 'open';
+      open.onclick = () => this.callbacks.openNotebook(rs.notebook_path!);
+      actions.appendChild(open);
+    }
+    box.appendChild(actions);
+    const table = el('table', 'wb-RankTable');
+    const header = el('tr', '');
+    const gpu = rs.ranks.some(r => r.gpu);
+    for (const h of ['rank', 'state', 'host', 'pid', 'device', 'MB', ...(gpu ? ['GPU MB', 'GPU %'] : []), 'step', 'loss']) {
+      header.appendChild(el('th', '', h));
+    }
+    table.appendChild(header);
+    for (const r of rs.ranks) {
+      const row = el('tr', 'wb-RankRow');
+      row.dataset.rank = String(r.rank);
+      row.dataset.pid = String(r.pid);
+      row.dataset.state = r.state;
+      const state = r.state + (r.exit ? ` (${r.exit})` : '') + (r.trainer.state ? ` · ${r.trainer.state}` : '');
+      const gpuCells = gpu ? [fmt(r.gpu?.memory_mb, 4), r.gpu ? String(r.gpu.util) : ''] : [];
+      const cells = [String(r.rank), state, r.host, String(r.pid), r.device, fmt(r.memory_mb, 4), ...gpuCells,
+        r.trainer.step === null ? '' : String(r.trainer.step), fmt(r.trainer.loss, 4)];
+      const stepColumn = 6 + gpuCells.length;
+      cells.forEach((text, i) => {
+        const td = el('td', i === 1 ? `wb-state wb-state-${r.state}` : '', text);
+        if (i === stepColumn && r.straggler) {
+          td.classList.add('wb-straggler');
+          td.title = 'straggler: this rank lags the others';
+          td.textContent = `${text} ⚠`;
+        }
+        row.appendChild(td);
+      });
+      table.appendChild(row);
+    }
+    box.appendChild(table);
+    return box;
+  }
+
+  private async run(rs: RankSet, action: string, label: string, question: string): Promise<void> {
+    const answer = await showDialog({
+      title: `${label}: ${displayName(rs)}`,
+      body: question,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label, displayType: action === 'stop' ? 'warn' : 'default' })]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
+    try {
+      const result = await act(rs.id, action);
+      if (action === 'where') {
+        const pre = document.createElement('div');
+        pre.className = 'wb-Stacks';
+        pre.textContent = Object.entries(result.stacks as Record<string, { where: string; frames: string[] }>)
+          .map(([rank, s]) => [`[rank ${rank}] ${s.where}`, ...s.frames.slice(1).map(f => `    ${f}`)].join('\n'))
+          .join('\n');
+        void showDialog({ title: 'Where every rank is', body: new Widget({ node: pre }), buttons: [Dialog.okButton()] });
+      }
+      this.message = `${label}: done`;
+    } catch (err) {
+      this.message = `${label}: ${(err as Error).message}`;
+      showError(err);
+    }
+    await this.model.refresh();
+  }
+}
+
+export function displayName(rs: RankSet): string {
+  const path = rs.notebook_path || rs.notebook;
+  return path ? path.split('/').pop()! : `kernel ${rs.kernel_pid}`;
+}
+
+function showError(err: unknown): void {
+  void showErrorMessage('Workbench', (err as Error).message || String(err));
+}
+
+export function el(tag: string, cls: string, text?: string): HTMLElement {
+  const node = document.createElement(tag);
+  if (cls) {
+    node.className = cls;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}

@@ -1,0 +1,280 @@
+"""The workbench's JupyterLab extension in a real JupyterLab under a non-root base URL.
+
+The extension under test is the one built in this tree (``workbench/labextension``, built by
+``make``), linked into the Lab's private data folder; the server extension is switched on
+on the command line, as its installed ``jupyter_server_config.d`` file does. One notebook
+drives a whole rank set's life: start, live pane during a long cell, interrupt, SIGKILL,
+stop from the sidebar.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+from .conftest import CHROMIUM, CHROMIUM_ARGS, Lab, _free_port, _need_browser, _write_settings
+from .helpers import ROOT, STATE, run_cell, shot, wait_kernel_idle
+
+BASE = "/hub/user/wb/"
+BUILT = ROOT / "workbench" / "labextension"
+HERE = STATE / "labext"
+NOTEBOOK = HERE / "ranks_sidebar.ipynb"
+CELLS = [
+    "%load_ext workbench\n%distrain start -n 2",
+    "import json, workbench\nprint('PIDS', json.dumps([r['pid'] for r in workbench.status()]))",
+    "%distrain train start --model tiny --steps 100000 --no-dashboard",
+    "import time\ntime.sleep(15)\nprint('SLEPT')",
+    "%%distrain\nimport time\nwhile True:\n    time.sleep(0.05)",
+    "%distrain status",
+]
+
+
+def _notebook() -> None:
+    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+             for src in CELLS]
+    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                                      "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    NOTEBOOK.write_text(json.dumps(nb))
+
+
+@pytest.fixture(scope="module")
+def lab_base():
+    """JupyterLab under ``BASE`` with this tree's Lab extension and the server extension."""
+    _need_browser()
+    if not (BUILT / "package.json").exists():
+        pytest.fail("the JupyterLab extension is not built: `make test` (or `cd extensions && npm ci && "
+                    "npm run build`) builds it into workbench/labextension")
+    shutil.rmtree(HERE, ignore_errors=True)
+    env = dict(os.environ)
+    for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTER_CONFIG_DIR", "config"),
+                     ("JUPYTER_DATA_DIR", "data"), ("MPLCONFIGDIR", "mpl")):
+        env[var] = str(HERE / sub)
+        (HERE / sub).mkdir(parents=True, exist_ok=True)
+    (HERE / "data" / "labextensions").mkdir()
+    (HERE / "data" / "labextensions" / "distrain-workbench-lab").symlink_to(BUILT)
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("JUPYTERLAB_SETTINGS_DIR", None)
+    _write_settings(HERE / "settings")
+    _notebook()
+    port, token = _free_port(), secrets.token_hex(16)
+    log = HERE / "jupyter-lab.log"
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--IdentityProvider.token={token}",
+           f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1", f"--ServerApp.base_url={BASE}",
+           f"--ServerApp.root_dir={ROOT}", "--ContentsManager.allow_hidden=True",
+           '--ServerApp.jpserver_extensions={"workbench.labserver": True}',
+           f"--FileCheckpoints.checkpoint_dir={HERE / 'checkpoints'}",
+           f"--LabApp.user_settings_dir={HERE / 'settings'}", f"--LabApp.workspaces_dir={HERE / 'workspaces'}",
+           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Lab(proc, port, token, log)
+    server.base = f"http://127.0.0.1:{port}{BASE.rstrip('/')}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{server.log_tail()}")
+            try:
+                server.api("GET", "status")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"jupyter lab did not answer in 90 s:\n{server.log_tail()}")
+                time.sleep(0.5)
+        yield server
+    finally:
+        server.remember()
+        try:
+            server.shutdown_kernels()
+        except Exception:
+            pass
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        left = server.leftovers()
+        for p in left:
+            p.terminate()
+        _, still = psutil.wait_procs(left, timeout=10)
+        for p in still:
+            p.kill()
+
+
+@pytest.fixture
+def lab_page(request, lab_base, playwright_driver):
+    profile = HERE / "chromium"
+    context = playwright_driver.chromium.launch_persistent_context(
+        str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+        viewport={"width": 1500, "height": 1000}, timezone_id="UTC")
+    context.set_default_timeout(30_000)
+    pg = context.pages[0] if context.pages else context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.js_errors = errors
+    try:
+        yield pg
+    finally:
+        try:
+            shot(pg, f"labext-{request.node.name}")
+        except Exception:
+            pass
+        context.close()
+        lab_base.remember()
+        lab_base.shutdown_kernels()
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _ranks_api(lab, token: bool = True):
+    headers = {"Authorization": f"token {lab.token}"} if token else {}
+    req = urllib.request.Request(f"{lab.base}/workbench/ranksets", headers=headers)
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        return json.loads(resp.read())["ranksets"]
+
+
+def _output(page, cell_text: str) -> str:
+    cell = page.locator(".jp-Notebook .jp-Cell", has_text=cell_text).first
+    return cell.locator(".jp-OutputArea").inner_text()
+
+
+def _wait_output(page, cell_text: str, pattern: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        text = _output(page, cell_text)
+        if re.search(pattern, text):
+            return text
+        assert time.monotonic() < deadline, f"no {pattern!r} in the output of {cell_text!r}: {text!r}"
+        time.sleep(0.3)
+
+
+def _confirm(page, action: str) -> None:
+    page.locator(f".wb-RankSet[data-state='running'] button[data-action='{action}']").first.click()
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+
+
+def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_page, lab_base):
+    page, lab = lab_page, lab_base
+    page.goto(lab.url(NOTEBOOK.relative_to(ROOT).as_posix()))
+    page.locator(".jp-Notebook .jp-Cell").nth(1).wait_for(state="visible", timeout=60_000)
+    wait_kernel_idle(page)
+    assert "/hub/user/wb/lab" in page.url
+
+    # the command palette inserts the cell that starts ranks
+    page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Control+Shift+C")
+    page.locator(".lm-CommandPalette-input").fill("Workbench: insert")
+    page.locator(".lm-CommandPalette-item", has_text="insert a cell that starts 2 ranks").first.click()
+    cells = page.locator(".jp-Notebook .jp-Cell", has_text="%distrain start -n 2")
+    assert cells.count() == 2 and "%load_ext workbench" in cells.first.inner_text()
+
+    # start: the sidebar lists the two ranks with the pids `status` reports
+    run_cell(page, "%distrain start -n 2")
+    wait_kernel_idle(page, timeout=180_000)
+    run_cell(page, "print('PIDS'")
+    pids = json.loads(_wait_output(page, "print('PIDS'", r"PIDS \[.*\]").split("PIDS", 1)[1].strip())
+    assert len(pids) == 2
+    page.locator(".lm-TabBar-tab[data-id='workbench-ranks']").click()
+    rows = page.locator(".wb-RankSet[data-state='running'] .wb-RankRow")
+    rows.nth(1).wait_for(timeout=15_000)
+    assert rows.count() == 2
+    assert [int(rows.nth(i).get_attribute("data-pid")) for i in range(2)] == pids
+
+    # refused without the token: REST and websocket, under the base URL
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _ranks_api(lab, token=False)
+    assert err.value.code == 403
+    set_id = _ranks_api(lab)[0]["id"]
+    import asyncio
+    import concurrent.futures
+
+    from tornado import httpclient, websocket
+
+    async def bare():  # a websocket with neither token nor cookie
+        await websocket.websocket_connect(httpclient.HTTPRequest(
+            f"ws://127.0.0.1:{lab.port}{BASE}workbench/ranksets/{set_id}/events", request_timeout=20))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright holds this thread's event loop
+        with pytest.raises(httpclient.HTTPClientError) as err:
+            pool.submit(asyncio.run, bare()).result(30)
+    assert err.value.code == 403
+
+    # status bar item of this notebook
+    page.locator(".wb-StatusItem", has_text="2 ranks").wait_for(timeout=10_000)
+
+    # a live pane keeps growing while the kernel sleeps in a cell
+    run_cell(page, "%distrain train start")
+    wait_kernel_idle(page, timeout=180_000)
+    page.locator(".wb-RankSet[data-state='running'] button[data-action='pane']").click()
+    pane = page.locator(".wb-Pane")
+    pane.wait_for(timeout=15_000)
+    run_cell(page, "time.sleep(15)")
+    page.get_by_text(re.compile(r"^Python 3 \(ipykernel\) \| Busy$")).first.wait_for(timeout=10_000)
+    page.wait_for_function("() => Number(document.querySelector('.wb-Pane')?.dataset.points || 0) > 0",
+                           timeout=30_000)
+    first = int(pane.get_attribute("data-points"))
+    time.sleep(4)
+    second = int(pane.get_attribute("data-points"))
+    assert "SLEPT" not in _output(page, "time.sleep(15)")  # still inside the long cell
+    assert second > first, f"the pane's points did not grow during the cell: {first} -> {second}"
+    page.locator(".wb-StatusItem", has_text=re.compile(r"2 ranks · step \d+ · loss \d")).wait_for(timeout=10_000)
+    _wait_output(page, "time.sleep(15)", "SLEPT", timeout=60)
+
+    # the trainer paused, resumed and stopped from the sidebar
+    _confirm(page, "trainer-pause")
+    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow')]
+        .filter(r => r.dataset.state === 'paused').length === 2""", timeout=15_000)
+    _confirm(page, "trainer-resume")
+    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow td.wb-state')]
+        .filter(td => td.textContent.endsWith('· running')).length === 2""", timeout=15_000)
+    _confirm(page, "trainer-stop")
+    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow td.wb-state')]
+        .filter(td => td.textContent.endsWith('· stopped')).length === 2""", timeout=15_000)
+
+    # interrupt from the sidebar stops a `while True` cell on the ranks
+    run_cell(page, "while True:")
+    page.get_by_text(re.compile(r"^Python 3 \(ipykernel\) \| Busy$")).first.wait_for(timeout=10_000)
+    time.sleep(1.5)
+    _confirm(page, "interrupt")
+    wait_kernel_idle(page, timeout=30_000)
+    assert "KeyboardInterrupt" in _output(page, "while True:")
+
+    # a rank killed with SIGKILL shows dead, with its exit, within 2 s
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    page.locator(".wb-RankRow[data-rank='1'][data-state='dead']", has_text="killed by SIGKILL").wait_for(timeout=2_000)
+    assert time.monotonic() - t0 <= 2.5
+
+    # stop from the sidebar ends the ranks; the notebook's next `status` says so
+    _confirm(page, "stop")
+    deadline = time.monotonic() + 10
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(pids) == []
+    page.locator(".wb-RankSet[data-state='stopped']").wait_for(timeout=5_000)
+    run_cell(page, "%distrain status")
+    _wait_output(page, "%distrain status", "stopped from the JupyterLab ranks sidebar", timeout=30)
+    assert page.js_errors == [], page.js_errors
