@@ -17,7 +17,7 @@ exists), then ``runs`` times each, alternating saves that record a checksum per 
 Blocked time is the slowest rank's. Medians over ``runs``. Target: async blocks <= 1/4
 of sync, with checksums. Before the saves: the checksum candidates' throughput on one
 core over the ~largest checkpoint file (crc32 from zlib, sha256 from hashlib, xxh3_64
-from xxhash). Results: ``benchmarks/results/checkpoint_bench-MODELS-RANKS.json``. Usage::
+from xxhash). Results: ``benchmarks/results/checkpoint-*.json`` (``--pool``: every saved run; ``--quick``: checks the script only). Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs 3] [--models tiny,m100] [--ranks 2,4]
 """
@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -35,6 +33,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results  # noqa: E402
 
 from workbench.checkpoint import api as ck  # noqa: E402
 from workbench.cluster import RankSet  # noqa: E402
@@ -151,10 +151,14 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--models", default="tiny,m100")
     p.add_argument("--ranks", default="2,4")
-    p.add_argument("--out", default=None, help="results JSON (default benchmarks/results/checkpoint_bench-MODELS-RANKS.json)")
+    p.add_argument("--quick", action="store_true", help="the tiny model on 2 ranks, 1 run: checks the script only")
+    p.add_argument("--pool", action="store_true", help="report every saved run; run nothing")
     a = p.parse_args(argv)
-    a.out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                  f"checkpoint_bench-{a.models.replace(',', '+')}-{a.ranks.replace(',', '+')}.json")
+    if a.pool:
+        return results.pool_report("checkpoint")
+    if a.quick:
+        a.runs, a.models, a.ranks = 1, "tiny", "2"
+    run = results.Run("checkpoint", vars(a), quick=a.quick)
     rows = []
     speed = None
     for model in a.models.split(","):
@@ -181,15 +185,10 @@ def main(argv=None) -> int:
               f"{r['sizes_sync_s']:>8.3f} {r['checksum_async_blocked_s']:>15.3f} {r['sizes_async_blocked_s']:>8.3f} "
               f"{r['async_over_sync']:>10.2f} {r['checksum_async_total_s']:>14.3f} {r['restore_s']:>10.3f} "
               f"{r['verify_s']:>9.3f} {r['staging_mb']:>11.1f}")
-    ok = all(r["async_over_sync"] <= 0.25 for r in rows)
-    print(f"target async/sync <= 0.25 with checksums: {'met' if ok else 'NOT met'}")
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as fh:
-        json.dump({"benchmark": "checkpoint", "runs": a.runs, "checksum": speed, "rows": rows, "target_met": ok,
-                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                               "load_avg": os.getloadavg()}, "time": time.time()}, fh, indent=1)
-    print(f"results: {a.out}")
-    return 0 if ok else 1
+        run.target(f"{r['model']} x{r['ranks']} async blocked / sync save (checksums on)", r["async_over_sync"],
+                   "<=", 0.25)
+    run.rounds, run.summary = rows, {"checksum_speed": speed}
+    return run.finish()
 
 
 if __name__ == "__main__":

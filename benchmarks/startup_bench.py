@@ -11,7 +11,7 @@ interleaved per round so that all see the same machine load:
 
 Each figure is kernel start request -> the reply of the cell that leaves every rank's
 process group initialised. Results (medians, every run, load average) go to
-``benchmarks/results/startup.json``.
+``benchmarks/results/startup-*.json`` (``--pool``: every saved run); exit 1 on a miss.
 
 Set up the other tool once (its own venv; torch comes from the shared venv through a
 ``.pth`` file placed after its own packages):
@@ -31,6 +31,9 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import results  # noqa: E402
+
 STATE = ROOT / ".state" / "startup_bench"
 JD_PYTHON = ROOT / ".state" / "jd" / "venv" / "bin" / "python"
 
@@ -107,35 +110,36 @@ def one(tool: str, n: int) -> float:
     return elapsed
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tools", nargs="+", default=["workbench", "ipyparallel", "jupyter-distributed"])
-    args = parser.parse_args()
+    parser.add_argument("--pool", action="store_true", help="report every saved run; run nothing")
+    args = parser.parse_args(argv)
+    if args.pool:
+        return results.pool_report("startup")
     if "jupyter-distributed" in args.tools and not JD_PYTHON.exists():
         sys.exit(f"jupyter-distributed is not set up at {JD_PYTHON}: see this script's docstring")
     STATE.mkdir(parents=True, exist_ok=True)
+    run = results.Run("startup", vars(args))
     runs: dict[str, dict[str, list[float]]] = {str(n): {t: [] for t in args.tools} for n in args.sizes}
-    load = [os.getloadavg()[0]]
     for r in range(args.rounds):
         for n in args.sizes:
             for tool in args.tools:
                 s = one(tool, n)
                 runs[str(n)][tool].append(s)
+                run.rounds.append({"round": r, "ranks": n, "tool": tool, "seconds": s})
                 print(f"round {r + 1}, {n} ranks, {tool}: {s:.2f} s", flush=True)
-        load.append(os.getloadavg()[0])
-    result = {"what": "kernel start -> every rank's process group initialised, seconds",
-              "rounds": args.rounds, "cpu_count": os.cpu_count(), "load_average_1min": load,
-              "median_s": {n: {t: statistics.median(v) for t, v in tools.items()} for n, tools in runs.items()},
-              "runs_s": runs}
-    out = ROOT / "benchmarks" / "results" / "startup.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    for n, tools in result["median_s"].items():
+    median = {n: {t: statistics.median(v) for t, v in tools.items()} for n, tools in runs.items()}
+    run.summary = {"what": "kernel start -> every rank's process group initialised, seconds", "median_s": median}
+    for n, tools in median.items():
         print(f"{n} ranks: " + ", ".join(f"{t} {s:.2f} s" for t, s in tools.items()))
-    print(f"load average over the run: {', '.join(f'{x:.1f}' for x in load)}; saved {out}")
+        if "jupyter-distributed" in tools and "workbench" in tools:
+            run.target(f"start-up x{n} workbench / jupyter-distributed", tools["workbench"] / tools["jupyter-distributed"],
+                       "<=", 1.0)
+    return run.finish()
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,22 +1,31 @@
-"""Tier 4: a rank that fails while the others wait is shown at once (real magics, shared 2 ranks)."""
+"""Tier 4: a rank that fails while the others wait is shown at once (real magics, a private 2-rank set)."""
 import re
 import sys
 import time
 
 import pytest
+from conftest import _session_ranks
 
 from workbench import api
 from workbench.commands import UsageError
 
 
+@pytest.fixture(scope="module")
+def own2():
+    """2 ranks of this module's own: freeing a rank stuck in a collective closes and re-makes
+    the process group, which a set shared with other tests (their subgroups and wrappers on
+    the old group) would not come through."""
+    yield from _session_ranks(2)
+
+
 @pytest.fixture
-def shell2(ranks2):
-    """A real IPython shell whose current rank set is the shared 2-rank one."""
+def shell2(own2):
+    """A real IPython shell whose current rank set is this module's 2-rank one."""
     from IPython.testing.globalipapp import get_ipython
 
     ip = get_ipython()
     ip.run_line_magic("load_ext", "workbench")
-    previous, api._current = api._current, ranks2
+    previous, api._current = api._current, own2
     yield ip
     api._current = previous
 

@@ -1,0 +1,51 @@
+"""Every benchmark script still runs and writes its JSON (``--quick``: the figures are not
+judged here, the machine is busy with the suite; ``make bench`` judges them)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+BENCHES = {
+    "dispatch": ["dispatch_bench.py", "--quick"],
+    "edit_loop": ["edit_loop_bench.py", "--quick"],
+    "strategy": ["strategy_bench.py", "--quick"],
+    "telemetry": ["telemetry_bench.py", "--quick"],
+    "checkpoint": ["checkpoint_bench.py", "--quick"],
+}
+
+
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+def test_benchmark_quick_run_writes_its_json(bench, tmp_path):
+    script, *args = BENCHES[bench]
+    env = dict(os.environ, WORKBENCH_BENCH_RESULTS=str(tmp_path), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    files = list(tmp_path.glob(f"{bench}-quick-*.json"))
+    assert len(files) == 1, (files, out.stdout[-1000:])
+    doc = json.loads(files[0].read_text())
+    assert doc["bench"] == bench and doc["quick"] is True
+    assert doc["rounds"] and doc["targets"], doc
+    assert {"cpu_count", "load_avg_1_5_15", "torch", "load_avg_after"} <= set(doc["machine"])
+    for t in doc["targets"]:
+        assert {"name", "value", "op", "limit", "met"} <= set(t) and isinstance(t["value"], float)
+
+
+def test_a_missed_target_fails_the_run_and_pool_counts_every_run(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import results
+
+    for day, value in (("01", 0.9), ("02", 1.1)):
+        run = results.Run("demo", {}, started=f"202601{day}T000000Z")
+        run.rounds = [{"x": value}]
+        run.target("ratio", value, "<=", 1.0)
+        assert run.finish(tmp_path) == (0 if value <= 1.0 else 1)
+    quick = results.Run("demo", {}, quick=True)
+    quick.target("ratio", 5.0, "<=", 1.0)
+    assert quick.finish(tmp_path) == 0  # a quick run only checks that the script works
+    assert [d["targets"][0]["value"] for d in results.saved("demo", tmp_path)] == [0.9, 1.1]
+    assert results.pool_report("demo", tmp_path) == 0
+    assert "met in 1 of 2 runs: 0.900, 1.100" in capsys.readouterr().out
