@@ -43,7 +43,8 @@ def test_every_strategy_at_world_size_1():
         assert set(layout) >= {"version", "strategy", "path", "mesh", "rank", "world_size", "params",
                                "param_bytes_local", "param_bytes_global", "notes"}
         e = layout["params"][0]
-        assert set(e) == {"name", "global_shape", "local_shape", "placements", "dtype", "local_bytes", "global_bytes"}
+        assert set(e) == {"name", "global_shape", "local_shape", "placements", "dtype", "local_bytes", "global_bytes",
+                          "holds"}
         assert len(e["placements"]) == len(layout["mesh"]["shape"])
         assert any(n.startswith("path ") for n in layout["notes"])
     assert res["fsdp2"][1]["params"][0]["placements"] == ["Shard(0)"]

@@ -22,6 +22,7 @@ import urllib.request
 
 import psutil
 import pytest
+from conftest import alive as _alive
 
 from .conftest import CHROMIUM, CHROMIUM_ARGS, Lab, _free_port, _need_browser, _write_settings
 from .helpers import ROOT, STATE, run_cell, shot, wait_kernel_idle
@@ -139,15 +140,6 @@ def lab_page(request, lab_base, playwright_driver):
         lab_base.shutdown_kernels()
 
 
-def _alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _ranks_api(lab, token: bool = True):

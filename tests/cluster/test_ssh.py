@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from conftest import alive as _alive
 
 from workbench.cluster import RankDied, RankSet
 
@@ -20,15 +21,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".state" / "test" / "ssh-profile"
 
 
-def _alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 @pytest.fixture(scope="module")

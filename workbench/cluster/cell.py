@@ -136,7 +136,7 @@ def show(call, printed=None, skip=()) -> None:
     if call.ar.ready():
         # a rank's reply can overtake its last output (separate sockets): wait for the
         # output streams to be flushed too, so that nothing a rank printed is missed
-        call.ar.wait_for_output(timeout=5)
+        call.ar.wait_for_output(timeout=30)
     outs, errs = call.per_rank("stdout"), call.per_rank("stderr")
     displays, results = call.per_rank("outputs"), call.per_rank("execute_result")
     failures = call.failures()

@@ -636,6 +636,9 @@ class RankCall:
             raise RankDied(health.death_message(deaths), deaths)
         if not done:
             raise TimeoutError(f"ranks {self.pending()} still running after {timeout} s")
+        if not self.ar.successful():
+            # a rank's error is read from its output stream, which the reply can overtake
+            self.ar.wait_for_output(timeout=30)
         failures = self.failures()
         if failures:
             raise RankFailure(failure_message(failures), failures)
