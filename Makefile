@@ -40,7 +40,7 @@ lab: $(BIN)/.installed | $(STATE)
 	$(BIN)/jupyter lab notebooks/00_quickstart.ipynb $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 demo: $(BIN)/.installed | $(STATE)
-	$(BIN)/python -m workbench.demo notebooks/00_quickstart.ipynb --out runs
+	$(BIN)/python -m workbench.notebook.demo notebooks/00_quickstart.ipynb --out runs
 
 # The suite runs in five pytest processes, each with rank sets of its own, so that no group
 # inherits another's ranks; every group runs, and the target fails if any group failed.

@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results  # noqa: E402
 
-from workbench.checkpoint import api as ck  # noqa: E402
-from workbench.cluster import RankSet  # noqa: E402
+from workbench.notebook import checkpoints as ck  # noqa: E402
+from workbench.notebook.cluster import RankSet  # noqa: E402
 
 BUILD = """
 import torch
@@ -56,14 +56,14 @@ _nparams = sum(p.numel() for p in _prep.unwrap().parameters())
 
 
 def _set_checksum(algo):
-    from workbench.checkpoint import save
+    from workbench.engine.checkpoint import save
 
     save.CHECKSUM = algo
     return algo
 
 
 def bench(model: str, n: int, runs: int) -> dict:
-    from workbench.checkpoint import integrity
+    from workbench.shared.checkpoint import integrity
 
     rs = RankSet.start(n=n, backend="gloo", threads=1)
     root = tempfile.mkdtemp(prefix=f"ckbench-{model}-{n}-")
@@ -139,7 +139,7 @@ def checksum_speed(path: str, runs: int) -> dict:
 
 
 def _load_latest(root):
-    from workbench.checkpoint import catalog
+    from workbench.shared.checkpoint import catalog
     from workbench.engine import checkpoint_hooks as ch
 
     folder, _ = catalog.resolve(root, "latest")

@@ -276,7 +276,7 @@ def interleaved_on_rank(steps: int) -> dict:
 
 
 def run_workbench(rs, steps: int, warmup: int) -> tuple[float, dict]:
-    from workbench import stream, training
+    from workbench.notebook import stream, training
 
     rs.apply(rank_setup)
     run = training.start(steps, rankset=rs)
@@ -299,7 +299,7 @@ def run_workbench(rs, steps: int, warmup: int) -> tuple[float, dict]:
 # ------------------------------------------------------------------ event rate
 def blast(rate_per_rank: float, seconds: float) -> int:
     """On a rank: emit step events at ``rate_per_rank``/s for ``seconds``; returns how many."""
-    from workbench import events
+    from workbench.shared import events
     from workbench.engine import publisher, runtime
 
     rank = runtime.context().rank
@@ -319,7 +319,7 @@ def blast(rate_per_rank: float, seconds: float) -> int:
 
 
 def event_rate(rs, rates: list[float], seconds: float = 3.0) -> list[dict]:
-    from workbench import stream
+    from workbench.notebook import stream
 
     store = stream.attach(rs).store
     out = []
@@ -354,8 +354,8 @@ def overhead(args) -> list[dict]:
     """Segments of rounds, each on a fresh torchrun job and a fresh workbench rank set; in a
     segment the three sides alternate round by round (order rotating). Then the step-by-step
     comparison on the last segment's ranks."""
-    from workbench import api
-    from workbench.dashboard import Dashboard
+    from workbench.notebook import api
+    from workbench.notebook.dashboard import Dashboard
 
     from benchmarks import telemetry_bench as tb
 
@@ -488,7 +488,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, ROOT)
     os.environ.setdefault("IPYTHONDIR", os.path.join(ROOT, ".state", "bench", "ipython"))
     os.makedirs(os.environ["IPYTHONDIR"], exist_ok=True)
-    from workbench import api
+    from workbench.notebook import api
 
     # rank-side functions must come from an importable module, not this __main__
     from benchmarks import telemetry_bench as tb

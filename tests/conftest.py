@@ -26,8 +26,8 @@ os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
-from workbench import api  # noqa: E402
-from workbench.cluster import RankSet  # noqa: E402
+from workbench.notebook import api  # noqa: E402
+from workbench.notebook.cluster import RankSet  # noqa: E402
 
 
 def alive(pids) -> list[int]:
@@ -47,7 +47,7 @@ def clean_trainer() -> bool:
     Tests that train on the shared rank sets call this on the ranks afterwards, so that
     the next test finds them as a fresh user would.
     """
-    from workbench.checkpoint import save
+    from workbench.engine.checkpoint import save
     from workbench.engine import checkpoint_hooks, comm_timing, trainer
 
     t = trainer._CURRENT

@@ -1,7 +1,7 @@
 """Notebook runs shared by several test modules (each runs at most once per session).
 
 The quickstart is executed once, through the ``make demo`` entry point
-(``python -m workbench.demo``, which drives nbclient with the ``python3`` kernel);
+(``python -m workbench.notebook.demo``, which drives nbclient with the ``python3`` kernel);
 ``test_demo`` checks the run and its summary, ``test_quickstart`` the notebook's outputs.
 """
 from __future__ import annotations
@@ -41,10 +41,10 @@ from conftest import alive  # noqa: E402,F401  (re-exported for the notebook tes
 
 
 def run_demo(notebook: pathlib.Path, out: pathlib.Path, *extra: str, timeout: float = 400) -> DemoRun:
-    """``python -m workbench.demo NOTEBOOK --out OUT`` in a subprocess, as ``make demo`` runs it."""
+    """``python -m workbench.notebook.demo NOTEBOOK --out OUT`` in a subprocess, as ``make demo`` runs it."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "workbench.demo", str(notebook), "--out", str(out), *extra],
+    proc = subprocess.run([sys.executable, "-m", "workbench.notebook.demo", str(notebook), "--out", str(out), *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     executed = None
     for line in proc.stdout.splitlines():

@@ -6,13 +6,13 @@ import sys
 
 NOTEBOOK_SIDE = """
 import sys
-import workbench, workbench.magics, workbench.dashboard, workbench.planner, workbench.training
-import workbench.metrics, workbench.stream, workbench.planner.live
-import workbench.dashboard.layout_figure, workbench.dashboard.plan_figure
-import workbench.dashboard.timeline_figure, workbench.dashboard.pipeline_figure, workbench.dashboard.profile_figure
-import workbench.dashboard.timeline_panel, workbench.timelines, workbench.profiles
-import workbench.registry, workbench.stream.mirror, workbench.labserver.handlers, workbench.labserver.actions
-from workbench.commands import load_all
+import workbench, workbench.notebook.magics, workbench.dashboard, workbench.planner, workbench.notebook.training
+import workbench.notebook.metrics, workbench.notebook.stream, workbench.planner.live
+import workbench.notebook.dashboard.layout_figure, workbench.notebook.dashboard.plan_figure
+import workbench.notebook.dashboard.timeline_figure, workbench.notebook.dashboard.pipeline_figure, workbench.notebook.dashboard.profile_figure
+import workbench.notebook.dashboard.timeline_panel, workbench.notebook.timelines, workbench.notebook.profiles
+import workbench.notebook.registry, workbench.notebook.stream.mirror, workbench.labserver.handlers, workbench.labserver.actions
+from workbench.notebook.commands import load_all
 load_all()
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
@@ -20,7 +20,7 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 RANK_SIDE = """
 import sys
 import workbench.engine, workbench.engine.trainer, workbench.engine.telemetry, workbench.engine.runtime
-import workbench.strategies, workbench.checkpoint, workbench.models, workbench.engine.memory_census
+import workbench.strategies, workbench.engine.checkpoint.save, workbench.engine.checkpoint.load, workbench.shared.checkpoint, workbench.models, workbench.engine.memory_census
 import workbench.engine.timeline, workbench.engine.profiling, workbench.strategies.pipeline
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("plotly", "ipywidgets")))
 """

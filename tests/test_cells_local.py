@@ -6,8 +6,8 @@ import time
 import pytest
 from conftest import _session_ranks
 
-from workbench import api
-from workbench.commands import UsageError
+from workbench.notebook import api
+from workbench.notebook.commands import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_bad_grace_is_refused_before_anything_runs(shell2, capsys, flags, says):
 
 
 def test_auto_mode_round_trip_in_the_shell(shell2, capsys):
-    from workbench import auto_cells
+    from workbench.notebook import auto_cells
 
     shell2.user_ns.pop("on_ranks", None)
     try:

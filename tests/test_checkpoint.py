@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.checkpoint import api as ck
-from workbench.checkpoint import catalog
-from workbench.cluster import RankFailure
+from workbench.notebook import checkpoints as ck
+from workbench.shared.checkpoint import catalog
+from workbench.notebook.cluster import RankFailure
 
 BUILD = """
 import torch
@@ -31,7 +31,7 @@ def _ck_train(n):
 
 CLEAN = """
 from workbench.engine import checkpoint_hooks as ch
-from workbench.checkpoint import save as _ck_save
+from workbench.engine.checkpoint import save as _ck_save
 _ck_save.wait(); _ck_save.DRILL['after_parts'] = 0.0
 ch.untrack(); ch.set_autosave(None, None)
 for _n in [n for n in list(globals()) if n.startswith('_ck_')]:

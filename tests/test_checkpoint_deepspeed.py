@@ -18,10 +18,10 @@ def _run(rank, world, spec, root, load, steps_before, steps_after):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
 
-    from workbench.checkpoint import catalog
-    from workbench.checkpoint import load as ck_load
-    from workbench.checkpoint import save as ck_save
-    from workbench.checkpoint.state import target_from_prepared
+    from workbench.shared.checkpoint import catalog
+    from workbench.engine.checkpoint import load as ck_load
+    from workbench.engine.checkpoint import save as ck_save
+    from workbench.engine.checkpoint.state import target_from_prepared
     from workbench.models import GPT, GPTConfig, SyntheticDataset, batch_at
     from workbench.strategies import prepare
 

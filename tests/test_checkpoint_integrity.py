@@ -21,12 +21,12 @@ import time
 import pytest
 from conftest import clean_trainer
 
-from workbench import stream, training
-from workbench.checkpoint import api as ck
-from workbench.checkpoint import catalog
-from workbench.checkpoint.integrity import DamagedCheckpoint
-from workbench.cluster import RankDied
-from workbench.commands import UsageError, dispatch
+from workbench.notebook import stream, training
+from workbench.notebook import checkpoints as ck
+from workbench.shared.checkpoint import catalog
+from workbench.shared.checkpoint.integrity import DamagedCheckpoint
+from workbench.notebook.cluster import RankDied
+from workbench.notebook.commands import UsageError, dispatch
 
 BUILD = """
 import hashlib, random, numpy as np, torch
@@ -59,7 +59,7 @@ def _ci_fp():
 """
 CLEAN = """
 from workbench.engine import checkpoint_hooks as ch
-from workbench.checkpoint import save as _ci_save, load as _ci_load
+from workbench.engine.checkpoint import save as _ci_save, load as _ci_load
 _ci_save.wait(); _ci_save.DRILL['before_write'] = 0.0; _ci_load.DRILL['before_apply'] = 0.0
 ch.untrack(); ch.set_autosave(None, None)
 for _n in [n for n in list(globals()) if n.startswith('_ci_')]:
@@ -200,7 +200,7 @@ def test_full_disk_and_read_only_folder_cost_a_message_not_latest(rs, tmp_path):
 
     with tmpfs(tmp_path / "small", "4m") as root:
         ck.save(root=root, rankset=rs)  # the good one
-        rs.execute("_ci_train(1); from workbench.checkpoint import save as _ci_save; "
+        rs.execute("_ci_train(1); from workbench.engine.checkpoint import save as _ci_save; "
                    "_ci_save.DRILL['before_write'] = 2.0", timeout=60)
         call = rs.submit(ck._on_rank, "rank_save", root)
         time.sleep(0.5)  # the ranks passed the free-space check and wait before writing: fill the disk
@@ -228,7 +228,7 @@ def test_full_disk_and_read_only_folder_cost_a_message_not_latest(rs, tmp_path):
 
 
 def test_autosaving_run_trains_through_a_failed_save_and_shows_it(ranks2, tmp_path):
-    from workbench.dashboard import Dashboard, autosave_failure
+    from workbench.notebook.dashboard import Dashboard, autosave_failure
 
     rs = ranks2
     store = stream.attach(rs).store
@@ -261,8 +261,8 @@ def test_retention_counts_only_good_checkpoints(tmp_path):
     """``--keep`` keeps the newest *good* auto-saves: damaged ones do not count."""
     import torch
 
-    from workbench.checkpoint import save as ck_save
-    from workbench.checkpoint.state import Target, TrainState
+    from workbench.engine.checkpoint import save as ck_save
+    from workbench.engine.checkpoint.state import Target, TrainState
 
     root = str(tmp_path)
     model = torch.nn.Linear(4, 2)
@@ -327,7 +327,7 @@ def test_unshared_folder_refused_then_a_rank_killed_mid_load(fresh_ranks, tmp_pa
     assert f"rank 1 does not see the folder rank 0 just made ({lone}/step-00000003.tmp-" in msg
     assert "is not shared by all ranks" in msg and os.listdir(lone) == []
 
-    rs.execute("from workbench.checkpoint import load as _ci_load; _ci_load.DRILL['before_apply'] = 3.0",
+    rs.execute("from workbench.engine.checkpoint import load as _ci_load; _ci_load.DRILL['before_apply'] = 3.0",
                timeout=60)
     before = fingerprint(rs)
     from concurrent.futures import ThreadPoolExecutor

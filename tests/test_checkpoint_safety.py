@@ -12,13 +12,14 @@ import pickle
 import pytest
 import torch
 
-from workbench.checkpoint import catalog, save as ck_save
-from workbench.checkpoint.export import export_safetensors
-from workbench.checkpoint.integrity import DamagedCheckpoint
-from workbench.checkpoint.load import load
-from workbench.checkpoint.manifest import MANIFEST
-from workbench.checkpoint.safety import IncompatibleCheckpoint, UnsafeCheckpoint
-from workbench.checkpoint.state import Target, TrainState
+from workbench.shared.checkpoint import catalog
+from workbench.engine.checkpoint import save as ck_save
+from workbench.engine.checkpoint.export import export_safetensors
+from workbench.shared.checkpoint.integrity import DamagedCheckpoint
+from workbench.engine.checkpoint.load import load
+from workbench.shared.checkpoint.manifest import MANIFEST
+from workbench.engine.checkpoint.safety import IncompatibleCheckpoint, UnsafeCheckpoint
+from workbench.engine.checkpoint.state import Target, TrainState
 from workbench.engine import checkpoint_hooks as ch
 
 
@@ -45,7 +46,7 @@ def reseal(folder: str) -> None:
     """Record the folder's current files in its manifest, as an attacker who edits both would."""
     import json
 
-    from workbench.checkpoint import integrity
+    from workbench.shared.checkpoint import integrity
 
     path = os.path.join(folder, MANIFEST)
     m = json.load(open(path))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.cluster import network, ssh
-from workbench.cluster.slurm import SlurmRequest, batch_template, parse_sbatch
+from workbench.notebook.cluster import network, ssh
+from workbench.notebook.cluster.slurm import SlurmRequest, batch_template, parse_sbatch
 from workbench.engine import guard
 from workbench.engine.runtime import visible_gpu
 

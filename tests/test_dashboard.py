@@ -2,8 +2,8 @@
 import pytest
 from conftest import clean_trainer
 
-from workbench import stream, training
-from workbench.dashboard import Dashboard, register_checkpoint
+from workbench.notebook import stream, training
+from workbench.notebook.dashboard import Dashboard, register_checkpoint
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from workbench.dashboard import figures, widget
+from workbench.notebook.dashboard import figures, widget
 
 PLOTLY_LIKE = ("var TD=class{};var MD=class{};var j4t=()=>({initialize(){},render(){}});"
                "export{TD as FigureModel,MD as FigureView,j4t as default};\n/*! licenses */\n")

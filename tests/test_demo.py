@@ -1,4 +1,4 @@
-"""``make demo``: ``python -m workbench.demo NOTEBOOK --out DIR`` runs a notebook headless."""
+"""``make demo``: ``python -m workbench.notebook.demo NOTEBOOK --out DIR`` runs a notebook headless."""
 from __future__ import annotations
 
 import pathlib
@@ -10,7 +10,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from notebook_runs import ROOT, quickstart, run_demo
-from workbench import demo
+from workbench.notebook import demo
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -52,7 +52,7 @@ def test_failing_cells_are_listed_and_exports_copied(tmp_path):
 
 
 def test_missing_notebook_is_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "workbench.demo", str(tmp_path / "nope.ipynb"),
+    proc = subprocess.run([sys.executable, "-m", "workbench.notebook.demo", str(tmp_path / "nope.ipynb"),
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "no notebook at" in proc.stderr

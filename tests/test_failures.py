@@ -13,11 +13,11 @@ import time
 import pytest
 from conftest import clean_trainer
 
-from workbench import api, stream
-from workbench.checkpoint import api as ck
-from workbench.checkpoint import catalog
-from workbench.cluster import RankDied
-from workbench.commands.where import format_where, where_ranks
+from workbench.notebook import api, stream
+from workbench.notebook import checkpoints as ck
+from workbench.shared.checkpoint import catalog
+from workbench.notebook.cluster import RankDied
+from workbench.notebook.commands.where import format_where, where_ranks
 
 TRAINER_SETUP = """
 import time
@@ -102,7 +102,7 @@ def _train(n):
         _losses[s] = _prep.train_step(batch_at(_ds, 8, s, dp_rank=_prep.dp_rank, dp_size=_prep.dp_size))
         ch.step_done(_losses[s])
 """
-DRILL = "from workbench.checkpoint import save as _S; _S.DRILL['after_parts'] = 60.0"
+DRILL = "from workbench.engine.checkpoint import save as _S; _S.DRILL['after_parts'] = 60.0"
 
 
 def parts_written(root: str) -> bool:
@@ -110,7 +110,7 @@ def parts_written(root: str) -> bool:
 
 
 def test_kill_during_sync_save_and_during_async_save_keeps_latest(fresh_ranks, tmp_path):
-    from workbench.checkpoint.api import _on_rank
+    from workbench.notebook.checkpoints import _on_rank
 
     root = str(tmp_path)
     rs = fresh_ranks(2)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import api, training
-from workbench.checkpoint import api as ck
-from workbench.checkpoint import catalog
-from workbench.commands import UsageError, dispatch
+from workbench.notebook import api, training
+from workbench.notebook import checkpoints as ck
+from workbench.shared.checkpoint import catalog
+from workbench.notebook.commands import UsageError, dispatch
 from workbench.engine import control
 
 

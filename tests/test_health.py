@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from workbench.cluster import health
+from workbench.notebook.cluster import health
 
 
 def _switches(tid: int) -> int:

@@ -13,7 +13,7 @@ import os
 import pytest
 from conftest import clean_trainer
 
-from workbench.checkpoint import api as ck
+from workbench.notebook import checkpoints as ck
 
 
 LLAMA = """

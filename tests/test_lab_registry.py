@@ -7,7 +7,7 @@ import stat
 import subprocess
 import sys
 
-from workbench import registry
+from workbench.notebook import registry
 
 
 def test_entry_describes_the_rank_set_and_is_private(ranks2):
@@ -66,7 +66,7 @@ def test_death_seen_by_the_kernel_is_written_with_its_exit(fresh_ranks):
     while time.monotonic() < deadline and "1" not in (registry.read(entry_id) or {}).get("deaths", {}):
         time.sleep(0.05)
     assert registry.read(entry_id)["deaths"]["1"]["exit"] == "killed by SIGKILL"
-    from workbench import api
+    from workbench.notebook import api
 
     api.stop()
     assert registry.read(entry_id) is None

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from workbench import registry
+from workbench.notebook import registry
 
 BASE = "/wb/lab-base/"
 
@@ -101,7 +101,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def announced(ranks2):
-    from workbench import stream
+    from workbench.notebook import stream
 
     had_stream = stream.stream_of(ranks2) is not None
     entry_id = registry.announce(ranks2)
@@ -145,7 +145,7 @@ def test_where_returns_every_ranks_stack(server, announced, ranks2):
 
 
 def test_interrupt_from_the_server_stops_a_running_cell(server, announced, ranks2):
-    from workbench.cluster import RankFailure
+    from workbench.notebook.cluster import RankFailure
 
     call = ranks2.execute_async("import time\nwhile True:\n    time.sleep(0.05)")
     time.sleep(0.5)
@@ -178,7 +178,7 @@ def test_requests_without_the_token_are_refused(server, announced):
 
 def test_websocket_sends_the_history_so_far(server, announced, ranks2):
     # rank 1's trainer lags rank 0 by 3 steps: marked a straggler
-    code = ("from workbench import events\nfrom workbench.engine import publisher, runtime\n"
+    code = ("from workbench.shared import events\nfrom workbench.engine import publisher, runtime\n"
             "import time\nr = runtime.context().rank\n"
             "time.sleep(1.5 if r == 0 else 0)\n"  # rank 1's last step is older as well as behind
             "for s in range(1, 6 - 3 * r):\n"

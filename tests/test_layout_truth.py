@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from workbench.dashboard.layout_figure import grid_shape, held_blocks, layout_table, tensor_blocks, tensor_figure
+from workbench.notebook.dashboard.layout_figure import grid_shape, held_blocks, layout_table, tensor_blocks, tensor_figure
 
 CFG = dict(n_layers=4, n_kv_heads=4)
 SPECS = ["ddp", "fsdp2", "fsdp2 replicate=2", "zero stage=1", "zero stage=2", "zero3", "tp",

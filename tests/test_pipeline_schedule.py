@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import timelines
-from workbench.dashboard.pipeline_figure import (
+from workbench.notebook import timelines
+from workbench.notebook.dashboard.pipeline_figure import (
     drawn_order, formula_bubble, measured_bubble, replayed_bubble, schedule_figure, schedule_order, staged_bubble,
 )
 

@@ -146,7 +146,7 @@ def test_sharding_shows_in_the_measurement(table):
 
 
 def test_figure_of_the_comparison(table):
-    from workbench.dashboard.plan_figure import predicted_vs_measured_figure
+    from workbench.notebook.dashboard.plan_figure import predicted_vs_measured_figure
 
     tables, _ = table
     fig = predicted_vs_measured_figure(tables["fsdp2"], rank=0)

@@ -89,8 +89,8 @@ def test_layout_under_ddp_is_full_shares(shell, ranks):
 
 
 def test_layout_tensor_under_tp_shows_column_and_row_split(shell, ranks):
-    from workbench.dashboard.layout_figure import tensor_blocks
-    from workbench.commands.prepare import _layout
+    from workbench.notebook.dashboard.layout_figure import tensor_blocks
+    from workbench.notebook.commands.prepare import _layout
 
     assert run(shell, BUILD).success
     assert run(shell, "%distrain prepare tp").success

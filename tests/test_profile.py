@@ -8,9 +8,9 @@ import json
 import pytest
 from conftest import clean_trainer
 
-from workbench import api, profiles, training
-from workbench.cluster.errors import WorkbenchError
-from workbench.commands import UsageError, dispatch
+from workbench.notebook import api, profiles, training
+from workbench.shared.errors import WorkbenchError
+from workbench.notebook.commands import UsageError, dispatch
 
 
 @pytest.fixture

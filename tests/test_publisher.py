@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from workbench import events
+from workbench.shared import events
 from workbench.engine.publisher import Publisher
-from workbench.stream.collector import Collector
+from workbench.notebook.stream.collector import Collector
 
 
 def _wakeups(thread) -> int:
@@ -49,7 +49,7 @@ def test_a_stepping_rank_sends_batches_and_flush_does_not_wait_for_the_window(pa
     """Events of a rank stepping every 10 ms go out a few per message (each message wakes the
     sender, ZMQ's thread and the notebook's collector on the cores the ranks train on), yet
     ``flush`` sends at once; the notebook end's thread runs at the lower background priority."""
-    from workbench.background import NICE, thread_nice
+    from workbench.notebook.background import NICE, thread_nice
 
     collector, pub = pair
     before = _wakeups(pub._thread)

@@ -1,9 +1,9 @@
 """Tier 1: rank selections and sub-command parsing (no processes)."""
 import pytest
 
-from workbench.cluster import format_ranks, parse_ranks
-from workbench.cluster.errors import BadRanks
-from workbench.commands import UsageError, dispatch
+from workbench.notebook.cluster import format_ranks, parse_ranks
+from workbench.shared.errors import BadRanks
+from workbench.notebook.commands import UsageError, dispatch
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -38,7 +38,7 @@ def test_format_ranks():
     ("launch -n 2", "unknown sub-command 'launch'"),
 ])
 def test_bad_arguments_give_one_line_usage_and_start_nothing(line, fragment):
-    from workbench import api
+    from workbench.notebook import api
 
     before = api._current
     with pytest.raises(UsageError) as err:
@@ -50,8 +50,8 @@ def test_bad_arguments_give_one_line_usage_and_start_nothing(line, fragment):
 
 
 def test_commands_on_no_ranks_say_how_to_start():
-    from workbench import api
-    from workbench.cluster import NotRunning
+    from workbench.notebook import api
+    from workbench.notebook.cluster import NotRunning
 
     before, api._current = api._current, None
     try:

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from workbench import api
-from workbench.cluster import RankDied
+from workbench.notebook import api
+from workbench.notebook.cluster import RankDied
 
 from conftest import alive
 
@@ -102,7 +102,7 @@ def test_cluster_launchers_pass_through_to_ipyparallel(launcher, engine_class):
     """Slurm and SSH cannot run here (no cluster): check the pass-through, start nothing."""
     import ipyparallel as ipp
 
-    from workbench.cluster.launchers import cluster_kwargs
+    from workbench.notebook.cluster.launchers import cluster_kwargs
 
     kwargs = cluster_kwargs(launcher, 8, options={"config": {"SlurmLauncher": {"timelimit": "1:00:00"}}})
     cluster = ipp.Cluster(**kwargs)

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from workbench.cluster import RankFailure
+from workbench.notebook.cluster import RankFailure
 
 
 def _all_reduce_rank_plus_one():
@@ -99,7 +99,7 @@ def test_helpers_give_way_to_the_ranks(ranks2):
     lowered thread preempted while holding it would hold up the step)."""
     import os
 
-    from workbench import background
+    from workbench.notebook import background
 
     def nices(pid):
         return {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
@@ -112,13 +112,13 @@ def test_helpers_give_way_to_the_ranks(ranks2):
     def on_rank():
         import threading
 
-        from workbench import background as bg
+        from workbench.notebook import background as bg
         from workbench.engine import publisher
 
         sender = publisher.get()._thread
         return bg.thread_nice(sender), bg.thread_nice(threading.main_thread())
 
-    from workbench import stream
+    from workbench.notebook import stream
 
     stream.attach(ranks2)  # the ranks' event senders connect
     assert ranks2.apply(on_rank) == [(baseline, baseline)] * 2

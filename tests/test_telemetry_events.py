@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from workbench import events
-from workbench.stream.store import EventStore, Thinned
+from workbench.shared import events
+from workbench.notebook.stream.store import EventStore, Thinned
 
 
 def test_roundtrip_keeps_nan_and_inf():

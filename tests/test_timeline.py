@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from conftest import clean_trainer
 
-from workbench import api, timelines
-from workbench.dashboard.timeline_figure import stragglers, timeline_figure, timeline_table
+from workbench.notebook import api, timelines
+from workbench.notebook.dashboard.timeline_figure import stragglers, timeline_figure, timeline_table
 
 SLEEP_S = 0.3
 STEPS = 4
@@ -83,7 +83,7 @@ def test_phases_cover_the_step_and_the_slow_rank_is_the_straggler(rs):
     assert f"straggler: rank 1 in {STEPS - 1}/{STEPS - 1} steps" in fig.layout.title.text
     assert "<sub>step 2, rank 0, 1: DDP rebuilt its gradient buckets" in fig.layout.title.text
     # the dashboard's panel draws the same chart
-    from workbench.dashboard import Dashboard
+    from workbench.notebook.dashboard import Dashboard
 
     dash = Dashboard(rs, live=False)
     try:

@@ -5,8 +5,8 @@ import time
 import pytest
 from conftest import clean_trainer
 
-from workbench import stream, training
-from workbench.metrics import metrics
+from workbench.notebook import stream, training
+from workbench.notebook.metrics import metrics
 from workbench.engine import control, trainer
 
 PARAM_BYTES = 139904  # GPT tiny (seq 32): 34976 fp32 parameters
@@ -17,7 +17,7 @@ def rs(ranks2):
     """The shared 2-rank set, made the API's current one (as the rank set a user trains on is,
     so that ``metrics()`` reads its stream); afterwards no trainer, no timing wrappers,
     nothing running, and the previous current set back."""
-    from workbench import api
+    from workbench.notebook import api
 
     previous, api._current = api._current, ranks2
     try:

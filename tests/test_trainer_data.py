@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from conftest import clean_trainer
 
-from workbench import training
-from workbench.checkpoint import api as ck
+from workbench.notebook import training
+from workbench.notebook import checkpoints as ck
 
 LLAMA = """
 import torch
@@ -228,7 +228,7 @@ _td_t.wait(60)
 
 def test_train_start_magic_picks_up_a_user_built_trainer(rs):
     """The documented path: build in a cell, engine.Trainer(...), then `train start` from the notebook."""
-    from workbench import api
+    from workbench.notebook import api
 
     previous, api._current = api._current, rs
     try:

@@ -9,9 +9,9 @@ import time
 import pytest
 from conftest import clean_trainer
 
-from workbench import stream, training
-from workbench.checkpoint import api as ck
-from workbench.checkpoint import catalog
+from workbench.notebook import stream, training
+from workbench.notebook import checkpoints as ck
+from workbench.shared.checkpoint import catalog
 from workbench.engine import trainer
 
 

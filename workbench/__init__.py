@@ -3,46 +3,77 @@
 ``%load_ext workbench``, then ``%distrain start -n 4`` and ``%%distrain`` cells.
 The same steps from Python: ``workbench.start(4)``, ``workbench.run(code)``,
 ``workbench.stop()``. On a rank, ``from workbench import engine``.
+
+Lazy: the public names below are imported on first use, so ``import workbench`` on a rank
+loads no notebook module (the kernel side lives in :mod:`workbench.notebook`, the rank side
+in :mod:`workbench.engine`, what both use in :mod:`workbench.shared`).
 """
 from __future__ import annotations
 
-from .api import apply, current, is_running, pull, push, restart, run, start, status, stop
-from . import stream as _stream  # noqa: F401  (attaches the event stream when ranks start)
-from . import registry as _registry  # noqa: F401  (announces rank sets to the JupyterLab extension)
-from . import training as train
-from .metrics import export_metrics, metrics
-from . import dashboard  # a callable module: workbench.dashboard() shows the live dashboard
-from .checkpoint import api as ckpt  # workbench.ckpt.save() / .load("latest") / .list() / .resume(setup)
+import importlib
 
 __version__ = "0.1.0"
+
+# public name -> (module, attribute or None for the module itself)
+_PUBLIC = {
+    "apply": ("workbench.notebook.api", "apply"),
+    "current": ("workbench.notebook.api", "current"),
+    "is_running": ("workbench.notebook.api", "is_running"),
+    "pull": ("workbench.notebook.api", "pull"),
+    "push": ("workbench.notebook.api", "push"),
+    "restart": ("workbench.notebook.api", "restart"),
+    "run": ("workbench.notebook.api", "run"),
+    "start": ("workbench.notebook.api", "start"),
+    "status": ("workbench.notebook.api", "status"),
+    "stop": ("workbench.notebook.api", "stop"),
+    "train": ("workbench.notebook.training", None),
+    "metrics": ("workbench.notebook.metrics", "metrics"),
+    "export_metrics": ("workbench.notebook.metrics", "export_metrics"),
+    "dashboard": ("workbench.notebook.dashboard", None),  # callable: workbench.dashboard()
+    "ckpt": ("workbench.notebook.checkpoints", None),  # workbench.ckpt.save() / .load("latest") / .list()
+    "timelines": ("workbench.notebook.timelines", None),
+    "profiles": ("workbench.notebook.profiles", None),
+}
+
+# Imported with the API: they attach the event stream and the Lab registry entry to rank sets.
+_NOTEBOOK_PARTS = ("workbench.notebook.stream", "workbench.notebook.registry")
+
+
+def _notebook_side() -> None:
+    for name in _NOTEBOOK_PARTS:
+        importlib.import_module(name)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        module, attr = _PUBLIC[name]
+        _notebook_side()
+        value = importlib.import_module(module)
+        if attr is not None:
+            value = getattr(value, attr)
+        globals()[name] = value
+        return value
+    if name in ("engine", "notebook", "shared", "planner", "strategies", "models", "labserver"):
+        return importlib.import_module(f"workbench.{name}")
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))
 
 
 def load_ipython_extension(ipython) -> None:
     """Register the ``%distrain`` magics (called by ``%load_ext workbench``)."""
-    from .magics import DistrainMagics
+    _notebook_side()
+    from .notebook.magics import DistrainMagics
 
     ipython.register_magics(DistrainMagics)
 
 
 def unload_ipython_extension(ipython) -> None:
+    from .notebook.api import stop
+
     stop()
 
 
-__all__ = [
-    "apply",
-    "ckpt",
-    "current",
-    "dashboard",
-    "export_metrics",
-    "metrics",
-    "train",
-    "is_running",
-    "load_ipython_extension",
-    "pull",
-    "push",
-    "restart",
-    "run",
-    "start",
-    "status",
-    "stop",
-]
+__all__ = sorted(_PUBLIC) + ["load_ipython_extension"]

@@ -86,7 +86,7 @@ def test_figure_widget_renders_and_grows(page, lab):
 DASH_SHOW = '''import threading, time
 import ipywidgets as widgets
 from IPython.display import HTML, display
-from workbench.dashboard import figures
+from workbench.notebook.dashboard import figures
 
 fig = figures.make_figure(widget=True, ranks=[0, 1])
 box = widgets.VBox([widgets.HTML("dashboard"), fig])
@@ -136,7 +136,7 @@ def _wait_points(page, expected: list[int], timeout: float = 60) -> list:
 
 def test_dashboard_figure_shown_again_keeps_updating(page, lab):
     """plotly's view of a removed output keeps listening and throws on every edit, which
-    stopped every other view of the figure (workbench.dashboard.widget): the dashboard's
+    stopped every other view of the figure (workbench.notebook.dashboard.widget): the dashboard's
     figure, its first output replaced and shown again, must keep drawing; the browser
     answers each edit it drew, which the dashboard's pacing relies on."""
     open_notebook(page, lab, _write_dashboard_notebook())

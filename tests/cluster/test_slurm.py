@@ -16,9 +16,9 @@ import time
 import psutil
 import pytest
 
-from workbench import api, training
-from workbench.cluster import Interrupted, RankDied, RankSet
-from workbench.cluster.slurm import SlurmError, SlurmRequest
+from workbench.notebook import api, training
+from workbench.notebook.cluster import Interrupted, RankDied, RankSet
+from workbench.notebook.cluster.slurm import SlurmError, SlurmRequest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".state" / "test" / "slurm-profile"
@@ -82,8 +82,8 @@ def test_four_ranks_through_sbatch_with_every_option(slurm_cluster, slurm_ranks)
 
 
 def test_trainer_ten_steps_with_the_stream(slurm_ranks):
-    from workbench import stream
-    from workbench.metrics import metrics
+    from workbench.notebook import stream
+    from workbench.notebook.metrics import metrics
 
     rs = slurm_ranks
     collector = stream.attach(rs)
@@ -203,7 +203,7 @@ def test_request_that_can_never_run_is_reported_with_slurms_reason(slurm_cluster
 
 
 def test_start_flags_refused_in_one_line_before_anything_starts(slurm_cluster, no_current):
-    from workbench.commands import UsageError, dispatch
+    from workbench.notebook.commands import UsageError, dispatch
 
     for line, words in [
         ("start -n 2 --nodes 2", "--nodes go with --launcher slurm"),

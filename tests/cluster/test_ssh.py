@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import alive as _alive
 
-from workbench.cluster import RankDied, RankSet
+from workbench.notebook.cluster import RankDied, RankSet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".state" / "test" / "ssh-profile"
@@ -58,14 +58,14 @@ def test_ranks_span_both_hosts_and_all_reduce_over_the_veth(second_host, ssh_ran
 
 
 def test_stream_from_the_other_host_and_a_forged_event_is_dropped_and_counted(second_host, ssh_ranks):
-    from workbench import stream
+    from workbench.notebook import stream
 
     rs = ssh_ranks
     collector = stream.attach(rs)
     assert collector.address.startswith(f"tcp://{second_host.addr_here}:")
 
     def say(text):
-        from workbench import events
+        from workbench.shared import events
         from workbench.engine import publisher, runtime
 
         publisher.emit(events.log_event(run="hello", rank=runtime.context().rank, text=text))
@@ -76,7 +76,7 @@ def test_stream_from_the_other_host_and_a_forged_event_is_dropped_and_counted(se
     # a sender on the other host without the key: two forged messages (unsigned, wrong key)
     forge = textwrap.dedent(f"""
         import hashlib, hmac, time, zmq
-        from workbench import events
+        from workbench.shared import events
         data = events.encode([events.log_event(run="hello", rank=3, text="forged")])
         s = zmq.Context().socket(zmq.PUSH)
         s.connect({collector.address!r})
@@ -94,8 +94,8 @@ def test_stream_from_the_other_host_and_a_forged_event_is_dropped_and_counted(se
 
 
 def test_checkpoint_folder_not_shared_by_every_host_is_refused_at_save(second_host, ssh_ranks, tmp_path):
-    from workbench.checkpoint import api as ckpt
-    from workbench.cluster.shared_dir import NotShared, require
+    from workbench.notebook import checkpoints as ckpt
+    from workbench.notebook.cluster.shared_dir import NotShared, require
 
     require(ssh_ranks, str(tmp_path / "shared"))  # one file system seen by both hosts: accepted
     assert list((tmp_path / "shared").iterdir()) == []  # the probe files are gone
@@ -134,7 +134,7 @@ def test_stop_leaves_no_rank_on_either_host(second_host, ssh_ranks):
 
 NOTEBOOK = """
 import json, sys
-from workbench.cluster import RankSet
+from workbench.notebook.cluster import RankSet
 rs = RankSet.start(n=2, backend="gloo", threads=1, launcher="ssh", profile_dir=sys.argv[1],
                    hosts=sys.argv[2], ssh_config=sys.argv[3])
 print(json.dumps({"ranks": [p.pid for p in rs.procs], "controller": rs._controller_pids()}), flush=True)
@@ -163,8 +163,8 @@ def test_notebook_killed_leaves_no_rank_on_either_host(second_host):
 
 
 def test_loopback_is_refused_when_a_rank_is_remote(second_host):
-    from workbench import api
-    from workbench.commands import UsageError, dispatch
+    from workbench.notebook import api
+    from workbench.notebook.commands import UsageError, dispatch
 
     before = api._current
     line = (f"start --launcher ssh --hosts localhost:1,root@{second_host.addr}:1 "

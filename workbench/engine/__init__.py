@@ -67,7 +67,7 @@ def prepare(model, optimizer, spec="ddp", **kwargs):
 def load_pretrained(folder: str, model=None) -> dict:
     """Read a local Hugging Face ``save_pretrained`` folder into ``model`` (default: this
     rank's current one) as it is laid out: each rank reads only its slice of each tensor."""
-    from ..checkpoint.pretrained import load_pretrained as _load
+    from .checkpoint.pretrained import load_pretrained as _load
 
     from . import session
 

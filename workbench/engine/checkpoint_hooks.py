@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 
-from ..checkpoint import catalog
-from ..checkpoint import load as _load
-from ..checkpoint import save as _save
-from ..checkpoint.integrity import DamagedCheckpoint
-from ..checkpoint.state import Target, TrainState, target_from_prepared
+from ..shared.checkpoint import catalog
+from .checkpoint import load as _load
+from .checkpoint import save as _save
+from ..shared.checkpoint.integrity import DamagedCheckpoint
+from .checkpoint.state import Target, TrainState, target_from_prepared
 
 __all__ = ["track", "target", "state", "step_done", "rank_save", "rank_load", "rank_verify", "rank_wait",
            "autosave", "set_autosave", "TrainState", "untrack", "LAST_AUTOSAVE"]
@@ -254,7 +254,7 @@ LAST_AUTOSAVE: dict = {}  # the latest auto-save's outcome on this rank ({"name"
 def _report_autosave(info: dict) -> None:
     """An auto-save ended: remember it, and (rank 0) tell the notebook's dashboard; a failed one
     does not stop training (the error is in ``info["failed"]``, the same on every rank)."""
-    from .. import events
+    from ..shared import events
     from . import publisher, runtime
 
     LAST_AUTOSAVE.clear()

@@ -13,7 +13,7 @@ sender wakes ~10 times a second, not 30 (each message a wake-up of this thread, 
 and of the notebook's collector, on cores the ranks train on); ``flush`` cuts the window
 short. Unlike the notebook's helpers it keeps the rank's CPU priority: it shares the GIL
 with the training thread, and a lowered thread preempted while holding the GIL holds up
-the step (see ``workbench.background``). The queue is bounded: should the notebook stop
+the step (see ``workbench.notebook.background``). The queue is bounded: should the notebook stop
 reading for long, new events are counted as dropped (reported, never silent) rather than
 growing memory without limit. ``flush`` waits until everything queued is sent, which the
 trainer calls at the end of a run. Each batch goes with an HMAC-SHA256 of its bytes
@@ -28,7 +28,7 @@ import hmac
 import threading
 import time
 
-from .. import events
+from ..shared import events
 
 MAX_QUEUED = 200_000
 BATCH = 1000

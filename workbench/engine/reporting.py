@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from .. import events
+from ..shared import events
 from . import comm_timing, publisher, runtime, telemetry
 
 _STATE: dict = {}

@@ -3,7 +3,7 @@
 A checkpoint written by ranks on several hosts is only whole if each rank writes where
 rank 0 (which writes the manifest) can read. The notebook asks rank 0 to leave a token,
 every rank to find it and leave its own, and rank 0 to find theirs
-(``workbench.cluster.shared_dir``). Plain files: nothing here imports torch.
+(``workbench.notebook.cluster.shared_dir``). Plain files: nothing here imports torch.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .. import events
+from ..shared import events
 from . import agreement, batch_forms, comm_timing, data_sources, memory_report, publisher, runtime, telemetry, timeline
 
 REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",

@@ -1,7 +1,7 @@
 """The Jupyter server extension behind the workbench's JupyterLab extension (``extensions/``).
 
 Enabled by ``etc/jupyter/jupyter_server_config.d/distrain-workbench.json`` installed with the
-package. It lists the rank sets this user's kernels started (from :mod:`workbench.registry`),
+package. It lists the rank sets this user's kernels started (from :mod:`workbench.notebook.registry`),
 acts on them and streams their events, all without going through the owning kernel.
 """
 from __future__ import annotations

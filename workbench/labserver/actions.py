@@ -12,9 +12,9 @@ import signal
 import socket
 import time
 
-from .. import registry
-from ..cluster import health
-from ..cluster.diagnosis import main_frames, where
+from ..notebook import registry
+from ..notebook.cluster import health
+from ..notebook.cluster.diagnosis import main_frames, where
 
 TRAINER_ACTIONS = ("pause", "resume", "stop")
 ACTIONS = ("interrupt", "where", "stop") + tuple(f"trainer-{a}" for a in TRAINER_ACTIONS)

@@ -15,7 +15,7 @@ from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.utils import url_path_join
 from tornado import web, websocket
 
-from .. import registry
+from ..notebook import registry
 from . import actions
 
 ID = r"(?P<entry_id>[A-Za-z0-9_.-]+)"

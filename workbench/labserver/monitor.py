@@ -1,9 +1,9 @@
 """What the server extension knows about rank sets: registry entries, rank state, a stream copy.
 
-The Jupyter server reads the registry (:mod:`workbench.registry`) each time the sidebar
+The Jupyter server reads the registry (:mod:`workbench.notebook.registry`) each time the sidebar
 asks, looks at the rank processes itself (psutil: alive, stopped, memory), asks the rank
 set's ipyparallel controller which ranks are busy, and keeps, per rank set, a reader of the
-kernel's event-stream mirror (:mod:`workbench.stream.mirror`). None of this goes through
+kernel's event-stream mirror (:mod:`workbench.notebook.stream.mirror`). None of this goes through
 the owning kernel, so it answers while that kernel runs a cell.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections import deque
 
 import psutil
 
-from .. import registry
+from ..notebook import registry
 
 # A rank is marked a straggler when its trainer is this many steps behind the furthest rank
 # and its latest step was taken this long (rank clocks) before the furthest rank's: ranks that
@@ -44,7 +44,7 @@ class StreamReader:
     def _run(self) -> None:
         import zmq
 
-        from ..stream.mirror import BYE, SUBSCRIBE
+        from ..notebook.stream.mirror import BYE, SUBSCRIBE
 
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)

@@ -309,7 +309,7 @@ def plan_live(*, batch_size: int = 8, hardware: str = "h100", show: bool = True)
     The ranks run ONE real training step (a global batch of ``batch_size`` sequences of
     the bundled text) to measure gradients, optimizer state and activations.
     """
-    from .. import api
+    from ..notebook import api
     from .report import plan
 
     censuses = api.current().apply(census_on_ranks, batch_size)
@@ -331,7 +331,7 @@ def plan_live(*, batch_size: int = 8, hardware: str = "h100", show: bool = True)
               f"{c0['batch_shape']}); predicted vs measured per rank is the returned table "
               f"({len(off)} of {len(table)} rows differ by more than {TOLERANCE:.0%}, each with an explanation; "
               "workbench.planner.live.format_table(df) prints it, "
-              "workbench.dashboard.plan_figure.predicted_vs_measured_figure(df) draws it)")
+              "workbench.notebook.dashboard.plan_figure.predicted_vs_measured_figure(df) draws it)")
     return table
 
 

@@ -1,0 +1,27 @@
+"""Notebook side: start, run on, watch and stop persistent rank processes."""
+from ...shared.errors import (
+    AlreadyRunning,
+    CellTimeout,
+    Interrupted,
+    NotRunning,
+    RankDied,
+    RankFailure,
+    WorkbenchError,
+)
+from .ranges import format_ranks, parse_ranks
+from .rankset import RankCall, RankSet, RankSetConfig
+
+__all__ = [
+    "AlreadyRunning",
+    "CellTimeout",
+    "Interrupted",
+    "NotRunning",
+    "RankCall",
+    "RankDied",
+    "RankFailure",
+    "RankSet",
+    "RankSetConfig",
+    "WorkbenchError",
+    "format_ranks",
+    "parse_ranks",
+]

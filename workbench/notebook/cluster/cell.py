@@ -1,0 +1,177 @@
+"""Running a cell on the ranks and showing what each rank produced, in rank order.
+
+Output is grouped per rank and tagged ``[rank N]``; rich display data (HTML,
+images, DataFrames) from a rank is re-published in the notebook. In a Jupyter kernel
+output is also shown live from the first line, then regrouped when the cell ends
+(see ``live``); elsewhere a cell that runs longer than a few seconds streams its
+output for good (``stream=True`` from the start, ``stream=False`` never). A rank that
+fails while others still run is shown at once (see ``stragglers``).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from . import debugging, stragglers
+from .diagnosis import collect_stacks, main_frames, where
+from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
+from .health import death_message
+from .live import LIVE_POLL_S, LiveOutput, in_kernel, tag
+from .ranges import format_ranks
+
+STREAM_AFTER_S = 3.0  # where output cannot be regrouped (no kernel): live after this long
+GRACE_S = stragglers.GRACE_S
+
+
+def run_cell(rankset, code: str, ranks=None, timeout: float | None = None, *, display: bool = True,
+             stream: bool | None = None, grace: float = GRACE_S):
+    """Run ``code`` on ``ranks``; show output; raise naming the rank on failure.
+
+    Returns the :class:`RankCall`. No timeout unless one is given; on timeout the
+    ranks keep running and the error holds each stuck rank's stack. When a rank
+    fails while others still run, its traceback is shown at once and the others
+    get ``grace`` seconds to finish before they are interrupted.
+    """
+    call = rankset.execute_async(code, ranks)
+    regroup = display and in_kernel()
+    live = LiveOutput(call, regroup=regroup)
+    start = time.monotonic()
+    default_after = 0.0 if regroup else STREAM_AFTER_S
+    stream_after = {None: default_after, True: 0.0, False: float("inf")}[stream]
+    poll = LIVE_POLL_S if stream_after < float("inf") else 0.25
+    first: list[int] = []  # ranks whose failure was seen while others still ran, in order
+    failed_at = None
+    released = None
+    done = False
+    try:
+        while True:
+            budget = poll if timeout is None else max(0.0, min(poll, start + timeout - time.monotonic()))
+            done = call.wait(budget, poll=poll)
+            if done or call.deaths():
+                break
+            for rank in debugging.waiting_sessions(rankset):
+                if display and rank in call.ranks:  # breakpoint() on a rank: pdb here
+                    live.poll()
+                    debugging.attach(rankset, rank, [r for r in call.pending() if r != rank])
+            now = time.monotonic()
+            if display and now - start > stream_after:
+                live.poll()
+            running = call.pending()
+            fresh = [r for r in call.failures() if r not in first and r not in running]
+            if fresh:
+                first.extend(fresh)
+                if display:
+                    _show_failures(call, live, fresh)
+                    if running and failed_at is None:
+                        sys.stderr.write(stragglers.notice(first, running, grace) + "\n")
+                        sys.stderr.flush()
+                if failed_at is None:
+                    failed_at = now
+            if failed_at is not None and now - failed_at >= grace and call.pending():
+                released = stragglers.release(rankset, call)
+                done = call.ar.ready()
+                break
+            if timeout is not None and time.monotonic() - start >= timeout:
+                break
+    except KeyboardInterrupt:
+        rankset.interrupt(call.ranks)
+        call.ar.wait(5)
+        if display:
+            live.close()
+            show(call, live.printed, skip=first)
+        raise Interrupted(f"interrupted: sent SIGINT to ranks {format_ranks(call.ranks)}") from None
+    if display:
+        live.close()
+        show(call, live.printed, skip=first)
+    deaths = [] if done and call.ar.successful() else call.deaths()
+    if deaths:
+        raise RankDied(death_message(deaths), deaths)
+    failures = call.failures()
+    if released is not None:
+        ordered = {r: failures[r] for r in first if r in failures}
+        ordered.update({r: f for r, f in failures.items() if r not in ordered})
+        raise RankFailure(stragglers.failure_message(first, failures, released, grace), ordered)
+    if not done:
+        stuck = call.pending()
+        stacks = collect_stacks(rankset, stuck)
+        raise CellTimeout(timeout_message(timeout, stuck, stacks), stacks)
+    if failures:
+        raise RankFailure(
+            "the cell failed on rank(s) " + format_ranks(sorted(failures)) + " (tracebacks above)",
+            failures,
+        )
+    return call
+
+
+def _show_failures(call, live: LiveOutput, ranks: list[int]) -> None:
+    """Show the tracebacks of ranks that failed while the cell still runs elsewhere."""
+    failures = call.failures()
+    for rank in ranks:
+        live.flush_rank(call.ranks.index(rank))
+        ename, evalue, tb = failures[rank]
+        sys.stderr.write(tag(rank, tb or f"{ename}: {evalue}"))
+    sys.stderr.flush()
+
+
+def timeout_message(timeout, stuck: list[int], stacks: dict[int, str]) -> str:
+    lines = [f"the cell is still running after {timeout} s on ranks {format_ranks(stuck)} "
+             "(left running; `%distrain stop` or Ctrl-C / interrupt to end it). Where each rank is:"]
+    for rank, stack in stacks.items():
+        lines.append(f"  [rank {rank}] {where(stack)}")
+    for rank, stack in stacks.items():
+        frames = main_frames(stack)
+        if len(frames) > 1:
+            lines.append(f"[rank {rank}] stack, innermost first:")
+            lines.extend(f"[rank {rank}]   {f}" for f in frames)
+    lines.append("(every thread's stack of each rank: the error's .diagnosis)")
+    return "\n".join(lines)
+
+
+def show(call, printed=None, skip=()) -> None:
+    """Show each rank's remaining stdout, stderr, rich outputs, result and error, in rank order.
+
+    ``skip``: ranks whose error was already shown while the cell ran.
+    """
+    printed = printed or [[0, 0] for _ in call.ranks]
+    if call.ar.ready():
+        # a rank's reply can overtake its last output (separate sockets): wait for the
+        # output streams to be flushed too, so that nothing a rank printed is missed
+        call.ar.wait_for_output(timeout=30)
+    outs, errs = call.per_rank("stdout"), call.per_rank("stderr")
+    displays, results = call.per_rank("outputs"), call.per_rank("execute_result")
+    failures = call.failures()
+    for i, rank in enumerate(call.ranks):
+        out = (outs[i] or "")[printed[i][0]:]
+        err = (errs[i] or "")[printed[i][1]:]
+        if out:
+            sys.stdout.write(tag(rank, out))
+            sys.stdout.flush()
+        if err:
+            sys.stderr.write(tag(rank, err))
+            sys.stderr.flush()
+        for item in displays[i] or []:
+            _publish(rank, item.get("data", {}), item.get("metadata", {}))
+        if results[i]:
+            _publish(rank, results[i].get("data", {}), results[i].get("metadata", {}), prefix="Out: ")
+        if rank in failures and rank not in skip:
+            ename, evalue, tb = failures[rank]
+            sys.stderr.write(tag(rank, tb or f"{ename}: {evalue}"))
+            sys.stderr.flush()
+
+
+def _publish(rank: int, data: dict, metadata: dict, prefix: str = "") -> None:
+    rich = {k: v for k, v in data.items() if k != "text/plain"}
+    try:
+        from IPython import get_ipython
+        from IPython.display import publish_display_data
+
+        in_ipython = get_ipython() is not None
+    except ImportError:  # pragma: no cover
+        in_ipython = False
+    if rich and in_ipython:
+        sys.stdout.write(f"[rank {rank}] {prefix}\n")
+        sys.stdout.flush()
+        publish_display_data(data=data, metadata=metadata)
+    elif "text/plain" in data:
+        sys.stdout.write(tag(rank, prefix + data["text/plain"]))
+        sys.stdout.flush()

@@ -1,0 +1,671 @@
+"""A set of persistent rank processes on ipyparallel engines (notebook side).
+
+:class:`RankSet` starts N engines through one of ipyparallel's launchers, gives
+them stable ranks 0..N-1, bootstraps ``torch.distributed`` on each, runs code and
+functions on all or some of them, and stops exactly the processes it started.
+It never imports torch in the notebook process.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .. import background
+from . import health, launchers, network, slurm, ssh
+from ...shared.errors import Interrupted, NotRunning, RankDied, RankFailure
+from .ranges import parse_ranks
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSetConfig:
+    """How to start a rank set; also the schema of ``%distrain start`` options."""
+
+    n: int = 2
+    backend: str = "auto"
+    launcher: str = "local"
+    timeout: float = 300.0  # collective timeout (s) of the process group
+    threads: int | None = None  # torch/OMP threads per rank; default cores // ranks
+    launcher_options: dict = field(default_factory=dict)
+    profile_dir: str | None = None
+    sys_path: tuple[str, ...] = ()  # extra import paths for the ranks (cwd is always added)
+    ip: str | None = None  # address the notebook listens on for remote ranks (default: toward them)
+    hosts: str | None = None  # ssh: "hostA:2,hostB:2"
+    ssh_config: str | None = None  # ssh: an ssh_config file (ssh -F)
+    python: str | None = None  # ssh/slurm: the ranks' python (default: this one's path)
+    slurm: slurm.SlurmRequest | None = None
+
+    def validate(self) -> None:
+        """Refuse bad settings before any process is started."""
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"-n must be a whole number of ranks >= 1, got {self.n!r}")
+        if self.hosts is not None and self.launcher != "ssh":
+            raise ValueError("--hosts goes with --launcher ssh")
+        if (self.ssh_config or self.python) and self.launcher not in ("ssh", "slurm"):
+            raise ValueError("--ssh-config and --python go with --launcher ssh (--python also with slurm)")
+        if self.ssh_config and not os.path.isfile(self.ssh_config):
+            raise ValueError(f"--ssh-config {self.ssh_config}: no such file")
+        if self.slurm is not None:
+            if self.launcher != "slurm":
+                raise ValueError("--nodes/--gpus-per-node/--partition/--time/--account/--sbatch go with --launcher slurm")
+            self.slurm.validate()
+            if self.slurm.nodes and self.slurm.nodes > self.n:
+                raise ValueError(f"--nodes {self.slurm.nodes} is more nodes than ranks (-n {self.n})")
+        if self.launcher == "ssh" and self.hosts is not None:
+            slots = ssh.parse_hosts(self.hosts)
+            total = sum(s.n for s in slots)
+            if total != self.n:
+                raise ValueError(f"--hosts {self.hosts} holds {total} ranks but -n is {self.n}: "
+                                 f"give -n {total} or leave -n out")
+        if self.launcher == "ssh" and self.hosts is None and not self.launcher_options:
+            raise ValueError("--launcher ssh needs --hosts, e.g. --hosts node1:2,node2:2")
+        if self.ip is not None:
+            network.check_ip(self.ip)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend {self.backend!r} is not known: use one of {', '.join(BACKENDS)}")
+        if self.launcher not in launchers.LAUNCHERS:
+            raise ValueError(
+                f"--launcher {self.launcher!r} is not known: use one of {', '.join(launchers.LAUNCHERS)}"
+            )
+        if not self.timeout or self.timeout <= 0:
+            raise ValueError(f"--timeout must be a positive number of seconds, got {self.timeout!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads!r}")
+
+    def threads_per_rank(self) -> int:
+        return self.threads or max(1, (os.cpu_count() or 1) // self.n)
+
+
+class RankSet:
+    """Persistent ranks. Use :meth:`start`; then :meth:`apply`, :meth:`execute`, :meth:`stop`."""
+
+    def __init__(self, config: RankSetConfig):
+        config.validate()
+        self.config = config
+        self.cluster = None
+        self.client = None
+        self.engine_ids: list[int] = []  # index = rank
+        self.info: list[dict] = []  # bootstrap description per rank
+        self.procs: list[health.RankProcess] = []
+        self.watcher: health.Watcher | None = None
+        self.started_pids: list[int] = []
+        self.stopped = False
+        self.start_seconds: float | None = None
+        self._views: dict[tuple[int, ...], object] = {}
+        self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
+        self.listen_ip = "127.0.0.1"  # where the controller, event stream and lifeline listen
+        self.lifeline = None
+        self.job_id: str | None = None  # slurm
+        self.nodes: tuple[str, ...] = ()
+        self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
+        self._cancel = threading.Event()
+        self._finished = threading.Event()
+
+    # ------------------------------------------------------------------ start
+    @classmethod
+    def start(cls, config: RankSetConfig | None = None, *, progress=None, on_created=None,
+              **kwargs) -> "RankSet":
+        """Start engines, assign ranks and initialise the process group on every rank.
+
+        ``progress(line)`` gets live lines while starting (a queued Slurm job);
+        ``on_created(rankset)`` is called at once, so that another thread can
+        :meth:`cancel` a start that waits in a queue.
+        """
+        config = config or RankSetConfig(**kwargs)
+        self = cls(config)
+        if progress is not None:
+            self.progress = progress
+        if on_created is not None:
+            on_created(self)
+        t0 = time.perf_counter()
+        try:
+            if config.launcher in ("slurm", "ssh") and not config.launcher_options:
+                self._launch_remote()
+            else:
+                self._launch()
+            self._bootstrap()
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            self._finished.set()
+        self.start_seconds = time.perf_counter() - t0
+        return self
+
+    def cancel(self, timeout: float = 60.0) -> None:
+        """Abandon a start in progress (a job waiting in the queue): cancelled, nothing left."""
+        self._cancel.set()
+        if self.job_id:
+            slurm.cancel(self.job_id)
+        self._finished.wait(timeout)
+
+    def _launch_remote(self) -> None:
+        """Slurm or SSH: listeners on an address the ranks reach, each engine under a guard."""
+        import ipyparallel as ipp
+
+        from .lifeline import Lifeline
+
+        cfg = self.config
+        slots = ssh.parse_hosts(cfg.hosts) if cfg.launcher == "ssh" else ()
+        if cfg.launcher == "ssh":
+            remote = [network.ssh_hostname(s.host, cfg.ssh_config) for s in slots if not s.local]
+            self.listen_ip = network.listen_address(cfg.ip, remote)
+        else:
+            self.listen_ip = network.listen_address(cfg.ip, []) if cfg.ip else slurm.node_route()
+        self.lifeline = Lifeline(self.listen_ip, self.secret, on_exit=self._guard_exit)
+        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, guarded=True)
+        kwargs["controller_ip"] = self.listen_ip
+        if cfg.profile_dir:
+            kwargs["profile_dir"] = cfg.profile_dir
+        python = ssh.remote_python(cfg.python)
+        if cfg.launcher == "slurm":
+            kwargs["engines"] = slurm.launcher_class()
+        self.cluster = ipp.Cluster(**kwargs)
+        self.cluster.start_controller_sync()
+        self.started_pids.extend(self._controller_pids())
+        if cfg.launcher == "slurm":
+            request = cfg.slurm or slurm.SlurmRequest()
+            env = ssh.remote_env(cfg.python, self.lifeline.env(), 0)
+            # ipyparallel writes the script into the working directory unless given a path
+            os.makedirs(self.state_dir(), exist_ok=True)
+            script = os.path.join(self.state_dir(), "slurm_engines.sbatch")
+            esid = self.cluster.start_engines_sync(
+                cfg.n, batch_template=slurm.batch_template(request, cfg.n), batch_file_name=script,
+                engine_cmd=ssh.engine_cmd(python), environment=env)
+            self.job_id = self.cluster.engines[esid].job_id
+            self.client = self.cluster.connect_client_sync()
+            self._await_slurm()
+        else:
+            for i, slot in enumerate(slots):
+                env = ssh.remote_env(cfg.python, self.lifeline.env(), i)
+                if slot.local:
+                    self.cluster.engine_launcher_class = "local"
+                    self.cluster.start_engines_sync(slot.n, environment={"WORKBENCH_HOST_SLOT": str(i)})
+                else:
+                    self.cluster.engine_launcher_class = "ssh"
+                    opts = ssh.ssh_options(cfg.ssh_config)
+                    self.cluster.start_engines_sync(
+                        slot.n, engines={slot.host: slot.n}, ssh_args=opts, scp_args=opts, remote_python=python,
+                        engine_cmd=ssh.engine_cmd(python), environment=env,
+                        remote_profile_dir=os.path.join(self.cluster.profile_dir, "remote", str(i)))
+            self.started_pids.extend(self._launcher_pids())
+            self.client = self.cluster.connect_client_sync()
+            self._await_engines(time.monotonic() + self._register_s(), [s.host for s in slots if not s.local])
+        background.lower_processes(self._controller_pids())
+
+    def _await_slurm(self) -> None:
+        """Wait for the job's allocation (showing it live), then for its engines."""
+        cfg = self.config
+        shown = None
+        while True:
+            if self._cancel.is_set():
+                raise Interrupted(f"start cancelled: Slurm job {self.job_id} cancelled while {shown or 'queued'}")
+            js = slurm.job_state(self.job_id)
+            if js.state == "PENDING":
+                line = slurm.queued_line(js)
+                if line != shown:
+                    self.progress(line)
+                    shown = line
+                if slurm.hopeless(js):
+                    raise slurm.SlurmError(f"Slurm job {self.job_id} can never run: {js.reason}; it was cancelled. "
+                                           "Ask for what the partition holds (sinfo shows it)")
+                time.sleep(0.5)
+                continue
+            if js.state in ("RUNNING", "CONFIGURING", "COMPLETING") and js.nodes:
+                self.nodes = js.nodes
+                here = {socket.gethostname(), socket.gethostname().split(".")[0]}
+                away = [h for h in js.nodes if h not in here]
+                if away and network.is_loopback(self.listen_ip):
+                    raise network.AddressError(
+                        f"Slurm gave nodes {', '.join(away)}, which cannot reach this notebook at {self.listen_ip}: "
+                        "pass --ip with this host's address toward them")
+                self.progress(f"job {self.job_id} running on {', '.join(js.nodes)}")
+                break
+            if js.state not in ("RUNNING", "CONFIGURING"):
+                raise slurm.SlurmError(f"Slurm job {self.job_id} ended ({js.state}) before its ranks came up"
+                                       + self._slurm_output())
+            time.sleep(0.2)
+        self._await_engines(time.monotonic() + self._register_s(), list(self.nodes))
+
+    def _slurm_output(self) -> str:
+        es = next(iter((self.cluster.engines or {}).values()), None)
+        path = getattr(es, "output_file", None)
+        if path and os.path.exists(path):
+            with open(path, errors="replace") as f:
+                return ":\n" + f.read()[-2000:]
+        return ""
+
+    def _await_engines(self, deadline: float, remote_hosts: list[str]) -> None:
+        """All engines registered, or a message naming the address they could not reach."""
+        n = self.config.n
+        while True:
+            try:
+                self.client.wait_for_engines(n, timeout=0.25, block=True, interactive=False)
+                return
+            except TimeoutError:
+                pass
+            if self._cancel.is_set():
+                raise Interrupted("start cancelled while the ranks were registering")
+            if self.job_id and slurm.job_state(self.job_id).state not in ("RUNNING", "CONFIGURING", "COMPLETING"):
+                raise slurm.SlurmError(f"Slurm job {self.job_id} ended before its ranks came up" + self._slurm_output())
+            if time.monotonic() > deadline:
+                url = self._controller_url()
+                said = sorted(self.lifeline.hosts_said_hello()) if self.lifeline else []
+                raise TimeoutError(
+                    f"{len(self.client.ids)} of {n} ranks registered; ranks on {', '.join(remote_hosts) or 'the nodes'} "
+                    f"did not reach the controller at {url} (lifeline {self.lifeline.address if self.lifeline else '-'}, "
+                    f"reached from: {', '.join(said) or 'no host'}): the notebook's address {self.listen_ip} and "
+                    "its ports must be open to them; choose the interface with --ip"
+                    + (self._slurm_output() if self.job_id else ""))
+
+    def _register_s(self) -> float:
+        """How long engines may take to register once started (each imports torch first)."""
+        return max(180.0, 30.0 * self.config.n)
+
+    def _controller_url(self) -> str:
+        try:
+            import json
+
+            path = os.path.join(self.cluster.profile_dir, "security", f"ipcontroller-{self.cluster.cluster_id}-engine.json")
+            with open(path) as f:
+                info = json.load(f)
+            return f"{info.get('interface', 'tcp://' + self.listen_ip)}:{info.get('registration', '?')}"
+        except (OSError, ValueError):
+            return f"tcp://{self.listen_ip}"
+
+    def _guard_exit(self, host: str, pid: int, code: int) -> None:
+        """A guarded engine ended: record it, named with host and exit status."""
+        if self.watcher is None:
+            return
+        for p in self.procs:
+            if p.pid == pid and p.host == host:
+                self.watcher.mark_dead(p.rank, health.describe_exit(code), exit_code=code)
+
+    def _launch(self) -> None:
+        import ipyparallel as ipp
+
+        cfg = self.config
+        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, options=cfg.launcher_options)
+        if cfg.profile_dir:
+            kwargs["profile_dir"] = cfg.profile_dir
+        self.cluster = ipp.Cluster(**kwargs)
+        self.cluster.start_controller_sync()
+        self.started_pids.extend(self._controller_pids())
+        self.cluster.start_engines_sync()
+        self.started_pids.extend(self._launcher_pids())
+        self.client = self.cluster.connect_client_sync()
+        self.client.wait_for_engines(cfg.n, timeout=max(60, 10 * cfg.n), block=True, interactive=False)
+        # registered: from now on the controller only routes, and gives way to the ranks
+        background.lower_processes(self._controller_pids())
+
+    def _controller_pids(self) -> list[int]:
+        ctl = getattr(self.cluster, "controller", None)
+        pid = getattr(ctl, "pid", None) or getattr(getattr(ctl, "process", None), "pid", None)
+        return health.process_tree([pid]) if pid else []
+
+    def _launcher_pids(self) -> list[int]:
+        pids = []
+        for es in (self.cluster.engines or {}).values():
+            if type(es).__name__ == "SSHEngineSetLauncher":
+                continue  # their pids are on other hosts: the guards end those
+            for launcher in (getattr(es, "launchers", None) or {}).values():
+                pid = getattr(launcher, "pid", None)
+                if pid and pid > 0:
+                    pids.append(pid)
+            pid = getattr(es, "pid", None)  # mpiexec for the MPI launcher
+            if pid and pid > 0:
+                pids.append(pid)
+        return pids
+
+    def _launcher_procs(self) -> dict[int, object]:
+        """pid -> psutil.Process held by ipyparallel's local launchers (they reap the child)."""
+        out = {}
+        for es in (self.cluster.engines or {}).values():
+            for launcher in (getattr(es, "launchers", None) or {}).values():
+                proc = getattr(launcher, "process", None)
+                if proc is not None and getattr(proc, "pid", None):
+                    out[proc.pid] = proc
+        return out
+
+    def _bootstrap(self) -> None:
+        from ...engine import runtime
+
+        cfg = self.config
+        ids = sorted(self.client.ids)[: cfg.n]
+        idents = self.client[ids].apply_async(runtime.identity, self.listen_ip).get(timeout=60)
+        order = sorted(
+            range(len(ids)),
+            key=lambda i: (idents[i]["slot"] if idents[i]["slot"] is not None else 0,
+                           idents[i]["launcher_rank"] if idents[i]["launcher_rank"] is not None else ids[i]),
+        )
+        self.engine_ids = [ids[i] for i in order]
+        idents = [idents[i] for i in order]
+        hosts = [d["host"] for d in idents]
+        master_host = hosts[0]
+        one_host = all(h == master_host for h in hosts)
+        # rank 0's address on the route to this notebook: the other hosts reach it the same way
+        master_addr = "127.0.0.1" if one_host else idents[0]["addr"]
+        master_port = self.client[self.engine_ids[0]].apply_sync(runtime.free_port)
+        remote_launch = cfg.launcher in ("slurm", "ssh") and not cfg.launcher_options
+        # Slurm/SSH: each rank pins from the GPUs its own host (and Slurm) makes visible to it
+        gpu_ids = (launchers.gpu_ids() if cfg.backend != "gloo" else []) if not remote_launch else []
+        if cfg.backend == "nccl" and not gpu_ids and not remote_launch:
+            raise ValueError("--backend nccl needs GPUs and none are visible: use --backend gloo (CPU ranks)")
+        stack_dir = os.path.join(self.state_dir(), "stacks")
+        controller = self._controller_pids()
+        pending = []
+        for rank, eid in enumerate(self.engine_ids):
+            same_host = [r for r, h in enumerate(hosts) if h == hosts[rank]]
+            launcher_local = idents[rank].get("launcher_local_rank")
+            kwargs = dict(
+                rank=rank,
+                world_size=cfg.n,
+                local_rank=launcher_local if launcher_local is not None else same_host.index(rank),
+                local_world_size=len(same_host),
+                master_addr=master_addr,
+                master_port=master_port,
+                backend=cfg.backend,
+                timeout_s=cfg.timeout,
+                threads=cfg.threads_per_rank(),
+                gpu_ids=gpu_ids or None,
+                pin_visible_gpu=remote_launch and cfg.backend != "gloo",
+                interface_addr=None if one_host else idents[rank]["addr"],
+                stack_dir=stack_dir,
+                sys_path=[os.getcwd(), *cfg.sys_path],
+                # ranks on this host end themselves (rank 0 the controller too) should the
+                # notebook process die without stopping them
+                parent_pid=os.getpid() if hosts[rank] == socket.gethostname() else None,
+                also_end=controller if rank == 0 and hosts[rank] == socket.gethostname() else None,
+            )
+            pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
+        self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]
+        lprocs = self._launcher_procs()
+        self.procs = [
+            health.RankProcess(r, d["host"], d["pid"], lprocs.get(d["pid"])) for r, d in enumerate(idents)
+        ]
+        local_pids = [p.pid for p in self.procs if p.local]
+        self.started_pids = sorted(set(self.started_pids) | set(health.process_tree(local_pids)))
+        self.watcher = health.Watcher(self.procs)
+        if self.lifeline is not None:  # engines that ended while the set was coming up
+            for (host, pid), code in list(self.lifeline.exits.items()):
+                self._guard_exit(host, pid, code)
+
+    # ------------------------------------------------------------- properties
+    @property
+    def world_size(self) -> int:
+        return len(self.engine_ids)
+
+    @property
+    def running(self) -> bool:
+        return not self.stopped and self.client is not None
+
+    def state_dir(self) -> str:
+        """Where this rank set keeps its files (the ipyparallel profile's folder)."""
+        base = getattr(self.cluster, "profile_dir", None) or os.getcwd()
+        cid = getattr(self.cluster, "cluster_id", "") or "default"
+        return os.path.join(base, "workbench", cid)
+
+    def require_running(self) -> None:
+        if not self.running:
+            raise NotRunning("no ranks are running: start them with `%distrain start -n 2`")
+
+    def dead(self) -> list[dict]:
+        """Deaths detected so far (rank, host, pid, exit), in rank order."""
+        if self.watcher is None:
+            return []
+        deaths = self.watcher.poll()
+        if self.client is not None:
+            live = set(self.client.ids)
+            for rank, eid in enumerate(self.engine_ids):
+                # a local rank is dead when its pid is gone (the watcher); one the
+                # controller dropped while its process lives is stuck, not dead
+                if eid not in live and rank not in deaths and not self.procs[rank].local:
+                    self.watcher.mark_dead(rank, "stopped answering its heartbeat")
+            deaths = self.watcher.deaths
+        return [deaths[r] for r in sorted(deaths)]
+
+    def view(self, ranks=None):
+        """An ipyparallel DirectView on the selected ranks (rank order), cached per selection."""
+        self.require_running()
+        sel = tuple(self.select(ranks))
+        view = self._views.get(sel)
+        if view is None:
+            view = self._views[sel] = self.client[[self.engine_ids[r] for r in sel]]
+        return view
+
+    def select(self, ranks) -> list[int]:
+        self.require_running()
+        if ranks is None:
+            return list(range(self.world_size))
+        if isinstance(ranks, (list, tuple)) and all(isinstance(r, int) for r in ranks):
+            return parse_ranks(",".join(map(str, ranks)), self.world_size)
+        return parse_ranks(ranks, self.world_size)
+
+    # -------------------------------------------------------------- running
+    def submit(self, fn, *args, ranks=None, **kwargs) -> "RankCall":
+        """Run ``fn(*args, **kwargs)`` on the ranks without waiting."""
+        sel = self.select(ranks)
+        try:
+            ar = self.view(sel).apply_async(fn, *args, **kwargs)
+        except KeyError:  # the controller has dropped a dead rank's engine: name the rank
+            deaths = [d for d in self.dead() if d["rank"] in sel]
+            if deaths:
+                raise RankDied(health.death_message(deaths), deaths) from None
+            raise
+        return RankCall(self, sel, ar)
+
+    def apply(self, fn, *args, ranks=None, timeout: float | None = None, **kwargs) -> list:
+        """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
+        return self.submit(fn, *args, ranks=ranks, **kwargs).result(timeout=timeout)
+
+    def execute_async(self, code: str, ranks=None) -> "RankCall":
+        """Run a code string on the ranks (as a cell) without waiting."""
+        sel = self.select(ranks)
+        ar = self.view(sel).execute(code, silent=False, block=False)
+        return RankCall(self, sel, ar)
+
+    def execute(self, code: str, ranks=None, timeout: float | None = None) -> "RankCall":
+        """Run a code string on the ranks and wait; raises on a failure (naming ranks)."""
+        call = self.execute_async(code, ranks)
+        call.result(timeout=timeout)
+        return call
+
+    def push(self, namespace: dict, ranks=None) -> None:
+        """Set variables in the ranks' namespaces."""
+        self.view(ranks).push(namespace, block=True)
+
+    def pull(self, name: str, ranks=None) -> list:
+        """Fetch a variable from the ranks, in rank order."""
+        sel = self.select(ranks)
+        ar = self.view(sel).pull(name, block=False)
+        return RankCall(self, sel, ar).result()
+
+    def interrupt(self, ranks=None) -> None:
+        """Send SIGINT to the ranks (what Ctrl-C / the stop button does to a cell)."""
+        sel = self.select(ranks)
+        live = set(self.client.ids)
+        targets = [self.engine_ids[r] for r in sel if self.engine_ids[r] in live]
+        if targets:
+            self.client.send_signal(signal.SIGINT, targets=targets, block=True)
+
+    def signal_rank(self, rank: int, sig: int) -> None:
+        """Send a signal to one rank's process (for fault drills and diagnosis)."""
+        proc = self.procs[rank]
+        if proc.local:
+            os.kill(proc.pid, sig)
+        else:
+            self.client.send_signal(sig, targets=[self.engine_ids[rank]], block=True)
+
+    # --------------------------------------------------------------- status
+    def status(self) -> list[dict]:
+        """Rank, host, pid, device, memory and state (idle/busy/dead/stopped) per rank.
+
+        Asks the controller for queue lengths rather than the ranks themselves, so
+        that a busy or stuck rank does not make status hang.
+        """
+        self.require_running()
+        deaths = {d["rank"]: d for d in self.dead()}
+        try:
+            queues = self.client.queue_status(verbose=False)
+        except Exception:
+            queues = {}
+        rows = []
+        for rank, eid in enumerate(self.engine_ids):
+            info = self.info[rank] if rank < len(self.info) else {}
+            proc = self.procs[rank] if rank < len(self.procs) else None
+            if rank in deaths:
+                state = "dead"
+            elif proc is not None and proc.state() == "stopped":
+                state = "stopped"
+            else:
+                q = queues.get(eid, {}) if isinstance(queues, dict) else {}
+                state = "busy" if (q.get("queue", 0) or q.get("tasks", 0)) else "idle"
+            rss = proc.rss() if proc is not None and rank not in deaths else None
+            rows.append({
+                "rank": rank,
+                "host": info.get("host", proc.host if proc else "?"),
+                "pid": info.get("pid", proc.pid if proc else None),
+                "device": info.get("device", "?"),
+                "backend": info.get("backend", "?"),
+                "memory_mb": round(rss / 2**20, 1) if rss else None,
+                "state": state,
+                "exit": deaths[rank]["exit"] if rank in deaths else "",
+            })
+        return rows
+
+    # ----------------------------------------------------------------- stop
+    def stop(self) -> list[int]:
+        """Stop the engines and the controller; end by pid whatever is left.
+
+        Returns the pids still alive afterwards (empty when all went well).
+        """
+        if self.watcher is not None:
+            self.watcher.close()
+        pids = sorted(set(self.started_pids) | set(health.process_tree(self.started_pids)))
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+        # Ranks (and their nannies) first, by pid: their state is being thrown away, and a
+        # busy or stuck rank would make ipyparallel wait 5 s per engine. Then ipyparallel
+        # stops the controller and tidies its files.
+        controller = set(self._controller_pids())
+        health.end_pids([p for p in pids if p not in controller], grace=0.2)
+        if self.lifeline is not None:
+            # the guards on other hosts see their notebook end go and end their ranks
+            self.lifeline.close()
+        if self.job_id:
+            slurm.cancel(self.job_id)
+        if self.cluster is not None:
+            self._forget_ssh_engines()
+            try:
+                self.cluster.stop_cluster_sync()
+            except Exception:
+                pass
+        if self.job_id:
+            slurm.wait_until_gone(self.job_id)
+        self.stopped = True
+        return health.end_pids(pids, grace=1.0)
+
+    def _forget_ssh_engines(self) -> None:
+        """SSH engine sets: their guards have ended them; ipyparallel's stop would ssh to
+        each host to signal and wait for them (seconds each, and errors once a host is gone)."""
+        for esid, es in list((self.cluster.engines or {}).items()):
+            if type(es).__name__ != "SSHEngineSetLauncher":
+                continue
+            for launcher in (getattr(es, "launchers", None) or {}).values():
+                waiting = getattr(launcher, "_stop_waiting", None)
+                if waiting is not None:
+                    waiting.set()
+            self.cluster.engines.pop(esid, None)
+
+    def allocation(self) -> str:
+        """Where the ranks run: the Slurm job and its nodes, or the hosts; '' for one host."""
+        if self.job_id:
+            return f"Slurm job {self.job_id} on {', '.join(self.nodes) or '(no nodes yet)'}"
+        hosts = sorted({d.get("host") for d in self.info if d.get("host")})
+        return f"hosts {', '.join(hosts)}" if len(hosts) > 1 else ""
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.stopped else "running"
+        return f"<RankSet {self.world_size} ranks, {self.config.launcher}, {state}>"
+
+
+class RankCall:
+    """A call in flight on some ranks. ``result()`` waits, watching for dead ranks."""
+
+    def __init__(self, rankset: RankSet, ranks: list[int], ar):
+        self.rankset = rankset
+        self.ranks = ranks
+        self.ar = ar
+
+    def wait(self, timeout: float | None = None, poll: float = 0.1) -> bool:
+        """Wait until done, ``timeout`` passes or a rank dies; True when done.
+
+        After a death the wait ends within half a second (the survivors that notice
+        the dead peer at once get that long to report); survivors that are blocked
+        in a collective with no direct link to it come out at the collective timeout.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic()))
+            if self.ar.wait(step):
+                return True
+            if self.deaths():
+                grace = min(self.rankset.config.timeout, 0.4)
+                self.ar.wait(grace)
+                return self.ar.ready()
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    def deaths(self) -> list[dict]:
+        return [d for d in self.rankset.dead() if d["rank"] in self.ranks]
+
+    def result(self, timeout: float | None = None) -> list:
+        """Per-rank results in rank order; raises RankDied / RankFailure / TimeoutError."""
+        done = self.wait(timeout)
+        deaths = [] if done and self.ar.successful() else self.deaths()
+        if deaths:
+            raise RankDied(health.death_message(deaths), deaths)
+        if not done:
+            raise TimeoutError(f"ranks {self.pending()} still running after {timeout} s")
+        if not self.ar.successful():
+            # a rank's error is read from its output stream, which the reply can overtake
+            self.ar.wait_for_output(timeout=30)
+        failures = self.failures()
+        if failures:
+            raise RankFailure(failure_message(failures), failures)
+        results = self.ar.get()
+        return list(results) if isinstance(results, list) else [results]
+
+    def pending(self) -> list[int]:
+        return [r for r, m in zip(self.ranks, self.ar._metadata) if not m.get("completed")]
+
+    def failures(self) -> dict[int, tuple[str, str, str]]:
+        """rank -> (exception name, message, remote traceback) for ranks that raised."""
+        out = {}
+        for rank, md in zip(self.ranks, self.ar._metadata):
+            err = md.get("error")
+            if err is not None:
+                out[rank] = (
+                    getattr(err, "ename", type(err).__name__),
+                    str(getattr(err, "evalue", err)),
+                    getattr(err, "traceback", "") or "",
+                )
+        return out
+
+    def per_rank(self, key: str) -> list:
+        """stdout / stderr / outputs / execute_result per rank, in rank order."""
+        return [md.get(key) for md in self.ar._metadata]
+
+
+def failure_message(failures: dict[int, tuple[str, str, str]]) -> str:
+    parts = [f"rank {r}: {ename}: {evalue}" for r, (ename, evalue, _) in sorted(failures.items())]
+    return "; ".join(parts)

@@ -1,0 +1,140 @@
+"""``%distrain prepare KIND [options]`` and ``%distrain layout``: lay a model out, then look at it.
+
+``prepare`` validates the spec in the notebook (against the world size and the
+model's config, fetched from rank 0) before any rank changes, then runs
+``engine.prepare`` on every rank and rebinds the ranks' ``model`` and ``optimizer``
+variables to the wrapped ones.
+"""
+from __future__ import annotations
+
+import re
+
+from .. import api
+from ...shared.errors import WorkbenchError
+from . import UsageError, command
+
+_IDENT = re.compile(r"^[A-Za-z_]\w*$")
+
+
+def _prepare_args(p) -> None:
+    p.add_argument("spec", nargs="*", help="a preset (ddp | fsdp2 | hsdp | tp | pp | zero) and/or degrees "
+                                         "(dp_replicate=, dp_shard=, tp=, pp=; one may be -1), then options: "
+                                         "'fsdp2 tp=2', 'pp=2 dp_shard=2', 'zero stage=3', '--dtype bf16'")
+    p.add_argument("--blocks", default=None,
+                   help="comma-separated block class names or module paths (default: found in the model)")
+    p.add_argument("--model", default="model", help="rank variable holding the model (default: model)")
+    p.add_argument("--optimizer", default="optimizer",
+                   help="rank variable holding an optimizer or a factory params -> optimizer")
+
+
+@command("prepare", "lay the ranks' model out with a parallelism strategy", _prepare_args)
+def _prepare(args, shell):
+    from ...strategies import SpecError, spec_from_args
+
+    for name in (args.model, args.optimizer):
+        if not _IDENT.match(name):
+            raise UsageError(f"{name!r} is not a variable name")
+    argv = list(args.spec)
+    if not argv:
+        raise UsageError("name a strategy, e.g. `%distrain prepare fsdp2` or `%distrain prepare fsdp2_tp tp=2`")
+    rs = api.current()
+    try:
+        spec = spec_from_args(argv)
+    except (SpecError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    model_name, opt_name = args.model, args.optimizer
+    device_type = "cuda" if str(rs.info[0].get("device", "cpu")).startswith("cuda") else "cpu"
+    # Validate on rank 0 (it has the model's config; the notebook need not import torch)
+    # before any rank changes: a bad spec leaves every rank exactly as it was.
+    blocks = [b.strip() for b in args.blocks.split(",") if b.strip()] if args.blocks else None
+    probe = rs.apply(_probe_model, model_name, opt_name, spec.to_dict(), rs.world_size, device_type, blocks,
+                     ranks=[0])[0]
+    if probe["missing"]:
+        raise UsageError(f"no variable {' or '.join(probe['missing'])} on rank 0: build the model and "
+                         f"optimizer (or a factory `lambda params: ...`) in a %%distrain cell first")
+    if probe["error"]:
+        raise WorkbenchError(f"{probe['error']} (nothing was changed on the ranks)")
+    rs.push({"_workbench_spec": spec})
+    try:
+        api.run(
+            "from workbench import engine as _wb_engine\n"
+            f"prepared = _wb_engine.prepare({model_name}, {opt_name}, _workbench_spec, mesh_device={device_type!r}, "
+            f"blocks={blocks!r})\n"
+            f"{model_name}, {opt_name} = prepared.model, prepared.optimizer\n",
+            display=True,
+        )
+    finally:
+        rs.execute("globals().pop('_workbench_spec', None); globals().pop('_wb_engine', None)")
+    layouts = rs.apply(_layout)
+    print(layout_summary(layouts))
+    return None
+
+
+def layout_summary(layouts: list[dict]) -> str:
+    """Strategy, path, mesh, parameter bytes per rank and the strategy's notes."""
+    lay = layouts[0]
+    mesh = " x ".join(f"{n}={s}" for n, s in zip(lay["mesh"]["dim_names"], lay["mesh"]["shape"]))
+    held = ", ".join(f"rank {l['rank']} {l['param_bytes_local'] / 2**20:.2f} MiB" for l in layouts)
+    lines = [f"{lay['strategy']} via the {lay['path']} path on mesh {mesh}; parameter bytes held: {held} "
+             f"(whole model {lay['param_bytes_global'] / 2**20:.2f} MiB)"]
+    if lay.get("degrees"):
+        on = [f"{n}={v}" for n, v in lay["degrees"].items() if v > 1]
+        lines.append(f"  degrees: {' x '.join(on) or 'one rank'}")
+    if lay.get("blocks"):
+        names = lay["blocks"]
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        lines.append(f"  blocks (rank 0): {shown}")
+    lines += [f"  note: {note}" for note in lay.get("notes", [])]
+    return "\n".join(lines)
+
+
+def _probe_model(model_name: str, opt_name: str, spec: dict, world_size: int, device_type: str,
+                 blocks: list[str] | None = None) -> dict:
+    """On rank 0: are the variables there, and does the spec fit the world and the model
+    (degrees, blocks, tensor-parallel plan, pipeline split)?"""
+    import __main__
+
+    from workbench.strategies import ModelHints, PrepareError, SpecError, StrategySpec, check_layout, model_config_of
+
+    ns = vars(__main__)
+    missing = [n for n in (model_name, opt_name) if n not in ns]
+    error = None
+    if not missing:
+        model = ns[model_name]
+        already = getattr(model, "_workbench_prepared", None)
+        if already:
+            error = (f"{model_name!r} was already prepared with {already!r} (its parameters were changed "
+                     "in place); build a fresh model (same seed) on the ranks for a new strategy")
+        else:
+            try:
+                s = StrategySpec.from_dict(spec).validate(world_size, model_config_of(model), device_type=device_type)
+                if s.kind not in ("none", "zero"):
+                    check_layout(model, s, world_size, ModelHints(blocks=blocks))
+            except (SpecError, PrepareError, ValueError) as exc:
+                error = str(exc)
+    return {"missing": missing, "error": error}
+
+
+def _layout() -> dict:
+    from workbench import engine
+
+    return engine.prepared().layout
+
+
+def _layout_args(p) -> None:
+    p.add_argument("--tensor", default=None, help="draw this tensor's blocks and which ranks hold them")
+    p.add_argument("--match", default=None, help="only tensors whose name matches this regex")
+    p.add_argument("--max", type=int, default=24, help="at most this many tensors (largest first)")
+
+
+@command("layout", "picture of which shard of which tensor lives on which rank", _layout_args)
+def _show_layout(args, shell):
+    from ..dashboard.layout_figure import layout_figure, tensor_figure
+
+    layouts = api.current().apply(_layout)
+    if args.tensor:
+        try:
+            return tensor_figure(layouts, args.tensor)
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
+    return layout_figure(layouts, max_tensors=args.max, match=args.match)

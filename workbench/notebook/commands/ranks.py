@@ -1,0 +1,197 @@
+"""``%distrain start|stop|status|restart|push|pull``: the rank set's life cycle."""
+from __future__ import annotations
+
+from .. import api, auto_cells
+from ..cluster.launchers import LAUNCHERS
+from ..cluster.rankset import BACKENDS
+from . import UsageError, command
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"expected a whole number of ranks, got {text!r}") from None
+    if value < 1:
+        raise UsageError(f"the number of ranks must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"expected seconds (a number), got {text!r}") from None
+    if value <= 0:
+        raise UsageError(f"a timeout must be positive, got {text}")
+    return value
+
+
+def _start_args(p) -> None:
+    p.add_argument("-n", type=_positive_int, default=None, help="number of ranks (default 2, or the --hosts total)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl with GPUs, else gloo")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="local")
+    p.add_argument("--timeout", type=_seconds, default=300.0, help="collective timeout in seconds")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch threads per rank")
+    p.add_argument("--auto", action="store_true", help="then run plain cells on the ranks (`%%distrain auto on`)")
+    p.add_argument("--ip", default=None, help="slurm/ssh: this host's address the ranks connect to")
+    p.add_argument("--hosts", default=None, help="ssh: hostA:2,hostB:2 (ranks per host)")
+    p.add_argument("--ssh-config", default=None, help="ssh: an ssh_config file (ssh -F)")
+    p.add_argument("--python", default=None, help="slurm/ssh: the ranks' python (default: this one's path)")
+    p.add_argument("--nodes", type=_positive_int, default=None, help="slurm: number of nodes")
+    p.add_argument("--gpus-per-node", type=_positive_int, default=None, help="slurm: GPUs per node")
+    p.add_argument("--partition", default=None, help="slurm: partition")
+    p.add_argument("--time", default=None, help="slurm: time limit (H:MM:SS)")
+    p.add_argument("--account", default=None, help="slurm: account")
+    p.add_argument("--sbatch", default=None, help='slurm: more sbatch options, e.g. "--constraint=h100"')
+
+
+_SLURM_FLAGS = ("nodes", "gpus_per_node", "partition", "time", "account", "sbatch")
+
+
+def _slurm_request(args):
+    given = {k: getattr(args, k) for k in _SLURM_FLAGS if getattr(args, k) is not None}
+    if not given:
+        return None
+    if args.launcher != "slurm":
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise UsageError(f"{flags} go with --launcher slurm")
+    from ..cluster.slurm import SlurmRequest, parse_sbatch
+
+    return SlurmRequest(nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
+                        time=args.time, account=args.account, sbatch=parse_sbatch(args.sbatch))
+
+
+def _rank_count(args) -> int:
+    if args.hosts and args.launcher == "ssh":
+        from ..cluster.ssh import parse_hosts
+
+        try:
+            total = sum(s.n for s in parse_hosts(args.hosts))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return args.n or total
+    return args.n or 2
+
+
+@command("start", "start N ranks and initialise their process group", _start_args)
+def _start(args, shell):
+    try:
+        rs = api.start(_rank_count(args), backend=args.backend, launcher=args.launcher, timeout=args.timeout,
+                       threads=args.threads, ip=args.ip, hosts=args.hosts, ssh_config=args.ssh_config,
+                       python=args.python, slurm=_slurm_request(args), progress=_live_line())
+    except ValueError as exc:  # bad settings: one line, nothing started
+        raise UsageError(str(exc)) from None
+    backend = rs.info[0]["backend"] if rs.info else args.backend
+    where = rs.allocation()
+    print(f"{rs.world_size} ranks up ({backend}, {args.launcher} launcher{', ' + where if where else ''}) "
+          f"in {rs.start_seconds:.1f} s")
+    if args.auto:
+        auto_cells.turn_on(shell)
+        print(AUTO_ON)
+
+
+def _live_line():
+    """Print each progress line as it comes (a queued job's state shows while the cell waits)."""
+    def show(line: str) -> None:
+        print(line, flush=True)
+
+    return show
+
+
+AUTO_ON = "auto mode on: plain cells run on the ranks; magics and %%local cells run here"
+
+
+def _auto_args(p) -> None:
+    p.add_argument("state", choices=("on", "off"), help="on: plain cells run on the ranks; off: here")
+
+
+@command("auto", "run plain cells on the ranks (on) or in the notebook (off)", _auto_args)
+def _auto(args, shell):
+    if shell is None:
+        raise UsageError("`%distrain auto` needs an IPython shell (a notebook or IPython)")
+    if args.state == "on":
+        api.current()  # refuse before anything changes where no ranks run
+        auto_cells.turn_on(shell)
+        print(AUTO_ON)
+    else:
+        was_on = auto_cells.turn_off(shell)
+        print("auto mode off: plain cells run in the notebook" if was_on else "auto mode was already off")
+
+
+@command("stop", "stop the ranks (every process they started)")
+def _stop(args, shell):
+    if not api.is_running():
+        print("no ranks are running")
+        return
+    left = api.stop()
+    if auto_cells.turn_off(shell):
+        print("auto mode off: plain cells run in the notebook")
+    if left:
+        print(f"stopped; processes still alive: {left}")
+    else:
+        print("ranks stopped")
+
+
+def _restart_args(p) -> None:
+    p.add_argument("-n", type=_positive_int, default=None, help="new number of ranks (default: same)")
+    p.add_argument("--backend", choices=BACKENDS, default=None)
+    p.add_argument("--timeout", type=_seconds, default=None)
+    p.add_argument("--resume", action="store_true", help="then rebuild the model and load the latest checkpoint")
+    p.add_argument("--setup", default=None, help="with --resume: notebook variable holding the setup code")
+    p.add_argument("--dir", default=None, help="with --resume: checkpoint folder")
+
+
+@command("restart", "stop the ranks (dead or alive) and start them again [--resume]", _restart_args)
+def _restart(args, shell):
+    if args.resume:  # the same as `%distrain ckpt resume`
+        from .. import checkpoints as ck
+        from .ckpt import setup_from
+
+        info = ck.resume(setup=setup_from(args.setup, shell), n=args.n, root=args.dir, backend=args.backend,
+                         timeout=args.timeout)
+        print(f"{info['restarted']} ranks up again; {ck.describe_load(info)}")
+        return None
+    if args.setup or args.dir:
+        raise UsageError("--setup and --dir go with --resume")
+    rs = api.restart(args.n, backend=args.backend, timeout=args.timeout)
+    print(f"{rs.world_size} ranks up again in {rs.start_seconds:.1f} s")
+
+
+@command("status", "rank, host, pid, device, memory and state of each rank")
+def _status(args, shell):
+    rows = api.status()
+    where = api.current().allocation()
+    if where:
+        print(where)
+    dead = [r for r in rows if r["state"] == "dead"]
+    if dead:
+        print("; ".join(f"rank {r['rank']} (host {r['host']}, pid {r['pid']}) {r['exit']}" for r in dead)
+              + " -- `%distrain restart` brings the rank set back")
+    import pandas as pd
+
+    return pd.DataFrame(rows).set_index("rank")
+
+
+def _push_args(p) -> None:
+    p.add_argument("names", nargs="+", help="notebook variables to copy to the ranks")
+    p.add_argument("--ranks", default=None, help="0,2-3 or all (default all)")
+
+
+@command("push", "copy notebook variables to the ranks", _push_args)
+def _push(args, shell):
+    ns = shell.user_ns if shell is not None else {}
+    missing = [n for n in args.names if n not in ns]
+    if missing:
+        raise UsageError(f"no notebook variable named {', '.join(missing)}: define it first, then push")
+    api.push({n: ns[n] for n in args.names}, ranks=args.ranks)
+
+
+def _pull_args(p) -> None:
+    p.add_argument("name", help="variable to fetch from the ranks")
+    p.add_argument("--ranks", default=None, help="0,2-3 or all (default all)")
+
+
+@command("pull", "fetch a variable from the ranks (a list, one value per rank)", _pull_args)
+def _pull(args, shell):
+    return api.pull(args.name, ranks=args.ranks)

@@ -1,0 +1,280 @@
+"""The dashboard's plot: which series each panel shows, and how it is redrawn.
+
+The dashboard is **one** plotly ``FigureWidget`` with a panel per subplot (loss,
+throughput, memory, collective time, step-time breakdown, gradient norm), not a figure
+per panel. plotly 7's ``FigureWidget`` is an anywidget, and every anywidget *model*
+ships and imports its own copy of plotly's ~5 MB JavaScript bundle in the browser (the
+module is imported from a blob, so the browser cannot cache it). Five figures meant five
+imports: measured in headless JupyterLab on a 2-core machine with two ranks training, the
+browser's main thread was busy ~20 s and the plots first appeared after the run had
+ended, while the status line beside them (a plain ipywidget) updated live. One figure is
+one import; re-showing the dashboard adds views of the same model, which import nothing.
+
+Traces are found by ``meta`` = ``"<panel>:<name>"`` (names repeat across panels: "rank 0").
+Those known in advance (per rank, the mean, the step phases, the gradient norm) exist from
+the start; the others (collective kinds) are added the first time their series appears.
+A redraw reads the store's thinned copies (at most ~2x1000 points per line), so its cost
+does not grow with the length of the run.
+
+How the widget itself is made fit for live redraws is in ``widget``; here, a redraw
+restyles the traces made in advance (each message carries every changed line whole, so a
+message a view missed is made good by the next) and :func:`sync` re-assigns the full state
+so views made later (a re-display) start from the current data.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from copy import deepcopy
+from dataclasses import dataclass
+
+from ...shared.events import COLLECTIVES, STEP_TIME_PHASES
+from .widget import widget_class
+
+MB = 2**20
+COLUMNS = 2
+ROW_HEIGHT = 290
+
+
+@dataclass(frozen=True)
+class Panel:
+    key: str
+    title: str
+    yaxis: str
+
+
+PANELS = (
+    Panel("loss", "loss per rank (thin) and data-parallel mean (thick)", "loss"),
+    Panel("throughput", "throughput per rank", "tokens / s"),
+    Panel("memory", "memory per rank", "MiB (max active on a device, else RSS)"),
+    Panel("comm", "collective time per step, by op and rank", "seconds"),
+    Panel("step_time", "step time breakdown (mean over ranks)", "seconds"),
+    Panel("grad_norm", "gradient norm before clipping", "grad_norm"),
+)
+PANEL_KEYS = tuple(p.key for p in PANELS)
+
+
+def _axes(i: int) -> dict:
+    """The x/y axis and legend of panel ``i`` (subplots are numbered row by row)."""
+    n = "" if i == 0 else str(i + 1)
+    return {"xaxis": f"x{n}", "yaxis": f"y{n}", "legend": f"legend{n}"}
+
+
+def trace_key(panel: str, name: str) -> str:
+    return f"{panel}:{name}"
+
+
+def panel_traces(fig, panel: str) -> list:
+    """The traces of one panel, in the order they were added."""
+    prefix = trace_key(panel, "")
+    return [t for t in fig.data if isinstance(t.meta, str) and t.meta.startswith(prefix)]
+
+
+def figure_layout() -> dict:
+    """Subplots (2 columns), one legend inside each panel's top-right corner, stacked bars."""
+    from plotly.subplots import make_subplots
+
+    rows = -(-len(PANELS) // COLUMNS)
+    grid = make_subplots(rows=rows, cols=COLUMNS, subplot_titles=[p.title for p in PANELS],
+                         horizontal_spacing=0.09, vertical_spacing=0.11)
+    layout = grid.layout.to_plotly_json()
+    for ann in layout.get("annotations", []):
+        ann["font"] = {"size": 13}
+    for i, p in enumerate(PANELS):
+        axes = _axes(i)
+        x_name, y_name = "xaxis" + axes["xaxis"][1:], "yaxis" + axes["yaxis"][1:]
+        layout[x_name]["title"] = {"text": "step", "standoff": 2}
+        layout[y_name]["title"] = {"text": p.yaxis, "font": {"size": 11}}
+        x0, x1 = layout[x_name]["domain"]
+        y0, y1 = layout[y_name]["domain"]
+        layout[axes["legend"]] = {"x": x1, "y": y1, "xanchor": "right", "yanchor": "top",
+                                  "bgcolor": "rgba(255,255,255,0.7)", "font": {"size": 9}}
+    layout.update(height=rows * ROW_HEIGHT + 60, margin=dict(l=60, r=20, t=40, b=40),
+                  template="plotly_white", barmode="stack", showlegend=True)
+    return layout
+
+
+def expected_traces(ranks) -> dict[str, list[tuple]]:
+    """panel -> [(trace name, style)] known before the first step: per rank, the mean, the phases.
+
+    (Collective kinds are not known in advance: those traces are added when they appear.)
+    """
+    per_rank = [(f"rank {r}", {"width": 1}) for r in ranks]
+    return {"loss": [*per_rank, ("mean", {"width": 3, "color": "black"})],
+            "throughput": [(f"rank {r}", {}) for r in ranks],
+            "memory": [(f"rank {r}", {}) for r in ranks],
+            "step_time": [(phase, {"bar": True}) for phase in (*STEP_TIME_PHASES, "control")],
+            "grad_norm": [("grad_norm", {"width": 2})]}
+
+
+def _trace(panel: str, name, xs, ys, style):
+    import plotly.graph_objects as go
+
+    where = {**_axes(PANEL_KEYS.index(panel)), "meta": trace_key(panel, name), "name": name}
+    if style.get("bar"):
+        return go.Bar(x=xs, y=ys, **where)
+    line = {k: v for k, v in style.items() if k in ("width", "color")}
+    return go.Scatter(x=xs, y=ys, mode="lines", line=line, **where)
+
+
+def make_figure(widget: bool = True, ranks=None):
+    """The dashboard figure (a FigureWidget for live use, a Figure for export).
+
+    Layout and, given ``ranks``, every trace known in advance (empty) go into the
+    constructor, so they are part of the state the widget opens with. A redraw then only
+    restyles traces (each message carries every changed line whole, so one that never
+    reached a view is made good by the next) instead of adding them: an ``addTraces``
+    that a view misses leaves it without the trace for good (see the module doc).
+    """
+    import plotly.graph_objects as go
+
+    cls = widget_class() if widget else go.Figure
+    known = expected_traces(ranks) if ranks is not None else {}
+    data = [_trace(key, name, [], [], style) for key in PANEL_KEYS for name, style in known.get(key, [])]
+    return cls(data=data, layout=figure_layout())
+
+
+def is_widget(fig) -> bool:
+    return hasattr(fig, "_widget_data")
+
+
+def sync(fig) -> None:
+    """Assign the widget's full state (what a view created from now on draws first).
+
+    traitlets sends a trait only when its value changed, so an unchanged figure costs nothing.
+    """
+    if not is_widget(fig):
+        return
+    with _lock(fig):
+        fig._widget_layout = deepcopy(fig._layout_obj._props)
+        fig._widget_data = deepcopy(fig._data)
+
+
+def lines_for(store, run: str) -> dict[str, list[tuple]]:
+    """panel -> [(trace name, xs, ys, style)] for ``run`` from the store's thinned series.
+
+    xs and ys are float64 numpy arrays (read-only, shared with the store): plotly
+    validates a list element by element and sends it as JSON (~15 ms a redraw of 2 ranks
+    at a few hundred steps, growing with the run), an array goes as a binary buffer.
+    """
+    def line(metric, r):
+        return store.arrays(run, metric, r)
+
+    ranks = store.ranks(run)
+    names = set(store.metric_names(run))
+    out: dict[str, list[tuple]] = {p.key: [] for p in PANELS}
+    loss_metric = "loss_local" if "loss_local" in names else "loss"
+    for r in ranks:
+        xs, ys = line(loss_metric, r)
+        if len(xs):
+            out["loss"].append((f"rank {r}", xs, ys, {"width": 1}))
+    if "loss" in names and ranks:
+        xs, ys = line("loss", ranks[0])
+        out["loss"].append(("mean", xs, ys, {"width": 3, "color": "black"}))
+    for r in ranks:
+        xs, ys = line("tps", r)
+        if len(xs):
+            out["throughput"].append((f"rank {r}", xs, ys, {}))
+    mem_metric = next((m for m in ("memory_max_active_bytes", "memory_rss_bytes") if m in names), None)
+    if mem_metric:
+        for r in ranks:  # max active (device) or RSS (CPU): the y-axis title says which
+            xs, ys = line(mem_metric, r)
+            if len(xs):
+                out["memory"].append((f"rank {r}", xs, ys / MB, {}))
+    for kind in COLLECTIVES:
+        for r in ranks:
+            xs, ys = line(f"comm/{kind}/time_s", r)
+            if len(xs):
+                out["comm"].append((f"{kind} r{r}", xs, ys, {}))
+    for phase in (*STEP_TIME_PHASES, "control"):
+        per_rank = [line(f"time_{phase}_s", r) for r in ranks]
+        per_rank = [p for p in per_rank if len(p[0])]
+        if not per_rank:
+            continue
+        xs, ys = _mean_by_step(per_rank)
+        out["step_time"].append((phase, xs, ys, {"bar": True}))
+    if "grad_norm" in names and ranks:  # one global norm: every rank computes the same value
+        xs, ys = line("grad_norm", ranks[0])
+        out["grad_norm"].append(("grad_norm", xs, ys, {"width": 2}))
+    return out
+
+
+def _mean_by_step(lines: list[tuple]) -> tuple:
+    """Mean over ranks at the steps every rank has (thinned lines share their steps)."""
+    import numpy as np
+
+    # a step reported twice by a user's own loop counts once (its first value)
+    lines = [(xs[first], ys[first]) for xs, ys in lines for _, first in [np.unique(xs, return_index=True)]]
+    common = lines[0][0]
+    for xs, _ in lines[1:]:
+        common = np.intersect1d(common, xs, assume_unique=True)
+    total = np.zeros(len(common))
+    for xs, ys in lines:
+        total += ys[np.searchsorted(xs, common)]
+    return common, total / len(lines)
+
+
+def _same(current, new) -> bool:
+    """Whether a trace's data (a tuple, an array or None) already is ``new``."""
+    import numpy as np
+
+    new = np.asarray(new)
+    if current is None:
+        return len(new) == 0
+    current = np.asarray(current)
+    return current.shape == new.shape and np.array_equal(current, new, equal_nan=current.dtype.kind == "f")
+
+
+def draw(fig, lines: dict[str, list[tuple]]) -> bool:
+    """Put ``lines`` into ``fig``: update traces in place, add the new ones; True if any was added.
+
+    Existing traces get their x/y replaced in one restyle (one message); new ones are added
+    after it, each with its data. A trace the run has no line for (a series of an earlier
+    run) is emptied rather than left showing stale points.
+
+    The comparison and the restyle work on the figure's raw trace dicts: setting ``trace.x``
+    runs plotly's validator on every array (a dataframe-library check per assignment) and
+    reading it back builds a property object; measured, that was ~5 of the ~8 ms of CPU a
+    redraw of 2 ranks took, twice a second while a run streams, on cores the ranks train on.
+    The arrays ``lines_for`` gives are read-only float64 arrays, already what validation
+    would produce.
+    """
+    import numpy as np
+
+    added = False
+    with _lock(fig):
+        sent = getattr(fig, "_last_trace_edit_id", 0)
+        where = {t.get("meta"): i for i, t in enumerate(fig._data)}
+        changed: list[int] = []
+        xs_new: list = []
+        ys_new: list = []
+        new = []
+        for panel, traces in lines.items():
+            for name, xs, ys, style in traces:
+                i = where.pop(trace_key(panel, name), None)
+                if i is None:
+                    new.append((panel, name, xs, ys, style))
+                elif not (_same(fig._data[i].get("x"), xs) and _same(fig._data[i].get("y"), ys)):
+                    changed.append(i)
+                    xs_new.append(xs)
+                    ys_new.append(ys)
+        for i in where.values():  # not in this run
+            if not _same(fig._data[i].get("x"), ()):
+                changed.append(i)
+                xs_new.append(np.empty(0))
+                ys_new.append(np.empty(0))
+        if changed:
+            fig.plotly_restyle({"x": xs_new, "y": ys_new}, trace_indexes=changed)
+        for panel, name, xs, ys, style in new:
+            fig.add_trace(_trace(panel, name, xs, ys, style))
+            added = True
+        if getattr(fig, "_last_trace_edit_id", 0) != sent:
+            fig._sent_at = time.monotonic()
+    return added
+
+
+def _lock(fig):
+    lock = getattr(fig, "_edit_lock", None)
+    return lock if lock is not None else contextlib.nullcontext()
+
+

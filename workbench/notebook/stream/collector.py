@@ -1,0 +1,82 @@
+"""The notebook end of the event stream: a ZMQ PULL socket and a thread feeding a store.
+
+The notebook binds (it is the one fixed point; ranks come and go) on a free port, on
+loopback when every rank is on this host, else on the rank set's chosen address (never
+every interface). Each rank connects one PUSH socket, so a rank's events arrive in the
+order it sent them; ZMQ over TCP delivers each message once, and the store still drops
+and counts any duplicate.
+
+Every message carries an HMAC-SHA256 of its bytes under the rank set's key (shipped to
+the ranks through ipyparallel's own signed channel): a message without a valid one is
+dropped and counted in ``rejected``, never shown. One HMAC per batch, not per event.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+
+from ...shared import events
+from .store import EventStore
+
+
+class Collector:
+    def __init__(self, store: EventStore | None = None, *, local_only: bool = True, bind_ip: str | None = None,
+                 key: bytes | None = None):
+        import zmq
+
+        self.store = store or EventStore()
+        self.key = key or secrets.token_bytes(32)
+        self.rejected = 0  # messages dropped for a missing or wrong HMAC
+        self._ctx = zmq.Context()  # private: closing it never touches the kernel's own sockets
+        self._sock = self._ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.RCVHWM, 100_000)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        bind_host = bind_ip or "127.0.0.1"
+        if not local_only and bind_ip is None:
+            raise ValueError("a collector for remote ranks needs the address they reach (bind_ip)")
+        port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
+        self.address = f"tcp://{bind_host}:{port}"
+        self.errors: list[str] = []
+        self.mirror = None  # a stream.mirror.Mirror once the Lab registry asks for one
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="workbench-collector", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        from ..background import lower_this_thread
+
+        lower_this_thread()  # gives way to ranks training on the same cores
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(100):
+                continue
+            while True:
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                data = frames[-1]
+                good = hmac.new(self.key, data, hashlib.sha256).digest()
+                if len(frames) != 2 or not hmac.compare_digest(frames[0], good):
+                    self.rejected += 1
+                    continue
+                try:
+                    batch = events.decode(data)
+                    self.store.add(batch)
+                    if self.mirror is not None:
+                        self.mirror.offer(batch)
+                except Exception as exc:  # a bad message must not kill the collector
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+        if self.mirror is not None:
+            self.mirror.close()
+        self._sock.close(linger=0)
+        self._ctx.term()

@@ -1,0 +1,245 @@
+"""Where the notebook keeps what the ranks sent: every step row, and thinned series for plots.
+
+Two copies, for two readers. ``rows`` holds every step record of every rank (bounded by
+``max_rows``, oldest dropped first, counted) for ``workbench.metrics()``; ``series``
+holds, per (run, metric, rank), at most ~2x``max_points`` points, thinned by doubling
+the stride whenever it fills, so a plot redraw costs the same at step 100 and at step
+1,000,000. Duplicates (an event with a run, rank and sequence number already seen) are
+dropped and counted; gaps in a rank's sequence numbers are counted, so "no steps lost" is
+checked, not assumed.
+
+A trainer step that comes again with a new sequence number is a re-run: a checkpoint was
+loaded into the running run (a rollback after a NaN), and the trainer goes on from the
+checkpoint's step. The run as it now stands is what ``metrics()`` and the plots show: that
+rank's rows and plotted points from that step on are moved to ``superseded`` (kept, for
+a look at what was rolled back) and ``rollbacks`` is counted.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from ...shared import events
+
+ID_COLUMNS = ("run", "rank", "step", "time", "source")
+
+
+class Thinned:
+    """One plotted line: x/y lists that keep every ``stride``-th point."""
+
+    __slots__ = ("xs", "ys", "stride", "n", "limit", "_arrays")
+
+    def __init__(self, limit: int):
+        self.xs: list = []
+        self.ys: list = []
+        self.stride = 1
+        self.n = 0
+        self.limit = limit
+        self._arrays = None  # (xs, ys, the list they were made from) of the last arrays() call
+
+    def arrays(self):
+        """x and y as read-only float64 arrays, for plotting.
+
+        A redraw asks for ~40 lines of up to ~2000 points twice a second; converting the
+        whole lists each time was most of what was left of a redraw's CPU. So the arrays of
+        the last call are extended by the points added since, and rebuilt only after a
+        thinning or a truncation (both replace the lists). Read-only because they are
+        shared: the figure holds the ones it was given.
+        """
+        import numpy as np
+
+        n = len(self.xs)
+        cached = self._arrays
+        if cached is not None and cached[2] is self.xs and len(cached[0]) <= n:
+            have = len(cached[0])
+            if have == n:
+                return cached[0], cached[1]
+            xs = np.concatenate([cached[0], np.asarray(self.xs[have:], dtype=np.float64)])
+            ys = np.concatenate([cached[1], np.asarray(self.ys[have:], dtype=np.float64)])
+        else:
+            xs, ys = np.asarray(self.xs, dtype=np.float64), np.asarray(self.ys, dtype=np.float64)
+        xs.flags.writeable = ys.flags.writeable = False
+        self._arrays = (xs, ys, self.xs)
+        return xs, ys
+
+    def add(self, x, y) -> None:
+        if self.n % self.stride == 0:
+            self.xs.append(x)
+            self.ys.append(y)
+            if len(self.xs) > 2 * self.limit:
+                self.xs, self.ys = self.xs[::2], self.ys[::2]
+                self.stride *= 2
+        self.n += 1
+
+    def truncate(self, x) -> None:
+        """Forget the points at ``x`` and after (their count too, as far as the stride tells)."""
+        keep = sum(1 for v in self.xs if v < x)
+        dropped = len(self.xs) - keep
+        self.xs, self.ys = self.xs[:keep], self.ys[:keep]
+        self.n = max(0, self.n - dropped * self.stride)
+
+
+class EventStore:
+    """Thread-safe: the collector thread adds, the notebook and dashboard read."""
+
+    def __init__(self, max_rows: int = 1_000_000, max_points: int = 1000):
+        self.lock = threading.Lock()
+        self.rows: deque = deque(maxlen=max_rows)
+        self.max_points = max_points
+        self.series: dict[tuple, Thinned] = {}
+        self.states: dict[str, dict[int, dict]] = {}  # run -> rank -> last status event
+        self.statuses: list[dict] = []
+        self.logs: deque = deque(maxlen=1000)
+        self.runs: list[str] = []
+        self.superseded: deque = deque(maxlen=max(1, max_rows // 10))  # rows a rollback replaced
+        self.rollbacks = 0
+        self._seen: set = set()  # (run, rank, seq) of every event kept
+        self._last_seq: dict = {}
+        self.duplicates = 0
+        self.gaps = 0
+        self.received = 0
+        self.lag_s = 0.0  # receive time minus rank time of the latest event
+        self.version = 0
+        self.last_step: dict[tuple, int] = {}  # (run, rank) -> latest step received
+        self._trainer_step: dict[tuple, int] = {}  # (run, rank) -> latest trainer step
+        self.changed = threading.Condition()
+
+    @property
+    def dropped_rows(self) -> int:
+        return max(0, self._n_rows - len(self.rows))
+
+    _n_rows = 0
+
+    def add(self, batch: list[dict]) -> None:
+        now = time.time()
+        with self.lock:
+            for e in batch:
+                self._check_seq(e)
+                run = e["run"]
+                if run not in self.states:
+                    self.states[run] = {}
+                    self.runs.append(run)
+                kind = e["kind"]
+                if kind == "step":
+                    self._add_step(e)
+                elif kind == "status":
+                    self.states[run][e["rank"]] = e
+                    self.statuses.append(e)
+                else:
+                    self.logs.append(e)
+                self.lag_s = now - e["time"]
+            self.received += len(batch)
+            self.version += 1
+        with self.changed:
+            self.changed.notify_all()
+
+    def _check_seq(self, e: dict) -> None:
+        key = (e["run"], e["rank"])
+        last = self._last_seq.get(key)
+        if last is not None and e["seq"] > last + 1:
+            self.gaps += e["seq"] - last - 1
+        self._last_seq[key] = max(e["seq"], last if last is not None else -1)
+
+    def _add_step(self, e: dict) -> None:
+        key = (e["run"], e["rank"], e["seq"])
+        if key in self._seen:
+            self.duplicates += 1
+            return
+        self._seen.add(key)
+        if e["source"] == "trainer" and e["step"] <= self._trainer_step.get((e["run"], e["rank"]), 0):
+            self._roll_back(e["run"], e["rank"], e["step"])
+        if e["source"] == "trainer":
+            self._trainer_step[(e["run"], e["rank"])] = e["step"]
+        flat = events.flat_metrics(e)
+        self.rows.append({"run": e["run"], "rank": e["rank"], "step": e["step"], "time": e["time"],
+                          "source": e["source"], **flat})
+        self._n_rows += 1
+        run, rank, step = e["run"], e["rank"], e["step"]
+        self.last_step[(run, rank)] = step if e["source"] == "trainer" else max(step, self.last_step.get((run, rank), 0))
+        for name, value in flat.items():
+            if value is None:
+                continue
+            s = self.series.get((run, name, rank))
+            if s is None:
+                s = self.series[(run, name, rank)] = Thinned(self.max_points)
+            s.add(step, value)
+
+    def _roll_back(self, run: str, rank: int, step: int) -> None:
+        """Move this rank's rows and points of ``run`` from ``step`` on aside (see the module doc)."""
+        self.rollbacks += 1
+        kept = deque(maxlen=self.rows.maxlen)
+        for r in self.rows:
+            if r["run"] == run and r["rank"] == rank and r["step"] >= step:
+                self.superseded.append(r)
+            else:
+                kept.append(r)
+        self._n_rows -= len(self.rows) - len(kept)
+        self.rows = kept
+        for (r, _name, k), line in self.series.items():
+            if r == run and k == rank:
+                line.truncate(step)
+
+    # ------------------------------------------------------------------ reading
+    def latest_run(self) -> str | None:
+        with self.lock:
+            return self.runs[-1] if self.runs else None
+
+    def line(self, run: str, metric: str, rank: int) -> tuple[list, list]:
+        with self.lock:
+            s = self.series.get((run, metric, rank))
+            return (list(s.xs), list(s.ys)) if s else ([], [])
+
+    def arrays(self, run: str, metric: str, rank: int):
+        """The plotted line as read-only float64 arrays (see :meth:`Thinned.arrays`)."""
+        with self.lock:
+            s = self.series.get((run, metric, rank))
+            if s is not None:
+                return s.arrays()
+        import numpy as np
+
+        return np.empty(0), np.empty(0)
+
+    def last(self, run: str, metric: str, rank: int):
+        """The latest plotted value of a line (None if it has none)."""
+        with self.lock:
+            s = self.series.get((run, metric, rank))
+            return s.ys[-1] if s is not None and s.ys else None
+
+    def metric_names(self, run: str) -> list[str]:
+        with self.lock:
+            return sorted({m for (r, m, _rank) in self.series if r == run})
+
+    def ranks(self, run: str) -> list[int]:
+        with self.lock:
+            return sorted({k for (r, _m, k) in self.series if r == run} | set(self.states.get(run, {})))
+
+    def run_state(self, run: str, since: int = 0) -> dict[int, dict]:
+        """rank -> latest status event of ``run`` (only among status events number ``since`` on)."""
+        with self.lock:
+            if not since:
+                return dict(self.states.get(run, {}))
+            out = {}
+            for e in self.statuses[since:]:
+                if e["run"] == run:
+                    out[e["rank"]] = e
+            return out
+
+    def last_steps(self, run: str) -> dict[int, int]:
+        with self.lock:
+            return {rank: st for (r, rank), st in self.last_step.items() if r == run}
+
+    def snapshot_rows(self, run: str | None = None) -> list[dict]:
+        with self.lock:
+            return [r for r in self.rows if run is None or r["run"] == run]
+
+    def wait(self, predicate, timeout: float) -> bool:
+        """Block until ``predicate(store)`` holds (checked at each batch) or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with self.changed:
+                self.changed.wait(min(left, 0.25))
+        return True

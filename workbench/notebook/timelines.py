@@ -1,0 +1,54 @@
+"""Notebook-side: the per-rank timeline of the last steps (``%distrain timeline``).
+
+Pulls the ranks' step records (``workbench.engine.timeline``: spans the trainer already
+measures) and draws them (``workbench.notebook.dashboard.timeline_figure``).
+"""
+from __future__ import annotations
+
+from . import api
+
+__all__ = ["records", "timeline", "pipeline_runs", "pipeline_schedule"]
+
+
+def _recent(steps: int, run: str | None) -> list[dict]:
+    from workbench.engine import timeline
+
+    return timeline.recent(steps, run)
+
+
+def records(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None) -> list[dict]:
+    """The last ``steps`` step records of every selected rank (of ``run``, default the latest)."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    rs = rankset if rankset is not None else api.current()
+    return [rec for per_rank in rs.apply(_recent, int(steps), run, ranks=ranks) for rec in per_rank]
+
+
+def timeline(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None):
+    """A Gantt chart of the last ``steps`` steps on the selected ranks."""
+    from .dashboard.timeline_figure import timeline_figure
+
+    return timeline_figure(records(steps, ranks=ranks, run=run, rankset=rankset))
+
+
+def _pipeline_run():
+    from workbench import engine
+
+    prepared = engine.prepared()
+    if not hasattr(prepared, "last_run"):
+        raise ValueError(f"the ranks' model is prepared with {prepared.layout['strategy']!r}, not pipeline "
+                         "parallel: `%distrain prepare pp` first")
+    return prepared.last_run
+
+
+def pipeline_runs(*, rankset=None) -> list[dict]:
+    """Every stage's latest pipeline step as it ran (see ``PipelinePrepared.last_run``)."""
+    rs = rankset if rankset is not None else api.current()
+    return rs.apply(_pipeline_run)
+
+
+def pipeline_schedule(*, rankset=None):
+    """The latest pipeline step as it ran: micro-batch x stage blocks, beside the bubble."""
+    from .dashboard.pipeline_figure import schedule_figure
+
+    return schedule_figure(pipeline_runs(rankset=rankset))

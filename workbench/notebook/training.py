@@ -1,0 +1,175 @@
+"""Notebook-side training API: ``workbench.train.start(50)``, ``.pause()``, ``.set(lr=3e-4)``...
+
+The magics (``%distrain train ...``) call these. Each is a few ``apply`` calls on the
+ranks' ``workbench.engine.control`` functions, which only flip flags in the trainer
+thread, so they return at once even mid-run. A hyperparameter change is two-phase:
+staged (and checked) on every rank, then committed; the ranks' per-step MAX agreement
+then applies it at the same step everywhere, and a bad name changes nothing.
+"""
+from __future__ import annotations
+
+from . import api, stream
+
+DONE_STATES = ("finished", "stopped", "error")
+hangs: list[dict] = []  # step-timeout diagnoses (see workbench.notebook.watchdog), newest last
+_WATCHDOGS: dict[int, object] = {}  # id(rankset) -> the StepWatchdog of its latest start
+_LAST_SETUP: dict | None = None  # the latest setup() call, repeated by `restart --resume`
+_MARK: dict[str, int] = {}  # run -> index of the first status event of its latest start
+_STARTED: dict[int, str] = {}  # id(rankset) -> run id of its latest start (its events may not be here yet)
+
+
+def _rs(rankset=None):
+    return rankset if rankset is not None else api.current()
+
+
+def setup(strategy: str = "ddp", *, model: str = "tiny", rankset=None, **options) -> list[dict]:
+    """Build the teaching trainer on every rank: ``model`` GPT on bundled text under ``strategy``."""
+    from ..engine import control
+
+    global _LAST_SETUP
+    rs = _rs(rankset)
+    stream.attach(rs)
+    out = rs.apply(control.build_default, strategy, model=model, **options)
+    _LAST_SETUP = {"strategy": strategy, "model": model, **options}
+    from . import checkpoints as ckpt_api
+
+    ckpt_api._SETUP = None  # the newest setup wins: `ckpt resume` repeats this one
+    return out
+
+
+def last_setup():
+    """A function repeating the latest :func:`setup` on the current ranks (None if there was none).
+
+    ``ckpt resume`` / ``restart --resume`` use it when no setup code is given.
+    """
+    if _LAST_SETUP is None:
+        return None
+    options = dict(_LAST_SETUP)
+
+    def again():
+        return setup(options.pop("strategy"), **options)
+
+    return again
+
+
+def start(steps: int, *, step_timeout: float | None = None, rankset=None) -> str:
+    """Run ``steps`` more steps on every rank's trainer in the background; returns the run id.
+
+    ``step_timeout``: when no step arrives for that many seconds while the run is
+    running, print which ranks are stuck and where (:mod:`workbench.notebook.watchdog`).
+    """
+    from ..engine import control
+
+    if step_timeout is not None and step_timeout <= 0:
+        raise ValueError(f"step_timeout must be positive seconds, got {step_timeout}")
+    rs = _rs(rankset)
+    store = stream.attach(rs).store
+    mark = len(store.statuses)
+    states = rs.apply(control.start, int(steps))
+    run = states[0]["run"]
+    _MARK[run] = mark
+    _STARTED[id(rs)] = run
+    old = _WATCHDOGS.pop(id(rs), None)
+    if old is not None:
+        old.close()
+    if step_timeout:
+        from .watchdog import StepWatchdog
+
+        _WATCHDOGS[id(rs)] = StepWatchdog(rs, store, run, step_timeout, mark=mark,
+                                          on_hang=lambda rep: _on_hang(store, rep))
+    return run
+
+
+def _on_hang(store, rep: dict) -> None:
+    from ..shared import events
+
+    hangs.append(rep)
+    store.add([events.log_event(run=rep["run"], rank=-1, text=rep["text"])])
+    print(rep["text"], flush=True)
+
+
+def pause(reason: str = "", *, rankset=None) -> list[dict]:
+    from ..engine import control
+
+    return _rs(rankset).apply(control.request, "pause", reason)
+
+
+def resume(*, rankset=None) -> list[dict]:
+    from ..engine import control
+
+    return _rs(rankset).apply(control.request, "resume")
+
+
+def stop(*, rankset=None) -> list[dict]:
+    from ..engine import control
+
+    return _rs(rankset).apply(control.request, "stop")
+
+
+def set(rankset=None, **hparams) -> dict:  # noqa: A001 - `train.set(lr=...)` reads best
+    """Change optimizer/trainer hyperparameters on every rank, at the same step: the next one,
+    or the one after when the running step's agreement had already started."""
+    from ..engine import control
+
+    if not hparams:
+        raise ValueError("nothing to set: e.g. train.set(lr=3e-4)")
+    rs = _rs(rankset)
+    version = max(rs.apply(control.next_version))
+    staged = rs.apply(control.stage, version, hparams)  # raises on any rank: nothing committed
+    rs.apply(control.commit, version)
+    return staged[0]
+
+
+def inject(kind: str = "nan", step: int | None = None, *, ranks=None, rankset=None) -> list[dict]:
+    """Fault drill: a NaN/Inf loss at ``step`` on ``ranks`` (default all)."""
+    from ..engine import control
+
+    return _rs(rankset).apply(control.inject, kind, step, ranks=ranks)
+
+
+def status(*, rankset=None) -> list[dict]:
+    """The trainer state of every rank, asked of the ranks themselves."""
+    from ..engine import control
+
+    return _rs(rankset).apply(control.status)
+
+
+def states(run: str | None = None, *, rankset=None) -> dict[int, str]:
+    """rank -> last state the stream reported for ``run`` (default: the latest run)."""
+    rs = _rs(rankset)
+    store = stream.attach(rs).store
+    run = run or _STARTED.get(id(rs)) or store.latest_run()
+    if not run:
+        return {}
+    return {r: e["state"] for r, e in sorted(store.run_state(run, _MARK.get(run, 0)).items())}
+
+
+def wait(until=DONE_STATES, timeout: float = 120.0, *, run: str | None = None, step: int | None = None,
+         rankset=None) -> dict[int, str]:
+    """Wait until every rank's stream reports a state in ``until`` (or reached ``step``).
+
+    Works from the stream, not by asking the ranks, so it sees exactly what the
+    dashboard and ``metrics()`` see: when it returns, every step before the state
+    change has arrived. Raises TimeoutError naming each rank's last state.
+    """
+    rs = _rs(rankset)
+    store = stream.attach(rs).store
+    until = (until,) if isinstance(until, str) else tuple(until)
+    n = rs.world_size
+
+    run = run or _STARTED.get(id(rs))
+
+    def done(s) -> bool:
+        r = run or s.latest_run()
+        if r is None:
+            return False
+        if step is not None:
+            last = s.last_steps(r)
+            return len(last) == n and min(last.values()) >= step
+        st = s.run_state(r, _MARK.get(r, 0))
+        return len(st) == n and all(e["state"] in until for e in st.values())
+
+    if not store.wait(done, timeout):
+        raise TimeoutError(f"training did not reach {step if step is not None else '/'.join(until)} within "
+                           f"{timeout} s; last states: {states(run, rankset=rs)}")
+    return states(run, rankset=rs)

@@ -1,0 +1,133 @@
+"""Notebook side: a hung training step, found and explained (``train start --step-timeout S``).
+
+A thread watches the event stream of one run. When no step event has arrived for
+``timeout`` seconds while the run is "running" on every rank, it reads every rank's
+Python stacks (``cluster.diagnosis.collect_stacks``: faulthandler on SIGUSR1, answered
+even by a rank blocked in C) and reports, once per stall, which ranks are stuck and
+where: a rank whose training thread waits in a collective is waiting for the others;
+a rank whose training thread is anywhere else (a hook, the data loader, a lock) is the
+one holding everybody up. Nothing is killed or paused. The report is printed, kept in
+``workbench.notebook.training.hangs`` and put into the run's stream as a log event (rank -1).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from .cluster.diagnosis import collect_stacks, thread_blocks
+
+# frames of a training thread that waits for its peers: torch.distributed calls, the workbench's
+# timing wrappers, the ranks' per-step agreement (shared memory or gloo), and backward (where
+# DDP's reducer waits for gradients)
+_COLLECTIVE = ("/torch/distributed/", "comm_timing.py", "agreement.py", "in _agree", "in all_reduce_mean",
+               "in _average", "/torch/autograd/")
+_TRAINER = "in _loop"
+
+
+def trainer_frames(stack: str) -> list[str]:
+    """The training thread's frames (innermost first) from a faulthandler dump; [] if none."""
+    for block in thread_blocks(stack):
+        if any(_TRAINER in f and "trainer.py" in f for f in block):
+            return block
+    return []
+
+
+def classify(stack: str) -> tuple[str, list[str]]:
+    """('collective' | 'stuck' | 'gone', the training thread's frames) for one rank."""
+    frames = trainer_frames(stack)
+    if not frames:
+        return "gone", stack.splitlines()[:1]
+    if any(k in f for f in frames for k in _COLLECTIVE):
+        return "collective", frames
+    return "stuck", frames
+
+
+def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks: dict[int, str]) -> dict:
+    """The diagnosis as a dict (``stuck``, ``waiting``, ``where``, ``text``)."""
+    kinds = {r: classify(s) for r, s in stacks.items()}
+    stuck = [r for r, (k, _) in kinds.items() if k != "collective"]
+    waiting = [r for r, (k, _) in kinds.items() if k == "collective"]
+    if not stuck:  # all in collectives: the laggards are the ones behind in steps
+        low = min(last.values()) if last else 0
+        stuck = [r for r in waiting if last.get(r, 0) == low and len(set(last.values())) > 1]
+    where = {r: _where(f) for r, (_, f) in kinds.items()}
+    lines = [f"training {run}: no step for {idle_s:.1f} s (step timeout {timeout:g} s); last step per rank: "
+             + ", ".join(f"{r}: {s}" for r, s in sorted(last.items())) + ". Where each rank's training thread is:"]
+    for r, (kind, frames) in sorted(kinds.items()):
+        label = {"collective": "waiting for the others in a collective", "stuck": "STUCK (not in a collective)",
+                 "gone": "no training thread"}[kind]
+        lines.append(f"  [rank {r}] {label}: {where[r]}")
+    for r in stuck:
+        lines.extend([f"[rank {r}] stack, innermost first:"] + [f"[rank {r}]   {f}" for f in kinds[r][1][:12]])
+    if stuck:
+        lines.append(f"rank(s) {', '.join(map(str, stuck))} hold the run up; nothing was stopped "
+                     "(`%distrain train stop` ends the run once they return, `%distrain restart --resume` "
+                     "starts over from the latest checkpoint)")
+    else:
+        lines.append("every rank waits in a collective: mismatched collectives or a lost peer; "
+                     "`%distrain where` shows every thread")
+    return {"run": run, "time": time.time(), "idle_s": idle_s, "stuck": stuck, "waiting": waiting,
+            "where": where, "stacks": stacks, "text": "\n".join(lines)}
+
+
+def _where(frames: list[str]) -> str:
+    """The innermost frame, and the innermost one outside torch and the standard library
+    (the user's or the workbench's code) when that is another."""
+    if not frames:
+        return "?"
+    own = next((f for f in frames if "/torch/" not in f
+                and not ("/lib/python3" in f and "-packages/" not in f)), None)
+    return frames[0] if own in (None, frames[0]) else f"{frames[0]} <- {own}"
+
+
+class StepWatchdog:
+    """Watches ``run`` of ``rankset`` through ``store``; calls ``on_hang(report)`` once per stall."""
+
+    def __init__(self, rankset, store, run: str, timeout: float, *, mark: int = 0, on_hang=None,
+                 poll: float = 0.25):
+        if timeout <= 0:
+            raise ValueError(f"step timeout must be positive, got {timeout}")
+        self.rankset, self.store, self.run, self.timeout = rankset, store, run, float(timeout)
+        self.mark, self.poll = mark, poll
+        self.on_hang = on_hang or (lambda rep: print(rep["text"], file=sys.stdout, flush=True))
+        self.reports: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="workbench-step-watchdog", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        from .background import lower_this_thread
+
+        lower_this_thread()  # gives way to ranks training on the same cores
+        last_seen, since, reported = None, time.monotonic(), False
+        n = self.rankset.world_size
+        while not self._stop.wait(self.poll):
+            if not self.rankset.running:
+                return
+            states = self.store.run_state(self.run, self.mark)
+            if len(states) == n and all(e["state"] in ("finished", "stopped", "error") for e in states.values()):
+                return
+            steps = self.store.last_steps(self.run)
+            key = (tuple(sorted(steps.items())), tuple(sorted((r, e["state"]) for r, e in states.items())))
+            if key != last_seen:  # a step (or a state change) arrived: the clock starts again
+                last_seen, since, reported = key, time.monotonic(), False
+                continue
+            running = len(states) == n and all(e["state"] == "running" for e in states.values())
+            idle = time.monotonic() - since
+            if running and not reported and idle >= self.timeout:
+                reported = True
+                try:
+                    stacks = collect_stacks(self.rankset, list(range(n)))
+                    rep = report(self.run, self.timeout, idle, steps, stacks)
+                except Exception as exc:  # the watchdog must not die with the diagnosis
+                    rep = {"run": self.run, "stuck": [], "text": f"training {self.run}: no step for {idle:.1f} s; "
+                           f"reading the ranks' stacks failed: {type(exc).__name__}: {exc}"}
+                self.reports.append(rep)
+                try:
+                    self.on_hang(rep)
+                except Exception:
+                    pass
