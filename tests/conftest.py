@@ -26,7 +26,7 @@ os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
-from workbench.notebook import api  # noqa: E402
+from workbench.notebook import api, session  # noqa: E402
 from workbench.notebook.cluster import RankSet  # noqa: E402
 
 
@@ -96,9 +96,8 @@ def ranks4():
     """Four live gloo ranks shared by the whole session; also the API's current set."""
     gen = _session_ranks(4)
     rs = next(gen)
-    previous, api._current = api._current, rs
-    yield rs
-    api._current = previous
+    with session.using(rs):
+        yield rs
     next(gen, None)
 
 
@@ -114,7 +113,9 @@ def fresh_ranks():
 
     The shared set, if it is the API's current one, is put aside and restored.
     """
-    previous, api._current = api._current, None
+    away = session.using(None)
+    away.__enter__()
+    had = set(api.sessions())
     started: list[RankSet] = []
 
     def start(n: int = 2, **kwargs) -> RankSet:
@@ -129,13 +130,17 @@ def fresh_ranks():
     try:
         yield start
     finally:
-        if api._current is not None and api._current not in started:
-            started.append(api._current)
-        api.stop()
+        for name, sess in api.sessions().items():
+            if sess.rankset is not None and sess.rankset not in started:
+                started.append(sess.rankset)
+            if sess.running and not name.startswith("rankset-"):
+                api.stop(name)
         pids = [p for rs in started for p in rs.started_pids]
         for rs in started:
             rs.stop()
-        api._current = previous
+        away.__exit__()
+        for name in set(api.sessions()) - had:  # the next test starts from a kernel without them
+            session.KERNEL.by_name.pop(name)
         assert alive(pids) == [], f"processes left behind: {alive(pids)}"
 
 
@@ -146,6 +151,5 @@ def shell(ranks4):
 
     ip = get_ipython()  # one real InteractiveShell for the session
     ip.run_line_magic("load_ext", "workbench")
-    api._current = ranks4
-    yield ip
-    api._current = ranks4
+    with session.using(ranks4):
+        yield ip

@@ -25,9 +25,11 @@ def shell2(own2):
 
     ip = get_ipython()
     ip.run_line_magic("load_ext", "workbench")
-    previous, api._current = api._current, own2
+    from workbench.notebook import session
+    previous = session.using(own2)
+    previous.__enter__()
     yield ip
-    api._current = previous
+    previous.__exit__()
 
 
 def record(monkeypatch, name):

@@ -21,7 +21,7 @@ import time
 import pytest
 from conftest import clean_trainer
 
-from workbench.notebook import stream, training
+from workbench.notebook import session, stream, training
 from workbench.notebook import checkpoints as ck
 from workbench.shared.checkpoint import catalog
 from workbench.shared.checkpoint.integrity import DamagedCheckpoint
@@ -254,7 +254,7 @@ def test_autosaving_run_trains_through_a_failed_save_and_shows_it(ranks2, tmp_pa
             subprocess.run(["mount", "-o", "remount,rw", root], check=True)
     finally:
         rs.apply(clean_trainer, timeout=60)
-        ck._AUTOSAVE = None
+        session.of(rs).autosave = None
 
 
 def test_retention_counts_only_good_checkpoints(tmp_path):

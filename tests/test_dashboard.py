@@ -3,7 +3,9 @@ import pytest
 from conftest import clean_trainer
 
 from workbench.notebook import stream, training
-from workbench.notebook.dashboard import Dashboard, register_checkpoint
+from workbench.notebook import session
+from workbench.notebook.dashboard import Dashboard
+from workbench.shared.checkpoint import catalog
 
 
 @pytest.fixture
@@ -59,16 +61,16 @@ def test_dashboard_figures_hold_every_point_of_the_run_and_export(rs, tmp_path):
     moved = [o for o in shown.outputs if o.update]
     assert len(moved) == 1 and moved[0].transient["display_id"] == ids[0] != ids[1]
     assert "dashboard moved" in moved[0].data["text/html"]
-    assert dash.controls.checkpoint.disabled
+    assert not dash.controls.checkpoint.disabled  # saves into the session's checkpoints folder
     path = dash.export_html(tmp_path / "run.html")
     text = open(path, encoding="utf-8").read()
     assert text.count("Plotly.newPlot") == 1 and "plotly.js" in text.lower() and run in text
     assert len(text) > 1_000_000  # plotly.js inlined: opens offline
 
 
-def test_controls_drive_the_run_and_checkpoint_button_calls_the_registered_callback(rs):
-    calls = []
-    register_checkpoint(lambda: calls.append(1))
+def test_controls_drive_the_run_and_checkpoint_button_saves_and_a_nan_pause_shows_the_rollback(rs, tmp_path):
+    sess = session.of(rs)
+    sess.checkpoint_root = root = str(tmp_path / "ck")  # this session's folder (`ckpt dir`)
     try:
         training.setup("ddp", rankset=rs)
         run = training.start(100_000, rankset=rs)
@@ -79,17 +81,28 @@ def test_controls_drive_the_run_and_checkpoint_button_calls_the_registered_callb
         dash.controls.lr.value = 5e-4
         dash.controls.set_lr.click()
         dash.controls.checkpoint.click()
-        assert calls == [1] and "checkpoint saved" in dash.controls.message.value
-        dash.controls.resume.click()
+        assert "checkpoint saved" in dash.controls.message.value, dash.controls.message.value
         at = max(stream.attach(rs).store.last_steps(run).values())
-        training.wait(step=at + 2, rankset=rs, timeout=60)
+        saved = catalog.entries(root)
+        assert [m.step for _, m in saved] == [at] and dash.controls.last_checkpoint["step"] == at
+        assert "wb-rollback-hint" not in dash.status_line(run)  # paused from the notebook: no hint
+        training.inject("nan", at + 2, rankset=rs)  # the trainer pauses on the non-finite loss
+        dash.controls.resume.click()
+        store = stream.attach(rs).store
+        assert store.wait(lambda s: "non-finite" in str(s.run_state(run)), 60)
+        line = dash.status_line(run)
+        name = saved[0][0].rsplit("/", 1)[1]
+        assert "wb-rollback-hint" in line and "the loss is NaN/Inf" in line
+        assert f"`%distrain ckpt load latest` rolls back to {name} (step {at}" in line
+        dash.controls.resume.click()  # no stop while paused on NaN: resume first, then stop
+        training.wait(step=at + 4, rankset=rs, timeout=60)
         dash.controls.stop.click()
         training.wait(rankset=rs, timeout=30)
         assert dash.store.wait(lambda s: dash.redraws > 1 and "stopped" in dash.controls.status.value, 5)
         dash.close()
         assert 5e-4 in {r["lr"] for r in stream.attach(rs).store.snapshot_rows(run)}
     finally:
-        register_checkpoint(None)
+        sess.checkpoint_root = None
 
 
 def test_train_magics_on_four_ranks(shell, ranks4, capsys, tmp_path):

@@ -101,9 +101,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def announced(ranks2):
-    from workbench.notebook import stream
+    from workbench.notebook import session, stream
 
-    had_stream = stream.stream_of(ranks2) is not None
+    had_stream = session.of(ranks2).collector is not None
     entry_id = registry.announce(ranks2)
     yield entry_id
     registry.withdraw(ranks2)

@@ -31,7 +31,7 @@ def census_specs_on_rank(specs):
 
     from workbench.engine import session
     from workbench.models import GPT, GPTConfig
-    from workbench.planner.live import census_on_ranks
+    from workbench.engine.rpc import Census
     from workbench.strategies import prepare, reset_accelerate_state
 
     out = []
@@ -40,7 +40,7 @@ def census_specs_on_rank(specs):
         p = prepare(GPT(GPTConfig.tiny(**CFG)), lambda ps: torch.optim.AdamW(ps, lr=1e-3), text)
         try:
             session.set_prepared(p)
-            out.append(census_on_ranks(8))
+            out.append(Census(batch_size=8).run())
         finally:
             p.close()
             reset_accelerate_state()

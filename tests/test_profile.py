@@ -15,11 +15,13 @@ from workbench.notebook.commands import UsageError, dispatch
 
 @pytest.fixture
 def rs(ranks2):
-    previous, api._current = api._current, ranks2
+    from workbench.notebook import session
+    previous = session.using(ranks2)
+    previous.__enter__()
     try:
         yield ranks2
     finally:
-        api._current = previous
+        previous.__exit__()
         ranks2.apply(clean_trainer, timeout=60)
 
 

@@ -40,22 +40,21 @@ def test_format_ranks():
 def test_bad_arguments_give_one_line_usage_and_start_nothing(line, fragment):
     from workbench.notebook import api
 
-    before = api._current
+    before = [(n, s.rankset) for n, s in api.sessions().items()]
     with pytest.raises(UsageError) as err:
         dispatch(line)
     message = str(err.value)
     assert fragment in message
     assert "\n" not in message
-    assert api._current is before
+    assert [(n, s.rankset) for n, s in api.sessions().items()] == before
 
 
 def test_commands_on_no_ranks_say_how_to_start():
     from workbench.notebook import api
     from workbench.notebook.cluster import NotRunning
 
-    before, api._current = api._current, None
-    try:
+    from workbench.notebook import session
+
+    with session.using(None):
         with pytest.raises(NotRunning, match="distrain start -n"):
             dispatch("status")
-    finally:
-        api._current = before

@@ -49,11 +49,13 @@ def slow_trainer_on_rank(slow_rank: int, sleep_s: float, steps: int):
 
 @pytest.fixture
 def rs(ranks2):
-    previous, api._current = api._current, ranks2
+    from workbench.notebook import session
+    previous = session.using(ranks2)
+    previous.__enter__()
     try:
         yield ranks2
     finally:
-        api._current = previous
+        previous.__exit__()
         ranks2.apply(clean_trainer, timeout=60)
 
 

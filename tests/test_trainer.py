@@ -19,11 +19,13 @@ def rs(ranks2):
     nothing running, and the previous current set back."""
     from workbench.notebook import api
 
-    previous, api._current = api._current, ranks2
+    from workbench.notebook import session
+    previous = session.using(ranks2)
+    previous.__enter__()
     try:
         yield ranks2
     finally:
-        api._current = previous
+        previous.__exit__()
 
     ranks2.apply(clean_trainer, timeout=60)
 

@@ -230,7 +230,9 @@ def test_train_start_magic_picks_up_a_user_built_trainer(rs):
     """The documented path: build in a cell, engine.Trainer(...), then `train start` from the notebook."""
     from workbench.notebook import api
 
-    previous, api._current = api._current, rs
+    from workbench.notebook import session
+    previous = session.using(rs)
+    previous.__enter__()
     try:
         rs.execute(TOY + "_td_t = engine.Trainer(_td_prep, data=_TdIndexed(), batch_size=4, step_fn=_td_step)",
                    timeout=120)
@@ -238,4 +240,4 @@ def test_train_start_magic_picks_up_a_user_built_trainer(rs):
         assert training.wait(timeout=120, rankset=rs) == {0: "finished", 1: "finished"}
         assert rs.pull("(_td_t.run, _td_t.step)") == [(run, 3)] * 2
     finally:
-        api._current = previous
+        previous.__exit__()

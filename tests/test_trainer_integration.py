@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import clean_trainer
 
-from workbench.notebook import stream, training
+from workbench.notebook import session, stream, training
 from workbench.notebook import checkpoints as ck
 from workbench.shared.checkpoint import catalog
 from workbench.engine import trainer
@@ -20,7 +20,7 @@ def rs(ranks2):
     yield ranks2
 
     ranks2.apply(clean_trainer, timeout=60)
-    ck._AUTOSAVE = None
+    session.of(rs).autosave = None
 
 
 def steps_saved(root):
@@ -100,19 +100,19 @@ def test_step_timeout_names_the_stuck_rank_and_its_frame_then_run_completes(rs, 
     training.setup("ddp", rankset=rs)
     rs.execute(HANG, timeout=30)
     store = stream.attach(rs).store
-    before = len(training.hangs)
+    before = len(session.of(rs).hangs)
     timeout = 2.0
     try:
         run = training.start(6, step_timeout=timeout, rankset=rs)
         training.wait(step=3, rankset=rs, timeout=60)
         t_step3 = time.monotonic()  # the last step event before the hang has arrived
         deadline = t_step3 + timeout + 5
-        while len(training.hangs) == before and time.monotonic() < deadline:
+        while len(session.of(rs).hangs) == before and time.monotonic() < deadline:
             time.sleep(0.05)
         elapsed = time.monotonic() - t_step3
-        assert len(training.hangs) > before, "no hang diagnosis within timeout + 5 s"
+        assert len(session.of(rs).hangs) > before, "no hang diagnosis within timeout + 5 s"
         assert elapsed <= timeout + 5, elapsed
-        rep = training.hangs[-1]
+        rep = session.of(rs).hangs[-1]
         assert rep["run"] == run and rep["stuck"] == [1] and rep["waiting"] == [0], rep["text"]
         assert "in _hang_in_hook" in rep["where"][1] and "in collect" in rep["where"][0], rep["where"]
         assert "agreement.py" in rep["where"][0], rep["where"]  # waiting in the ranks' agreement
@@ -124,4 +124,4 @@ def test_step_timeout_names_the_stuck_rank_and_its_frame_then_run_completes(rs, 
         rs.execute("_release.set()", ranks=[1], timeout=30)
     assert training.wait(timeout=60, rankset=rs) == {0: "finished", 1: "finished"}
     assert store.last_steps(run) == {0: 6, 1: 6}
-    assert len([h for h in training.hangs if h["run"] == run]) == 1  # once per stall
+    assert len([h for h in session.of(rs).hangs if h["run"] == run]) == 1  # once per stall

@@ -28,6 +28,10 @@ _PUBLIC = {
     "stop": ("workbench.notebook.api", "stop"),
     "train": ("workbench.notebook.training", None),
     "metrics": ("workbench.notebook.metrics", "metrics"),
+    "compare": ("workbench.notebook.metrics", "compare"),
+    "session": ("workbench.notebook.api", "session"),
+    "sessions": ("workbench.notebook.api", "sessions"),
+    "use": ("workbench.notebook.api", "use"),
     "export_metrics": ("workbench.notebook.metrics", "export_metrics"),
     "dashboard": ("workbench.notebook.dashboard", None),  # callable: workbench.dashboard()
     "ckpt": ("workbench.notebook.checkpoints", None),  # workbench.ckpt.save() / .load("latest") / .list()

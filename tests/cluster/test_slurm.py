@@ -130,10 +130,11 @@ def test_stop_leaves_no_job_and_no_process(slurm_cluster, slurm_ranks):
 
 @pytest.fixture
 def no_current():
-    previous, api._current = api._current, None
-    yield
-    api.stop()
-    api._current = previous
+    from workbench.notebook import session
+
+    with session.using(None):
+        yield
+        api.stop()
 
 
 def _wait_for(predicate, timeout):
@@ -217,5 +218,5 @@ def test_start_flags_refused_in_one_line_before_anything_starts(slurm_cluster, n
         with pytest.raises(UsageError, match=words) as err:
             dispatch(line)
         assert "\n" not in str(err.value)
-        assert api._current is None
+        assert not api.is_running()
     assert slurm_cluster.squeue() == []

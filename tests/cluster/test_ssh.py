@@ -166,10 +166,10 @@ def test_loopback_is_refused_when_a_rank_is_remote(second_host):
     from workbench.notebook import api
     from workbench.notebook.commands import UsageError, dispatch
 
-    before = api._current
+    before = [(n, s.rankset) for n, s in api.sessions().items()]
     line = (f"start --launcher ssh --hosts localhost:1,root@{second_host.addr}:1 "
             f"--ssh-config {second_host.ssh_config} --ip 127.0.0.1")
     with pytest.raises(UsageError, match=rf"--ip 127.0.0.1 is loopback, which ranks on {second_host.addr} cannot reach"):
         dispatch(line)
-    assert api._current is before
+    assert [(n, s.rankset) for n, s in api.sessions().items()] == before
     assert set(second_host.pids_in_namespace()) == {second_host.proc.pid}

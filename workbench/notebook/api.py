@@ -1,8 +1,9 @@
-"""The Python API behind the magics: one current rank set per notebook kernel.
+"""The Python API behind the magics, acting on the current session's rank set.
 
 Everything ``%distrain`` does is a call here, so the same steps work from a script
 or a plain Python cell: ``workbench.start(4)``, ``workbench.run("...")``,
-``workbench.stop()``.
+``workbench.stop()``. Several named sets may run at once (``start(2, name="ddp")``,
+``use("ddp")``); what one session keeps lives in its :class:`~.session.Session`.
 """
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import atexit
 
 from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
 from .cluster.cell import GRACE_S, run_cell
-
-_current: RankSet | None = None
-_starting: RankSet | None = None  # a start in progress (a Slurm job in the queue): stop() cancels it
-_hooks: dict[str, list] = {"started": [], "stopping": [], "check": []}
+from .session import DEFAULT, KERNEL, Session
 
 
 def on(event: str, fn) -> None:
@@ -25,93 +23,150 @@ def on(event: str, fn) -> None:
     Other parts (telemetry stream, trainer control) attach to new rank sets this way
     instead of the rank set knowing about them.
     """
-    _hooks[event].append(fn)
+    KERNEL.listeners[event].append(fn)
+
+
+def _others(but: str | None) -> str:
+    others = [n for n in KERNEL.running() if n != but]
+    return f"; running: {', '.join(others)} (`%distrain use NAME`)" if others else ""
 
 
 def current() -> RankSet:
-    """The running rank set; a clear error where there is none."""
-    for fn in _hooks["check"] if _current is not None and _current.running else ():
-        note = fn(_current)
+    """The current session's running rank set; a clear error where there is none."""
+    sess = KERNEL.current()
+    rs = sess.rankset if sess is not None else None
+    for fn in KERNEL.listeners["check"] if rs is not None and rs.running else ():
+        note = fn(rs)
         if note:  # e.g. the Lab sidebar ended the ranks while this kernel was busy
             stop()
             raise NotRunning(f"the ranks were {note}; start them again with `%distrain start -n 2`")
-    if _current is None or not _current.running:
-        raise NotRunning("no ranks are running: start them with `%distrain start -n 2` "
-                         "(or workbench.start(2))")
-    return _current
+    if rs is None or not rs.running:
+        what = f"the rank set {sess.name!r} is not running" if sess is not None and sess.name != DEFAULT \
+            else "no ranks are running"
+        raise NotRunning(f"{what}: start them with `%distrain start -n 2` (or workbench.start(2))"
+                         + _others(sess.name if sess else None))
+    return rs
 
 
 def is_running() -> bool:
-    return _current is not None and _current.running
+    sess = KERNEL.current()
+    return sess is not None and sess.running
+
+
+def session(name: str | None = None) -> Session:
+    """The session named ``name`` (default: the current one)."""
+    if name is None:
+        sess = KERNEL.current()
+        if sess is None:
+            raise NotRunning("no session yet: start one with `%distrain start -n 2 [--name NAME]`")
+        return sess
+    return KERNEL.get(name)
+
+
+def sessions() -> dict[str, Session]:
+    """Every named session of this kernel (running or stopped), by name."""
+    return dict(KERNEL.by_name)
+
+
+def use(name: str) -> Session:
+    """Make the session ``name`` current (``%distrain use NAME``)."""
+    sess = KERNEL.get(name)
+    KERNEL.current_name = name
+    return sess
 
 
 def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout: float = 300.0,
           threads: int | None = None, launcher_options: dict | None = None,
           profile_dir: str | None = None, sys_path: tuple[str, ...] = (), ip: str | None = None,
           hosts: str | None = None, ssh_config: str | None = None, python: str | None = None,
-          slurm=None, progress=None) -> RankSet:
+          slurm=None, progress=None, name: str | None = None) -> RankSet:
     """Start ``n`` ranks and initialise their process group (blocks until ready).
 
-    ``launcher="slurm"`` with ``slurm=SlurmRequest(...)`` submits one job; ``"ssh"`` with
-    ``hosts="a:2,b:2"`` spans hosts. ``progress(line)`` gets live lines while waiting
-    (``queued: job N PENDING (Reason)``); ``stop()`` from another thread, or Ctrl-C,
-    cancels a start that waits in the queue.
+    ``name``: a session of its own beside the others (default: the current session's
+    name, or ``"default"``); the new set becomes current. ``launcher="slurm"`` with
+    ``slurm=SlurmRequest(...)`` submits one job; ``"ssh"`` with ``hosts="a:2,b:2"``
+    spans hosts. ``progress(line)`` gets live lines while waiting (``queued: job N
+    PENDING (Reason)``); ``stop()`` from another thread, or Ctrl-C, cancels a start that
+    waits in the queue.
     """
-    global _current, _starting
+    if name is not None and (not isinstance(name, str) or not name.isidentifier()):
+        raise ValueError(f"a session name is a word of letters, digits and _ (like ddp or fsdp_tp), "
+                         f"got {name!r}")
     config = RankSetConfig(n=n, backend=backend, launcher=launcher, timeout=timeout, threads=threads,
                            launcher_options=launcher_options or {}, profile_dir=profile_dir,
                            sys_path=tuple(sys_path), ip=ip, hosts=hosts, ssh_config=ssh_config,
                            python=python, slurm=slurm)
     config.validate()
-    if is_running():
-        raise AlreadyRunning(
-            f"{_current.world_size} ranks are already running: use `%distrain restart -n {n}` "
-            "to replace them, or `%distrain stop` first"
-        )
+    if name is None:
+        name = KERNEL.current_name or DEFAULT
+        taken = KERNEL.by_name.get(name)
+        if taken is not None and taken.running:
+            raise AlreadyRunning(
+                f"{taken.rankset.world_size} ranks are already running: use `%distrain restart -n {n}` "
+                "to replace them, `%distrain stop` first, or `--name NAME` for a second set beside them")
+    else:
+        taken = KERNEL.by_name.get(name)
+        if taken is not None and taken.running:
+            raise AlreadyRunning(
+                f"a rank set named {name!r} is already running ({taken.rankset.world_size} ranks): "
+                f"pick another --name, or `%distrain stop --name {name}` first")
+    sess = KERNEL.add(name)
+    sess.own_folder = name != DEFAULT
+    previous, KERNEL.current_name = KERNEL.current_name, name  # stop() cancels a queued start
 
     def created(rs):
-        global _starting
-        _starting = rs
+        sess.starting = rs
 
     try:
-        _current = RankSet.start(config, progress=progress, on_created=created)
+        rs = RankSet.start(config, progress=progress, on_created=created)
+    except BaseException:
+        KERNEL.current_name = previous
+        raise
     finally:
-        _starting = None
-    for fn in _hooks["started"]:
-        fn(_current)
-    return _current
+        sess.starting = None
+    sess.rankset, sess.started_run = rs, None
+    KERNEL.current_name = name
+    for fn in KERNEL.listeners["started"]:
+        fn(rs)
+    return rs
 
 
-def stop() -> list[int]:
-    """Stop the current ranks. Returns pids that could not be ended (normally none)."""
-    global _current
-    if _current is None:
-        if _starting is not None:  # still starting (queued): cancel the job, stop what started
-            _starting.cancel()
+def stop(name: str | None = None) -> list[int]:
+    """Stop the current session's ranks (or those of ``name``); the others keep running.
+
+    Returns pids that could not be ended (normally none)."""
+    sess = KERNEL.current() if name is None else KERNEL.get(name)
+    if sess is None:
         return []
-    rs, _current = _current, None
-    for fn in _hooks["stopping"]:
+    if sess.starting is not None:  # still starting (queued): cancel the job, stop what started
+        sess.starting.cancel()
+    rs = sess.rankset
+    if rs is None:
+        return []
+    for fn in KERNEL.listeners["stopping"]:
         try:
             fn(rs)
         except Exception:
             pass
+    sess.rankset = None
     return rs.stop()
 
 
 def restart(n: int | None = None, **overrides) -> RankSet:
     """Stop the ranks (dead or alive) and start a new set with the same settings, or ``n`` ranks."""
-    if _current is None:
+    sess = KERNEL.current()
+    if sess is None or sess.rankset is None:
         raise NotRunning("there is nothing to restart: start ranks with `%distrain start -n 2`")
     import dataclasses
 
-    config = _current.config
+    config = sess.rankset.config
     changes = {k: v for k, v in overrides.items() if v is not None}
     if n is not None:
         changes["n"] = n
     config = dataclasses.replace(config, **changes)
     config.validate()
     stop()
-    return start(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+    return start(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}, name=sess.name)
 
 
 def status() -> list[dict]:
@@ -120,16 +175,26 @@ def status() -> list[dict]:
 
 
 def run(code: str, ranks=None, timeout: float | None = None, *, display: bool = True,
-        stream: bool | None = None, grace: float = GRACE_S):
+        stream: bool | None = None, grace: float = GRACE_S, on: str | None = None):
     """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``).
 
     ``grace``: when a rank fails while others still run, the seconds they get to
-    finish before they are interrupted (0: at once).
+    finish before they are interrupted (0: at once). ``on``: the session to run on
+    (default the current one), without making it current.
     """
     if grace is None or grace < 0:
         raise ValueError(f"grace must be 0 or more seconds, got {grace!r}")
-    return run_cell(current(), code, ranks=ranks, timeout=timeout, display=display, stream=stream,
-                    grace=grace)
+    rs = current() if on is None else running_set(on)
+    return run_cell(rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace)
+
+
+def running_set(name: str) -> RankSet:
+    """The running rank set of the session ``name`` (it stays not current)."""
+    sess = KERNEL.get(name)
+    if not sess.running:
+        raise NotRunning(f"the rank set {name!r} is not running: `%distrain start -n 2 --name {name}`"
+                         + _others(name))
+    return sess.rankset
 
 
 def apply(fn, *args, ranks=None, **kwargs) -> list:
@@ -148,10 +213,11 @@ def pull(name: str, ranks=None) -> list:
 
 
 def _stop_at_exit() -> None:
-    try:
-        stop()
-    except Exception:
-        pass
+    for name in list(KERNEL.by_name):
+        try:
+            stop(name)
+        except Exception:
+            pass
 
 
 atexit.register(_stop_at_exit)

@@ -9,36 +9,13 @@ import builtins
 import math
 import os
 
+from ..engine import rpc
 from ..shared.checkpoint import catalog
 from ..shared.checkpoint.integrity import DamagedCheckpoint, Problem, describe_problems
 
 __all__ = ["save", "load", "list", "delete", "export", "wait", "autosave", "resume", "get_dir", "set_dir",
            "describe_save", "describe_load", "rollback_hint", "verify", "describe_verify", "NoGoodCheckpoint",
            "SaveFailed", "LoadFailed"]
-
-_SETUP = None  # the setup code/function last given to resume()
-_AUTOSAVE: dict | None = None  # last autosave settings (re-applied after resume)
-
-
-def _on_rank(name: str, *args, **kwargs):
-    """Runs on a rank: call ``workbench.engine.checkpoint_hooks.<name>``."""
-    from workbench.engine import checkpoint_hooks
-
-    return getattr(checkpoint_hooks, name)(*args, **kwargs)
-
-
-def _next_version() -> int:
-    """Runs on a rank: the trainer's next change version (1 where no trainer runs)."""
-    from workbench.engine import trainer
-
-    return trainer.current().next_version() if trainer._CURRENT is not None else 1
-
-
-def _export_on_rank(folder: str, path: str, dtype, hf: bool = False):
-    from workbench.engine.checkpoint.export import export_hf, export_safetensors
-
-    return export_hf(folder, path, dtype=dtype) if hf else export_safetensors(folder, path, dtype=dtype)
-
 
 def _rs(rankset=None):
     if rankset is not None:
@@ -49,11 +26,24 @@ def _rs(rankset=None):
 
 
 def get_dir(root: str | None = None) -> str:
-    return os.path.abspath(os.path.expanduser(root)) if root else catalog.default_dir()
+    """``root``, else the current session's checkpoints folder (each named set its own)."""
+    if root:
+        return os.path.abspath(os.path.expanduser(root))
+    from . import session
+
+    sess = session.current()
+    return sess.checkpoint_dir if sess is not None else catalog.default_dir()
 
 
 def set_dir(path: str) -> str:
-    return catalog.set_default_dir(path)
+    """The checkpoints folder of the current session (of the kernel before any start)."""
+    from . import session
+
+    sess = session.current()
+    if sess is None:
+        return catalog.set_default_dir(path)
+    sess.checkpoint_root = os.path.abspath(os.path.expanduser(path))
+    return sess.checkpoint_root
 
 
 def save(tag: str | None = None, *, async_: bool = False, root: str | None = None, with_optimizer: bool = True,
@@ -63,7 +53,7 @@ def save(tag: str | None = None, *, async_: bool = False, root: str | None = Non
     from .cluster import shared_dir
 
     shared_dir.require(rs, get_dir(root))  # ranks on several hosts: a folder they all share
-    res = _storage_errors_once(rs.submit(_on_rank, "rank_save", get_dir(root), tag, async_, None, False, with_optimizer))
+    res = _storage_errors_once(rs.submit(rpc.handle, rpc.SaveCheckpoint(root=get_dir(root), tag=tag, async_=async_, with_optimizer=with_optimizer)))
     info = dict(res[0])
     info["blocked_s"] = max(r.get("blocked_s", 0.0) for r in res)
     return info
@@ -71,7 +61,7 @@ def save(tag: str | None = None, *, async_: bool = False, root: str | None = Non
 
 def wait(rankset=None) -> dict | None:
     """Wait until the background save (if any) is written and visible."""
-    res = _storage_errors_once(_rs(rankset).submit(_on_rank, "rank_wait"))
+    res = _storage_errors_once(_rs(rankset).submit(rpc.handle, rpc.WaitForSave()))
     return res[0]
 
 
@@ -112,7 +102,7 @@ def load(which: str | int = "latest", *, root: str | None = None, model_only: bo
     and ``info["skipped"]`` says what was passed over.
     """
     rs = _rs(rankset)
-    rs.apply(_on_rank, "rank_wait")  # a save in flight becomes visible first
+    rs.apply(rpc.handle, rpc.WaitForSave())  # a save in flight becomes visible first
     root = get_dir(root)
     skipped: builtins.list[str] = []
     try:
@@ -158,7 +148,7 @@ def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[dict]:
     from .cluster import RankDied
 
     try:
-        return _storage_errors_once(rs.submit(_on_rank, "rank_load", folder, model_only))
+        return _storage_errors_once(rs.submit(rpc.handle, rpc.LoadCheckpoint(folder=folder, model_only=model_only)))
     except RankDied as exc:
         raise RankDied(
             f"{exc}\nThe load of {os.path.basename(folder)} did not complete. The checkpoint is applied only once "
@@ -168,7 +158,7 @@ def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[dict]:
 
 
 def _verify_on_ranks(rs, folder: str) -> builtins.list[Problem]:
-    return [Problem(**d) for d in rs.apply(_on_rank, "rank_verify", folder)[0]]
+    return [Problem(**d) for d in rs.apply(rpc.handle, rpc.VerifyCheckpoint(folder=folder))[0]]
 
 
 def verify(which: str | int = "latest", *, root: str | None = None, rankset=None) -> dict:
@@ -219,7 +209,7 @@ def delete(which, *, root: str | None = None, keep: int | None = None, rankset=N
 
     if api.is_running() or rankset is not None:
         try:
-            _rs(rankset).apply(_on_rank, "rank_wait")
+            _rs(rankset).apply(rpc.handle, rpc.WaitForSave())
         except Exception:
             pass
     root = get_dir(root)
@@ -242,25 +232,27 @@ def export(path: str, which: str | int = "latest", *, root: str | None = None, d
                          "model. Export plain safetensors instead: `%distrain ckpt export PATH.safetensors`")
     path = os.path.abspath(path)
     if rankset is not None or api.is_running():
-        return _rs(rankset).apply(_export_on_rank, folder, path, dtype, hf, ranks=[0])[0]
-    return _export_on_rank(folder, path, dtype, hf)  # no ranks: in this process (imports torch)
+        return _rs(rankset).apply(rpc.handle, rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf), ranks=[0])[0]
+    return rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf).run()  # no ranks: in this process (imports torch)
 
 
 def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str | None = None, rankset=None):
     """Save every ``every`` steps (from ``checkpoint_hooks.step_done`` or the trainer's hook)."""
-    global _AUTOSAVE
+    from . import session
+
     rs = _rs(rankset)
-    _AUTOSAVE = None if not every else {"every": every, "keep": keep, "async_": async_, "root": get_dir(root)}
+    sess = session.of(rs)
+    sess.autosave = None if not every else {"every": every, "keep": keep, "async_": async_, "root": get_dir(root)}
     if not every:
-        rs.apply(_on_rank, "set_autosave", None, None)
+        rs.apply(rpc.handle, rpc.SetAutosave())
     else:
-        rs.apply(_on_rank, "set_autosave", get_dir(root), every, keep, async_)
+        rs.apply(rpc.handle, rpc.SetAutosave(root=get_dir(root), every=every, keep=keep, async_=async_))
     # on a trainer (running or not) the hook changes at one agreed step on every rank:
     # staged everywhere first, then committed (a new Trainer picks it up by itself)
-    version = max(v for v in rs.apply(_next_version))
-    if any(rs.apply(_on_rank, "attach_autosave_to_trainer", version)):
-        rs.apply(_on_rank, "commit_trainer", version)
-    return _AUTOSAVE
+    version = max(v for v in rs.apply(rpc.handle, rpc.NextVersion()))
+    if any(rs.apply(rpc.handle, rpc.StageAutosave(version=version))):
+        rs.apply(rpc.handle, rpc.CommitTrainer(version=version))
+    return sess.autosave
 
 
 def resume(setup=None, which: str | int = "latest", *, n: int | None = None, root: str | None = None,
@@ -274,10 +266,10 @@ def resume(setup=None, which: str | int = "latest", *, n: int | None = None, roo
     ``workbench.notebook.training.setup`` (``train start --model ...``) is repeated.
     ``restart_options``: ``backend=``, ``timeout=`` for :func:`workbench.notebook.api.restart`.
     """
-    global _SETUP
-    from . import api, training
+    from . import api, session, training
 
-    setup = setup if setup is not None else _SETUP or training.last_setup()
+    sess = api.session()
+    setup = setup if setup is not None else sess.resume_setup or training.last_setup(sess)
     if setup is None:
         raise ValueError("resume needs the setup that builds the model and calls checkpoint_hooks.track(...): "
                          "workbench.notebook.checkpoints.resume(setup_code) or `%distrain ckpt resume --setup VAR` "
@@ -288,14 +280,15 @@ def resume(setup=None, which: str | int = "latest", *, n: int | None = None, roo
     except DamagedCheckpoint:
         if not (latest and catalog.entries(get_dir(root))):
             raise
-    _SETUP = setup
+    sess.resume_setup = setup
     rs = api.restart(n, **restart_options)
     if isinstance(setup, str):
         api.run(setup, display=False)
     else:
         setup()
-    if _AUTOSAVE:
-        autosave(_AUTOSAVE["every"], keep=_AUTOSAVE["keep"], async_=_AUTOSAVE["async_"], root=_AUTOSAVE["root"])
+    if sess.autosave:
+        again = sess.autosave
+        autosave(again["every"], keep=again["keep"], async_=again["async_"], root=again["root"])
     info = load(which, root=root, skip_damaged=latest)  # `latest`: the newest good one
     info["restarted"] = rs.world_size
     return info

@@ -21,6 +21,7 @@ class DistrainMagics(Magics):
         return dispatch(line, self.shell)
 
     @magic_arguments()
+    @argument("--on", default=None, help="the named rank set to run on, without making it current")
     @argument("--ranks", default=None, help="ranks to run on: 0,2-3 or all (default all)")
     @argument("--timeout", type=float, default=None,
               help="seconds before the cell is reported stuck (default: no timeout)")
@@ -41,7 +42,7 @@ class DistrainMagics(Magics):
             args = parse_argstring(self.distrain_cell, line)
         except Exception as exc:  # UsageError from magic_arguments
             raise UsageError(f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] "
-                             "[--grace S|--fail-fast] [--stream|--no-stream]") from None
+                             "[--grace S|--fail-fast] [--stream|--no-stream] [--on NAME]") from None
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout must be positive, got {args.timeout}")
         if args.grace is not None and args.grace < 0:
@@ -49,8 +50,9 @@ class DistrainMagics(Magics):
         if args.grace is not None and args.fail_fast:
             raise UsageError("--grace and --fail-fast contradict each other: give one of them")
         grace = 0.0 if args.fail_fast else (GRACE_S if args.grace is None else args.grace)
-        api.current().select(args.ranks)  # refuse a bad selection before anything runs
-        api.run(cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream, grace=grace)
+        rs = api.current() if args.on is None else api.running_set(args.on)
+        rs.select(args.ranks)  # refuse a bad selection before anything runs
+        api.run(cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream, grace=grace, on=args.on)
 
     @cell_magic(AUTO_MAGIC)
     def distrain_auto(self, line: str, cell: str):

@@ -14,13 +14,27 @@ from . import stream
 COLUMNS = ["run", "step", "rank", "metric", "value", "time", "source"]
 
 
-def metrics(run: str | None = "latest", *, wide: bool = False, store=None):
+def metrics(run: str | None = "latest", *, wide: bool = False, store=None, sessions=None):
     """A DataFrame of step, rank, metric, value, time (plus run, source).
 
     ``run``: ``"latest"`` (default), a run id, or ``None`` for every run kept.
+    ``sessions``: ``"all"`` or a list of session names: their tables one under the other,
+    a ``session`` column first naming each row's session (``run`` is then per session).
     """
     import pandas as pd
 
+    if sessions is not None:
+        from .session import KERNEL
+
+        names = list(KERNEL.by_name) if sessions == "all" else [sessions] if isinstance(sessions, str) else list(sessions)
+        frames = []
+        for name in names:
+            one = metrics(run, wide=wide, store=stream.last_store(name))
+            one.insert(0, "session", name)
+            frames.append(one)
+        if not frames:
+            return pd.DataFrame(columns=["session"] + COLUMNS)
+        return pd.concat(frames, ignore_index=True)
     store = store or stream.last_store()
     if store is None:
         return pd.DataFrame(columns=COLUMNS)
@@ -49,3 +63,27 @@ def export_metrics(path, run: str | None = "latest", *, store=None) -> pathlib.P
     else:
         raise ValueError(f"export_metrics writes .csv or .parquet, not {path.suffix!r} ({path})")
     return path
+
+
+def compare(*names: str, metric: str = "loss", run: str | None = "latest"):
+    """One plotly figure of ``metric`` against step, a line per session (its ranks' mean),
+    so two layouts trained side by side read as one plot: ``compare("ddp", "fsdp")``.
+    Without names: every session of the kernel."""
+    import plotly.graph_objects as go
+
+    from .session import KERNEL
+
+    names = names or tuple(KERNEL.by_name)
+    for name in names:
+        KERNEL.get(name)  # an unknown name: the error lists the sessions there are
+    frame = metrics(run, sessions=list(names))
+    known = sorted(set(frame["metric"])) if len(frame) else []
+    if len(frame) and metric not in known:
+        raise ValueError(f"no metric {metric!r} in these sessions' runs; they have: {', '.join(known)}")
+    fig = go.Figure()
+    for name in names:
+        rows = frame[(frame["session"] == name) & (frame["metric"] == metric)]
+        mean = rows.groupby("step")["value"].mean()
+        fig.add_trace(go.Scatter(x=mean.index.to_numpy(), y=mean.to_numpy(), mode="lines", name=name))
+    fig.update_layout(title=f"{metric} per session", xaxis_title="step", yaxis_title=metric)
+    return fig

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from . import api
+from ..engine import rpc
 
 __all__ = ["Profile", "profile", "profile_cell"]
 
@@ -37,30 +38,6 @@ class Profile:
         display(self.figure)
 
 
-def _arm(steps: int, folder: str) -> dict:
-    from workbench.engine import profiling
-
-    return profiling.arm(steps, folder)
-
-
-def _status() -> dict:
-    from workbench.engine import profiling
-
-    return profiling.status()
-
-
-def _cancel() -> dict:
-    from workbench.engine import profiling
-
-    return profiling.cancel()
-
-
-def _read() -> bytes:
-    from workbench.engine import profiling
-
-    return profiling.read_trace()
-
-
 def profile(steps: int = 3, *, ranks=None, out: str | None = None, timeout: float = 300.0, rankset=None) -> Profile:
     """Profile the next ``steps`` steps of the trainer on ``ranks`` (default all); blocks until
     the traces are written (or ``timeout``: then the profiles are cancelled and it raises)."""
@@ -70,29 +47,23 @@ def profile(steps: int = 3, *, ranks=None, out: str | None = None, timeout: floa
     sel = rs.select(ranks)
     folder = _folder(out)
     try:
-        rs.apply(_arm, int(steps), str(folder), ranks=sel)
+        rs.apply(rpc.handle, rpc.Profile(action="arm", steps=int(steps), folder=str(folder)), ranks=sel)
     except Exception:  # refused on some rank: leave none armed
-        rs.apply(_cancel, ranks=sel)
+        rs.apply(rpc.handle, rpc.Profile(action="cancel"), ranks=sel)
         raise
     deadline = time.monotonic() + timeout
     while True:
-        states = rs.apply(_status, ranks=sel)
+        states = rs.apply(rpc.handle, rpc.Profile(action="status"), ranks=sel)
         if all(s["done"] for s in states):
             break
         stuck = [r for r, s in zip(sel, states) if not s["done"] and s["trainer_state"] not in ("running", None)]
         if stuck or time.monotonic() > deadline:
-            rs.apply(_cancel, ranks=sel)
+            rs.apply(rpc.handle, rpc.Profile(action="cancel"), ranks=sel)
             why = (f"the trainer stopped on rank(s) {stuck} before {steps} steps were profiled" if stuck
                    else f"no trace after {timeout:.0f} s")
             raise RuntimeError(f"profile cancelled: {why}; the profiler is stopped on every rank")
         time.sleep(0.2)
     return _gather(rs, sel, states, folder)
-
-
-def _profile_code(code: str, folder: str) -> dict:
-    from workbench.engine import profiling
-
-    return profiling.profile_code(code, folder)
 
 
 def profile_cell(code: str, *, ranks=None, out: str | None = None, rankset=None) -> Profile:
@@ -101,7 +72,7 @@ def profile_cell(code: str, *, ranks=None, out: str | None = None, rankset=None)
     rs = rankset if rankset is not None else api.current()
     sel = rs.select(ranks)
     folder = _folder(out)
-    states = rs.apply(_profile_code, code, str(folder), ranks=sel)
+    states = rs.apply(rpc.handle, rpc.Profile(action="code", code=code, folder=str(folder)), ranks=sel)
     return _gather(rs, sel, states, folder)
 
 
@@ -123,7 +94,7 @@ def _gather(rs, sel, states, folder) -> Profile:
         path = pathlib.Path(s["path"])
         if not path.exists():  # a rank on another host wrote it there: bring it here
             path = folder / f"rank{r}.trace.json"
-            path.write_bytes(rs.apply(_read, ranks=[r])[0])
+            path.write_bytes(rs.apply(rpc.handle, rpc.Profile(action="read"), ranks=[r])[0])
         files[r] = str(path)
     traces = {r: load_trace(p) for r, p in files.items()}
     return Profile(folder=str(folder), files=files, summary=summary_table(traces), top_ops=top_ops(traces),

@@ -6,14 +6,9 @@ measures) and draws them (``workbench.notebook.dashboard.timeline_figure``).
 from __future__ import annotations
 
 from . import api
+from ..engine import rpc
 
 __all__ = ["records", "timeline", "pipeline_runs", "pipeline_schedule"]
-
-
-def _recent(steps: int, run: str | None) -> list[dict]:
-    from workbench.engine import timeline
-
-    return timeline.recent(steps, run)
 
 
 def records(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None) -> list[dict]:
@@ -21,7 +16,7 @@ def records(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None)
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     rs = rankset if rankset is not None else api.current()
-    return [rec for per_rank in rs.apply(_recent, int(steps), run, ranks=ranks) for rec in per_rank]
+    return [rec for per_rank in rs.apply(rpc.handle, rpc.RecentSteps(steps=int(steps), run_id=run), ranks=ranks) for rec in per_rank]
 
 
 def timeline(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None):
@@ -31,20 +26,10 @@ def timeline(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None
     return timeline_figure(records(steps, ranks=ranks, run=run, rankset=rankset))
 
 
-def _pipeline_run():
-    from workbench import engine
-
-    prepared = engine.prepared()
-    if not hasattr(prepared, "last_run"):
-        raise ValueError(f"the ranks' model is prepared with {prepared.layout['strategy']!r}, not pipeline "
-                         "parallel: `%distrain prepare pp` first")
-    return prepared.last_run
-
-
 def pipeline_runs(*, rankset=None) -> list[dict]:
     """Every stage's latest pipeline step as it ran (see ``PipelinePrepared.last_run``)."""
     rs = rankset if rankset is not None else api.current()
-    return rs.apply(_pipeline_run)
+    return rs.apply(rpc.handle, rpc.PipelineRun())
 
 
 def pipeline_schedule(*, rankset=None):

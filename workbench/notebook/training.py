@@ -8,14 +8,9 @@ then applies it at the same step everywhere, and a bad name changes nothing.
 """
 from __future__ import annotations
 
-from . import api, stream
+from . import api, session, stream
 
 DONE_STATES = ("finished", "stopped", "error")
-hangs: list[dict] = []  # step-timeout diagnoses (see workbench.notebook.watchdog), newest last
-_WATCHDOGS: dict[int, object] = {}  # id(rankset) -> the StepWatchdog of its latest start
-_LAST_SETUP: dict | None = None  # the latest setup() call, repeated by `restart --resume`
-_MARK: dict[str, int] = {}  # run -> index of the first status event of its latest start
-_STARTED: dict[int, str] = {}  # id(rankset) -> run id of its latest start (its events may not be here yet)
 
 
 def _rs(rankset=None):
@@ -26,25 +21,24 @@ def setup(strategy: str = "ddp", *, model: str = "tiny", rankset=None, **options
     """Build the teaching trainer on every rank: ``model`` GPT on bundled text under ``strategy``."""
     from ..engine import control
 
-    global _LAST_SETUP
     rs = _rs(rankset)
     stream.attach(rs)
     out = rs.apply(control.build_default, strategy, model=model, **options)
-    _LAST_SETUP = {"strategy": strategy, "model": model, **options}
-    from . import checkpoints as ckpt_api
-
-    ckpt_api._SETUP = None  # the newest setup wins: `ckpt resume` repeats this one
+    sess = session.of(rs)
+    sess.setup_recipe = {"strategy": strategy, "model": model, **options}
+    sess.resume_setup = None  # the newest setup wins: `ckpt resume` repeats this one
     return out
 
 
-def last_setup():
-    """A function repeating the latest :func:`setup` on the current ranks (None if there was none).
+def last_setup(sess=None):
+    """A function repeating the session's latest :func:`setup` on its ranks (None if there was none).
 
     ``ckpt resume`` / ``restart --resume`` use it when no setup code is given.
     """
-    if _LAST_SETUP is None:
+    sess = sess if sess is not None else session.current()
+    if sess is None or sess.setup_recipe is None:
         return None
-    options = dict(_LAST_SETUP)
+    options = dict(sess.setup_recipe)
 
     def again():
         return setup(options.pop("strategy"), **options)
@@ -67,23 +61,24 @@ def start(steps: int, *, step_timeout: float | None = None, rankset=None) -> str
     mark = len(store.statuses)
     states = rs.apply(control.start, int(steps))
     run = states[0]["run"]
-    _MARK[run] = mark
-    _STARTED[id(rs)] = run
-    old = _WATCHDOGS.pop(id(rs), None)
+    sess = session.of(rs)
+    sess.marks[run] = mark
+    sess.started_run = run
+    old, sess.watchdog = sess.watchdog, None
     if old is not None:
         old.close()
     if step_timeout:
         from .watchdog import StepWatchdog
 
-        _WATCHDOGS[id(rs)] = StepWatchdog(rs, store, run, step_timeout, mark=mark,
-                                          on_hang=lambda rep: _on_hang(store, rep))
+        sess.watchdog = StepWatchdog(rs, store, run, step_timeout, mark=mark,
+                                     on_hang=lambda rep: _on_hang(sess, store, rep))
     return run
 
 
-def _on_hang(store, rep: dict) -> None:
+def _on_hang(sess, store, rep: dict) -> None:
     from ..shared import events
 
-    hangs.append(rep)
+    sess.hangs.append(rep)
     store.add([events.log_event(run=rep["run"], rank=-1, text=rep["text"])])
     print(rep["text"], flush=True)
 
@@ -138,10 +133,11 @@ def states(run: str | None = None, *, rankset=None) -> dict[int, str]:
     """rank -> last state the stream reported for ``run`` (default: the latest run)."""
     rs = _rs(rankset)
     store = stream.attach(rs).store
-    run = run or _STARTED.get(id(rs)) or store.latest_run()
+    sess = session.of(rs)
+    run = run or sess.started_run or store.latest_run()
     if not run:
         return {}
-    return {r: e["state"] for r, e in sorted(store.run_state(run, _MARK.get(run, 0)).items())}
+    return {r: e["state"] for r, e in sorted(store.run_state(run, sess.marks.get(run, 0)).items())}
 
 
 def wait(until=DONE_STATES, timeout: float = 120.0, *, run: str | None = None, step: int | None = None,
@@ -157,7 +153,8 @@ def wait(until=DONE_STATES, timeout: float = 120.0, *, run: str | None = None, s
     until = (until,) if isinstance(until, str) else tuple(until)
     n = rs.world_size
 
-    run = run or _STARTED.get(id(rs))
+    sess = session.of(rs)
+    run = run or sess.started_run
 
     def done(s) -> bool:
         r = run or s.latest_run()
@@ -166,7 +163,7 @@ def wait(until=DONE_STATES, timeout: float = 120.0, *, run: str | None = None, s
         if step is not None:
             last = s.last_steps(r)
             return len(last) == n and min(last.values()) >= step
-        st = s.run_state(r, _MARK.get(r, 0))
+        st = s.run_state(r, sess.marks.get(r, 0))
         return len(st) == n and all(e["state"] in until for e in st.values())
 
     if not store.wait(done, timeout):

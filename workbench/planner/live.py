@@ -38,7 +38,7 @@ from .memory import (activation_bytes_per_layer, fmt_bytes, in_flight_layers, lo
                      model_state_bytes)
 from .model_spec import ModelSpec
 
-__all__ = ["model_spec_from_config", "layout_from_spec", "compare", "plan_live", "census_on_ranks",
+__all__ = ["model_spec_from_config", "layout_from_spec", "compare",
            "PARTS", "TOLERANCE"]
 
 PARTS = ("parameters", "gradients", "optimizer", "activations")
@@ -282,57 +282,6 @@ def config_dict(cfg) -> dict:
         return {"gpt": gpt_part(cfg.gpt), "n_experts": cfg.n_experts, "top_k": cfg.top_k,
                 "moe_every": getattr(cfg, "moe_every", 1)}
     return gpt_part(cfg)
-
-
-def census_on_ranks(batch_size: int = 8) -> dict:
-    """Runs ON A RANK: one census step of the current Prepared, plus its model config."""
-    from workbench.engine import session
-    from workbench.engine.attention_probe import AttentionProbe, hf_attention_implementation
-    from workbench.engine.memory_census import census
-    from workbench.strategies import model_config_of
-
-    prepared = session.prepared()
-    with AttentionProbe() as probe:
-        out = census(prepared, batch_size=batch_size)
-    model = prepared.unwrap()
-    hf = hf_attention_implementation(model)
-    out["attention"] = probe.kernel() or ({"eager": "eager"}.get(hf, "flash") if hf else None)
-    out["attention_evidence"] = probe.evidence() + (f"; HF attn_implementation={hf}" if hf else "")
-    out["model_config"] = config_dict(model_config_of(model))
-    return out
-
-
-def plan_live(*, batch_size: int = 8, hardware: str = "h100", show: bool = True):
-    """Plan the ranks' model under its current strategy, print the plan, and return the
-    "predicted vs measured" DataFrame (one row per rank and part).
-
-    The ranks run ONE real training step (a global batch of ``batch_size`` sequences of
-    the bundled text) to measure gradients, optimizer state and activations.
-    """
-    from ..notebook import api
-    from .report import plan
-
-    censuses = api.current().apply(census_on_ranks, batch_size)
-    if not censuses or not censuses[0].get("model_config"):
-        raise ValueError("the ranks' model carries no GPTConfig/MoEConfig (model.cfg); the planner "
-                         "needs its shape")
-    c0 = censuses[0]
-    model = model_spec_from_config(c0["model_config"], seq_len=c0["batch_shape"][1])
-    attention = c0.get("attention") or "flash"
-    layout = layout_from_spec(c0["spec"], c0["world_size"], micro_batch_size=c0["batch_shape"][0],
-                              attention=attention)
-    table = compare(censuses)
-    if show:
-        print(f"attention kernel on the ranks: {attention} ({c0.get('attention_evidence', 'not measured')})"
-              + ("" if c0.get("attention") else "; none seen, planned as flash"))
-        print(plan(model, layout, hardware).summary())
-        off = table[table["ratio"].notna() & ((table["ratio"] - 1).abs() > TOLERANCE)]
-        print(f"measured on the ranks: one training step ({c0['strategy']} via {c0['path']}, local batch "
-              f"{c0['batch_shape']}); predicted vs measured per rank is the returned table "
-              f"({len(off)} of {len(table)} rows differ by more than {TOLERANCE:.0%}, each with an explanation; "
-              "workbench.planner.live.format_table(df) prints it, "
-              "workbench.notebook.dashboard.plan_figure.predicted_vs_measured_figure(df) draws it)")
-    return table
 
 
 def format_table(table) -> str:

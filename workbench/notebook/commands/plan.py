@@ -5,7 +5,7 @@ With arguments it plans a described run (``--model 70b --gpus 256 --hw h100 --tp
 out on the live ranks and sets the prediction beside what the ranks hold: the ranks run
 ONE real training step under a memory census (``workbench.engine.memory_census``), and
 the "predicted vs measured" DataFrame is the cell's result
-(``workbench.planner.live.plan_live``; draw it with
+(``workbench.notebook.plan_live.plan_live``; draw it with
 ``workbench.notebook.dashboard.plan_figure.predicted_vs_measured_figure``).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from . import UsageError, command
 @command("plan", "predict memory, communication, step time and cost (no args: the ranks' model, measured over one training step)", raw=True)
 def _plan(argv: list[str], shell):
     if not argv:
-        from ...planner.live import plan_live
+        from ..plan_live import plan_live
 
         return plan_live()
     from ...planner import plan_from_args

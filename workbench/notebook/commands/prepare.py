@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from .. import api
+from ...engine import rpc
 from ...shared.errors import WorkbenchError
 from . import UsageError, command
 
@@ -47,8 +48,9 @@ def _prepare(args, shell):
     # Validate on rank 0 (it has the model's config; the notebook need not import torch)
     # before any rank changes: a bad spec leaves every rank exactly as it was.
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()] if args.blocks else None
-    probe = rs.apply(_probe_model, model_name, opt_name, spec.to_dict(), rs.world_size, device_type, blocks,
-                     ranks=[0])[0]
+    probe = rs.apply(rpc.handle, rpc.ProbeModel(model_name=model_name, opt_name=opt_name, spec=spec.to_dict(),
+                                         world_size=rs.world_size, device_type=device_type,
+                                         blocks=tuple(blocks) if blocks else None), ranks=[0])[0]
     if probe["missing"]:
         raise UsageError(f"no variable {' or '.join(probe['missing'])} on rank 0: build the model and "
                          f"optimizer (or a factory `lambda params: ...`) in a %%distrain cell first")
@@ -65,7 +67,7 @@ def _prepare(args, shell):
         )
     finally:
         rs.execute("globals().pop('_workbench_spec', None); globals().pop('_wb_engine', None)")
-    layouts = rs.apply(_layout)
+    layouts = rs.apply(rpc.handle, rpc.Layout())
     print(layout_summary(layouts))
     return None
 
@@ -88,39 +90,6 @@ def layout_summary(layouts: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _probe_model(model_name: str, opt_name: str, spec: dict, world_size: int, device_type: str,
-                 blocks: list[str] | None = None) -> dict:
-    """On rank 0: are the variables there, and does the spec fit the world and the model
-    (degrees, blocks, tensor-parallel plan, pipeline split)?"""
-    import __main__
-
-    from workbench.strategies import ModelHints, PrepareError, SpecError, StrategySpec, check_layout, model_config_of
-
-    ns = vars(__main__)
-    missing = [n for n in (model_name, opt_name) if n not in ns]
-    error = None
-    if not missing:
-        model = ns[model_name]
-        already = getattr(model, "_workbench_prepared", None)
-        if already:
-            error = (f"{model_name!r} was already prepared with {already!r} (its parameters were changed "
-                     "in place); build a fresh model (same seed) on the ranks for a new strategy")
-        else:
-            try:
-                s = StrategySpec.from_dict(spec).validate(world_size, model_config_of(model), device_type=device_type)
-                if s.kind not in ("none", "zero"):
-                    check_layout(model, s, world_size, ModelHints(blocks=blocks))
-            except (SpecError, PrepareError, ValueError) as exc:
-                error = str(exc)
-    return {"missing": missing, "error": error}
-
-
-def _layout() -> dict:
-    from workbench import engine
-
-    return engine.prepared().layout
-
-
 def _layout_args(p) -> None:
     p.add_argument("--tensor", default=None, help="draw this tensor's blocks and which ranks hold them")
     p.add_argument("--match", default=None, help="only tensors whose name matches this regex")
@@ -131,7 +100,7 @@ def _layout_args(p) -> None:
 def _show_layout(args, shell):
     from ..dashboard.layout_figure import layout_figure, tensor_figure
 
-    layouts = api.current().apply(_layout)
+    layouts = api.current().apply(rpc.handle, rpc.Layout())
     if args.tensor:
         try:
             return tensor_figure(layouts, args.tensor)

@@ -44,6 +44,8 @@ def _start_args(p) -> None:
     p.add_argument("--time", default=None, help="slurm: time limit (H:MM:SS)")
     p.add_argument("--account", default=None, help="slurm: account")
     p.add_argument("--sbatch", default=None, help='slurm: more sbatch options, e.g. "--constraint=h100"')
+    p.add_argument("--name", default=None,
+                   help="a named set beside the others (`%%distrain use NAME` switches; default: the current one)")
 
 
 _SLURM_FLAGS = ("nodes", "gpus_per_node", "partition", "time", "account", "sbatch")
@@ -79,12 +81,13 @@ def _start(args, shell):
     try:
         rs = api.start(_rank_count(args), backend=args.backend, launcher=args.launcher, timeout=args.timeout,
                        threads=args.threads, ip=args.ip, hosts=args.hosts, ssh_config=args.ssh_config,
-                       python=args.python, slurm=_slurm_request(args), progress=_live_line())
+                       python=args.python, slurm=_slurm_request(args), progress=_live_line(), name=args.name)
     except ValueError as exc:  # bad settings: one line, nothing started
         raise UsageError(str(exc)) from None
     backend = rs.info[0]["backend"] if rs.info else args.backend
     where = rs.allocation()
-    print(f"{rs.world_size} ranks up ({backend}, {args.launcher} launcher{', ' + where if where else ''}) "
+    named = f"{args.name!r}: " if args.name else ""
+    print(f"{named}{rs.world_size} ranks up ({backend}, {args.launcher} launcher{', ' + where if where else ''}) "
           f"in {rs.start_seconds:.1f} s")
     if args.auto:
         auto_cells.turn_on(shell)
@@ -119,12 +122,20 @@ def _auto(args, shell):
         print("auto mode off: plain cells run in the notebook" if was_on else "auto mode was already off")
 
 
-@command("stop", "stop the ranks (every process they started)")
+def _stop_args(p) -> None:
+    p.add_argument("--name", default=None, help="the named set to stop (default: the current one); the others keep running")
+
+
+@command("stop", "stop the ranks (every process they started)", _stop_args)
 def _stop(args, shell):
-    if not api.is_running():
+    if args.name is not None:
+        if not api.session(args.name).running:  # an unknown name: the error names those there are
+            print(f"the rank set {args.name!r} is not running")
+            return
+    elif not api.is_running():
         print("no ranks are running")
         return
-    left = api.stop()
+    left = api.stop(args.name)
     if auto_cells.turn_off(shell):
         print("auto mode off: plain cells run in the notebook")
     if left:

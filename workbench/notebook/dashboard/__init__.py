@@ -16,14 +16,13 @@ import threading
 import time
 import types
 
-from .. import api, stream
+from .. import api, session, stream
 from . import figures
-from .controls import Controls, checkpoint_callback, register_checkpoint
+from .controls import Controls
 from .widget import view_busy
 
-__all__ = ["Dashboard", "dashboard", "register_checkpoint", "checkpoint_callback"]
+__all__ = ["Dashboard", "dashboard"]
 
-_OPEN: dict[int, "Dashboard"] = {}
 _FAILED = "<span class='wb-redraw-failed' style='color:#c33'>"
 MOVED = ("<i class='wb-dashboard-moved'>the live dashboard moved to where it was opened last "
          "(<code>%distrain dashboard</code> shows it again)</i>")
@@ -55,7 +54,8 @@ class Dashboard:
         except Exception:  # a rank set that cannot say: traces are added as they appear
             ranks = None
         self.figure = figures.make_figure(widget=True, ranks=ranks)
-        self.controls = Controls(lambda: self.rankset)
+        self.controls = Controls(lambda: self.rankset, checkpoint=self.save_checkpoint)
+        self._hint: tuple | None = None  # (run, step, text) of the rollback hint last shown
         self._timeline = None  # the step-timeline panel, made with the widget
         self.redraws = 0
         self._box = None
@@ -89,7 +89,6 @@ class Dashboard:
         if run is None:
             return False
         self.controls.status.value = self.status_line(run)
-        self.controls.refresh_checkpoint()
         last = self.store.last_steps(run)
         self.controls.follow_lr(self.store.last(run, "lr", min(last)) if last else None)
         if paced and view_busy(self.figure, self.VIEW_TIMEOUT):
@@ -154,10 +153,32 @@ class Dashboard:
         line = " · ".join(parts)
         if reasons:
             line += "<br><span style='color:#c60'>" + html.escape("; ".join(sorted(reasons))[:500]) + "</span>"
+        paused_on_loss = [e for e in states.values() if e["state"] == "paused"
+                          and any(w in (e["reason"] or "") for w in ("non-finite", "spike"))]
+        if paused_on_loss:
+            line += "<br><span class='wb-rollback-hint' style='color:#c60'>" \
+                + html.escape(self.rollback_hint(run, max(e["step"] or 0 for e in paused_on_loss),
+                                             spike=all("spike" in e["reason"] for e in paused_on_loss))) + "</span>"
         failed = autosave_failure(s, run)
         if failed:
             line += "<br><span style='color:#c00'>" + html.escape(failed[:600]) + "</span>"
         return line
+
+    def save_checkpoint(self) -> dict:
+        """The checkpoint button: save now into the session's checkpoints folder."""
+        from .. import checkpoints
+
+        return checkpoints.save(rankset=self.rankset, root=session.of(self.rankset).checkpoint_dir)
+
+    def rollback_hint(self, run: str, step: int, spike: bool = False) -> str:
+        """Which checkpoint to load after a NaN/spike pause (worked out once per pause)."""
+        if self._hint is None or self._hint[:2] != (run, step):
+            from .. import checkpoints
+
+            loss = self.store.last(run, "loss", 0) if spike else None  # None: said as NaN/Inf
+            text = checkpoints.rollback_hint(step, loss, root=session.of(self.rankset).checkpoint_dir)
+            self._hint = (run, step, text)
+        return self._hint[2]
 
     # ---------------------------------------------------------------- showing
     @property
@@ -227,10 +248,10 @@ class Dashboard:
 def dashboard(rankset=None, *, run: str | None = None, show: bool = True, interval: float = 0.5) -> Dashboard:
     """The live dashboard of the current ranks (the same one when called again)."""
     rs = rankset if rankset is not None else api.current()
-    dash = _OPEN.get(id(rs))
+    sess = session.of(rs)
+    dash = sess.dashboard
     if dash is None or dash.closed or dash.rankset is not rs:
-        dash = Dashboard(rs, run=run, interval=interval)
-        _OPEN[id(rs)] = dash
+        dash = sess.dashboard = Dashboard(rs, run=run, interval=interval)
     elif run is not None:
         dash.run = run
     if show:
@@ -239,7 +260,8 @@ def dashboard(rankset=None, *, run: str | None = None, show: bool = True, interv
 
 
 def _close_for(rankset) -> None:
-    dash = _OPEN.pop(id(rankset), None)
+    sess = session.of(rankset)
+    dash, sess.dashboard = sess.dashboard, None
     if dash is not None:
         dash.refresh()
         dash.close()

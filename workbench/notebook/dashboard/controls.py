@@ -10,37 +10,22 @@ import html
 
 from .. import training
 
-_CHECKPOINT: list = [None]  # callback registered by the checkpoint package
-
-
-def register_checkpoint(fn) -> None:
-    """Enable the dashboard's checkpoint button: ``fn()`` is called on click.
-
-    The checkpoint package registers its "save now" here; until something is
-    registered the button is disabled (the trainer does not save on its own).
-    """
-    _CHECKPOINT[0] = fn
-
-
-def checkpoint_callback():
-    return _CHECKPOINT[0]
-
-
 class Controls:
-    def __init__(self, rankset_getter):
+    def __init__(self, rankset_getter, checkpoint=None):
+        """``checkpoint()``: what the checkpoint button does (the dashboard passes a save into
+        its session's checkpoints folder); without one the button is disabled."""
         import ipywidgets as w
 
         self._rankset = rankset_getter
+        self._checkpoint = checkpoint
         self.pause = w.Button(description="pause", icon="pause", layout=w.Layout(width="90px"))
         self.resume = w.Button(description="resume", icon="play", layout=w.Layout(width="90px"))
         self.stop = w.Button(description="stop", icon="stop", button_style="danger", layout=w.Layout(width="80px"))
         self.lr = w.FloatText(description="lr", value=0.0, step=1e-4, layout=w.Layout(width="170px"))
         self._lr_shown = 0.0  # what follow_lr put in the box last
         self.set_lr = w.Button(description="set lr", layout=w.Layout(width="70px"))
-        cb = checkpoint_callback()
-        self.checkpoint = w.Button(description="checkpoint", icon="save", disabled=cb is None,
-                                   tooltip="save a checkpoint now" if cb else
-                                   "no checkpoint package registered (workbench.notebook.dashboard.register_checkpoint)",
+        self.checkpoint = w.Button(description="checkpoint", icon="save", disabled=checkpoint is None,
+                                   tooltip="save a checkpoint now" if checkpoint else "no checkpoint save for these ranks",
                                    layout=w.Layout(width="110px"))
         self.status = w.HTML(value="<i>waiting for the first step</i>")
         self.message = w.HTML(value="")
@@ -49,7 +34,7 @@ class Controls:
         self.stop.on_click(lambda _b: self._do("stop requested", lambda: training.stop(rankset=self._rankset())))
         self.set_lr.on_click(lambda _b: self._do(f"lr={self.lr.value:g} from the next step",
                                                  lambda: training.set(self._rankset(), lr=float(self.lr.value))))
-        self.checkpoint.on_click(lambda _b: self._do("checkpoint saved", lambda: checkpoint_callback()()))
+        self.checkpoint.on_click(lambda _b: self._do("checkpoint saved", self._save))
         self.box = w.VBox([w.HBox([self.pause, self.resume, self.stop, self.lr, self.set_lr, self.checkpoint]),
                            self.status, self.message])
 
@@ -66,5 +51,7 @@ class Controls:
             self._lr_shown = lr
             self.lr.value = lr
 
-    def refresh_checkpoint(self) -> None:
-        self.checkpoint.disabled = checkpoint_callback() is None
+    def _save(self):
+        info = self._checkpoint()
+        self.last_checkpoint = info
+        return info

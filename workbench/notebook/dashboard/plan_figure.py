@@ -1,6 +1,6 @@
 """Predicted vs measured, as grouped bars: the planner's bytes beside what the ranks hold.
 
-Input is the DataFrame of :func:`workbench.planner.live.plan_live` (or ``compare``):
+Input is the DataFrame of :func:`workbench.notebook.plan_live.plan_live` (or ``compare``):
 one row per (rank, part) with ``predicted_bytes``, ``measured_bytes``, ``ratio`` and
 ``explanation``. Notebook side only: plotly, no torch.
 """

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import socket
 
-from .. import api
+from .. import api, session
 from .collector import Collector
 from .store import EventStore, Thinned
 
-__all__ = ["Collector", "EventStore", "Thinned", "attach", "for_current", "detach", "stream_of"]
-
-_STREAMS: dict[int, tuple[object, Collector]] = {}
-_LAST: list = [None]  # the store of the latest rank set, still readable after it stopped
+__all__ = ["Collector", "EventStore", "Thinned", "attach", "detach", "last_store"]
 
 
 def _all_local(rankset) -> bool:
@@ -24,11 +21,11 @@ def _all_local(rankset) -> bool:
 
 
 def attach(rankset) -> Collector:
-    """The collector of ``rankset``, made and announced to its ranks on first use."""
-    entry = _STREAMS.get(id(rankset))
-    if entry is not None and entry[0] is rankset:
-        _LAST[0] = entry[1].store
-        return entry[1]
+    """The collector of ``rankset``, made and announced to its ranks on first use; kept in
+    the rank set's session."""
+    sess = session.of(rankset)
+    if sess.collector is not None and sess.collector_of is rankset:
+        return sess.collector
     from ...engine import publisher
 
     local = _all_local(rankset)
@@ -40,31 +37,25 @@ def attach(rankset) -> Collector:
     except BaseException:
         collector.close()
         raise
-    _STREAMS[id(rankset)] = (rankset, collector)
-    _LAST[0] = collector.store
+    sess.collector, sess.collector_of, sess.store = collector, rankset, collector.store
     return collector
 
 
-def stream_of(rankset) -> Collector | None:
-    entry = _STREAMS.get(id(rankset))
-    return entry[1] if entry is not None and entry[0] is rankset else None
-
-
-def for_current() -> Collector:
-    return attach(api.current())
-
-
-def last_store() -> EventStore | None:
-    """The store of the current rank set, or of the last one if none is running."""
-    if api.is_running():
-        return attach(api.current()).store
-    return _LAST[0]
+def last_store(name: str | None = None) -> EventStore | None:
+    """The store of the current session (or of ``name``), still readable after its ranks stopped."""
+    sess = session.current() if name is None else session.KERNEL.get(name)
+    if sess is None:
+        return None
+    if sess.running:
+        return attach(sess.rankset).store
+    return sess.store
 
 
 def detach(rankset) -> None:
-    entry = _STREAMS.pop(id(rankset), None)
-    if entry is not None:
-        entry[1].close()
+    sess = session.of(rankset)
+    if sess.collector is not None and sess.collector_of is rankset:
+        sess.collector.close()
+        sess.collector = sess.collector_of = None
 
 
 def _on_started(rankset) -> None:

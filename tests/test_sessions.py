@@ -1,0 +1,107 @@
+"""Several named rank sets in one kernel, through a real IPython shell and real ranks: each
+with its own stream, dashboard and checkpoints; a cell on one without switching; one
+stopped while the other trains; and the refusals that name what exists."""
+import os
+import time
+
+import pytest
+
+import workbench
+from workbench.notebook import api, session, training
+from workbench.notebook.cluster import AlreadyRunning
+from workbench.notebook.commands import dispatch
+from workbench.notebook.session import UnknownSession
+from workbench.shared.checkpoint import catalog
+
+
+@pytest.fixture
+def shell(fresh_ranks, tmp_path):
+    """A real IPython shell with ``%load_ext workbench``; no current set (fresh_ranks put the
+    shared ones aside and stops what the test starts); checkpoints under tmp_path."""
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "workbench")
+    before = catalog.default_dir()
+    catalog.set_default_dir(str(tmp_path / "checkpoints"))
+    yield ip
+    catalog.set_default_dir(before)
+
+
+def magic(ip, line):
+    r = ip.run_cell(line)
+    assert r.success, r.error_in_exec or r.error_before_exec
+    return r.result
+
+
+def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(shell, fresh_ranks):
+    magic(shell, "%distrain start -n 2 --name ddp --backend gloo --threads 1")
+    magic(shell, "%distrain start -n 2 --name fsdp --backend gloo --threads 1")
+    ddp, fsdp = workbench.session("ddp"), workbench.session("fsdp")
+    fresh_ranks.started.extend([ddp.rankset, fsdp.rankset])
+    assert list(workbench.sessions()) == ["ddp", "fsdp"] and session.current() is fsdp  # the newest is current
+    assert ddp.rankset is not fsdp.rankset and all(s.running for s in (ddp, fsdp))
+
+    # refusals name what exists; nothing changes
+    with pytest.raises(AlreadyRunning, match="a rank set named 'ddp' is already running"):
+        dispatch("start -n 2 --name ddp --backend gloo")
+    with pytest.raises(UnknownSession, match="no rank set named 'nope'; the sessions are: ddp, fsdp"):
+        dispatch("use nope")
+    assert session.current() is fsdp and list(workbench.sessions()) == ["ddp", "fsdp"]
+
+    # a cell on a named set without switching to it
+    magic(shell, "%%distrain --on ddp\nfrom workbench import engine\nwhere = 'ddp' + str(engine.rank)")
+    assert ddp.rankset.pull("where") == ["ddp0", "ddp1"] and session.current() is fsdp
+    magic(shell, "%%distrain\nwhere = 'fsdp'")
+    assert fsdp.rankset.pull("where") == ["fsdp", "fsdp"] and ddp.rankset.pull("where") == ["ddp0", "ddp1"]
+
+    # a rank imports no notebook module, even after cells, training and checkpoints below
+    magic(shell, "%distrain use ddp")
+    assert session.current() is ddp
+    magic(shell, "%distrain train start --steps 12 --model tiny --strategy ddp --no-dashboard")
+    magic(shell, "%distrain use fsdp")
+    magic(shell, "%distrain train start --steps 12 --model tiny --strategy fsdp2 --no-dashboard")
+    assert training.wait(rankset=ddp.rankset, timeout=120) == {0: "finished", 1: "finished"}
+    assert training.wait(rankset=fsdp.rankset, timeout=120) == {0: "finished", 1: "finished"}
+    assert ddp.store is not fsdp.store and ddp.store.latest_run() != fsdp.store.latest_run()
+
+    # metrics across sessions, and one plot of both runs
+    frame = workbench.metrics(sessions="all")
+    assert set(frame["session"]) == {"ddp", "fsdp"}
+    assert frame[frame["session"] == "ddp"]["run"].unique().tolist() == [ddp.store.latest_run()]
+    fig = workbench.compare("ddp", "fsdp")
+    assert [t.name for t in fig.data] == ["ddp", "fsdp"]
+    assert all(list(t.x) == list(range(1, 13)) for t in fig.data)
+    loss_ddp = frame[(frame["session"] == "ddp") & (frame["metric"] == "loss")].groupby("step")["value"].mean()
+    assert list(fig.data[0].y) == pytest.approx(list(loss_ddp))
+
+    # each session its own checkpoints folder and dashboard
+    magic(shell, "%distrain ckpt save")  # fsdp is current
+    magic(shell, "%distrain use ddp")
+    magic(shell, "%distrain ckpt save")
+    assert [m.step for _, m in catalog.entries(ddp.checkpoint_dir)] == [12]
+    assert [m.step for _, m in catalog.entries(fsdp.checkpoint_dir)] == [12]
+    assert os.path.basename(ddp.checkpoint_dir) == "ddp" and ddp.checkpoint_dir != fsdp.checkpoint_dir
+    d1 = workbench.dashboard(ddp.rankset, show=False)
+    d2 = workbench.dashboard(fsdp.rankset, show=False)
+    assert d1 is ddp.dashboard and d2 is fsdp.dashboard and d1.store is ddp.store and d2.store is fsdp.store
+    for rs in (ddp.rankset, fsdp.rankset):
+        rs.execute("import sys\n_nb = sorted(m for m in sys.modules if m.startswith('workbench.notebook'))")
+        assert rs.pull("_nb") == [[], []]
+
+    # stop ddp while fsdp trains: fsdp keeps training and its stream keeps flowing
+    training.start(100_000, rankset=fsdp.rankset)
+    training.start(100_000, rankset=ddp.rankset)
+    training.wait(step=14, rankset=fsdp.rankset, timeout=60)
+    magic(shell, "%distrain stop --name ddp")
+    assert not ddp.running and fsdp.running and session.current() is ddp
+    received = fsdp.store.received
+    assert fsdp.store.wait(lambda s: s.received >= received + 20, 60), "fsdp's stream stopped flowing"
+    assert [s["state"] for s in training.status(rankset=fsdp.rankset)] == ["running", "running"]
+    with pytest.raises(Exception, match="the rank set 'ddp' is not running.*running: fsdp"):
+        api.current()
+    magic(shell, "%distrain use fsdp")
+    training.stop()
+    assert training.wait(timeout=60) == {0: "stopped", 1: "stopped"}
+    d1.close()
+    d2.close()

@@ -1,0 +1,256 @@
+"""Every call the notebook makes on the ranks that is more than a trainer flag: typed requests.
+
+The notebook builds a frozen request and applies :func:`handle` on the ranks
+(``rs.apply(rpc.handle, rpc.SaveCheckpoint(root, tag=...))``); each request's ``run`` is
+the rank-side half, so no notebook module is ever imported on a rank and no rank function
+is called by name with positional arguments. Nothing here imports torch at module level:
+the notebook imports this module to build requests. The reply each request returns is
+named in its docstring. Trainer flags (pause, start, set) go through
+:mod:`workbench.engine.control`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def handle(request):
+    """Runs on a rank: carry out ``request`` and return its reply."""
+    return request.run()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+@dataclass(frozen=True, kw_only=True)
+class SaveCheckpoint:
+    """Reply: the save's info dict (name, step, path, blocked_s, ...)."""
+    root: str
+    tag: str | None = None
+    async_: bool = False
+    with_optimizer: bool = True
+
+    def run(self) -> dict:
+        from . import checkpoint_hooks
+
+        return checkpoint_hooks.rank_save(self.root, self.tag, self.async_, None, False, self.with_optimizer)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitForSave:
+    """Reply: the background save's info once written, or None when none was running."""
+    timeout: float | None = None
+
+    def run(self) -> dict | None:
+        from . import checkpoint_hooks
+
+        return checkpoint_hooks.rank_wait(self.timeout)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadCheckpoint:
+    """Reply: the load's info dict, or ``{"damaged": [problem dicts]}``."""
+    folder: str
+    model_only: bool = False
+
+    def run(self) -> dict:
+        from . import checkpoint_hooks
+
+        return checkpoint_hooks.rank_load(self.folder, self.model_only)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyCheckpoint:
+    """Reply: the problems every rank found (collective), as dicts of ``integrity.Problem``."""
+    folder: str
+
+    def run(self) -> list[dict]:
+        from . import checkpoint_hooks
+
+        return checkpoint_hooks.rank_verify(self.folder)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetAutosave:
+    """Install (``every``) or remove (``every=None``) the auto-save hook. Reply: None."""
+    root: str | None = None
+    every: int | None = None
+    keep: int = 3
+    async_: bool = True
+
+    def run(self) -> None:
+        from . import checkpoint_hooks
+
+        if self.every:
+            checkpoint_hooks.set_autosave(self.root, self.every, self.keep, self.async_)
+        else:
+            checkpoint_hooks.set_autosave(None, None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageAutosave:
+    """Stage the installed hook on this rank's trainer at change ``version``. Reply: True when
+    a trainer took it (then :class:`CommitTrainer`)."""
+    version: int
+
+    def run(self) -> bool:
+        from . import checkpoint_hooks
+
+        return checkpoint_hooks.attach_autosave_to_trainer(self.version)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitTrainer:
+    """Commit a staged change on this rank's trainer. Reply: None."""
+    version: int
+
+    def run(self) -> None:
+        from . import checkpoint_hooks
+
+        return checkpoint_hooks.commit_trainer(self.version)
+
+
+@dataclass(frozen=True)
+class NextVersion:
+    """Reply: the trainer's next change version (1 where no trainer runs)."""
+
+    def run(self) -> int:
+        from . import trainer
+
+        return trainer.current().next_version() if trainer._CURRENT is not None else 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportWeights:
+    """Write one consolidated model file (``hf``: a Hugging Face folder). Reply: its info dict."""
+    folder: str
+    path: str
+    dtype: str | None = None
+    hf: bool = False
+
+    def run(self) -> dict:
+        from .checkpoint.export import export_hf, export_safetensors
+
+        if self.hf:
+            return export_hf(self.folder, self.path, dtype=self.dtype)
+        return export_safetensors(self.folder, self.path, dtype=self.dtype)
+
+
+# ----------------------------------------------------------------------------- profiles, timelines
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """``action``: arm (the next ``steps`` trainer steps into ``folder``), status, cancel, read
+    (reply: the trace's bytes) or code (profile ``code`` in the rank's namespace). Reply: the
+    profiler's state dict."""
+    action: str
+    steps: int = 0
+    folder: str = ""
+    code: str = ""
+
+    def run(self):
+        from . import profiling
+
+        if self.action == "arm":
+            return profiling.arm(self.steps, self.folder)
+        if self.action == "code":
+            return profiling.profile_code(self.code, self.folder)
+        actions = {"status": profiling.status, "cancel": profiling.cancel, "read": profiling.read_trace}
+        if self.action not in actions:
+            raise ValueError(f"unknown profile action {self.action!r}: arm, code, {', '.join(actions)}")
+        return actions[self.action]()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecentSteps:
+    """Reply: the rank's last ``steps`` step records (of ``run``, default the latest)."""
+    steps: int
+    run_id: str | None = None
+
+    def run(self) -> list[dict]:
+        from . import timeline
+
+        return timeline.recent(self.steps, self.run_id)
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """Reply: this stage's latest pipeline step as it ran (``PipelinePrepared.last_run``)."""
+
+    def run(self) -> dict:
+        from .session import prepared as current_prepared
+
+        prepared = current_prepared()
+        if not hasattr(prepared, "last_run"):
+            raise ValueError(f"the ranks' model is prepared with {prepared.layout['strategy']!r}, not pipeline "
+                             "parallel: `%distrain prepare pp` first")
+        return prepared.last_run
+
+
+# ----------------------------------------------------------------------------- prepare, layout, planner
+@dataclass(frozen=True, kw_only=True)
+class ProbeModel:
+    """On rank 0 before ``prepare``: are the variables there, and does the spec fit the world
+    and the model (degrees, blocks, tensor-parallel plan, pipeline split)? Reply:
+    ``{"missing": [names], "error": text or None}``."""
+    model_name: str
+    opt_name: str
+    spec: dict
+    world_size: int
+    device_type: str
+    blocks: tuple[str, ...] | None = None
+
+    def run(self) -> dict:
+        import __main__
+
+        from ..strategies import ModelHints, PrepareError, SpecError, StrategySpec, check_layout, model_config_of
+
+        ns = vars(__main__)
+        missing = [n for n in (self.model_name, self.opt_name) if n not in ns]
+        error = None
+        if not missing:
+            model = ns[self.model_name]
+            already = getattr(model, "_workbench_prepared", None)
+            if already:
+                error = (f"{self.model_name!r} was already prepared with {already!r} (its parameters were changed "
+                         "in place); build a fresh model (same seed) on the ranks for a new strategy")
+            else:
+                try:
+                    s = StrategySpec.from_dict(self.spec).validate(self.world_size, model_config_of(model),
+                                                                   device_type=self.device_type)
+                    if s.kind not in ("none", "zero"):
+                        blocks = list(self.blocks) if self.blocks is not None else None
+                        check_layout(model, s, self.world_size, ModelHints(blocks=blocks))
+                except (SpecError, PrepareError, ValueError) as exc:
+                    error = str(exc)
+        return {"missing": missing, "error": error}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Reply: which elements of which tensor this rank holds (``Prepared.layout``)."""
+
+    def run(self) -> dict:
+        from .session import prepared as current_prepared
+
+        return current_prepared().layout
+
+
+@dataclass(frozen=True, kw_only=True)
+class Census:
+    """One census training step of the current Prepared (``%distrain plan --live``). Reply:
+    the census dict plus the attention kernel seen and the model's config."""
+    batch_size: int = 8
+
+    def run(self) -> dict:
+        from ..planner.live import config_dict
+        from ..strategies import model_config_of
+        from .attention_probe import AttentionProbe, hf_attention_implementation
+        from .memory_census import census
+        from .session import prepared as current_prepared
+
+        prepared = current_prepared()
+        with AttentionProbe() as probe:
+            out = census(prepared, batch_size=self.batch_size)
+        model = prepared.unwrap()
+        hf = hf_attention_implementation(model)
+        out["attention"] = probe.kernel() or ({"eager": "eager"}.get(hf, "flash") if hf else None)
+        out["attention_evidence"] = probe.evidence() + (f"; HF attn_implementation={hf}" if hf else "")
+        out["model_config"] = config_dict(model_config_of(model))
+        return out
