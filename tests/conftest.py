@@ -133,7 +133,7 @@ def fresh_ranks():
         for name, sess in api.sessions().items():
             if sess.rankset is not None and sess.rankset not in started:
                 started.append(sess.rankset)
-            if sess.running and not name.startswith("rankset-"):
+            if sess.running:
                 api.stop(name)
         pids = [p for rs in started for p in rs.started_pids]
         for rs in started:

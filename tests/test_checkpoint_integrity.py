@@ -21,6 +21,7 @@ import time
 import pytest
 from conftest import clean_trainer
 
+from workbench.engine import rpc
 from workbench.notebook import session, stream, training
 from workbench.notebook import checkpoints as ck
 from workbench.shared.checkpoint import catalog
@@ -202,7 +203,7 @@ def test_full_disk_and_read_only_folder_cost_a_message_not_latest(rs, tmp_path):
         ck.save(root=root, rankset=rs)  # the good one
         rs.execute("_ci_train(1); from workbench.engine.checkpoint import save as _ci_save; "
                    "_ci_save.DRILL['before_write'] = 2.0", timeout=60)
-        call = rs.submit(ck._on_rank, "rank_save", root)
+        call = rs.submit(rpc.handle, rpc.SaveCheckpoint(root=root))
         time.sleep(0.5)  # the ranks passed the free-space check and wait before writing: fill the disk
         with open(os.path.join(root, "filler"), "wb") as fh:
             with contextlib.suppress(OSError):
@@ -238,7 +239,7 @@ def test_autosaving_run_trains_through_a_failed_save_and_shows_it(ranks2, tmp_pa
             ck.autosave(2, keep=2, async_=True, root=root, rankset=rs)
             run = training.start(2, rankset=rs)
             training.wait(rankset=rs, timeout=120)
-            rs.apply(ck._on_rank, "rank_wait")
+            rs.apply(rpc.handle, rpc.WaitForSave())
             assert [m.step for _, m in catalog.entries(root)] == [2]
             subprocess.run(["mount", "-o", "remount,ro", root], check=True)
             run = training.start(4, rankset=rs)  # saves at 4 and 6 fail: training goes on

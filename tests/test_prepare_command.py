@@ -90,13 +90,13 @@ def test_layout_under_ddp_is_full_shares(shell, ranks):
 
 def test_layout_tensor_under_tp_shows_column_and_row_split(shell, ranks):
     from workbench.notebook.dashboard.layout_figure import tensor_blocks
-    from workbench.notebook.commands.prepare import _layout
+    from workbench.engine import rpc
 
     assert run(shell, BUILD).success
     assert run(shell, "%distrain prepare tp").success
     fig = run(shell, "%distrain layout --tensor layers.0.attention.wq.weight").result
     assert "Shard(0)" in fig.layout.title.text and len(fig.layout.shapes) == 4
-    layouts = ranks.apply(_layout)
+    layouts = ranks.apply(rpc.handle, rpc.Layout())
     # column-parallel wq (weight [out, in]): rows split, one quarter per rank
     _, _, blocks = tensor_blocks(layouts, "layers.0.attention.wq.weight")
     assert list(blocks) == [((i * 32, (i + 1) * 32), (0, 128)) for i in range(4)]

@@ -112,7 +112,13 @@ def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout
                 f"pick another --name, or `%distrain stop --name {name}` first")
     sess = KERNEL.add(name)
     sess.own_folder = name != DEFAULT
-    previous, KERNEL.current_name = KERNEL.current_name, name  # stop() cancels a queued start
+    return _launch(sess, config, progress)
+
+
+def _launch(sess: Session, config: RankSetConfig, progress=None) -> RankSet:
+    """Start ``config``'s ranks for ``sess`` and make it current."""
+    previous = (KERNEL.pinned, KERNEL.current_name)
+    KERNEL.make_current(sess)  # stop() from another thread cancels a start queued meanwhile
 
     def created(rs):
         sess.starting = rs
@@ -120,12 +126,11 @@ def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout
     try:
         rs = RankSet.start(config, progress=progress, on_created=created)
     except BaseException:
-        KERNEL.current_name = previous
+        KERNEL.pinned, KERNEL.current_name = previous
         raise
     finally:
         sess.starting = None
     sess.rankset, sess.started_run = rs, None
-    KERNEL.current_name = name
     for fn in KERNEL.listeners["started"]:
         fn(rs)
     return rs
@@ -166,7 +171,7 @@ def restart(n: int | None = None, **overrides) -> RankSet:
     config = dataclasses.replace(config, **changes)
     config.validate()
     stop()
-    return start(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}, name=sess.name)
+    return _launch(sess, config)
 
 
 def status() -> list[dict]:

@@ -69,11 +69,19 @@ class Sessions:
     def __init__(self) -> None:
         self.by_name: dict[str, Session] = {}
         self.current_name: str | None = None
-        self.loose: dict[int, Session] = {}  # rank sets made outside start() (tests, scripts)
+        self.pinned: Session | None = None  # a set made outside start(), current for a while (`using`)
+        self.loose: dict[int, Session] = {}  # sessions of rank sets made outside start() (tests, scripts)
         self.listeners: dict[str, list] = {"started": [], "stopping": [], "check": []}
 
     def current(self) -> Session | None:
+        if self.pinned is not None:
+            return self.pinned
         return self.by_name.get(self.current_name) if self.current_name else None
+
+    def make_current(self, sess: Session) -> None:
+        if sess is not self.pinned:
+            self.pinned = None
+            self.current_name = sess.name
 
     def get(self, name: str) -> Session:
         if name not in self.by_name:
@@ -93,9 +101,11 @@ class Sessions:
         for sess in self.by_name.values():
             if sess.rankset is rankset:
                 return sess
+        if self.pinned is not None and self.pinned.rankset is rankset:
+            return self.pinned
         sess = self.loose.get(id(rankset))
         if sess is None or sess.rankset is not rankset:
-            sess = self.loose[id(rankset)] = Session(f"rankset-{id(rankset):x}", rankset)
+            sess = self.loose[id(rankset)] = Session(f"rankset_{id(rankset):x}", rankset)
         return sess
 
     def running(self) -> list[str]:
@@ -115,26 +125,20 @@ def of(rankset) -> Session:
 
 
 class using:
-    """``with using(rankset):`` makes ``rankset`` the current set for the block (a session
-    named ``name``, default the set's own), then restores what was current."""
+    """``with using(rankset):`` makes a rank set started outside :func:`api.start` (a test's
+    shared set, a script's) the current one for the block, or with ``None`` none; what was
+    current before comes back after. The named sessions are left as they are."""
 
-    def __init__(self, rankset, name: str | None = None) -> None:
-        self.rankset, self.name = rankset, name
+    def __init__(self, rankset) -> None:
+        self.rankset = rankset
 
     def __enter__(self):
-        self.previous = KERNEL.current_name
+        self.previous = (KERNEL.pinned, KERNEL.current_name)
         if self.rankset is None:
-            KERNEL.current_name = None
+            KERNEL.pinned, KERNEL.current_name = None, None
             return None
-        sess = KERNEL.of(self.rankset)
-        name = self.key = self.name or sess.name
-        self.added = name not in KERNEL.by_name
-        KERNEL.by_name[name] = sess
-        sess.name = name
-        KERNEL.current_name = name
-        return sess
+        KERNEL.pinned = KERNEL.of(self.rankset)
+        return KERNEL.pinned
 
     def __exit__(self, *exc) -> None:
-        if self.rankset is not None and self.added:
-            KERNEL.by_name.pop(self.key, None)
-        KERNEL.current_name = self.previous
+        KERNEL.pinned, KERNEL.current_name = self.previous

@@ -7,7 +7,7 @@ even by a rank blocked in C) and reports, once per stall, which ranks are stuck 
 where: a rank whose training thread waits in a collective is waiting for the others;
 a rank whose training thread is anywhere else (a hook, the data loader, a lock) is the
 one holding everybody up. Nothing is killed or paused. The report is printed, kept in
-``workbench.notebook.training.hangs`` and put into the run's stream as a log event (rank -1).
+the session's ``hangs`` (``workbench.session().hangs``) and put into the run's stream as a log event (rank -1).
 """
 from __future__ import annotations
 
