@@ -110,7 +110,7 @@ def parts_written(root: str) -> bool:
 
 
 def test_kill_during_sync_save_and_during_async_save_keeps_latest(fresh_ranks, tmp_path):
-    from workbench.notebook.checkpoints import _on_rank
+    from workbench.engine import rpc
 
     root = str(tmp_path)
     rs = fresh_ranks(2)
@@ -121,7 +121,7 @@ def test_kill_during_sync_save_and_during_async_save_keeps_latest(fresh_ranks, t
 
     # 1. sync save: every part on disk, then rank 1 is killed before the commit
     rs.execute(DRILL, timeout=30)
-    call = rs.submit(_on_rank, "rank_save", root)
+    call = rs.submit(rpc.handle, rpc.SaveCheckpoint(root=root))
     wait_for(lambda: parts_written(root), 60, "the save's parts")
     rs.signal_rank(1, signal.SIGKILL)
     with pytest.raises(RankDied, match=r"rank 1 .* killed by SIGKILL"):

@@ -98,18 +98,17 @@ def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout
                            python=python, slurm=slurm)
     config.validate()
     if name is None:
-        name = KERNEL.current_name or DEFAULT
-        taken = KERNEL.by_name.get(name)
+        taken = KERNEL.current()
+        name = taken.name if taken is not None and taken is not KERNEL.pinned else DEFAULT
         if taken is not None and taken.running:
             raise AlreadyRunning(
                 f"{taken.rankset.world_size} ranks are already running: use `%distrain restart -n {n}` "
                 "to replace them, `%distrain stop` first, or `--name NAME` for a second set beside them")
-    else:
-        taken = KERNEL.by_name.get(name)
-        if taken is not None and taken.running:
-            raise AlreadyRunning(
-                f"a rank set named {name!r} is already running ({taken.rankset.world_size} ranks): "
-                f"pick another --name, or `%distrain stop --name {name}` first")
+    taken = KERNEL.by_name.get(name)
+    if taken is not None and taken.running:
+        raise AlreadyRunning(
+            f"a rank set named {name!r} is already running ({taken.rankset.world_size} ranks): "
+            f"pick another --name, or `%distrain stop --name {name}` first")
     sess = KERNEL.add(name)
     sess.own_folder = name != DEFAULT
     return _launch(sess, config, progress)
