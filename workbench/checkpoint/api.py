@@ -27,11 +27,11 @@ def _on_rank(name: str, *args, **kwargs):
     return getattr(checkpoint_hooks, name)(*args, **kwargs)
 
 
-def _next_version() -> int:
-    """Runs on a rank: the trainer's next change version (1 where no trainer runs)."""
-    from workbench.engine import trainer
+def _stage_autosave(version: int) -> bool:
+    """Runs on a rank: stage the installed auto-save hook on the trainer (see :mod:`workbench.engine.staging`)."""
+    from workbench.engine import checkpoint_hooks
 
-    return trainer.current().next_version() if trainer._CURRENT is not None else 1
+    return checkpoint_hooks.stage_autosave(version)
 
 
 def _export_on_rank(folder: str, path: str, dtype, hf: bool = False):
@@ -257,9 +257,9 @@ def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str
         rs.apply(_on_rank, "set_autosave", get_dir(root), every, keep, async_)
     # on a trainer (running or not) the hook changes at one agreed step on every rank:
     # staged everywhere first, then committed (a new Trainer picks it up by itself)
-    version = max(v for v in rs.apply(_next_version))
-    if any(rs.apply(_on_rank, "attach_autosave_to_trainer", version)):
-        rs.apply(_on_rank, "commit_trainer", version)
+    from ..engine import staging
+
+    staging.change_on_ranks(rs, _stage_autosave)
     return _AUTOSAVE
 
 
