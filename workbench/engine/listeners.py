@@ -53,6 +53,12 @@ def current_trainer():
     return _TRAINER
 
 
+def forget_trainer() -> None:
+    """No trainer on this rank any more (tests, a rank set handed back clean)."""
+    global _TRAINER
+    _TRAINER = None
+
+
 def trainer_built(trainer) -> None:
     global _TRAINER
     _TRAINER = trainer
