@@ -304,6 +304,4 @@ def test_strategy_capabilities_pick_the_trainer_path_on_real_ranks(rs, strategy)
     assert training.wait(rankset=rs, timeout=120) == {0: "finished", 1: "finished"}
     if strategy == "ddp":  # gradients all-reduced on the last micro-batch only (DDP's no_sync on the first)
         w = wide(run)
-        assert (w["comm/all_reduce/count"] >= 1).all()
-        print("ARB", w.filter(like="all_reduce").to_dict("list"))
-        assert w["comm/all_reduce/bytes"].max() <= PARAM_BYTES * 1.01
+        assert (w["comm/all_reduce/count"] == 1).all() and (w["comm/all_reduce/bytes"] == PARAM_BYTES).all()
