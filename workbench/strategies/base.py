@@ -242,13 +242,6 @@ class Prepared:
         self.steps += 1
         return float(all_reduce_mean(loss.detach(), self.loss_group))
 
-    @torch.no_grad()
-    def eval_loss(self, batch) -> float:
-        x, y = (t.to(self.device) for t in batch)
-        with self._autocast_ctx():
-            out = self.model(x)
-        return float(all_reduce_mean(self.loss_fn(out, y), self.loss_group))
-
     def no_sync(self):
         """A context in which backward does not sync gradients (DDP's ``no_sync``; nothing to
         skip for strategies without data-parallel gradient sync)."""

@@ -241,6 +241,3 @@ class PipelinePrepared(Prepared):
             dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
         return float(all_reduce_mean(loss, self.loss_group))
 
-    @torch.no_grad()
-    def eval_loss(self, batch) -> float:
-        raise PrepareError("eval_loss is not implemented for pipeline parallel; use train_step's loss, or a 'none' copy")

@@ -12,7 +12,7 @@ from .. import api
 from .collector import Collector
 from .store import EventStore, Thinned
 
-__all__ = ["Collector", "EventStore", "Thinned", "attach", "for_current", "detach", "stream_of"]
+__all__ = ["Collector", "EventStore", "Thinned", "attach", "detach", "stream_of"]
 
 _STREAMS: dict[int, tuple[object, Collector]] = {}
 _LAST: list = [None]  # the store of the latest rank set, still readable after it stopped
@@ -48,10 +48,6 @@ def attach(rankset) -> Collector:
 def stream_of(rankset) -> Collector | None:
     entry = _STREAMS.get(id(rankset))
     return entry[1] if entry is not None and entry[0] is rankset else None
-
-
-def for_current() -> Collector:
-    return attach(api.current())
 
 
 def last_store() -> EventStore | None:
