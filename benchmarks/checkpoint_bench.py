@@ -14,12 +14,18 @@ exists), then ``runs`` times each, alternating saves that record a checksum per 
   staging storage, apply (``verify_s`` is the first part); ``staging MB`` is the extra
   memory a rank holds during a load (one copy of its model + optimizer state).
 
-Blocked time is the slowest rank's. Medians over ``runs``. Target: async blocks <= 1/4
-of sync, with checksums. Before the saves: the checksum candidates' throughput on one
+- training while async saves are written: ``--steps`` training steps with an async
+  auto-save every ``--every`` steps (``checkpoint_hooks.set_autosave``, as ``ckpt autosave``
+  does) against the same steps with no checkpointing, alternating which goes first; steps/s
+  is the slowest rank's, counted until the last step ends (the last write may still run).
+
+Blocked time is the slowest rank's. Medians over ``runs``. Targets: async blocks <= 1/4
+of sync, with checksums; steps/s while async saves are written >= 0.9 of steps/s without
+(issue: "steps/s of training while an async save is being written vs without (target: >= 0.9)"). Before the saves: the checksum candidates' throughput on one
 core over the ~largest checkpoint file (crc32 from zlib, sha256 from hashlib, xxh3_64
 from xxhash). Results: ``benchmarks/results/checkpoint-*.json`` (``--pool``: every saved run; ``--quick``: checks the script only). Usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs 3] [--models tiny,m100] [--ranks 2,4]
+    OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs 3] [--models tiny,m100] [--ranks 2,4] [--steps 40 --every 10]
 """
 from __future__ import annotations
 
@@ -52,6 +58,22 @@ _x = torch.randint(0, 256, (2, 16))
 _prep.train_step((_x, _x))
 _state.step = 1
 _nparams = sum(p.numel() for p in _prep.unwrap().parameters())
+
+
+def _timed_steps(n, root, every):
+    # seconds for n training steps, with an async auto-save every `every` steps (0: none)
+    import time
+    from workbench.engine.checkpoint import save as _save
+    ch.set_autosave(root if every else None, every or None, keep=2, async_=True)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            ch.step_done(_prep.train_step((_x, _x)))
+        seconds = time.perf_counter() - t0
+        _save.wait()
+        return seconds
+    finally:
+        ch.set_autosave(None, None)
 """
 
 
@@ -62,7 +84,7 @@ def _set_checksum(algo):
     return algo
 
 
-def bench(model: str, n: int, runs: int) -> dict:
+def bench(model: str, n: int, runs: int, steps: int = 40, every: int = 10) -> dict:
     from workbench.shared.checkpoint import integrity
 
     rs = RankSet.start(n=n, backend="gloo", threads=1)
@@ -93,10 +115,21 @@ def bench(model: str, n: int, runs: int) -> dict:
                         out["largest_file"] = _largest(os.path.join(root, f"async{i}"))
                 for name in (f"sync{i}", f"async{i}"):
                     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            auto_root = os.path.join(root, "auto")
+            for mode, k in (("saving", every), ("plain", 0)) if i % 2 == 0 else (("plain", 0), ("saving", every)):
+                rs.execute(f"_ts = _timed_steps({steps}, {auto_root!r}, {k})", timeout=1800)
+                m.setdefault(f"train_{mode}", []).append(max(rs.pull("_ts")))
+            shutil.rmtree(auto_root, ignore_errors=True)
         med = statistics.median
         for k, v in m.items():
             out[f"{k}_s"] = med(v)
             out[f"{k}_all_s"] = v
+        out["train_steps"], out["train_save_every"] = steps, every
+        out["steps_per_s_saving"] = steps / out["train_saving_s"]
+        out["steps_per_s_plain"] = steps / out["train_plain_s"]
+        # per round (same round, either order), then the median of the rounds
+        out["steps_per_s_ratio_all"] = [p / s for p, s in zip(m["train_plain"], m["train_saving"])]
+        out["steps_per_s_ratio"] = med(out["steps_per_s_ratio_all"])
         out["async_over_sync"] = out["checksum_async_blocked_s"] / out["checksum_sync_s"]
         out["async_over_sync_sizes_only"] = out["sizes_async_blocked_s"] / out["sizes_sync_s"]
         out["checksum_added_sync_s"] = out["checksum_sync_s"] - out["sizes_sync_s"]
@@ -151,9 +184,13 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--models", default="tiny,m100")
     p.add_argument("--ranks", default="2,4")
+    p.add_argument("--steps", type=int, default=40, help="training steps timed with and without async auto-saves")
+    p.add_argument("--every", type=int, default=10, help="auto-save every N of those steps")
     p.add_argument("--quick", action="store_true", help="the tiny model on 2 ranks, 1 run: checks the script only")
     p.add_argument("--pool", action="store_true", help="report every saved run; run nothing")
     a = p.parse_args(argv)
+    if a.every < 1 or a.steps < a.every:
+        p.error(f"--every {a.every} --steps {a.steps}: give --every >= 1 and --steps >= --every (at least one save)")
     if a.pool:
         return results.pool_report("checkpoint")
     if a.quick:
@@ -163,7 +200,7 @@ def main(argv=None) -> int:
     speed = None
     for model in a.models.split(","):
         for n in (int(x) for x in a.ranks.split(",")):
-            rows.append(bench(model, n, a.runs))
+            rows.append(bench(model, n, a.runs, a.steps, a.every))
             big = rows[-1].pop("largest_file", None)
             if big:
                 sp = checksum_speed(big, a.runs)
@@ -187,6 +224,14 @@ def main(argv=None) -> int:
               f"{r['verify_s']:>9.3f} {r['staging_mb']:>11.1f}")
         run.target(f"{r['model']} x{r['ranks']} async blocked / sync save (checksums on)", r["async_over_sync"],
                    "<=", 0.25)
+    print(f"training while async saves are written: {a.steps} steps, an auto-save every {a.every}, "
+          "against the same steps without checkpoints (median of the rounds' ratios)")
+    for r in rows:
+        print(f"{r['model']:<6} x{r['ranks']}: {r['steps_per_s_saving']:.2f} steps/s saving, "
+              f"{r['steps_per_s_plain']:.2f} without: ratio {r['steps_per_s_ratio']:.3f} "
+              f"(rounds {', '.join(f'{x:.3f}' for x in r['steps_per_s_ratio_all'])})")
+        run.target(f"{r['model']} x{r['ranks']} steps/s while async saves are written / without", r["steps_per_s_ratio"],
+                   ">=", 0.9)
     run.rounds, run.summary = rows, {"checksum_speed": speed}
     return run.finish()
 

@@ -48,7 +48,7 @@ def clean_trainer() -> bool:
     the next test finds them as a fresh user would.
     """
     from workbench.engine.checkpoint import save
-    from workbench.engine import checkpoint_hooks, comm_timing, trainer
+    from workbench.engine import checkpoint_hooks, comm_timing, listeners, trainer
 
     t = trainer._CURRENT
     if t is not None:
@@ -56,6 +56,7 @@ def clean_trainer() -> bool:
         t.resume()
         t.wait(30)
     trainer._CURRENT = None
+    listeners.forget_trainer()
     comm_timing.uninstall()
     checkpoint_hooks.set_autosave(None, None)
     save.wait()

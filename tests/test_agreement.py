@@ -78,7 +78,8 @@ def _both_transports(rank_flags, loss):
         a = agreement.Agreement(channel, generation=123456789 + len(out), world_size=2)
         pending = a.with_loss(rank_flags, loss)
         flags, mean, _ = pending.result()
-        out[name] = (channel.transport, flags, mean, a.flags([0, 1, 0, 0])[0])
+        later = a.flags(agreement.Flags(pause=1))[0]
+        out[name] = (channel.transport, flags._asdict(), mean, later._asdict())
     return out
 
 
@@ -86,7 +87,10 @@ def _on_rank():
     from workbench.engine import runtime
 
     r = runtime.context().rank
-    return _both_transports([0, r, 3 - r, 0], float(r + 1)), sorted(os.listdir("/dev/shm"))
+    from workbench.engine.agreement import Flags
+
+    return _both_transports(Flags(stop=0, pause=r, version=3 - r, reason=0, hooks_due=r), float(r + 1)), \
+        sorted(os.listdir("/dev/shm"))
 
 
 def test_shared_memory_and_gloo_agree_alike_on_real_ranks(ranks2):
@@ -95,5 +99,7 @@ def test_shared_memory_and_gloo_agree_alike_on_real_ranks(ranks2):
         assert res["board"][0] == "shared memory" and res["gloo"][0] == "gloo"
         for name in ("board", "gloo"):
             _, flags, mean, later = res[name]
-            assert flags == [0, 1, 3, 0] and mean == 1.5 and later == [0, 1, 0, 0], name
+            # each flag the maximum over the ranks, read back by its name
+            assert flags == {"stop": 0, "pause": 1, "version": 3, "reason": 0, "hooks_due": 1}, name
+            assert mean == 1.5 and later == {"stop": 0, "pause": 1, "version": 0, "reason": 0, "hooks_due": 0}, name
     assert not [f for f in shm0 if f.startswith("workbench-agreement")]  # unlinked once opened everywhere

@@ -39,6 +39,36 @@ for _n in [n for n in list(globals()) if n.startswith('_ck_')]:
 """
 
 
+LIVE = """
+import torch
+_ck_x = torch.arange(16).view(1, 16) % _ck_model.cfg.vocab
+_ck_live = {n: p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+            for n, p in _ck_model.named_parameters()}
+with torch.no_grad():
+    _ck_logits = _ck_model.eval()(_ck_x)
+_ck_logits = _ck_logits.full_tensor() if hasattr(_ck_logits, "full_tensor") else _ck_logits
+_ck_model.train()
+"""
+
+
+def assert_export_is_the_model(tensors: dict, live: dict, logits):
+    """Every exported tensor equals the live model's parameter (full shape, same values), and a
+    fresh GPT given the export computes the live model's logits."""
+    import torch
+
+    from workbench.models import GPT, GPTConfig
+
+    assert sorted(tensors) == sorted(live)
+    for name, value in live.items():
+        assert tensors[name].shape == value.shape and torch.equal(tensors[name], value), name
+    fresh = GPT(GPTConfig.tiny())
+    missing, unexpected = fresh.load_state_dict(tensors, strict=False)
+    assert not unexpected and all(n not in dict(fresh.named_parameters()) for n in missing), (missing, unexpected)
+    with torch.no_grad():
+        got = fresh.eval()(torch.arange(16).view(1, 16) % fresh.cfg.vocab)
+    assert torch.allclose(got, logits, rtol=1e-5, atol=1e-6)
+
+
 def build(rs, spec="ddp", cfg="", opt="AdamW"):
     rs.execute(BUILD.format(spec=spec, cfg=cfg, opt=opt), timeout=120)
 
@@ -107,9 +137,29 @@ def test_magics_async_save_list_load_export_delete(shell, clean4, tmp_path):
     tensors = load_file(str(out))
     names = clean4.execute("_ck_names = sorted(n for n, _ in _ck_model.named_parameters())") and clean4.pull("_ck_names")[0]
     assert sorted(tensors) == names
+    # by value: the export of "three" is the model as "three" loads it back on the ranks, and a
+    # fresh model given the exported tensors computes the same logits as the live one
+    shell.run_line_magic("distrain", "ckpt load three")
+    clean4.execute(LIVE, timeout=60)
+    live, logits = clean4.pull("_ck_live")[0], clean4.pull("_ck_logits")[0]
+    assert_export_is_the_model(tensors, live, logits)
     shell.run_line_magic("distrain", "ckpt delete three")
     assert list(ck.list(str(tmp_path))["name"]) == ["step-00000002"]
     catalog.set_default_dir("checkpoints")
+
+
+def test_export_of_a_sharded_fsdp2_checkpoint_is_the_model_by_value(clean2, tmp_path):
+    """An FSDP2 checkpoint (each rank holds a shard) exports full tensors equal to the
+    gathered live parameters; a fresh model on them gives the live logits."""
+    build(clean2, "fsdp2")
+    clean2.execute("_ck_train(2)", timeout=120)
+    ck.save(root=str(tmp_path), rankset=clean2)
+    out = tmp_path / "model.safetensors"
+    ck.export(str(out), root=str(tmp_path), rankset=clean2)
+    clean2.execute(LIVE, timeout=60)
+    from safetensors.torch import load_file
+
+    assert_export_is_the_model(load_file(str(out)), clean2.pull("_ck_live")[0], clean2.pull("_ck_logits")[0])
 
 
 def test_incompatible_model_is_refused_naming_the_tensors(clean2, tmp_path):

@@ -130,7 +130,12 @@ def test_train_magics_on_four_ranks(shell, ranks4, capsys, tmp_path):
         workbench.export_metrics(tmp_path / "m.csv")
         import pandas as pd
 
-        assert len(pd.read_parquet(tmp_path / "m.parquet")) == len(tidy) == len(pd.read_csv(tmp_path / "m.csv"))
+        # by value: the files hold the frame metrics() gives, row for row
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "m.parquet"), tidy.reset_index(drop=True))
+        from_csv = pd.read_csv(tmp_path / "m.csv")
+        assert list(from_csv.columns) == list(tidy.columns) and len(from_csv) == len(tidy)
+        numeric = [c for c in tidy.columns if pd.api.types.is_numeric_dtype(tidy[c])]
+        pd.testing.assert_frame_equal(from_csv[numeric], tidy[numeric].reset_index(drop=True), check_dtype=False)
     finally:
         ranks4.apply(clean_trainer, timeout=60)
     out, _ = capsys.readouterr()

@@ -231,3 +231,79 @@ def test_user_loop_reports_with_one_call(rs):
 def test_no_trainer_is_a_clear_error(rs):
     with pytest.raises(Exception, match="no trainer on this rank"):
         rs.apply(control.start, 3)
+
+
+def _listen():
+    """On each rank: a listener that records what the trainer announces."""
+    from workbench.engine import listeners
+
+    class Recorder(listeners.TrainerListener):
+        def __init__(self):
+            self.seen = []
+
+        def trainer_built(self, trainer):
+            self.seen.append(("built", trainer.run))
+
+        def step_begun(self, trainer, step):
+            self.seen.append(("begun", step))
+
+        def step_ended(self, trainer, record):
+            self.seen.append(("ended", record["step"], math.isfinite(record["loss"])))
+
+        def state_changed(self, trainer, state, reason):
+            self.seen.append(("state", state))
+
+    listeners.RECORDER = Recorder()
+    listeners.subscribe(listeners.RECORDER)
+
+
+def _heard():
+    from workbench.engine import listeners
+
+    listeners.unsubscribe(listeners.RECORDER)
+    return listeners.RECORDER.seen, trainer.current().run
+
+
+def test_trainer_announces_itself_its_steps_and_states_to_listeners(rs):
+    rs.apply(_listen)
+    training.setup("ddp", rankset=rs)
+    training.start(3, rankset=rs)
+    assert training.wait(rankset=rs, timeout=60) == {0: "finished", 1: "finished"}
+    for seen, run in rs.apply(_heard):
+        assert seen == [("built", run), ("state", "running"),
+                        ("begun", 1), ("ended", 1, True), ("begun", 2), ("ended", 2, True),
+                        ("begun", 3), ("ended", 3, True), ("state", "finished")]
+
+
+def _capabilities(accum: int):
+    from workbench.strategies.base import Prepared
+
+    t = trainer.current()
+    p = t.prepared
+    return {"own_train_step": p.own_train_step, "reduce_scatter": p.reduce_scatter, "engine_state": p.engine_state,
+            "whole_step": t._whole_step, "gloo_note": any("gloo has no real reduce-scatter" in n for n in t.notes),
+            "own_no_sync": type(p).no_sync is not Prepared.no_sync}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero"])
+def test_strategy_capabilities_pick_the_trainer_path_on_real_ranks(rs, strategy):
+    """The trainer picks its step, its gradient-sync skipping and its notes from what the
+    Prepared declares: ddp and fsdp2 run the trainer's decomposed step (fsdp2 reduce-scatters,
+    with its own no-sync), zero runs DeepSpeed's own step and keeps its state in the engine."""
+    if strategy == "zero":
+        pytest.importorskip("deepspeed")
+    training.setup(strategy, rankset=rs, grad_accum=2)
+    caps = rs.apply(_capabilities, 2)
+    assert caps[0] == caps[1]
+    want = {"ddp": dict(own_train_step=False, reduce_scatter=False, engine_state=False, whole_step=False,
+                        gloo_note=False, own_no_sync=False),
+            "fsdp2": dict(own_train_step=False, reduce_scatter=True, engine_state=False, whole_step=False,
+                          gloo_note=True, own_no_sync=True),
+            "zero": dict(own_train_step=True, reduce_scatter=False, engine_state=True, whole_step=True,
+                         gloo_note=False, own_no_sync=False)}[strategy]
+    assert caps[0] == want
+    run = training.start(2, rankset=rs)
+    assert training.wait(rankset=rs, timeout=120) == {0: "finished", 1: "finished"}
+    if strategy == "ddp":  # gradients all-reduced on the last micro-batch only (DDP's no_sync on the first)
+        w = wide(run)
+        assert (w["comm/all_reduce/count"] == 1).all() and (w["comm/all_reduce/bytes"] == PARAM_BYTES).all()

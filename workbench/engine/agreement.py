@@ -2,7 +2,7 @@
 
 Why agree at all: a pause that reached rank 0 before rank 1 must still stop both at the
 same step (DDP/FSDP collectives would otherwise mismatch and hang). Each rank holds
-flags ``[stop, pause, set_version, reason]``; the ranks act on their maximum, so a
+:class:`Flags` (stop, pause, version, reason, hooks_due); the ranks act on their maximum, so a
 request from ANY rank wins everywhere (a step hook on one rank can pause the whole run).
 
 Why in one exchange with the loss: the trainer also needs the loss averaged over the
@@ -34,6 +34,7 @@ import tempfile
 import time
 import uuid
 import zlib
+from typing import NamedTuple
 
 import torch
 
@@ -44,6 +45,16 @@ SLOTS = 4  # a rank is at most one agreement ahead of the slowest: 2 would do
 _HEAD = 2  # generation, number
 _ROW = _HEAD + WIDTH + 1  # ... and a CRC of the rest
 TIMEOUT_S = 1800.0  # gloo's default collective timeout: a peer that never comes is an error
+
+
+class Flags(NamedTuple):
+    """What the ranks agree on each step (each the maximum over the ranks)."""
+
+    stop: int = 0  # end the run
+    pause: int = 0  # pause before the next step
+    version: int = 0  # highest committed change version (:mod:`.staging`)
+    reason: int = 0  # why it pauses (a key of the trainer's REASONS)
+    hooks_due: int = 0  # a step hook that may pause runs after this step on some rank
 
 
 class Board:
@@ -272,19 +283,19 @@ class Agreement:
         else:
             self._loss_rows = sorted(dist.get_process_group_ranks(loss_group))
 
-    def flags(self, local: list[int]) -> tuple[list[int], float]:
+    def flags(self, local: Flags) -> tuple[Flags, float]:
         """The agreed flags (max over ranks) and the seconds it took."""
         t0 = time.perf_counter()
         if self.group is None:
-            return list(local), 0.0
+            return Flags(*local), 0.0
         if self.board is not None:
             flags, _ = Pending(self, [0.0, *local]).table()
             return flags, time.perf_counter() - t0
         t = torch.tensor(local, dtype=torch.int64)
         comm_timing.original("all_reduce")(t, op=torch.distributed.ReduceOp.MAX, group=self.group)
-        return t.tolist(), time.perf_counter() - t0
+        return Flags(*t.tolist()), time.perf_counter() - t0
 
-    def with_loss(self, local: list[int], loss: float) -> "Pending":
+    def with_loss(self, local: Flags, loss: float) -> "Pending":
         """Start agreeing on ``local`` flags and ``loss``; ``.result()`` gives the agreed
         flags, the loss averaged over this rank's loss group and the seconds it waited.
 
@@ -313,7 +324,7 @@ class Pending:
             self._rows = [torch.empty_like(t) for _ in range(a.world_size)]
             self._work = comm_timing.original("all_gather")(self._rows, t, group=a.group, async_op=True)
 
-    def table(self) -> tuple[list[int], list[list[float]]]:
+    def table(self) -> tuple[Flags, list[list[float]]]:
         """The agreed flags and every rank's row."""
         a = self._agreement
         if a.group is None:
@@ -324,10 +335,10 @@ class Pending:
             self._work.wait()
             rows = [r.tolist() for r in self._rows]
         width = len(self._row) - 1
-        flags = [int(max(r[1 + i] for r in rows)) for i in range(width)]
+        flags = Flags(*(int(max(r[1 + i] for r in rows)) for i in range(width)))
         return flags, rows
 
-    def result(self) -> tuple[list[int], float, float]:
+    def result(self) -> tuple[Flags, float, float]:
         t0 = time.perf_counter()
         flags, rows = self.table()
         picked = [rows[i] for i in self._agreement._loss_rows] if self._agreement._loss_rows else rows

@@ -8,18 +8,21 @@ A rank says what it trains once::
         checkpoint_hooks.step_done(loss)               # step += 1; runs auto-save
 
 ``%distrain ckpt save|load`` then call :func:`rank_save` / :func:`rank_load` on every
-rank. :func:`autosave` makes a trainer step hook (``trainer.add_hook(fn)``) that saves
-every N steps and keeps the newest K auto-saves.
+rank. :func:`autosave` makes a step hook that saves every N steps and keeps the newest K
+auto-saves; on a trainer it runs as a :class:`~.listeners.TrainerListener` (this module
+never imports the trainer: it learns of it from :mod:`.listeners`).
 """
 from __future__ import annotations
 
 import math
+import threading
 
 from ..shared.checkpoint import catalog
 from .checkpoint import load as _load
 from .checkpoint import save as _save
 from ..shared.checkpoint.integrity import DamagedCheckpoint
 from .checkpoint.state import Target, TrainState, target_from_prepared
+from . import listeners
 
 __all__ = ["track", "target", "state", "step_done", "rank_save", "rank_load", "rank_verify", "rank_wait",
            "autosave", "set_autosave", "TrainState", "untrack", "LAST_AUTOSAVE"]
@@ -50,15 +53,8 @@ def untrack() -> None:
 
 
 def _trainer():
-    """This rank's trainer (``workbench.engine.trainer``), or None."""
-    try:
-        from . import trainer as tr
-    except ImportError:
-        return None
-    try:
-        return tr.current()
-    except Exception:
-        return None
+    """This rank's newest trainer, or None."""
+    return listeners.current_trainer()
 
 
 def _trainer_for(t: Target | None):
@@ -103,50 +99,43 @@ def _sync_to_trainer(t: Target) -> str | None:
     tr = _trainer_for(t)
     if tr is None:
         return None
-    tr.step = int(t.state.step)
-    note = tr.restore_data(t.state.data, tr.step)
-    tr.target = max(int(getattr(tr, "target", 0)), tr.step)
-    if hasattr(tr, "history"):
-        tr.history.clear()
-    tr.last = {"step": tr.step, "loss": t.state.loss}
-    return note
+    return tr.restore_position(t.state.step, t.state.data, t.state.loss)
 
 
-class _PausedTrainer:
-    """Pause a running trainer at a step boundary (on every rank) for a save or load."""
+class _PausedTrainer(listeners.TrainerListener):
+    """Pause a running trainer at a step boundary (on every rank) for a save or load: asks
+    for the pause, then waits to hear the trainer leave "running"."""
 
     def __init__(self, t: Target, timeout: float = 120.0):
         self.tr = _trainer_for(t)
         self.timeout = timeout
         self.resume = False
+        self._left_running = threading.Event()
+
+    def state_changed(self, trainer, state: str, reason: str) -> None:
+        if trainer is self.tr and state != "running":
+            self._left_running.set()
 
     def __enter__(self):
-        import time
-
         tr = self.tr
-        if tr is None or tr.state != "running" or getattr(tr, "_thread", None) is None:
+        if tr is None or tr.state != "running" or not tr.looping:
             return self
-        if threading_current_is(tr):
+        if tr.on_training_thread():
             return self  # called from the training thread itself (a step hook): already between steps
-        tr.pause("checkpoint")
-        self.resume = True
-        deadline = time.monotonic() + self.timeout
-        while tr.state == "running" and tr._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if tr.state == "running" and tr._thread.is_alive():
-            raise TimeoutError(f"rank {tr.rank}: the trainer did not pause within {self.timeout} s")
+        listeners.subscribe(self)
+        try:
+            tr.pause("checkpoint")
+            self.resume = True
+            if tr.state == "running" and tr.looping and not self._left_running.wait(self.timeout):
+                raise TimeoutError(f"rank {tr.rank}: the trainer did not pause within {self.timeout} s")
+        finally:
+            listeners.unsubscribe(self)
         return self
 
     def __exit__(self, *exc):
         if self.resume and self.tr.state == "paused":
             self.tr.resume()
         return False
-
-
-def threading_current_is(tr) -> bool:
-    import threading
-
-    return getattr(tr, "_thread", None) is threading.current_thread()
 
 
 def target() -> Target:
@@ -275,36 +264,41 @@ def set_autosave(root: str | None, every: int | None, keep: int = 3, async_: boo
     return _AUTOSAVE
 
 
-def attach_autosave_to_trainer(version: int | None = None) -> bool:
-    """Put the installed auto-save hook (or none) on this rank's trainer, replacing an earlier one.
+class AutoSaver(listeners.TrainerListener):
+    """Runs the installed auto-save hook after the steps of the trainer it follows; a new
+    trainer takes over the hook installed at the time it is built."""
 
-    Called by every new Trainer, and by ``%distrain ckpt autosave`` with ``version``: then
-    the swap is staged and happens when the notebook commits ``version``, at the same step
-    on every rank (a hook added on one rank a step before another would make that rank
-    save alone and wait for the others forever). True when a trainer runs here.
-    """
+    def __init__(self):
+        self.trainer = None  # the trainer whose steps it saves
+        self.hook = None  # the auto-save hook on it (None: no auto-save)
+
+    def trainer_built(self, trainer) -> None:
+        self.trainer, self.hook = trainer, _AUTOSAVE
+
+    def step_ended(self, trainer, record: dict) -> None:
+        hook = self.hook
+        if hook is not None and trainer is self.trainer and int(record.get("step", 0)) % hook.every == 0:
+            hook(record)
+
+    def swap(self, hook):
+        """A staged change (:mod:`.staging`): follow ``hook`` from the committed step on."""
+
+        def change(trainer) -> None:
+            self.trainer, self.hook = trainer, hook
+
+        return change
+
+
+AUTOSAVER = AutoSaver()
+listeners.subscribe(AUTOSAVER)
+
+
+def stage_autosave(version: int) -> bool:
+    """Stage the installed auto-save hook (or none) on this rank's trainer under ``version``:
+    it replaces the earlier one when the notebook commits ``version``, at the same step on
+    every rank. True when a trainer runs here."""
     t = _trainer()
     if t is None:
         return False
-    hook = _AUTOSAVE
-
-    def swap(tr) -> None:
-        old = getattr(tr, "_workbench_autosave", None)
-        if old is not None:
-            tr.remove_hook(old)
-        if hook is not None:  # called on save steps only; it saves, it never pauses
-            tr.add_hook(hook, every=hook.every, pauses=False)
-        tr._workbench_autosave = hook
-
-    if version is None:
-        swap(t)
-    else:
-        t.stage_call(version, swap)
+    t.stage_call(version, AUTOSAVER.swap(_AUTOSAVE))
     return True
-
-
-def commit_trainer(version: int) -> None:
-    """Commit a staged change on this rank's trainer (see :func:`attach_autosave_to_trainer`)."""
-    t = _trainer()
-    if t is not None:
-        t.commit(version)

@@ -56,16 +56,6 @@ def stage(version: int, hparams: dict) -> dict:
     return trainer_mod.current().stage(version, hparams)
 
 
-def commit(version: int) -> dict:
-    t = trainer_mod.current()
-    t.commit(version)
-    return t.status()
-
-
-def next_version() -> int:
-    return trainer_mod.current().next_version()
-
-
 def status() -> dict:
     t = trainer_mod._CURRENT
     if t is None:

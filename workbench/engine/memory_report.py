@@ -71,7 +71,7 @@ def memory_breakdown(obj, optimizer=None, *, batch_shape=None, activation_bytes:
     if inner is not None:
         for st in getattr(inner, "state", {}).values():
             out["optimizer state"] += sum(_nbytes(v) for v in st.values())
-        if not out["optimizer state"] and type(inner).__name__.lower().startswith("adam"):
+        if not out["optimizer state"] and isinstance(inner, (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax)):
             out["optimizer state"] = 2 * out["parameters"]  # exp_avg + exp_avg_sq, not created yet
     info = {"bytes": out, "strategy": strategy, "spec": spec.to_dict() if hasattr(spec, "to_dict") else {},
             "world_size": _world(), "device": str(next((p.device for p in params), "cpu"))}

@@ -93,7 +93,7 @@ class StageAutosave:
     def run(self) -> bool:
         from . import checkpoint_hooks
 
-        return checkpoint_hooks.attach_autosave_to_trainer(self.version)
+        return checkpoint_hooks.stage_autosave(self.version)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,9 +102,9 @@ class CommitTrainer:
     version: int
 
     def run(self) -> None:
-        from . import checkpoint_hooks
+        from . import staging
 
-        return checkpoint_hooks.commit_trainer(self.version)
+        staging.commit(self.version)
 
 
 @dataclass(frozen=True)
@@ -112,9 +112,9 @@ class NextVersion:
     """Reply: the trainer's next change version (1 where no trainer runs)."""
 
     def run(self) -> int:
-        from . import trainer
+        from . import staging
 
-        return trainer.current().next_version() if trainer._CURRENT is not None else 1
+        return staging.next_version()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -300,21 +300,6 @@ def memory() -> dict:
     return out
 
 
-def shutdown() -> None:
-    """Destroy the process group (best effort) before the rank is stopped."""
-    global _CONTEXT
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
-    _CONTEXT = None
-
-
 def leave_group() -> bool:
     """Destroy this rank's process group, closing its connections to the other ranks.
 

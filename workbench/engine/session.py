@@ -8,15 +8,12 @@ ranks (each rank has its own).
 from __future__ import annotations
 
 _PREPARED = None
-_LISTENERS: list = []
 
 
 def set_prepared(prepared) -> None:
-    """Remember ``prepared`` as this rank's current model, telling listeners (e.g. telemetry)."""
+    """Remember ``prepared`` as this rank's current model."""
     global _PREPARED
     _PREPARED = prepared
-    for fn in list(_LISTENERS):
-        fn(prepared)
 
 
 def prepared():
@@ -31,11 +28,6 @@ def prepared():
 
 def has_prepared() -> bool:
     return _PREPARED is not None
-
-
-def on_prepared(fn) -> None:
-    """Call ``fn(prepared)`` whenever a model is prepared on this rank."""
-    _LISTENERS.append(fn)
 
 
 def clear() -> None:

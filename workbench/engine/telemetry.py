@@ -142,10 +142,11 @@ def flops_per_token(model) -> float | None:
             n = sum(p.numel() for p in inner.parameters())
         except Exception:
             return None
-    extra = 0
+    from ..planner.flops import training_flops_per_token
+
     if cfg is not None and all(hasattr(cfg, a) for a in ("n_layers", "dim", "max_seq_len")):
-        extra = 12 * cfg.n_layers * cfg.dim * cfg.max_seq_len
-    return 6.0 * n + extra
+        return training_flops_per_token(n, cfg.n_layers, cfg.dim, cfg.max_seq_len)
+    return training_flops_per_token(n)
 
 
 def throughput(tokens: int, samples: int, seconds: float, flops_tok: float | None,

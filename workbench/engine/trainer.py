@@ -7,7 +7,7 @@ land on the main thread and only flip flags.
 
 Why the ranks agree every step: a pause that reached rank 0 before rank 1 must still stop
 both at the same step (DDP/FSDP collectives would otherwise mismatch and hang). Each
-rank's flags ``[stop, pause, set_version, reason]`` go into one exchange per step with
+rank's :class:`.agreement.Flags` (stop, pause, version, reason, ...) go into one exchange per step with
 its loss, posted before backward and collected before the optimizer step
 (:mod:`.agreement`: shared memory where the ranks share a host, else a private gloo
 group); every rank acts on the same result at the next step. A command that reaches the
@@ -28,9 +28,14 @@ A non-finite loss or gradient norm skips the optimizer step and pauses (every ra
 the same averaged loss and norm, so every rank decides the same); a loss above
 ``spike_factor`` times the median of the last ``spike_window`` losses pauses after the
 step. The reason is kept in ``trainer.reason`` and sent as a status event.
+
+The trainer announces itself, its steps and its state changes to the rank's
+:mod:`.listeners` (auto-save subscribes there); changes staged from the notebook go
+through :mod:`.staging`.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import threading
@@ -42,7 +47,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..shared import events
-from . import agreement, batch_forms, comm_timing, data_sources, memory_report, publisher, runtime, telemetry, timeline
+from . import (agreement, batch_forms, comm_timing, data_sources, listeners, memory_report, publisher, runtime,
+               staging, telemetry, timeline)
+from .agreement import Flags
 
 REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
            3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
@@ -99,9 +106,7 @@ class Trainer:
         self._source = data_sources.make_source(data, batch_size=batch_size, dp_rank=dp_rank, dp_size=dp_size,
                                                 shuffle=shuffle, seed=seed, collate_fn=collate_fn)
         self.micro = 0  # micro-batches consumed by the completed steps: the data position
-        from ..strategies.base import Prepared
-
-        self._whole_step = prepared is not None and type(prepared).train_step is not Prepared.train_step
+        self._whole_step = prepared is not None and prepared.own_train_step
         self._form = batch_forms.form_of(self._source.peek(0), step_fn=step_fn, rank=self.rank)
         if self._whole_step and (self._form != batch_forms.PAIR or loss_fn is not None):
             raise ValueError(f"rank {self.rank}: {type(prepared).__name__} runs its own train_step on (x, y) "
@@ -117,7 +122,7 @@ class Trainer:
         if self._whole_step:
             self.notes.append(f"{type(prepared).__name__} runs its own train_step: timed as one phase, "
                               "no clipping or accumulation by the trainer")
-        if ctx.backend == "gloo" and type(prepared).__name__ == "FSDP2Prepared":
+        if ctx.backend == "gloo" and prepared is not None and prepared.reduce_scatter:
             self.notes.append("gloo has no real reduce-scatter: it runs as an all-reduce of the full "
                               "buffer (gloo:all_reduce), so reduce_scatter time here is an all-reduce's")
         self._channel = agreement.channel() if self.world_size > 1 else None
@@ -125,7 +130,7 @@ class Trainer:
         self._agreement = agreement.Agreement(self._channel, generation,
                                               prepared.loss_group if prepared is not None else None,
                                               self.world_size)
-        self._agreed: list[int] | None = None  # flags agreed inside the last step, for the next
+        self._agreed: Flags | None = None  # flags agreed inside the last step, for the next
         self._agreed_s = 0.0
         self.step = 0  # completed optimizer steps
         self.target = 0
@@ -134,10 +139,9 @@ class Trainer:
         self.hooks: list = []
         self.history: deque = deque(maxlen=max(self.config.spike_window, 1))
         self._lock = threading.Lock()
-        self._flags = {"stop": 0, "pause": 0, "version": 0, "reason": 0}
+        self._flags = {"stop": 0, "pause": 0, "reason": 0}
         self._local_reason = ""
-        self._staged: dict[int, dict] = {}
-        self._applied_version = 0
+        self._staging = staging.Staging(f"rank {self.rank}")
         self._thread: threading.Thread | None = None
         self._inject: dict[int, str] = {}
         self._batch_shape = None  # of the latest batch: the OOM report's activation estimate
@@ -150,9 +154,8 @@ class Trainer:
         self.last: dict = {}
         global _CURRENT
         _CURRENT = self
-        from . import checkpoint_hooks  # a configured auto-save follows the newest trainer
-
-        checkpoint_hooks.attach_autosave_to_trainer()
+        staging.install(self._staging)
+        listeners.trainer_built(self)  # a configured auto-save follows the newest trainer
 
     # -------------------------------------------------------------- identity
     def _agree_run_id(self) -> tuple[str, int]:
@@ -212,7 +215,8 @@ class Trainer:
             self._flags["stop"] = 1
 
     def stage(self, version: int, hparams: dict) -> dict:
-        """Check and hold hyperparameter changes; :meth:`commit` makes them take effect."""
+        """Check and hold hyperparameter changes; :meth:`commit` makes them take effect
+        at the step where every rank has seen the commit."""
         groups = self.optimizer.param_groups
         clean = {}
         for key, value in hparams.items():
@@ -225,24 +229,30 @@ class Trainer:
                 known = sorted({k for g in groups for k in g if k != "params"} | set(TrainerConfig.__dataclass_fields__))
                 raise KeyError(f"rank {self.rank}: {key!r} is not a hyperparameter of "
                                f"{type(self.optimizer).__name__} or the trainer; known: {', '.join(known)}")
-        with self._lock:
-            self._staged.setdefault(version, {}).update(clean)
+        self._staging.stage(version, lambda tr: tr._set_hparams(clean))
         return clean
 
     def stage_call(self, version: int, fn) -> None:
         """Hold ``fn(trainer)`` to run on the training thread at the step where ``version``
-        is committed: the same step on every rank (attach or remove a hook mid-run)."""
-        with self._lock:
-            self._staged.setdefault(version, {})["_call"] = fn
+        is committed: the same step on every rank (attach or remove a listener mid-run)."""
+        self._staging.stage(version, fn)
 
     def commit(self, version: int) -> None:
-        with self._lock:
-            self._flags["version"] = max(self._flags["version"], version)
+        self._staging.commit(version)
 
     def next_version(self) -> int:
         """A change version not used yet on this rank (the notebook takes the max over ranks)."""
-        with self._lock:
-            return max([self._flags["version"], self._applied_version, *self._staged]) + 1
+        return self._staging.next_version()
+
+    def _set_hparams(self, hp: dict) -> None:
+        for key, value in hp.items():
+            if hasattr(self.config, key):
+                self.config = replace(self.config, **{key: value})
+            else:
+                for g in self.optimizer.param_groups:
+                    g[key] = value
+        publisher.emit(events.log_event(run=self.run, rank=self.rank, text=f"step {self.step + 1}: set "
+                                        + ", ".join(f"{k}={v}" for k, v in hp.items())))
 
     def set(self, **hparams) -> None:
         """Change hyperparameters at the next step (this rank's call; the notebook calls all)."""
@@ -275,6 +285,24 @@ class Trainer:
         self._thread.start()
         return self.status()
 
+    @property
+    def looping(self) -> bool:
+        """The training thread is alive (running, or paused between steps)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def on_training_thread(self) -> bool:
+        return self._thread is threading.current_thread()
+
+    def restore_position(self, step: int, data: dict | None, loss) -> str | None:
+        """Continue from a loaded checkpoint's ``step`` and data position, with a fresh loss
+        window; returns a note where the data cannot continue exactly."""
+        self.step = int(step)
+        note = self.restore_data(data, self.step)
+        self.target = max(self.target, self.step)
+        self.history.clear()
+        self.last = {"step": self.step, "loss": loss}
+        return note
+
     def wait(self, timeout: float | None = None) -> dict:
         if self._thread is not None:
             self._thread.join(timeout)
@@ -287,54 +315,40 @@ class Trainer:
     def _set_state(self, state: str, reason: str = "") -> None:
         self.state, self.reason = state, reason
         publisher.emit(events.status_event(run=self.run, rank=self.rank, state=state, step=self.step, reason=reason))
+        listeners.state_changed(self, state, reason)
 
-    def _local_flags(self) -> list[int]:
+    def _local_flags(self, hooks_due: int = 0) -> Flags:
         with self._lock:
-            return [self._flags["stop"], self._flags["pause"], self._flags["version"], self._flags["reason"]]
+            return Flags(stop=self._flags["stop"], pause=self._flags["pause"], version=self._staging.committed,
+                         reason=self._flags["reason"], hooks_due=hooks_due)
 
-    def _agree(self) -> tuple[list[int], float]:
+    def _agree(self) -> tuple[Flags, float]:
         """The flags to act on now: those agreed inside the last step, else agreed here."""
         if self._agreed is not None:
             agreed, self._agreed = self._agreed, None
-            return agreed[:4], self._agreed_s
+            return agreed, self._agreed_s
         return self._agreement.flags(self._local_flags())
 
     def _pause_agreed(self, code: int) -> None:
         """Make the flags agreed inside this step pause the next one (for a pause every rank
         decides alike, or an out-of-memory after the agreement)."""
         if self._agreed is not None:
-            self._agreed[1], self._agreed[3] = 1, max(self._agreed[3], code)
+            self._agreed = self._agreed._replace(pause=1, reason=max(self._agreed.reason, code))
 
     def _hooks_due(self, step: int) -> int:
         return int(any(pauses and step % every == 0 for _, every, pauses in self.hooks))
 
     def _apply_staged(self, version: int) -> None:
-        while self._applied_version < version:
-            self._applied_version += 1
-            with self._lock:
-                hp = self._staged.pop(self._applied_version, None)
-            if hp is None:  # never staged on this rank: refuse to diverge silently
-                raise RuntimeError(f"rank {self.rank}: hyperparameter change v{self._applied_version} "
-                                   "was committed but never staged here")
-            call = hp.pop("_call", None)
-            if call is not None:
-                call(self)
-            for key, value in hp.items():
-                if hasattr(self.config, key):
-                    self.config = replace(self.config, **{key: value})
-                else:
-                    for g in self.optimizer.param_groups:
-                        g[key] = value
-            if hp:
-                publisher.emit(events.log_event(run=self.run, rank=self.rank, text=f"step {self.step + 1}: set "
-                                                + ", ".join(f"{k}={v}" for k, v in hp.items())))
+        for change in self._staging.due(version):
+            change(self)
 
     def _loop(self) -> None:
         self._set_state("running")
         try:
             while True:
-                (stop, pause, version, code), control_s = self._agree()
-                self._apply_staged(version)
+                flags, control_s = self._agree()
+                self._apply_staged(flags.version)
+                stop, pause, code = flags.stop, flags.pause, flags.reason
                 if stop:
                     self._set_state("stopped", "stopped from the notebook")
                     break
@@ -419,6 +433,7 @@ class Trainer:
         tokens = samples = 0
         grad_norm = None
         inject = self._inject.pop(step, None)
+        listeners.step_begun(self, step)
         if inject == "oom":
             self._simulate_oom(step)
         if self._whole_step:
@@ -472,9 +487,16 @@ class Trainer:
         for fn, every, _pauses in self.hooks:  # a snapshot: add/remove_hook replace the list
             if step % every == 0:
                 fn(dict(self.last))
-        if self._agreed is not None and self._agreed[4]:  # a hook ran somewhere: agree again
+        listeners.step_ended(self, dict(self.last))
+        if self._agreed is not None and self._agreed.hooks_due:  # a hook ran somewhere: agree again
             flags, seconds = self._agreement.flags(self._local_flags())
             self._agreed, self._agreed_s = flags, self._agreed_s + seconds
+
+    def _no_sync(self, enabled: bool):
+        """Skip gradient sync for an accumulation micro-batch (the strategy's own way)."""
+        if not enabled:
+            return contextlib.nullcontext()
+        return self.prepared.no_sync() if self.prepared is not None else _module_no_sync(self.model)
 
     def _simulate_oom(self, step: int):
         kind = torch.OutOfMemoryError if self.device.startswith("cuda") else MemoryError
@@ -506,7 +528,7 @@ class Trainer:
             tokens += n_tok
             samples += n_samples
             last = i == accum - 1
-            with _no_sync(model, enabled=not last):
+            with self._no_sync(enabled=not last):
                 with clock.phase("forward"):
                     loss = self._loss(model, batch, autocast) / accum
                     if inject:
@@ -515,7 +537,7 @@ class Trainer:
                 if last:  # the loss averaged over the data-parallel ranks, the flags for the
                     # next step, and whether a step hook runs after this one on some rank (it
                     # may ask to pause): agreed while backward runs
-                    agreeing = self._agreement.with_loss([*self._local_flags(), self._hooks_due(step)], total)
+                    agreeing = self._agreement.with_loss(self._local_flags(self._hooks_due(step)), total)
                 with clock.phase("backward"):
                     loss.backward()
         with clock.phase("optimizer"):
@@ -544,27 +566,18 @@ class Trainer:
         return float(norm)
 
 
-class _no_sync:
-    """Skip gradient sync for an accumulation micro-batch (DDP ``no_sync``, FSDP2 flag)."""
+def _module_no_sync(model):
+    """Skip gradient sync on a bare module the user wrapped (DDP, FSDP2); nothing else to skip."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
 
-    def __init__(self, model, enabled: bool):
-        self.model, self.enabled, self._cm = model, enabled, None
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    if isinstance(model, FSDPModule):
+        from ..strategies.fsdp2 import fsdp_no_sync
 
-    def __enter__(self):
-        if not self.enabled:
-            return
-        if hasattr(self.model, "no_sync"):
-            self._cm = self.model.no_sync()
-            self._cm.__enter__()
-        elif hasattr(self.model, "set_requires_gradient_sync"):
-            self.model.set_requires_gradient_sync(False)
-
-    def __exit__(self, *exc):
-        if self._cm is not None:
-            self._cm.__exit__(*exc)
-        elif self.enabled and hasattr(self.model, "set_requires_gradient_sync"):
-            self.model.set_requires_gradient_sync(True)
-        return False
+        return fsdp_no_sync(model)
+    return contextlib.nullcontext()
 
 
 def current() -> Trainer:

@@ -1,6 +1,6 @@
 """Model configurations: frozen, keyword-only dataclasses with size presets.
 
-A config is also the schema of a widget form (see DESIGN.md), so every field is a plain
+A config is also the schema of a widget form, so every field is a plain
 int/float/bool and nothing reads the environment.
 """
 from __future__ import annotations

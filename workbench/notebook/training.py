@@ -104,14 +104,11 @@ def stop(*, rankset=None) -> list[dict]:
 def set(rankset=None, **hparams) -> dict:  # noqa: A001 - `train.set(lr=...)` reads best
     """Change optimizer/trainer hyperparameters on every rank, at the same step: the next one,
     or the one after when the running step's agreement had already started."""
-    from ..engine import control
+    from ..engine import control, staging
 
     if not hparams:
         raise ValueError("nothing to set: e.g. train.set(lr=3e-4)")
-    rs = _rs(rankset)
-    version = max(rs.apply(control.next_version))
-    staged = rs.apply(control.stage, version, hparams)  # raises on any rank: nothing committed
-    rs.apply(control.commit, version)
+    staged = staging.change_on_ranks(_rs(rankset), control.stage, hparams)  # a refusal on any rank commits nothing
     return staged[0]
 
 

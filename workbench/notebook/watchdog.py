@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from .cluster.diagnosis import collect_stacks, thread_blocks
+from .cluster.diagnosis import collect_stacks, stack_lines, thread_blocks
 
 # frames of a training thread that waits for its peers: torch.distributed calls, the workbench's
 # timing wrappers, the ranks' per-step agreement (shared memory or gloo), and backward (where
@@ -59,7 +59,7 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
                  "gone": "no training thread"}[kind]
         lines.append(f"  [rank {r}] {label}: {where[r]}")
     for r in stuck:
-        lines.extend([f"[rank {r}] stack, innermost first:"] + [f"[rank {r}]   {f}" for f in kinds[r][1][:12]])
+        lines.extend(stack_lines(r, kinds[r][1][:12]))
     if stuck:
         lines.append(f"rank(s) {', '.join(map(str, stuck))} hold the run up; nothing was stopped "
                      "(`%distrain train stop` ends the run once they return, `%distrain restart --resume` "

@@ -51,10 +51,17 @@ def attention_flops_per_token(model: ModelSpec) -> float:
     return 12 * model.layers * model.hidden * model.seq_len
 
 
+def training_flops_per_token(n_params: float, layers: int = 0, hidden: int = 0, seq_len: int = 0) -> float:
+    """6 N + 12 L h s (Kaplan et al. 2020, PaLM appendix B): the one formula the planner and
+    the ranks' MFU both use (no attention term where the shape is not known)."""
+    return 6.0 * n_params + 12 * layers * hidden * seq_len
+
+
 def flops_per_token(model: ModelSpec, include_attention: bool = True) -> float:
     """Published model FLOPs per trained token: 6 N_active (+ the attention term)."""
-    n = model.params().active
-    return 6 * n + (attention_flops_per_token(model) if include_attention else 0)
+    if not include_attention:
+        return training_flops_per_token(model.params().active)
+    return training_flops_per_token(model.params().active, model.layers, model.hidden, model.seq_len)
 
 
 def matmul_params_per_layer(model: ModelSpec) -> float:

@@ -48,6 +48,8 @@ def choose_path(spec, device_type: str) -> tuple[str, str]:
 
 
 class AcceleratePrepared(Prepared):
+    own_train_step = True  # accelerator.backward
+
     def __init__(self, *, accelerator, **kw):
         super().__init__(**kw)
         self.accelerator = accelerator

@@ -1,14 +1,15 @@
 """The Strategy Protocol, its name registry, and ``Prepared`` (what ``prepare`` returns).
 
 Lightning Fabric's shape: a strategy is a small object with ``kind`` and ``apply``; the
-registry maps ``StrategySpec.kind`` to it; optional capabilities (pipeline schedules,
-DeepSpeed engines) are subclasses of ``Prepared`` that override ``train_step``.
+registry maps ``StrategySpec.kind`` to it. What a strategy can do is part of the
+``Prepared`` contract, declared by its class (``own_train_step``, ``reduce_scatter``,
+``engine_state``, ``no_sync()``), so the trainer and checkpoints never guess it from names.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -164,7 +165,18 @@ class Prepared:
     ``train_step((x, y))`` runs forward, backward and the optimizer step on this rank's
     share of the batch and returns the loss averaged over the data-parallel ranks (so it
     equals the single-rank loss of the global batch).
+
+    Capabilities, declared by each subclass:
+    ``own_train_step``: ``train_step`` runs forward, backward and optimizer itself (pipeline
+    schedules, DeepSpeed, Accelerate), so the trainer times it as one phase;
+    ``reduce_scatter``: gradients are reduce-scattered over the data-parallel ranks (FSDP2);
+    ``engine_state``: model and optimizer state are read and written through an engine's
+    own API (DeepSpeed); :meth:`no_sync`: skip gradient sync for an accumulation micro-batch.
     """
+
+    own_train_step: ClassVar[bool] = False
+    reduce_scatter: bool = False
+    engine_state: ClassVar[bool] = False
 
     def __init__(self, *, model: nn.Module, optimizer, layout: dict, spec: StrategySpec,
                  ctx: Context, mesh=None, loss_group=None, dp_rank: int = 0, dp_size: int = 1,
@@ -230,12 +242,14 @@ class Prepared:
         self.steps += 1
         return float(all_reduce_mean(loss.detach(), self.loss_group))
 
-    @torch.no_grad()
-    def eval_loss(self, batch) -> float:
-        x, y = (t.to(self.device) for t in batch)
-        with self._autocast_ctx():
-            out = self.model(x)
-        return float(all_reduce_mean(self.loss_fn(out, y), self.loss_group))
+    def no_sync(self):
+        """A context in which backward does not sync gradients (DDP's ``no_sync``; nothing to
+        skip for strategies without data-parallel gradient sync)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(self.model, DistributedDataParallel):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         """Release process-wide state this strategy holds (override where needed)."""

@@ -17,13 +17,15 @@ Naive form, for teaching (one block)::
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .base import PrepareError, TORCH_DTYPES, Prepared, check_optimizer_matches
 
-__all__ = ["apply_fsdp", "FSDP2Prepared", "broadcast_from_rank0"]
+__all__ = ["apply_fsdp", "FSDP2Prepared", "broadcast_from_rank0", "fsdp_no_sync"]
 
 
 @torch.no_grad()
@@ -61,7 +63,22 @@ def apply_fsdp(model: nn.Module, blocks: list[nn.Module], mesh, spec, notes: lis
     return model
 
 
+@contextlib.contextmanager
+def fsdp_no_sync(model):
+    """FSDP2's way to skip the gradient reduce-scatter of an accumulation micro-batch."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 class FSDP2Prepared(Prepared):
+    reduce_scatter = True  # FSDP2 reduce-scatters gradients (an all-reduce of the full buffer on gloo)
+
+    def no_sync(self):
+        return fsdp_no_sync(self.model)
+
     def reshard(self) -> None:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor

@@ -103,7 +103,7 @@ def holdings(p: torch.Tensor) -> dict:
         if tuple(len(i) for i in index) != local:
             raise RuntimeError(f"index lists {[len(i) for i in index]} disagree with the local shape {local} "
                                f"of a DTensor with placements {p.placements}")
-        partial = any(type(pl).__name__ in ("Partial", "_Partial") for pl in p.placements)
+        partial = any(pl.is_partial() for pl in p.placements)
         return {"kind": "grid", "runs": [index_runs(i) for i in index], "partial": partial}
     if hasattr(p, "ds_tensor"):  # DeepSpeed ZeRO-3: rank k of the partition group holds flat slot k
         import torch.distributed as dist

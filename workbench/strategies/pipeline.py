@@ -168,6 +168,8 @@ class PipelinePrepared(Prepared):
     "blocks": [["F" | "B", microbatch, start s, end s]]}`` (times from the step's start;
     each block is one ``forward_one_chunk`` / ``backward_one_chunk`` call of the stage)."""
 
+    own_train_step = True  # the schedule runs forward and backward
+
     def __init__(self, *, schedule, stage_idx: int, n_stages: int, pp_group, last_rank: int, sharded: bool = False, **kw):
         super().__init__(**kw)
         self.schedule = schedule
@@ -175,6 +177,7 @@ class PipelinePrepared(Prepared):
         self.pp_group = pp_group
         self.last_rank = last_rank
         self._sharded = sharded
+        self.reduce_scatter = sharded  # stages FSDP2-sharded over dp_shard
         self.last_run: dict | None = None
         self._blocks: list | None = None
         stage = schedule._stage
@@ -238,6 +241,3 @@ class PipelinePrepared(Prepared):
             dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
         return float(all_reduce_mean(loss, self.loss_group))
 
-    @torch.no_grad()
-    def eval_loss(self, batch) -> float:
-        raise PrepareError("eval_loss is not implemented for pipeline parallel; use train_step's loss, or a 'none' copy")

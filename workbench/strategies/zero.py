@@ -80,6 +80,9 @@ def deepspeed_config(spec, *, world_size: int, n_params: int | None = None) -> d
 
 
 class DeepSpeedPrepared(Prepared):
+    own_train_step = True  # engine.backward / engine.step
+    engine_state = True  # ZeRO's flat partitions are read and written through the engine
+
     def check(self) -> None:
         pass  # the engine owns its optimizer and parameters
 

@@ -27,7 +27,7 @@ from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_
 
 __all__ = ["export_safetensors", "export_hf"]
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ..strategies.base import TORCH_DTYPES as _DTYPES
 
 
 def _read_model(folder: str, dtype: str | None) -> dict:

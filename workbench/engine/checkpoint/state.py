@@ -47,10 +47,14 @@ class Target:
     strategy: str = "none"
     spec: dict = field(default_factory=dict)
     mesh: dict = field(default_factory=dict)
+    engine_state: bool | None = None  # the Prepared's capability; None: a bare model (asked of the model)
 
     @property
     def is_deepspeed(self) -> bool:
-        return type(self.model).__name__ == "DeepSpeedEngine" or hasattr(self.model, "zero_optimization_stage")
+        """State read and written through a DeepSpeed engine's own API."""
+        if self.engine_state is not None:
+            return self.engine_state
+        return hasattr(self.model, "zero_optimization_stage")  # a bare engine given to track(model=...)
 
 
 def target_from_prepared(prepared, state: TrainState | None = None) -> Target:
@@ -60,7 +64,7 @@ def target_from_prepared(prepared, state: TrainState | None = None) -> Target:
     return Target(model=prepared.model, optimizer=prepared.optimizer, state=state or TrainState(),
                   strategy=layout.get("strategy", getattr(spec, "kind", "none")),
                   spec=spec.to_dict() if hasattr(spec, "to_dict") else {},
-                  mesh=layout.get("mesh", {}))
+                  mesh=layout.get("mesh", {}), engine_state=bool(getattr(prepared, "engine_state", False)))
 
 
 def _opts():

@@ -13,7 +13,7 @@ import sys
 import time
 
 from . import debugging, stragglers
-from .diagnosis import collect_stacks, main_frames, where
+from .diagnosis import collect_stacks, main_frames, stack_lines, where
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
 from .health import death_message
 from .live import LIVE_POLL_S, LiveOutput, in_kernel, tag
@@ -121,8 +121,7 @@ def timeout_message(timeout, stuck: list[int], stacks: dict[int, str]) -> str:
     for rank, stack in stacks.items():
         frames = main_frames(stack)
         if len(frames) > 1:
-            lines.append(f"[rank {rank}] stack, innermost first:")
-            lines.extend(f"[rank {rank}]   {f}" for f in frames)
+            lines.extend(stack_lines(rank, frames))
     lines.append("(every thread's stack of each rank: the error's .diagnosis)")
     return "\n".join(lines)
 

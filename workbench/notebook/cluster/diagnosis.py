@@ -78,6 +78,13 @@ def main_frames(stack: str) -> list[str]:
     return [f for f in deepest if not any(p in f for p in _PLUMBING)] or deepest[:1]
 
 
+def stack_lines(rank: int, frames: list[str], *, title: bool = True) -> list[str]:
+    """One rank's frames as the notebook shows them everywhere (cell timeout, ``%distrain
+    where``, the step watchdog): ``[rank r]   frame`` lines, under a title line."""
+    head = [f"[rank {rank}] stack, innermost first:"] if title else []
+    return head + [f"[rank {rank}]   {f}" for f in frames]
+
+
 def where(stack: str) -> str:
     """The innermost frame of the cell's thread: '"file", line N in function'."""
     frames = main_frames(stack)

@@ -20,6 +20,13 @@ from . import health, launchers, network, slurm, ssh
 from ...shared.errors import Interrupted, NotRunning, RankDied, RankFailure
 from .ranges import parse_ranks
 
+
+def _is_ssh(engine_set) -> bool:
+    """An engine set started over SSH (its processes are on other hosts)."""
+    from ipyparallel.cluster.launcher import SSHEngineSetLauncher
+
+    return isinstance(engine_set, SSHEngineSetLauncher)
+
 BACKENDS = ("auto", "gloo", "nccl")
 
 
@@ -312,7 +319,7 @@ class RankSet:
     def _launcher_pids(self) -> list[int]:
         pids = []
         for es in (self.cluster.engines or {}).values():
-            if type(es).__name__ == "SSHEngineSetLauncher":
+            if _is_ssh(es):
                 continue  # their pids are on other hosts: the guards end those
             for launcher in (getattr(es, "launchers", None) or {}).values():
                 pid = getattr(launcher, "pid", None)
@@ -578,7 +585,7 @@ class RankSet:
         """SSH engine sets: their guards have ended them; ipyparallel's stop would ssh to
         each host to signal and wait for them (seconds each, and errors once a host is gone)."""
         for esid, es in list((self.cluster.engines or {}).items()):
-            if type(es).__name__ != "SSHEngineSetLauncher":
+            if not _is_ssh(es):
                 continue
             for launcher in (getattr(es, "launchers", None) or {}).values():
                 waiting = getattr(launcher, "_stop_waiting", None)

@@ -25,7 +25,7 @@ def where_ranks(ranks=None, *, wait: float = 2.0, rankset=None) -> dict[int, str
 
 
 def format_where(stacks: dict[int, str], *, full: bool = False) -> str:
-    from ..cluster.diagnosis import main_frames, where
+    from ..cluster.diagnosis import main_frames, stack_lines, where
 
     lines = []
     for rank, stack in stacks.items():
@@ -34,10 +34,7 @@ def format_where(stacks: dict[int, str], *, full: bool = False) -> str:
             lines.append(f"[rank {rank}] {stack.splitlines()[0] if stack else '?'}")
             continue
         lines.append(f"[rank {rank}] {where(stack)}")
-        if full:
-            lines.extend(f"[rank {rank}]   {line}" for line in stack.splitlines())
-        else:
-            lines.extend(f"[rank {rank}]   {f}" for f in frames[1:8])
+        lines.extend(stack_lines(rank, stack.splitlines() if full else frames[1:8], title=False))
     return "\n".join(lines)
 
 
