@@ -70,9 +70,9 @@ def test_profile_an_idle_trainer_then_a_running_one(rs, tmp_path):
 
 
 def test_profile_refuses_bad_input(rs):
-    for line, fragment in (("profile --steps 0", "--steps must be between 1 and 100"),
+    for line, fragment in (("profile --steps 0", "argument --steps: expected a whole number >= 1"),
                            ("profile --ranks 5", "rank\\(s\\) 5 do not exist"),
-                           ("profile --timeout -1", "--timeout must be positive")):
+                           ("profile --timeout -1", "argument --timeout: expected a positive number of seconds")):
         with pytest.raises(WorkbenchError, match=fragment):  # UsageError, or BadRanks for --ranks
             dispatch(line)
     training.setup("ddp", rankset=rs)

@@ -11,6 +11,7 @@ import re
 
 from .. import api
 from ..cluster.errors import WorkbenchError
+from ..argtypes import positive_int
 from . import UsageError, command
 
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
@@ -124,7 +125,7 @@ def _layout() -> dict:
 def _layout_args(p) -> None:
     p.add_argument("--tensor", default=None, help="draw this tensor's blocks and which ranks hold them")
     p.add_argument("--match", default=None, help="only tensors whose name matches this regex")
-    p.add_argument("--max", type=int, default=24, help="at most this many tensors (largest first)")
+    p.add_argument("--max", type=positive_int, default=24, help="at most this many tensors (largest first)")
 
 
 @command("layout", "picture of which shard of which tensor lives on which rank", _layout_args)
