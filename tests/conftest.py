@@ -62,8 +62,12 @@ def clean_trainer() -> bool:
     return True
 
 
+# the ranks import test helpers (and the test modules whose functions they run) from these
+RANK_SYS_PATH = tuple(str(ROOT / "tests" / sub) for sub in ("", "unit", "ranks", "notebooks", "gpu"))
+
+
 def _session_ranks(n: int):
-    rs = RankSet.start(n=n, backend="gloo", threads=1, sys_path=(str(ROOT / "tests"),))
+    rs = RankSet.start(n=n, backend="gloo", threads=1, sys_path=RANK_SYS_PATH)
     yield rs
     pids = list(rs.started_pids)
     rs.stop()
@@ -120,7 +124,7 @@ def fresh_ranks():
     def start(n: int = 2, **kwargs) -> RankSet:
         kwargs.setdefault("backend", "gloo")
         kwargs.setdefault("threads", 1)
-        kwargs.setdefault("sys_path", (str(ROOT / "tests"),))
+        kwargs.setdefault("sys_path", RANK_SYS_PATH)
         rs = api.start(n, **kwargs)
         started.append(rs)
         return rs
@@ -149,3 +153,38 @@ def shell(ranks4):
     api._current = ranks4
     yield ip
     api._current = ranks4
+
+
+# ---------------------------------------------------------------------------- tiers
+# Each folder is a tier; its tests get the tier's marker (`-m pure` is `make test-fast`).
+TIERS = {"unit": "pure", "ranks": "ranks", "notebooks": "notebooks", "browser": "browser",
+         "cluster": "cluster", "gpu": "gpu"}
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = ROOT / "tests"
+    for item in items:
+        try:
+            parts = pathlib.Path(str(item.path)).resolve().relative_to(tests).parts
+        except ValueError:
+            continue
+        if len(parts) > 1 and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, TIERS[parts[0]]))
+
+
+@pytest.fixture
+def ipshell():
+    """A real IPython shell with ``%load_ext workbench`` (its current rank set left as it is)."""
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "workbench")
+    return ip
+
+
+@pytest.fixture
+def shell2(ipshell, ranks2):
+    """The IPython shell with the shared 2-rank set as the current one (restored afterwards)."""
+    previous, api._current = api._current, ranks2
+    yield ipshell
+    api._current = previous

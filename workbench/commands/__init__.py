@@ -117,7 +117,8 @@ def _parse(cmd: Command, parser: CommandParser, words: list[str], action: str | 
         what = f"`{cmd.name} {action}`" if action else f"`{cmd.name}`"
         if flags and all(owners.values()):
             raise UsageError(f"{what} does not take {', '.join(flags)} ({'; '.join(where)}); nothing was done")
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = getattr(parser, "unknown_hint", "")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{' (' + hint + ')' if hint else ''}")
     if action is not None:
         args.action = action
     return args

@@ -20,7 +20,9 @@ _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 def _prepare_args(p) -> None:
     p.add_argument("spec", nargs="*", help="a preset (ddp | fsdp2 | hsdp | tp | pp | zero) and/or degrees "
                                          "(dp_replicate=, dp_shard=, tp=, pp=; one may be -1), then options: "
-                                         "'fsdp2 tp=2', 'pp=2 dp_shard=2', 'zero stage=3', '--dtype bf16'")
+                                         "'fsdp2 tp=2', 'pp=2 dp_shard=2', 'zero stage=3', 'fsdp2 dtype=bf16 "
+                                         "cpu_offload=true', 'ddp compile'")
+    p.unknown_hint = "strategy options go as key=value after the kind: dtype=fp16, cpu_offload=true, compile"
     p.add_argument("--blocks", default=None,
                    help="comma-separated block class names or module paths (default: found in the model)")
     p.add_argument("--model", default="model", help="rank variable holding the model (default: model)")
