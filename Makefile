@@ -44,13 +44,21 @@ lab: $(BIN)/.installed | $(STATE)
 demo: $(BIN)/.installed | $(STATE)
 	$(BIN)/python -m workbench.demo notebooks/00_quickstart.ipynb --out runs
 
-# The suite runs in five pytest processes, each with rank sets of its own, so that no group
-# inherits another's ranks; every group runs, and the target fails if any group failed.
+# The suite runs one pytest process per tier folder (tests/ranks in three by file name, and any
+# test file still at the top of tests/ in one more), each with rank sets of its own, so that
+# no group inherits another's ranks; every group runs, and the target fails if any group failed.
+TEST_GROUPS := tests/unit tests/gpu tests/notebooks "$(wildcard tests/ranks/test_[a-f]*.py)" \
+	"$(wildcard tests/ranks/test_[g-p]*.py)" "$(wildcard tests/ranks/test_[q-z]*.py)" \
+	"$(wildcard tests/test_*.py)" tests/browser tests/cluster
 test: lint | $(STATE)
-	@rc=0; for g in "tests/browser" "tests/cluster" "$(wildcard tests/test_[a-k]*.py)" \
-	    "$(wildcard tests/test_l*.py)" "$(wildcard tests/test_[m-z]*.py)"; do \
+	@rc=0; for g in $(TEST_GROUPS); do \
+	  [ -n "$$g" ] || continue; \
 	  OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra --durations=10 $$g || rc=1; \
 	done; exit $$rc
+
+# Pure logic only (tests/unit, marked `pure`): no ranks, kernels or browser; under a minute.
+test-fast: $(BIN)/.installed | $(STATE)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure tests/unit
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
