@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STATE = ROOT / ".state" / "test"
@@ -62,8 +63,10 @@ def clean_trainer() -> bool:
     return True
 
 
-# the ranks import test helpers (and the test modules whose functions they run) from these
+# the ranks import test helpers (and the test modules whose functions they run) from these;
+# so does this process, where a test uses another tier's helper (test file names are unique)
 RANK_SYS_PATH = tuple(str(ROOT / "tests" / sub) for sub in ("", "unit", "ranks", "notebooks", "gpu"))
+sys.path.extend(p for p in RANK_SYS_PATH if p not in sys.path)
 
 
 def _session_ranks(n: int):
@@ -188,3 +191,15 @@ def shell2(ipshell, ranks2):
     previous, api._current = api._current, ranks2
     yield ipshell
     api._current = previous
+
+
+@pytest.fixture
+def current2(ranks2):
+    """The shared 2-rank set made the API's current one (as the set a user trains on is, so that
+    ``metrics()`` reads its stream); afterwards no trainer and the previous current set back."""
+    previous, api._current = api._current, ranks2
+    try:
+        yield ranks2
+    finally:
+        api._current = previous
+        ranks2.apply(clean_trainer, timeout=60)

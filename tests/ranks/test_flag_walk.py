@@ -540,21 +540,19 @@ def test_start_restart_resume_flags(fresh_ranks, tmp_path, capsys):
         assert rs.info[0]["backend"] == "gloo"
         assert _rank_settings_of(rs) == [{"world": 1, "timeout": 77.0, "threads": 2, "by_setup": False, "step": None}]
         magic(ip, "auto off")
-        magic(ip, "restart -n 2 --backend gloo --timeout 50")
-        assert [s["world"] for s in _rank_settings_of(api.current())] == [2, 2]
-        assert {s["timeout"] for s in _rank_settings_of(api.current())} == {50.0}
         # a checkpoint to come back to, then ckpt resume -n/--setup/--dir and restart --resume
         magic(ip, "train start --model tiny --steps 2 --no-dashboard")
         magic(ip, "train wait --timeout 120")
         magic(ip, f"ckpt save --dir {tmp_path}")
         ip.user_ns["SETUP"] = SETUP
-        magic(ip, f"ckpt resume --dir {tmp_path} -n 1 --setup SETUP")
-        assert [(s["world"], s["by_setup"]) for s in _rank_settings_of(api.current())] == [(1, True)]
-        assert [s["step"] for s in _rank_settings_of(api.current())] == [2]  # the checkpoint's step
+        magic(ip, f"ckpt resume --dir {tmp_path} -n 2 --setup SETUP")
+        assert [(s["world"], s["by_setup"]) for s in _rank_settings_of(api.current())] == [(2, True)] * 2
+        assert [s["step"] for s in _rank_settings_of(api.current())] == [2, 2]  # the checkpoint's step
         with pytest.raises(UsageError, match="--setup and --dir go with --resume"):
             magic(ip, f"restart --dir {tmp_path}")
-        magic(ip, f"restart --resume --setup SETUP --dir {tmp_path} -n 2 --timeout 40")
-        assert [(s["world"], s["timeout"], s["by_setup"]) for s in _rank_settings_of(api.current())] == [(2, 40.0, True)] * 2
+        magic(ip, f"restart --resume --setup SETUP --dir {tmp_path} -n 1 --timeout 40 --backend gloo")
+        settings = _rank_settings_of(api.current())
+        assert [(s["world"], s["timeout"], s["by_setup"], s["step"]) for s in settings] == [(1, 40.0, True, 2)]
     finally:
         auto_cells.turn_off(ip)
         ip.user_ns.pop("SETUP", None)

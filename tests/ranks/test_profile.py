@@ -6,21 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import clean_trainer
 
-from workbench import api, profiles, training
+from workbench import profiles, training
 from workbench.cluster.errors import WorkbenchError
 from workbench.commands import UsageError, dispatch
 
 
 @pytest.fixture
-def rs(ranks2):
-    previous, api._current = api._current, ranks2
-    try:
-        yield ranks2
-    finally:
-        api._current = previous
-        ranks2.apply(clean_trainer, timeout=60)
+def rs(current2):
+    return current2
 
 
 def _left_running():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from conftest import clean_trainer
 
-from workbench import api, timelines
+from workbench import timelines
 from workbench.dashboard.timeline_figure import stragglers, timeline_figure, timeline_table
 
 SLEEP_S = 0.3
@@ -48,13 +48,8 @@ def slow_trainer_on_rank(slow_rank: int, sleep_s: float, steps: int):
 
 
 @pytest.fixture
-def rs(ranks2):
-    previous, api._current = api._current, ranks2
-    try:
-        yield ranks2
-    finally:
-        api._current = previous
-        ranks2.apply(clean_trainer, timeout=60)
+def rs(current2):
+    return current2
 
 
 def test_phases_cover_the_step_and_the_slow_rank_is_the_straggler(rs):

@@ -96,10 +96,10 @@ def usage() -> str:
 
 
 def action_usage(cmd: Command) -> str:
-    """``%distrain ckpt -h``: one line per action, its flags and what it does."""
+    """``%distrain ckpt -h``: each action: its usage line, then what it does."""
     lines = [f"usage: %distrain {cmd.name} {{{'|'.join(cmd.actions)}}} ...  "
              f"(`%distrain {cmd.name} ACTION -h` for one)", f"  {cmd.help}"]
-    for action, p in cmd.actions.items():
+    for p in cmd.actions.values():
         lines += [f"  {p.one_line_usage().removeprefix('%distrain ')}", f"      {p.description}"]
     return "\n".join(lines)
 
