@@ -280,6 +280,9 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         # train wait --timeout: a long run is not waited for past the timeout
         magic(shell2, "train start --steps 100000 --no-dashboard")
         try:
+            with pytest.raises(UsageError, match="training is already running, so --lr would not start a run"):
+                magic(shell2, "train start --lr 5e-5")
+            assert {f["lr"] for f in ranks2.apply(_trainer_facts)} == {1e-4}  # refused before anything changed
             with pytest.raises(TimeoutError):
                 magic(shell2, "train wait --timeout 0.3")
         finally:

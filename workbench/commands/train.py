@@ -99,10 +99,14 @@ def _start(args):
             raise UsageError("--batch-size sizes the teaching trainer that --model/--strategy build; a trainer "
                              "already on the ranks draws its batches from its own data: add --model tiny to "
                              "rebuild, or change the batch in your setup code; nothing was done")
-        if changes and any(s["state"] == "none" for s in training.status()):
-            given = ", ".join("--" + k.replace("_", "-") for k in changes)
+        states = {s["state"] for s in training.status()} if changes else set()
+        given = ", ".join("--" + k.replace("_", "-") for k in changes)
+        if "none" in states:
             raise UsageError(f"{given} change the trainer on the ranks, and there is none yet: add --model tiny "
                              "(builds the teaching GPT) or build a Trainer in a %%distrain cell; nothing was done")
+        if states & {"running", "paused"}:
+            raise UsageError(f"training is already {'/'.join(sorted(states & {'running', 'paused'}))}, so {given} "
+                             "would not start a run: `%distrain train set lr=...` changes it live; nothing was done")
         if changes:
             training.set(**changes)
     run = training.start(args.steps, step_timeout=args.step_timeout)
