@@ -1,7 +1,9 @@
 # distrain workbench: every target sets itself up on a fresh machine.
 #   make lab   - create .venv, install, open JupyterLab on the quickstart notebook
 #   make demo  - run the quickstart headless; executed notebook under runs/
-#   make test  - create .venv if missing and run the whole suite
+#   make test  - create .venv if missing, run `make lint`, then the whole suite
+#   make test-fast - the pure-logic tests only (no processes, under a minute)
+#   make lint  - ruff check + ruff format --check (settings in pyproject.toml)
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -14,7 +16,7 @@ export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
 export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 
-.PHONY: lab demo test bench clean
+.PHONY: lab demo test test-fast lint bench clean
 
 # The JupyterLab extension: npm packages from the registry, built against this venv's
 # JupyterLab, output in workbench/labextension/ (pip installs it under share/jupyter).
@@ -42,13 +44,25 @@ lab: $(BIN)/.installed | $(STATE)
 demo: $(BIN)/.installed | $(STATE)
 	$(BIN)/python -m workbench.notebook.demo notebooks/00_quickstart.ipynb --out runs
 
-# The suite runs in five pytest processes, each with rank sets of its own, so that no group
-# inherits another's ranks; every group runs, and the target fails if any group failed.
-test: $(BIN)/.installed | $(STATE)
-	@rc=0; for g in "tests/browser" "tests/cluster" "$(wildcard tests/test_[a-k]*.py)" \
-	    "$(wildcard tests/test_l*.py)" "$(wildcard tests/test_[m-z]*.py)"; do \
+# The suite runs one pytest process per tier folder (tests/ranks in three by file name, and any
+# test file still at the top of tests/ in one more), each with rank sets of its own, so that
+# no group inherits another's ranks; every group runs, and the target fails if any group failed.
+TEST_GROUPS := tests/unit tests/gpu tests/notebooks "$(wildcard tests/ranks/test_[a-f]*.py)" \
+	"$(wildcard tests/ranks/test_[g-p]*.py)" "$(wildcard tests/ranks/test_[q-z]*.py)" \
+	"$(wildcard tests/test_*.py)" tests/browser tests/cluster
+test: lint | $(STATE)
+	@rc=0; for g in $(TEST_GROUPS); do \
+	  [ -n "$$g" ] || continue; \
 	  OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra --durations=10 $$g || rc=1; \
 	done; exit $$rc
+
+# Pure logic only (tests/unit, marked `pure`): no ranks, kernels or browser; under a minute.
+test-fast: $(BIN)/.installed | $(STATE)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure tests/unit
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: $(BIN)/.installed | $(STATE)
 	for b in benchmarks/*_bench.py; do OMP_NUM_THREADS=1 $(BIN)/python $$b || exit 1; done

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STATE = ROOT / ".state" / "test"
@@ -63,8 +64,14 @@ def clean_trainer() -> bool:
     return True
 
 
+# the ranks import test helpers (and the test modules whose functions they run) from these;
+# so does this process, where a test uses another tier's helper (test file names are unique)
+RANK_SYS_PATH = tuple(str(ROOT / "tests" / sub) for sub in ("", "unit", "ranks", "notebooks", "gpu"))
+sys.path.extend(p for p in RANK_SYS_PATH if p not in sys.path)
+
+
 def _session_ranks(n: int):
-    rs = RankSet.start(n=n, backend="gloo", threads=1, sys_path=(str(ROOT / "tests"),))
+    rs = RankSet.start(n=n, backend="gloo", threads=1, sys_path=RANK_SYS_PATH)
     yield rs
     pids = list(rs.started_pids)
     rs.stop()
@@ -122,7 +129,7 @@ def fresh_ranks():
     def start(n: int = 2, **kwargs) -> RankSet:
         kwargs.setdefault("backend", "gloo")
         kwargs.setdefault("threads", 1)
-        kwargs.setdefault("sys_path", (str(ROOT / "tests"),))
+        kwargs.setdefault("sys_path", RANK_SYS_PATH)
         rs = api.start(n, **kwargs)
         started.append(rs)
         return rs
@@ -154,3 +161,48 @@ def shell(ranks4):
     ip.run_line_magic("load_ext", "workbench")
     with session.using(ranks4):
         yield ip
+
+
+# ---------------------------------------------------------------------------- tiers
+# Each folder is a tier; its tests get the tier's marker (`-m pure` is `make test-fast`).
+TIERS = {"unit": "pure", "ranks": "ranks", "notebooks": "notebooks", "browser": "browser",
+         "cluster": "cluster", "gpu": "gpu"}
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = ROOT / "tests"
+    for item in items:
+        try:
+            parts = pathlib.Path(str(item.path)).resolve().relative_to(tests).parts
+        except ValueError:
+            continue
+        if len(parts) > 1 and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, TIERS[parts[0]]))
+
+
+@pytest.fixture
+def ipshell():
+    """A real IPython shell with ``%load_ext workbench`` (its current rank set left as it is)."""
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "workbench")
+    return ip
+
+
+@pytest.fixture
+def shell2(ipshell, ranks2):
+    """The IPython shell with the shared 2-rank set as the current one (restored afterwards)."""
+    with session.using(ranks2):
+        yield ipshell
+
+
+@pytest.fixture
+def current2(ranks2):
+    """The shared 2-rank set made the API's current one (as the set a user trains on is, so that
+    ``metrics()`` reads its stream); afterwards no trainer and the previous current set back."""
+    try:
+        with session.using(ranks2):
+            yield ranks2
+    finally:
+        ranks2.apply(clean_trainer, timeout=60)

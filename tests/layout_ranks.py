@@ -1,4 +1,4 @@
-"""Rank-side code for tests/test_layout_models.py: models of every shape (a user model
+"""Rank-side code for tests/ranks/test_layout_models.py: models of every shape (a user model
 with ``.blocks``, a nested one, one without blocks, tiny random-init transformers Llama and
 GPT-2), a hand-written training loop, and the probes the tests assert on.
 

@@ -5,6 +5,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import api
+from ..shared.argtypes import non_negative_float, rank_selection, seconds
 from .auto_cells import AUTO_MAGIC, MARKER
 from .cluster.cell import GRACE_S
 from .commands import UsageError, dispatch
@@ -22,10 +23,10 @@ class DistrainMagics(Magics):
 
     @magic_arguments()
     @argument("--on", default=None, help="the named rank set to run on, without making it current")
-    @argument("--ranks", default=None, help="ranks to run on: 0,2-3 or all (default all)")
-    @argument("--timeout", type=float, default=None,
+    @argument("--ranks", type=rank_selection, default=None, help="ranks to run on: 0,2-3 or all (default all)")
+    @argument("--timeout", type=seconds, default=None,
               help="seconds before the cell is reported stuck (default: no timeout)")
-    @argument("--grace", type=float, default=None,
+    @argument("--grace", type=non_negative_float, default=None,
               help="when a rank fails while others still run: seconds they get to finish "
                    "before they are interrupted (default 3)")
     @argument("--fail-fast", action="store_true",
@@ -43,10 +44,6 @@ class DistrainMagics(Magics):
         except Exception as exc:  # UsageError from magic_arguments
             raise UsageError(f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] "
                              "[--grace S|--fail-fast] [--stream|--no-stream] [--on NAME]") from None
-        if args.timeout is not None and args.timeout <= 0:
-            raise UsageError(f"--timeout must be positive, got {args.timeout}")
-        if args.grace is not None and args.grace < 0:
-            raise UsageError(f"--grace must be 0 or more seconds, got {args.grace}")
         if args.grace is not None and args.fail_fast:
             raise UsageError("--grace and --fail-fast contradict each other: give one of them")
         grace = 0.0 if args.fail_fast else (GRACE_S if args.grace is None else args.grace)

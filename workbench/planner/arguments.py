@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from ..shared.argtypes import non_negative_float, positive_float, positive_int
 from .layout import ATTENTIONS, PRECISIONS, RECOMPUTE, SCHEDULES, PlanLayout
 from .model_spec import ModelSpec
 from .recommend import default_global_batch
@@ -43,31 +44,24 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(f"{message}. {USAGE}")
 
 
-def _positive(text: str) -> int:
-    value = int(float(text))
-    if value < 1 or value != float(text):
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _parser() -> _Parser:
     p = _Parser(prog="%distrain plan", add_help=False, allow_abbrev=False)
     p.add_argument("--model", required=True)
     p.add_argument("--hw", "--hardware", dest="hw", required=True)
-    p.add_argument("--gpus", type=_positive)
-    p.add_argument("--tp", type=_positive, default=1)
-    p.add_argument("--pp", type=_positive, default=1)
-    p.add_argument("--dp", type=_positive, help="dp_shard if --zero > 0 else dp_replicate")
-    p.add_argument("--dp-replicate", type=_positive)
-    p.add_argument("--dp-shard", type=_positive)
+    p.add_argument("--gpus", type=positive_int)
+    p.add_argument("--tp", type=positive_int, default=1)
+    p.add_argument("--pp", type=positive_int, default=1)
+    p.add_argument("--dp", type=positive_int, help="dp_shard if --zero > 0 else dp_replicate")
+    p.add_argument("--dp-replicate", type=positive_int)
+    p.add_argument("--dp-shard", type=positive_int)
     p.add_argument("--zero", type=int, default=0, choices=range(4))
     p.add_argument("--fsdp", action="store_true", help="same as --zero 3")
-    p.add_argument("--cp", type=_positive, default=1)
-    p.add_argument("--ep", type=_positive, default=1)
-    p.add_argument("--microbatches", "-m", type=_positive, default=None)
-    p.add_argument("--mbs", type=_positive, default=1)
+    p.add_argument("--cp", type=positive_int, default=1)
+    p.add_argument("--ep", type=positive_int, default=1)
+    p.add_argument("--microbatches", "-m", type=positive_int, default=None)
+    p.add_argument("--mbs", type=positive_int, default=1)
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-    p.add_argument("--virtual-stages", type=_positive, default=None)
+    p.add_argument("--virtual-stages", type=positive_int, default=None)
     p.add_argument("--precision", choices=PRECISIONS, default=None)
     p.add_argument("--fp8", action="store_true", help="same as --precision fp8")
     p.add_argument("--attention", choices=ATTENTIONS, default="flash")
@@ -75,9 +69,9 @@ def _parser() -> _Parser:
     p.add_argument("--recompute", choices=RECOMPUTE, default="none")
     p.add_argument("--offload", action="store_true")
     p.add_argument("--no-sp", action="store_true")
-    p.add_argument("--seq-len", type=_positive)
-    p.add_argument("--tokens", type=float)
-    p.add_argument("--price", type=float)
+    p.add_argument("--seq-len", type=positive_int)
+    p.add_argument("--tokens", type=positive_float)
+    p.add_argument("--price", type=non_negative_float)
     return p
 
 

@@ -72,6 +72,9 @@ class RankSetConfig:
                                  f"give -n {total} or leave -n out")
         if self.launcher == "ssh" and self.hosts is None and not self.launcher_options:
             raise ValueError("--launcher ssh needs --hosts, e.g. --hosts node1:2,node2:2")
+        if self.ip is not None and self.launcher not in ("ssh", "slurm"):
+            raise ValueError(f"--ip goes with --launcher ssh or slurm (with --launcher {self.launcher} the "
+                             "ranks reach the controller on 127.0.0.1)")
         if self.ip is not None:
             network.check_ip(self.ip)
         if self.backend not in BACKENDS:

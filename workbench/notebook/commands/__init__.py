@@ -1,15 +1,17 @@
 """``%distrain`` sub-commands: a name registry of small argparse commands.
 
-Each area of the workbench registers its own sub-commands (``ranks``, and later
-training, checkpoints, planning) in a module of this package; the magic only looks
-them up. A bad argument raises :class:`UsageError` with one line of what was wrong
+Each area of the workbench registers its own sub-commands (``ranks``, training,
+checkpoints, planning) in a module of this package; the magic only looks them up.
+Sub-commands with several actions (``ckpt save|load|...``) have one parser per action,
+so each action accepts only its own flags. Values are checked by :mod:`workbench.shared.argtypes`. A bad argument raises :class:`UsageError` with one line of what was wrong
 and the usage, and nothing is run.
 """
 from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ...shared.errors import WorkbenchError
@@ -25,7 +27,13 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("add_help", False)
         kwargs.setdefault("exit_on_error", False)
+        kwargs.setdefault("allow_abbrev", False)  # `--mod` is refused, never guessed to be `--model`
         super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        if "metavar" not in kwargs and hasattr(kwargs.get("type"), "metavar"):
+            kwargs["metavar"] = kwargs["type"].metavar  # `--steps N`, `--timeout S`
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message):  # argparse calls this for every parse error
         raise UsageError(f"{message}. usage: {self.one_line_usage()}")
@@ -41,24 +49,40 @@ class Command:
     parser: CommandParser
     handler: Callable  # handler(args, shell) -> value shown as the cell's result
     raw: bool = False  # handler gets the argument list as is (it parses them itself)
+    # action -> its own parser (``ckpt save``, ``train start``): each action takes only its flags
+    actions: Mapping[str, CommandParser] = field(default_factory=dict)
+
+    def parsers(self) -> dict[str, CommandParser]:
+        """Every parser of this command by the words that reach it (``ckpt save``)."""
+        if self.actions:
+            return {f"{self.name} {a}": p for a, p in self.actions.items()}
+        return {} if self.raw else {self.name: self.parser}
 
 
 COMMANDS: dict[str, Command] = {}
 
 
 def command(name: str, help: str, build: Callable[[CommandParser], None] | None = None, *,
-            raw: bool = False):
+            raw: bool = False, actions: Mapping[str, tuple[str, Callable | None]] | None = None):
     """Register ``handler(args, shell)`` as ``%distrain NAME``; ``build`` adds its arguments.
 
-    With ``raw=True`` the handler gets the list of words instead (for sub-commands
-    that hand their options on to a parser of their own, such as the planner's).
+    With ``actions`` (``{"save": (help, build), ...}``) each action gets a parser of its
+    own (``%distrain NAME ACTION [flags]``) and the handler finds the action in
+    ``args.action``. With ``raw=True`` the handler gets the list of words instead (for
+    sub-commands that hand their options on to a parser of their own, such as the planner's).
     """
 
     def register(handler):
         parser = CommandParser(prog=f"%distrain {name}", description=help)
         if build:
             build(parser)
-        COMMANDS[name] = Command(name, help, parser, handler, raw)
+        subs = {}
+        for action, (sub_help, sub_build) in (actions or {}).items():
+            sub = CommandParser(prog=f"%distrain {name} {action}", description=sub_help)
+            if sub_build:
+                sub_build(sub)
+            subs[action] = sub
+        COMMANDS[name] = Command(name, help, parser, handler, raw, subs)
         return handler
 
     return register
@@ -66,9 +90,38 @@ def command(name: str, help: str, build: Callable[[CommandParser], None] | None 
 
 def usage() -> str:
     names = "|".join(sorted(COMMANDS))
-    lines = [f"usage: %distrain {{{names}}} ..."]
+    lines = [f"usage: %distrain {{{names}}} ...  (`%distrain NAME -h` for one)"]
     lines += [f"  {c.name:<10} {c.help}" for c in sorted(COMMANDS.values(), key=lambda c: c.name)]
     return "\n".join(lines)
+
+
+def action_usage(cmd: Command) -> str:
+    """``%distrain ckpt -h``: each action: its usage line, then what it does."""
+    lines = [f"usage: %distrain {cmd.name} {{{'|'.join(cmd.actions)}}} ...  "
+             f"(`%distrain {cmd.name} ACTION -h` for one)", f"  {cmd.help}"]
+    for p in cmd.actions.values():
+        lines += [f"  {p.one_line_usage().removeprefix('%distrain ')}", f"      {p.description}"]
+    return "\n".join(lines)
+
+
+def _parse(cmd: Command, parser: CommandParser, words: list[str], action: str | None = None):
+    """Parse ``words``; a flag that belongs to another action is refused naming who takes it."""
+    try:
+        args, extra = parser.parse_known_args(words)
+    except argparse.ArgumentError as exc:
+        raise UsageError(f"{exc}. usage: {parser.one_line_usage()}") from None
+    if extra:
+        flags = [w.split("=", 1)[0] for w in extra if w.startswith("-")]
+        owners = {f: [a for a, p in cmd.actions.items() if f in p._option_string_actions] for f in flags}
+        where = [f"{f} goes with {', '.join(o)}" for f, o in owners.items() if o]
+        what = f"`{cmd.name} {action}`" if action else f"`{cmd.name}`"
+        if flags and all(owners.values()):
+            raise UsageError(f"{what} does not take {', '.join(flags)} ({'; '.join(where)}); nothing was done")
+        hint = getattr(parser, "unknown_hint", "")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{' (' + hint + ')' if hint else ''}")
+    if action is not None:
+        args.action = action
+    return args
 
 
 def dispatch(line: str, shell=None):
@@ -87,14 +140,26 @@ def dispatch(line: str, shell=None):
     cmd = COMMANDS[name]
     if cmd.raw:
         return cmd.handler(rest, shell)
+    if cmd.actions:
+        if not rest or rest[0] in ("-h", "--help", "help"):
+            if not rest:
+                raise UsageError(f"`%distrain {name}` needs an action: {', '.join(cmd.actions)} "
+                                 f"(`%distrain {name} -h` says what each does)")
+            print(action_usage(cmd))
+            return None
+        action, rest = rest[0], rest[1:]
+        if action not in cmd.actions:
+            raise UsageError(f"unknown action {action!r} for `%distrain {name}`: use one of "
+                             f"{', '.join(cmd.actions)}")
+        parser = cmd.actions[action]
+        if rest in (["-h"], ["--help"]):
+            print(parser.format_help())
+            return None
+        return cmd.handler(_parse(cmd, parser, rest, action), shell)
     if rest in (["-h"], ["--help"]):
         print(cmd.parser.format_help())
         return None
-    try:
-        args = cmd.parser.parse_args(rest)
-    except argparse.ArgumentError as exc:
-        raise UsageError(f"{exc}. usage: {cmd.parser.one_line_usage()}") from None
-    return cmd.handler(args, shell)
+    return cmd.handler(_parse(cmd, cmd.parser, rest), shell)
 
 
 _LOADED = False

@@ -1,154 +1,150 @@
 """``%distrain ckpt save|list|load|verify|delete|export|wait|dir|autosave|resume``: distributed checkpoints.
 
 Thin: parse, then call :mod:`workbench.notebook.checkpoints`, which users may call from Python.
-Each action takes only the flags of :data:`FLAGS`; any other is refused by name (a
-flag that would be ignored is never accepted).
+Each action has a parser of its own (:data:`ACTIONS`): a flag of another action is
+refused naming the actions that take it (a flag that would be ignored is never accepted).
 """
 from __future__ import annotations
 
+from ...shared.argtypes import positive_int
 from . import UsageError, command
 
 
-def _int_at_least(lo: int):
-    def conv(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise UsageError(f"expected a whole number, got {text!r}") from None
-        if v < lo:
-            raise UsageError(f"expected a number >= {lo}, got {v}")
-        return v
-    return conv
-
-
-ACTIONS = ("save", "list", "load", "verify", "delete", "export", "wait", "dir", "autosave", "resume")
-# action -> the flags it uses (argparse dest names); `--dir` goes with every action that reads checkpoints
-FLAGS = {
-    "save": {"dir", "tag", "async_", "model_only"},
-    "list": {"dir"},
-    "load": {"dir", "model_only"},
-    "verify": {"dir"},
-    "delete": {"dir", "keep"},
-    "export": {"dir", "dtype"},
-    "wait": set(),
-    "dir": set(),
-    "autosave": {"dir", "every", "keep", "sync", "off"},
-    "resume": {"dir", "n", "setup"},
-}
-_SPELLING = {"async_": "--async", "model_only": "--model-only", "n": "-n"}
-
-
-def _check_flags(args) -> None:
-    """Refuse flags the action does not use, naming them and the actions they go with."""
-    given = [d for d in ("dir", "tag", "async_", "model_only", "keep", "every", "sync", "off", "dtype", "n", "setup")
-             if getattr(args, d) not in (None, False)]
-    extra = [d for d in given if d not in FLAGS[args.action]]
-    if extra:
-        def spell(d):
-            return _SPELLING.get(d, "--" + d.replace("_", "-"))
-
-        where = "; ".join(f"{spell(d)} goes with {', '.join(a for a in ACTIONS if d in FLAGS[a])}" for d in extra)
-        raise UsageError(f"`ckpt {args.action}` does not take {', '.join(spell(d) for d in extra)} ({where}); "
-                         "nothing was done")
-    if args.action == "autosave" and args.off and (args.every or args.keep or args.sync or args.dir):
-        raise UsageError("`ckpt autosave --off` takes no other flag (--every/--keep/--sync/--dir set up an auto-save)")
-
-
-def _build(p) -> None:
-    p.add_argument("action", choices=ACTIONS)
-    p.add_argument("args", nargs="*", help="load/verify: latest|STEP|TAG; delete: names; export: PATH [which]; "
-                                          "dir: PATH; resume: [which]")
+def _dir(p) -> None:
     p.add_argument("--dir", default=None, help="checkpoint folder (default ./checkpoints, or `ckpt dir`)")
-    p.add_argument("--tag", default=None, help="save: a name for this checkpoint (kept by retention)")
-    p.add_argument("--async", dest="async_", action="store_true", help="save in the background")
-    p.add_argument("--model-only", action="store_true", help="save/load without optimizer state")
-    p.add_argument("--keep", type=_int_at_least(1), default=None, help="delete/autosave: keep the newest K auto-saves")
-    p.add_argument("--every", type=_int_at_least(1), default=None, help="autosave: every N steps")
-    p.add_argument("--sync", action="store_true", help="autosave: synchronous saves (default async)")
-    p.add_argument("--off", action="store_true", help="autosave: turn it off")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="export: cast floats")
+
+
+def _which(p) -> None:
+    p.add_argument("which", nargs="?", default="latest", help="latest (default), a step number or a tag")
+
+
+def _save_args(p) -> None:
+    _dir(p)
+    p.add_argument("--tag", default=None, help="a name for this checkpoint (kept by retention)")
+    p.add_argument("--async", dest="async_", action="store_true", help="write in the background")
+    p.add_argument("--model-only", action="store_true", help="without optimizer state")
+
+
+def _load_args(p) -> None:
+    _which(p)
+    _dir(p)
+    p.add_argument("--model-only", action="store_true", help="only the model (keep the optimizer as it is)")
+
+
+def _verify_args(p) -> None:
+    _which(p)
+    _dir(p)
+
+
+def _delete_args(p) -> None:
+    p.add_argument("names", nargs="*", help="checkpoints to delete (step-00000020, a tag)")
+    _dir(p)
+    p.add_argument("--keep", type=positive_int, default=None, help="delete all but the newest K auto-saves")
+
+
+def _export_args(p) -> None:
+    p.add_argument("path", help="a .safetensors file, or a folder with --hf")
+    _which(p)
+    _dir(p)
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="cast floats")
     p.add_argument("--hf", action="store_true",
-                   help="export: a Hugging Face folder (config.json + model.safetensors) for from_pretrained")
-    p.add_argument("-n", type=_int_at_least(1), default=None, help="resume: number of ranks after restart")
+                   help="a Hugging Face folder (config.json + model.safetensors) for from_pretrained")
+
+
+def _dir_args(p) -> None:
+    p.add_argument("path", nargs="?", default=None, help="where checkpoints go from now on (none: show it)")
+
+
+def _autosave_args(p) -> None:
+    _dir(p)
+    p.add_argument("--every", type=positive_int, default=None, help="save every N steps")
+    p.add_argument("--keep", type=positive_int, default=None, help="keep the newest K auto-saves (default 3)")
+    p.add_argument("--sync", action="store_true", help="synchronous saves (default async)")
+    p.add_argument("--off", action="store_true", help="turn auto-save off")
+
+
+def _resume_args(p) -> None:
+    _which(p)
+    _dir(p)
+    p.add_argument("-n", type=positive_int, default=None, help="number of ranks after the restart")
     p.add_argument("--setup", default=None,
-                   help="resume: notebook variable holding the setup code (a str run on every rank) "
+                   help="notebook variable holding the setup code (a str run on every rank) "
                         "that builds the model and calls checkpoint_hooks.track(...)")
 
 
-@command("ckpt", "distributed checkpoints: save [--async] [--tag T] | list | load [latest|STEP|TAG] | "
-                 "verify [latest|STEP|TAG] | delete ... | export PATH | autosave --every N | resume", _build)
+ACTIONS = {
+    "save": ("save the ranks' model, optimizer and trainer state", _save_args),
+    "list": ("the checkpoints in the folder", _dir),
+    "load": ("load a checkpoint into the live ranks", _load_args),
+    "verify": ("check a checkpoint's files against their checksums (no ranks needed)", _verify_args),
+    "delete": ("delete checkpoints by name, or all but the newest K auto-saves", _delete_args),
+    "export": ("write the model's weights as one safetensors file or a Hugging Face folder", _export_args),
+    "wait": ("wait for the save in flight", None),
+    "dir": ("show or set the checkpoint folder", _dir_args),
+    "autosave": ("save every N steps while training (--off to stop)", _autosave_args),
+    "resume": ("restart the ranks, rebuild the model and load a checkpoint", _resume_args),
+}
+
+
+@command("ckpt", "distributed checkpoints: save | list | load | verify | delete | export | wait | dir | "
+                 "autosave | resume", actions=ACTIONS)
 def _ckpt(args, shell):
     from .. import checkpoints as ck
-    _check_flags(args)
-    root = args.dir
+
     a = args.action
     if a == "save":
-        _no_extra(args, 0)
-        info = ck.save(tag=args.tag, async_=args.async_, root=root, with_optimizer=not args.model_only)
+        info = ck.save(tag=args.tag, async_=args.async_, root=args.dir, with_optimizer=not args.model_only)
         print(ck.describe_save(info))
         return None
     if a == "list":
-        _no_extra(args, 0)
-        return ck.list(root)
+        return ck.list(args.dir)
     if a == "load":
-        _no_extra(args, 1)
-        info = ck.load(args.args[0] if args.args else "latest", root=root, model_only=args.model_only)
+        info = ck.load(args.which, root=args.dir, model_only=args.model_only)
         print(ck.describe_load(info))
         return None
     if a == "verify":
-        _no_extra(args, 1)
-        info = ck.verify(args.args[0] if args.args else "latest", root=root)
+        info = ck.verify(args.which, root=args.dir)
         print(ck.describe_verify(info))
         return None
     if a == "delete":
-        if not args.args and args.keep is None:
+        if not args.names and args.keep is None:
             raise UsageError("delete what? `%distrain ckpt delete step-00000020 mytag` or `--keep 3`")
-        removed = ck.delete(args.args, root=root, keep=args.keep)
+        removed = ck.delete(args.names, root=args.dir, keep=args.keep)
         print(f"deleted {', '.join(removed) if removed else 'nothing'}")
         return None
     if a == "export":
-        if not args.args or len(args.args) > 2:
-            raise UsageError("usage: %distrain ckpt export PATH.safetensors [latest|STEP|TAG]  or  "
-                             "%distrain ckpt export FOLDER --hf [latest|STEP|TAG]")
-        info = ck.export(args.args[0], args.args[1] if len(args.args) > 1 else "latest", root=root, dtype=args.dtype,
-                         hf=args.hf)
+        info = ck.export(args.path, args.which, root=args.dir, dtype=args.dtype, hf=args.hf)
         what = f" as a Hugging Face {info['architectures'][0] if info.get('architectures') else ''} folder" if args.hf else ""
         print(f"exported {info['tensors']} tensors ({info['params']:,} parameters, step {info['step']}){what} "
               f"to {info['path']} ({info['bytes'] / 2**20:.1f} MiB)")
         return None
     if a == "wait":
-        _no_extra(args, 0)
         info = ck.wait()
         print(ck.describe_save(info) if info else "no save in flight")
         return None
     if a == "dir":
-        _no_extra(args, 1)
-        path = ck.set_dir(args.args[0]) if args.args else ck.get_dir()
+        path = ck.set_dir(args.path) if args.path else ck.get_dir()
         print(f"checkpoints go to {path}")
         return None
     if a == "autosave":
-        _no_extra(args, 0)
         if args.off:
+            if args.every or args.keep or args.sync or args.dir:
+                raise UsageError("`ckpt autosave --off` takes no other flag "
+                                 "(--every/--keep/--sync/--dir set up an auto-save)")
             ck.autosave(None)
             print("auto-save off")
             return None
         if args.every is None:
-            raise UsageError("usage: %distrain ckpt autosave --every N [--keep K] [--sync] | --off")
-        ck.autosave(args.every, keep=args.keep or 3, async_=not args.sync, root=root)
+            raise UsageError("usage: %distrain ckpt autosave --every N [--keep K] [--sync] [--dir D] | --off")
+        ck.autosave(args.every, keep=args.keep or 3, async_=not args.sync, root=args.dir)
         print(f"auto-save every {args.every} steps, keeping the newest {args.keep or 3} "
-              f"({'sync' if args.sync else 'async'}) in {ck.get_dir(root)}")
+              f"({'sync' if args.sync else 'async'}) in {ck.get_dir(args.dir)}")
         return None
     if a == "resume":
-        _no_extra(args, 1)
-        info = ck.resume(setup=setup_from(args.setup, shell), which=args.args[0] if args.args else "latest", n=args.n, root=root)
+        info = ck.resume(setup=setup_from(args.setup, shell), which=args.which, n=args.n, root=args.dir)
         print(ck.describe_load(info))
         return None
     raise UsageError(f"unknown action {a!r}")  # pragma: no cover
-
-
-def _no_extra(args, most: int) -> None:
-    if len(args.args) > most:
-        raise UsageError(f"`ckpt {args.action}` takes at most {most} name(s), got {' '.join(args.args)}")
 
 
 def setup_from(name: str | None, shell):

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from .. import api
 from ..cluster import debugging
+from ...shared.argtypes import non_negative_int
 from . import UsageError, command
 
 
 def _debug_args(p) -> None:
-    p.add_argument("--rank", type=int, required=True, help="the rank whose last exception to enter")
+    p.add_argument("--rank", type=non_negative_int, required=True, help="the rank whose last exception to enter")
 
 
 @command("debug", "enter pdb post-mortem on a rank's last exception", _debug_args)

@@ -12,6 +12,7 @@ import re
 from .. import api
 from ...engine import rpc
 from ...shared.errors import WorkbenchError
+from ...shared.argtypes import positive_int
 from . import UsageError, command
 
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
@@ -20,7 +21,9 @@ _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 def _prepare_args(p) -> None:
     p.add_argument("spec", nargs="*", help="a preset (ddp | fsdp2 | hsdp | tp | pp | zero) and/or degrees "
                                          "(dp_replicate=, dp_shard=, tp=, pp=; one may be -1), then options: "
-                                         "'fsdp2 tp=2', 'pp=2 dp_shard=2', 'zero stage=3', '--dtype bf16'")
+                                         "'fsdp2 tp=2', 'pp=2 dp_shard=2', 'zero stage=3', 'fsdp2 dtype=bf16 "
+                                         "cpu_offload=true', 'ddp compile'")
+    p.unknown_hint = "strategy options go as key=value after the kind: dtype=fp16, cpu_offload=true, compile"
     p.add_argument("--blocks", default=None,
                    help="comma-separated block class names or module paths (default: found in the model)")
     p.add_argument("--model", default="model", help="rank variable holding the model (default: model)")
@@ -93,7 +96,7 @@ def layout_summary(layouts: list[dict]) -> str:
 def _layout_args(p) -> None:
     p.add_argument("--tensor", default=None, help="draw this tensor's blocks and which ranks hold them")
     p.add_argument("--match", default=None, help="only tensors whose name matches this regex")
-    p.add_argument("--max", type=int, default=24, help="at most this many tensors (largest first)")
+    p.add_argument("--max", type=positive_int, default=24, help="at most this many tensors (largest first)")
 
 
 @command("layout", "picture of which shard of which tensor lives on which rank", _layout_args)

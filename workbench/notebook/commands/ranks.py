@@ -4,42 +4,23 @@ from __future__ import annotations
 from .. import api, auto_cells
 from ..cluster.launchers import LAUNCHERS
 from ..cluster.rankset import BACKENDS
+from ...shared.argtypes import positive_int, rank_selection, seconds
 from . import UsageError, command
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"expected a whole number of ranks, got {text!r}") from None
-    if value < 1:
-        raise UsageError(f"the number of ranks must be at least 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"expected seconds (a number), got {text!r}") from None
-    if value <= 0:
-        raise UsageError(f"a timeout must be positive, got {text}")
-    return value
-
-
 def _start_args(p) -> None:
-    p.add_argument("-n", type=_positive_int, default=None, help="number of ranks (default 2, or the --hosts total)")
+    p.add_argument("-n", type=positive_int, default=None, help="number of ranks (default 2, or the --hosts total)")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl with GPUs, else gloo")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local")
-    p.add_argument("--timeout", type=_seconds, default=300.0, help="collective timeout in seconds")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch threads per rank")
+    p.add_argument("--timeout", type=seconds, default=300.0, help="collective timeout in seconds")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads per rank")
     p.add_argument("--auto", action="store_true", help="then run plain cells on the ranks (`%%distrain auto on`)")
     p.add_argument("--ip", default=None, help="slurm/ssh: this host's address the ranks connect to")
     p.add_argument("--hosts", default=None, help="ssh: hostA:2,hostB:2 (ranks per host)")
     p.add_argument("--ssh-config", default=None, help="ssh: an ssh_config file (ssh -F)")
     p.add_argument("--python", default=None, help="slurm/ssh: the ranks' python (default: this one's path)")
-    p.add_argument("--nodes", type=_positive_int, default=None, help="slurm: number of nodes")
-    p.add_argument("--gpus-per-node", type=_positive_int, default=None, help="slurm: GPUs per node")
+    p.add_argument("--nodes", type=positive_int, default=None, help="slurm: number of nodes")
+    p.add_argument("--gpus-per-node", type=positive_int, default=None, help="slurm: GPUs per node")
     p.add_argument("--partition", default=None, help="slurm: partition")
     p.add_argument("--time", default=None, help="slurm: time limit (H:MM:SS)")
     p.add_argument("--account", default=None, help="slurm: account")
@@ -145,9 +126,9 @@ def _stop(args, shell):
 
 
 def _restart_args(p) -> None:
-    p.add_argument("-n", type=_positive_int, default=None, help="new number of ranks (default: same)")
+    p.add_argument("-n", type=positive_int, default=None, help="new number of ranks (default: same)")
     p.add_argument("--backend", choices=BACKENDS, default=None)
-    p.add_argument("--timeout", type=_seconds, default=None)
+    p.add_argument("--timeout", type=seconds, default=None)
     p.add_argument("--resume", action="store_true", help="then rebuild the model and load the latest checkpoint")
     p.add_argument("--setup", default=None, help="with --resume: notebook variable holding the setup code")
     p.add_argument("--dir", default=None, help="with --resume: checkpoint folder")
@@ -186,7 +167,7 @@ def _status(args, shell):
 
 def _push_args(p) -> None:
     p.add_argument("names", nargs="+", help="notebook variables to copy to the ranks")
-    p.add_argument("--ranks", default=None, help="0,2-3 or all (default all)")
+    p.add_argument("--ranks", type=rank_selection, default=None, help="0,2-3 or all (default all)")
 
 
 @command("push", "copy notebook variables to the ranks", _push_args)
@@ -200,7 +181,7 @@ def _push(args, shell):
 
 def _pull_args(p) -> None:
     p.add_argument("name", help="variable to fetch from the ranks")
-    p.add_argument("--ranks", default=None, help="0,2-3 or all (default all)")
+    p.add_argument("--ranks", type=rank_selection, default=None, help="0,2-3 or all (default all)")
 
 
 @command("pull", "fetch a variable from the ranks (a list, one value per rank)", _pull_args)

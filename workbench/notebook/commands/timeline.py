@@ -1,12 +1,13 @@
 """``%distrain timeline``: when each rank computed and waited inside the last steps."""
 from __future__ import annotations
 
+from ...shared.argtypes import positive_int, rank_selection, seconds
 from . import UsageError, command
 
 
 def _timeline_args(p) -> None:
-    p.add_argument("--steps", type=int, default=5, help="how many of the latest steps (default 5, at most 200)")
-    p.add_argument("--ranks", default=None, help="ranks to show: 0,2-3 or all (default all)")
+    p.add_argument("--steps", type=positive_int, default=5, help="how many of the latest steps (default 5, at most 200)")
+    p.add_argument("--ranks", type=rank_selection, default=None, help="ranks to show: 0,2-3 or all (default all)")
     p.add_argument("--run", default=None, help="this run (default: the latest)")
     p.add_argument("--table", action="store_true", help="a table per rank and step instead of the chart")
 
@@ -41,10 +42,10 @@ def _pipeline(args, shell):
 
 
 def _profile_args(p) -> None:
-    p.add_argument("--steps", type=int, default=3, help="how many training steps to profile (default 3)")
-    p.add_argument("--ranks", default=None, help="ranks to profile: 0,2-3 or all (default all)")
+    p.add_argument("--steps", type=positive_int, default=3, help="how many training steps to profile (default 3)")
+    p.add_argument("--ranks", type=rank_selection, default=None, help="ranks to profile: 0,2-3 or all (default all)")
     p.add_argument("--out", default=None, help="folder for the traces (default profiles/profile-<time>)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the traces (default 300)")
+    p.add_argument("--timeout", type=seconds, default=300.0, help="seconds to wait for the traces (default 300)")
     p.add_argument("--code", default=None, help="profile this code on the ranks instead of trainer steps "
                                               "(run in their namespaces, as %%%%distrain would)")
 
@@ -57,8 +58,6 @@ def _profile(args, shell):
 
     if not 1 <= args.steps <= 100:
         raise UsageError(f"--steps must be between 1 and 100, got {args.steps}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive seconds, got {args.timeout}")
     api.current().select(args.ranks)  # a bad selection is refused before anything runs
     try:
         if args.code is not None:

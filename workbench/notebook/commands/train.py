@@ -8,24 +8,42 @@ from __future__ import annotations
 import ast
 
 from .. import api, training
+from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds
 from . import UsageError, command
 
-ACTIONS = ("start", "pause", "resume", "stop", "set", "status", "wait")
+def _start_args(p) -> None:
+    p.add_argument("--steps", type=positive_int, default=100, help="how many more steps (default 100)")
+    p.add_argument("--model", choices=MODEL_SIZES, default=None,
+                   help="build the teaching trainer (a GPT of this size on bundled text) first")
+    p.add_argument("--strategy", default=None, help="strategy spec for the teaching trainer (default ddp); builds it")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="global batch size of the teaching trainer (default 8); with --model/--strategy")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help="learning rate (default 1e-3 when building; else set on the ranks' trainer)")
+    p.add_argument("--grad-accum", type=positive_int, default=None,
+                   help="micro-batches per step (default 1 when building; else set on the ranks' trainer)")
+    p.add_argument("--step-timeout", type=seconds, default=None, metavar="S",
+                   help="after S s without a step, show which ranks are stuck and where")
+    p.add_argument("--no-dashboard", action="store_true", help="do not open the dashboard")
 
 
-def _train_args(p) -> None:
-    p.add_argument("action", choices=ACTIONS, help="what to do with the ranks' trainer")
-    p.add_argument("values", nargs="*", help="for set: NAME=VALUE pairs, e.g. lr=3e-4 betas=0.9,0.95")
-    p.add_argument("--steps", type=int, default=None, help="start: how many more steps (default 100)")
-    p.add_argument("--model", default=None, help="start: build the teaching trainer (tiny GPT) first, e.g. tiny")
-    p.add_argument("--strategy", default=None, help="start: strategy spec for --model (default ddp)")
-    p.add_argument("--batch-size", type=int, default=8, help="start with --model: global batch size")
-    p.add_argument("--lr", type=float, default=1e-3, help="start with --model: learning rate")
-    p.add_argument("--grad-accum", type=int, default=1, help="start with --model: micro-batches per step")
-    p.add_argument("--step-timeout", type=float, default=None, metavar="S",
-                   help="start: after S s without a step, show which ranks are stuck and where")
-    p.add_argument("--no-dashboard", action="store_true", help="start: do not open the dashboard")
-    p.add_argument("--timeout", type=float, default=600.0, help="wait: seconds (default 600)")
+def _set_args(p) -> None:
+    p.add_argument("values", nargs="+", metavar="NAME=VALUE", help="e.g. lr=3e-4 betas=0.9,0.95 grad_accum=2")
+
+
+def _wait_args(p) -> None:
+    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds (default 600)")
+
+
+ACTIONS = {
+    "start": ("run N more steps in the background (--model builds the teaching trainer first)", _start_args),
+    "pause": ("pause every rank at the same step", None),
+    "resume": ("resume a paused run", None),
+    "stop": ("stop the run at the next step on every rank", None),
+    "set": ("change hyperparameters on every rank at the same step", _set_args),
+    "status": ("the trainer's state on each rank", None),
+    "wait": ("wait until the run ends", _wait_args),
+}
 
 
 def parse_value(text: str):
@@ -48,31 +66,12 @@ def parse_pairs(values: list[str]) -> dict:
 
 
 @command("train", "train on the ranks: start --steps N | pause | resume | stop | set lr=3e-4 | status | wait",
-         _train_args)
+         actions=ACTIONS)
 def _train(args, shell):
-    if args.action != "set" and args.values:
-        raise UsageError(f"`train {args.action}` takes no NAME=VALUE arguments (got {' '.join(args.values)})")
     if args.action == "start":
-        steps = 100 if args.steps is None else args.steps
-        if steps < 1:
-            raise UsageError(f"--steps must be at least 1, got {steps}")
-        if args.step_timeout is not None and args.step_timeout <= 0:
-            raise UsageError(f"--step-timeout must be positive seconds, got {args.step_timeout}")
-        if args.model or args.strategy:
-            training.setup(args.strategy or "ddp", model=args.model or "tiny", batch_size=args.batch_size,
-                           lr=args.lr, grad_accum=args.grad_accum)
-        run = training.start(steps, step_timeout=args.step_timeout)
-        print(f"training {run}: {steps} steps on {api.current().world_size} ranks (in the background)")
-        if not args.no_dashboard:
-            from ..dashboard import dashboard
-
-            dashboard()
-        return None
+        return _start(args)
     if args.action == "set":
-        pairs = parse_pairs(args.values)
-        if not pairs:
-            raise UsageError("`train set` needs NAME=VALUE pairs, e.g. `%distrain train set lr=3e-4`")
-        applied = training.set(**pairs)
+        applied = training.set(**parse_pairs(args.values))
         print("from the next step or the one after, on every rank: " + ", ".join(f"{k}={v}" for k, v in applied.items()))
         return None
     if args.action in ("pause", "resume", "stop"):
@@ -83,7 +82,41 @@ def _train(args, shell):
         return training.wait(timeout=args.timeout)
     import pandas as pd
 
-    return pd.DataFrame(training.status()).set_index("rank")
+    rows = training.status()  # a rank without a trainer answers without its rank number
+    return pd.DataFrame([{"rank": i, **r} for i, r in enumerate(rows)]).set_index("rank")
+
+
+def _start(args):
+    """Build the teaching trainer when asked (--model/--strategy); otherwise --lr/--grad-accum
+    change the trainer already on the ranks. Every refusal comes before anything changes."""
+    build = args.model is not None or args.strategy is not None
+    changes = {k: v for k, v in (("lr", args.lr), ("grad_accum", args.grad_accum)) if v is not None}
+    if build:
+        training.setup(args.strategy or "ddp", model=args.model or "tiny", batch_size=args.batch_size or 8,
+                       lr=args.lr or 1e-3, grad_accum=args.grad_accum or 1)
+    else:
+        if args.batch_size is not None:
+            raise UsageError("--batch-size sizes the teaching trainer that --model/--strategy build; a trainer "
+                             "already on the ranks draws its batches from its own data: add --model tiny to "
+                             "rebuild, or change the batch in your setup code; nothing was done")
+        states = {s["state"] for s in training.status()} if changes else set()
+        given = ", ".join("--" + k.replace("_", "-") for k in changes)
+        if "none" in states:
+            raise UsageError(f"{given} change the trainer on the ranks, and there is none yet: add --model tiny "
+                             "(builds the teaching GPT) or build a Trainer in a %%distrain cell; nothing was done")
+        if states & {"running", "paused"}:
+            raise UsageError(f"training is already {'/'.join(sorted(states & {'running', 'paused'}))}, so {given} "
+                             "would not start a run: `%distrain train set lr=...` changes it live; nothing was done")
+        if changes:
+            training.set(**changes)
+    run = training.start(args.steps, step_timeout=args.step_timeout)
+    with_ = f" with {', '.join(f'{k}={v}' for k, v in changes.items())}" if changes else ""
+    print(f"training {run}: {args.steps} steps on {api.current().world_size} ranks{with_} (in the background)")
+    if not args.no_dashboard:
+        from ..dashboard import dashboard
+
+        dashboard()
+    return None
 
 
 def _dashboard_args(p) -> None:

@@ -6,13 +6,14 @@ reported by its process state.
 """
 from __future__ import annotations
 
+from ...shared.argtypes import rank_selection, seconds
 from . import command
 
 
 def _build(p) -> None:
-    p.add_argument("--ranks", default=None, help="0,2-3 or all (default all)")
+    p.add_argument("--ranks", type=rank_selection, default=None, help="0,2-3 or all (default all)")
     p.add_argument("--full", action="store_true", help="print every thread's stack")
-    p.add_argument("--wait", type=float, default=2.0, help="seconds to wait for the stacks (default 2)")
+    p.add_argument("--wait", type=seconds, default=2.0, help="seconds to wait for the stacks (default 2)")
 
 
 def where_ranks(ranks=None, *, wait: float = 2.0, rankset=None) -> dict[int, str]:

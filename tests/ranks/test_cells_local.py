@@ -103,7 +103,7 @@ def test_fail_fast_interrupts_at_once_and_keeps_a_group_not_in_use(shell2, capsy
 
 
 @pytest.mark.parametrize("flags, says", [
-    ("--grace -1", "--grace must be 0 or more seconds"),
+    ("--grace -1", "argument --grace: expected 0 or a positive number"),
     ("--grace 2 --fail-fast", "--grace and --fail-fast contradict each other"),
     ("--grace soon", "usage: %%distrain"),
 ])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from notebook_runs import execute_saved_notebook, outputs_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "03_your_own_model.ipynb"
 
 

@@ -3,7 +3,6 @@ import math
 import time
 
 import pytest
-from conftest import clean_trainer
 
 from workbench.notebook import stream, training
 from workbench.notebook.metrics import metrics
@@ -13,21 +12,8 @@ PARAM_BYTES = 139904  # GPT tiny (seq 32): 34976 fp32 parameters
 
 
 @pytest.fixture
-def rs(ranks2):
-    """The shared 2-rank set, made the API's current one (as the rank set a user trains on is,
-    so that ``metrics()`` reads its stream); afterwards no trainer, no timing wrappers,
-    nothing running, and the previous current set back."""
-    from workbench.notebook import api
-
-    from workbench.notebook import session
-    previous = session.using(ranks2)
-    previous.__enter__()
-    try:
-        yield ranks2
-    finally:
-        previous.__exit__()
-
-    ranks2.apply(clean_trainer, timeout=60)
+def rs(current2):
+    return current2
 
 
 def wide(run):

@@ -29,11 +29,11 @@ def test_format_ranks():
 
 
 @pytest.mark.parametrize("line, fragment", [
-    ("start -n x", "expected a whole number of ranks"),
-    ("start -n 0", "at least 1"),
+    ("start -n x", "argument -n: expected a whole number"),
+    ("start -n 0", "argument -n: expected a whole number >= 1"),
     ("start --backend mpi", "invalid choice"),
     ("start --launcher pbs", "invalid choice"),
-    ("start --timeout -3", "timeout must be positive"),
+    ("start --timeout -3", "argument --timeout: expected a positive number of seconds"),
     ("start --bogus", "unrecognized arguments"),
     ("launch -n 2", "unknown sub-command 'launch'"),
 ])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import clean_trainer
 
 from workbench.notebook import api, profiles, training
 from workbench.shared.errors import WorkbenchError
@@ -14,15 +13,8 @@ from workbench.notebook.commands import UsageError, dispatch
 
 
 @pytest.fixture
-def rs(ranks2):
-    from workbench.notebook import session
-    previous = session.using(ranks2)
-    previous.__enter__()
-    try:
-        yield ranks2
-    finally:
-        previous.__exit__()
-        ranks2.apply(clean_trainer, timeout=60)
+def rs(current2):
+    return current2
 
 
 def _left_running():
@@ -72,9 +64,9 @@ def test_profile_an_idle_trainer_then_a_running_one(rs, tmp_path):
 
 
 def test_profile_refuses_bad_input(rs):
-    for line, fragment in (("profile --steps 0", "--steps must be between 1 and 100"),
+    for line, fragment in (("profile --steps 0", "argument --steps: expected a whole number >= 1"),
                            ("profile --ranks 5", "rank\\(s\\) 5 do not exist"),
-                           ("profile --timeout -1", "--timeout must be positive")):
+                           ("profile --timeout -1", "argument --timeout: expected a positive number of seconds")):
         with pytest.raises(WorkbenchError, match=fragment):  # UsageError, or BadRanks for --ranks
             dispatch(line)
     training.setup("ddp", rankset=rs)

@@ -3,8 +3,8 @@ import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-TOOL = ROOT / "tests" / "import_cycles.py"  # a copy of the project's shared tool
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tests" / "unit" / "import_cycles.py"  # a copy of the project's shared tool
 
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from notebook_runs import execute_saved_notebook, outputs_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "notebooks" / "01_train_and_watch.ipynb"
 
 

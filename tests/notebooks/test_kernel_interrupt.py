@@ -1,40 +1,21 @@
 """Tier 4: a real Jupyter kernel; interrupting the notebook interrupts the ranks."""
-import os
 import queue
 import time
 
+import kernel_runs
 import pytest
-from jupyter_client.manager import start_new_kernel
 
 
 def execute(kc, code, timeout=120):
     """Run code in the kernel; return (reply content, text printed)."""
-    msg_id = kc.execute(code)
-    text = []
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = kc.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            text.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            text.append("\n".join(msg["content"]["traceback"]))
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    reply = kc.get_shell_msg(timeout=timeout)
-    return reply["content"], "".join(text)
+    reply, msgs = kernel_runs.execute(kc, code, timeout)
+    return reply, kernel_runs.printed(msgs)
 
 
 @pytest.fixture
 def kernel():
-    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
-    yield km, kc
-    try:
-        execute(kc, "import workbench; workbench.stop()", timeout=60)
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+    with kernel_runs.kernel() as (km, kc):
+        yield km, kc
 
 
 def test_interrupting_the_kernel_interrupts_every_rank(kernel):

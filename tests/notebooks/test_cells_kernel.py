@@ -1,47 +1,19 @@
 """Tier 4: through a real Jupyter kernel, output is live from the first line and a failing
 rank is shown at once (2 ranks started in the kernel)."""
-import os
 import re
 import time
 
+import kernel_runs
 import pytest
-from jupyter_client.manager import start_new_kernel
-
-
-def execute(kc, code, timeout=180):
-    """Run code in the kernel; return (reply content, [(arrival time, iopub msg)])."""
-    msg_id = kc.execute(code)
-    msgs = []
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = kc.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        msgs.append((time.time(), msg))
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    while True:  # skip replies to earlier requests (the kernel_info of the start)
-        reply = kc.get_shell_msg(timeout=timeout)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply["content"], msgs
-
-
-def streams(msgs, name="stdout") -> str:
-    return "".join(m["content"]["text"] for _, m in msgs
-                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
+from kernel_runs import execute, streams
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
-    reply, msgs = execute(kc, "%load_ext workbench\n%distrain start -n 2 --backend gloo --threads 1")
-    assert reply["status"] == "ok", streams(msgs, "stderr")
-    yield kc
-    try:
-        execute(kc, "import workbench; workbench.stop()", timeout=60)
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+    with kernel_runs.kernel() as (km, kc):
+        reply, msgs = execute(kc, "%load_ext workbench\n%distrain start -n 2 --backend gloo --threads 1")
+        assert reply["status"] == "ok", streams(msgs, "stderr")
+        yield kc
 
 
 def test_output_is_live_from_the_first_line_then_regrouped(kernel):

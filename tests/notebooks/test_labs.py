@@ -23,7 +23,7 @@ from notebook_runs import outputs_text
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
 # lab file -> strings its outputs must contain (key numbers of the lesson)

@@ -64,7 +64,7 @@ def test_push_pull_through_magics(shell):
 
 @pytest.mark.parametrize("line, fragment", [
     ("%%distrain --ranks 9\nx = 1", "rank(s) 9 do not exist"),
-    ("%%distrain --timeout 0\nx = 1", "--timeout must be positive"),
+    ("%%distrain --timeout 0\nx = 1", "argument --timeout: expected a positive number of seconds"),
     ("%distrain start -n 2", "already running"),
     ("%distrain push no_such_variable", "no notebook variable named no_such_variable"),
 ])

@@ -7,12 +7,8 @@ import pytest
 
 
 @pytest.fixture
-def ip():
-    from IPython.testing.globalipapp import get_ipython
-
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "workbench")
-    return shell
+def ip(ipshell):
+    return ipshell
 
 
 def test_plan_magic_reports_the_new_inputs_term_by_term(ip, capsys):

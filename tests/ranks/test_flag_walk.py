@@ -1,0 +1,596 @@
+"""Every flag of every ``%distrain`` sub-command either changes behaviour or is refused.
+
+The parsers are introspected (:func:`every_flag`), so a flag added later without a case in
+:data:`CASES` fails ``test_every_flag_has_a_case``. A case is either a refusal (the line is
+run through a real IPython shell and must fail naming the flag, with the ranks unchanged)
+or the name of a scenario test below that drives the flag through the shell on real ranks
+(the shared ``ranks2``; ``fresh_ranks`` where ranks are started or restarted) and asserts
+its effect.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+
+import pytest
+
+from workbench.notebook import api
+from workbench.notebook.commands import COMMANDS, UsageError, load_all
+
+load_all()
+
+
+def every_flag() -> set[tuple[str, str]]:
+    """(words that reach the parser, longest spelling of the flag) for every parser."""
+    from workbench.notebook.magics import DistrainMagics
+    from workbench.planner.arguments import _parser as plan_parser
+
+    parsers = {words: p for cmd in COMMANDS.values() for words, p in cmd.parsers().items()}
+    parsers["plan"] = plan_parser()
+    parsers["%%distrain"] = DistrainMagics.distrain_cell.parser
+    out = set()
+    for words, p in parsers.items():
+        for action in p._actions:
+            if action.option_strings and action.dest != "help":
+                out.add((words, max(action.option_strings, key=len)))
+    return out
+
+
+def refused(line: str, fragment: str):
+    return ("refused", line, fragment)
+
+
+# Scenario names are test functions of this module; each asserts the effect of its flags.
+TRAIN, CKPT, LIFE, CELL, PLAN, VIEWS, PREP = (
+    "test_train_flags", "test_ckpt_flags", "test_start_restart_resume_flags", "test_cell_flags", "test_plan_flags",
+    "test_view_flags", "test_prepare_and_layout_flags")
+NAMED = "test_named_set_flags"  # two named sets side by side: tests/ranks/test_sessions.py
+SLURM_ONLY = "go with --launcher slurm"  # their effect on a real Slurm: tests/cluster/test_slurm.py
+
+CASES: dict[tuple[str, str], object] = {
+    # ranks' life cycle
+    ("start", "-n"): LIFE, ("start", "--backend"): LIFE, ("start", "--timeout"): LIFE,
+    ("start", "--threads"): LIFE, ("start", "--auto"): LIFE,
+    ("start", "--name"): NAMED, ("stop", "--name"): NAMED,
+    ("start", "--ip"): refused("start --ip 127.0.0.1", "--ip goes with --launcher ssh or slurm"),
+    ("start", "--launcher"): refused("start -n 2 --launcher ssh", "--launcher ssh needs --hosts"),
+    ("start", "--hosts"): refused("start --hosts a:1,b:1", "--hosts goes with --launcher ssh"),
+    ("start", "--ssh-config"): refused("start --ssh-config /nonexistent", "--ssh-config and --python go with"),
+    ("start", "--python"): refused("start --python /usr/bin/python3", "--ssh-config and --python go with"),
+    ("start", "--nodes"): refused("start --nodes 2", SLURM_ONLY),
+    ("start", "--gpus-per-node"): refused("start --gpus-per-node 1", SLURM_ONLY),
+    ("start", "--partition"): refused("start --partition debug", SLURM_ONLY),
+    ("start", "--time"): refused("start --time 0:10:00", SLURM_ONLY),
+    ("start", "--account"): refused("start --account me", SLURM_ONLY),
+    ("start", "--sbatch"): refused("start --sbatch=--constraint=x", SLURM_ONLY),
+    ("restart", "-n"): LIFE, ("restart", "--backend"): LIFE, ("restart", "--timeout"): LIFE,
+    ("restart", "--resume"): LIFE, ("restart", "--setup"): LIFE, ("restart", "--dir"): LIFE,
+    ("push", "--ranks"): VIEWS, ("pull", "--ranks"): VIEWS,
+    ("where", "--ranks"): VIEWS, ("where", "--full"): VIEWS, ("where", "--wait"): VIEWS,
+    ("debug", "--rank"): refused("debug --rank 7", "--rank 7 does not exist"),
+    # training
+    ("train start", "--steps"): TRAIN, ("train start", "--model"): TRAIN, ("train start", "--strategy"): TRAIN,
+    ("train start", "--batch-size"): TRAIN, ("train start", "--lr"): TRAIN, ("train start", "--grad-accum"): TRAIN,
+    ("train start", "--step-timeout"): TRAIN, ("train start", "--no-dashboard"): TRAIN,
+    ("train wait", "--timeout"): TRAIN,
+    ("dashboard", "--export"): TRAIN, ("dashboard", "--run"): TRAIN,
+    ("timeline", "--steps"): TRAIN, ("timeline", "--ranks"): TRAIN, ("timeline", "--run"): TRAIN,
+    ("timeline", "--table"): TRAIN,
+    ("profile", "--steps"): TRAIN, ("profile", "--ranks"): TRAIN, ("profile", "--out"): TRAIN,
+    ("profile", "--timeout"): TRAIN,
+    ("profile", "--code"): TRAIN,
+    # checkpoints
+    ("ckpt save", "--dir"): CKPT, ("ckpt save", "--tag"): CKPT, ("ckpt save", "--async"): CKPT,
+    ("ckpt save", "--model-only"): CKPT, ("ckpt list", "--dir"): CKPT, ("ckpt load", "--dir"): CKPT,
+    ("ckpt load", "--model-only"): CKPT, ("ckpt verify", "--dir"): CKPT, ("ckpt delete", "--dir"): CKPT,
+    ("ckpt delete", "--keep"): CKPT, ("ckpt export", "--dir"): CKPT, ("ckpt export", "--dtype"): CKPT,
+    ("ckpt export", "--hf"): CKPT,
+    ("ckpt autosave", "--dir"): CKPT, ("ckpt autosave", "--every"): CKPT, ("ckpt autosave", "--keep"): CKPT,
+    ("ckpt autosave", "--sync"): CKPT, ("ckpt autosave", "--off"): CKPT,
+    ("ckpt resume", "--dir"): LIFE, ("ckpt resume", "-n"): LIFE, ("ckpt resume", "--setup"): LIFE,
+    # layouts
+    ("prepare", "--blocks"): PREP, ("prepare", "--model"): PREP, ("prepare", "--optimizer"): PREP,
+    ("layout", "--tensor"): PREP, ("layout", "--match"): PREP, ("layout", "--max"): PREP,
+    # the cell magic
+    ("%%distrain", "--ranks"): CELL, ("%%distrain", "--timeout"): CELL, ("%%distrain", "--grace"): CELL,
+    ("%%distrain", "--on"): NAMED,
+    ("%%distrain", "--fail-fast"): CELL, ("%%distrain", "--stream"): CELL, ("%%distrain", "--no-stream"): CELL,
+}
+PLAN_BASE = "--model 8b --hw h100"
+# plan flag -> (words with it, words without it), each after PLAN_BASE: the two printed plans must differ
+PLAN_CASES = {
+    "--model": ("--model 70b", ""), "--hardware": ("--hardware a100-sxm", ""), "--gpus": ("--gpus 128", ""),
+    "--tp": ("--tp 2", ""), "--pp": ("--pp 2", ""), "--dp": ("--tp 2 --dp 4", "--tp 2"),
+    "--dp-replicate": ("--zero 3 --dp-shard 4 --dp-replicate 2", "--zero 3 --dp-shard 4"),
+    "--dp-shard": ("--dp-replicate 2 --zero 3 --dp-shard 4", "--dp-replicate 2"),
+    "--zero": ("--zero 1", ""), "--fsdp": ("--fsdp", ""), "--cp": ("--cp 2", ""),
+    "--ep": ("--model mixtral-8x7b --dp 4 --ep 2", "--model mixtral-8x7b --dp 4"),
+    "--microbatches": ("--pp 2 --microbatches 8", "--pp 2"), "--mbs": ("--mbs 2", ""),
+    "--schedule": ("--pp 2 --schedule gpipe", "--pp 2"),
+    "--virtual-stages": ("--pp 2 --schedule interleaved --virtual-stages 4", "--pp 2 --schedule interleaved"),
+    "--precision": ("--precision fp32", ""), "--fp8": ("--fp8", ""), "--attention": ("--attention eager", ""),
+    "--layers-per-stage": ("--pp 2 --layers-per-stage 12,20", "--pp 2"), "--recompute": ("--recompute full", ""),
+    "--offload": ("--zero 3 --offload", "--zero 3"), "--no-sp": ("--tp 2 --no-sp", "--tp 2"),
+    "--seq-len": ("--seq-len 2048", ""), "--tokens": ("--tokens 1e12", ""),
+    "--price": ("--tokens 1e12 --price 2.5", "--tokens 1e12"),
+}
+for _flag in PLAN_CASES:
+    CASES[("plan", _flag)] = PLAN
+
+
+def test_every_flag_has_a_case():
+    flags = every_flag()
+    missing = sorted(flags - set(CASES))
+    stale = sorted(set(CASES) - flags)
+    assert not missing, f"flags without a case in CASES (add a refusal or a scenario that shows the effect): {missing}"
+    assert not stale, f"cases for flags that no longer exist: {stale}"
+    for case in CASES.values():
+        assert isinstance(case, tuple) or case in globals(), case
+
+
+def magic(ip, line: str):
+    """``%distrain line`` as a notebook runs it: the handler's value, or the error it raised."""
+    return ip.run_line_magic("distrain", line)
+
+
+REFUSALS = sorted((k, v) for k, v in CASES.items() if isinstance(v, tuple))
+
+
+@pytest.mark.parametrize("key, case", REFUSALS, ids=[f"{w} {f}" for (w, f), _ in REFUSALS])
+def test_refused_flags_say_what_was_wrong_and_change_nothing(shell2, ranks2, key, case):
+    _, line, fragment = case
+    assert key[1] in line or key[0].split()[-1] in line
+    pids = [p.pid for p in ranks2.procs]
+    ranks2.execute("sentinel = 11")
+    with pytest.raises(Exception) as err:
+        magic(shell2, line)
+    message = str(err.value)
+    assert fragment in message, message
+    if isinstance(err.value, UsageError):
+        assert "\n" not in message, message
+    assert api.current() is ranks2 and [p.pid for p in ranks2.procs] == pids
+    assert ranks2.pull("sentinel") == [11, 11]
+
+
+
+def test_plan_flags(ipshell, capsys):
+    """`%distrain plan` is arithmetic in the kernel: each flag changes the printed plan."""
+    shell = ipshell
+    for flag, (with_, without) in PLAN_CASES.items():
+        magic(shell, f"plan {PLAN_BASE} {with_}")
+        out = capsys.readouterr().out
+        magic(shell, f"plan {PLAN_BASE} {without}")
+        assert out != capsys.readouterr().out, f"`plan ... {with_}` printed the same plan as without {flag}"
+    assert "DOES NOT FIT" in out or "fits" in out.lower(), out
+
+
+def test_cell_flags(shell2, ranks2, capsys):
+    """--ranks / --timeout / --grace / --fail-fast / --stream / --no-stream on real ranks."""
+    import sys
+    import time
+
+    assert shell2.run_cell("%%distrain --ranks 1\nonly_one = 5").success
+    assert ranks2.execute("print('only_one' in globals())") is not None
+    capsys.readouterr()
+    assert shell2.run_cell("%%distrain\nprint('only_one' in globals())").success
+    assert [l for l in capsys.readouterr().out.splitlines() if l.startswith("[rank")] == [
+        "[rank 0] False", "[rank 1] True"]
+    r = shell2.run_cell("%%distrain --timeout 0.5\nimport time\ntime.sleep(3)")
+    assert not r.success and "0.5" in str(r.error_in_exec)
+    ranks2.interrupt() if hasattr(ranks2, "interrupt") else None
+    ranks2.execute("import time; time.sleep(0)", timeout=30)  # the ranks answer again
+    # a failing rank 0 while rank 1 sleeps 2 s: --fail-fast interrupts it at once, --grace 5 lets it finish
+    code = "from workbench import engine\nimport time\nif engine.rank == 0: raise ValueError('boom')\ntime.sleep(2)\nfinished = 1"
+    for flags, finished in (("--fail-fast", False), ("--grace 5", True)):
+        ranks2.execute("globals().pop('finished', None)")
+        t0 = time.monotonic()
+        r = shell2.run_cell(f"%%distrain {flags}\n{code}")
+        took = time.monotonic() - t0
+        assert not r.success and "rank 0" in str(r.error_in_exec).replace("rank(s) 0", "rank 0")
+        got = ranks2.pull("finished", ranks=[1]) if finished else None
+        if finished:
+            assert got == [1], flags
+        else:
+            assert took < 1.8, (flags, took)
+            assert ranks2.execute("print(1)") is not None
+    capsys.readouterr()
+
+    # --stream shows rank output while the cell still runs; --no-stream only when it ends
+    class Clock:
+        def __init__(self, real):
+            self.real, self.seen = real, []
+
+        def write(self, text):
+            self.seen.append((time.monotonic(), text))
+            return self.real.write(text)
+
+        def flush(self):
+            self.real.flush()
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    for flags, live in (("--stream", True), ("--no-stream", False)):
+        clock = Clock(sys.stdout)
+        sys.stdout = clock
+        try:
+            t0 = time.monotonic()
+            r = shell2.run_cell(f"%%distrain {flags}\nimport time\nprint('early', flush=True)\ntime.sleep(1.5)")
+            t1 = time.monotonic()
+        finally:
+            sys.stdout = clock.real
+        assert r.success
+        first = min(t for t, text in clock.seen if "early" in text)
+        assert (first - t0 < 1.0) is live and (t1 - first < 0.5) is not live, (flags, first - t0, t1 - first)
+
+
+def _trainer_facts() -> dict:
+    """On a rank: what the trainer runs with (step, lr, micro-batches, rows per micro-batch, layout)."""
+    from workbench.engine import trainer
+
+    t = trainer.current()
+    batch = t._source.peek(0)
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return {"step": t.step, "lr": t.optimizer.param_groups[0]["lr"], "grad_accum": t.config.grad_accum,
+            "rows": int(x.shape[0]), "layout": repr(t.prepared),
+            "opt_step": int(max((float(st["step"]) for st in t.optimizer.state.values()), default=0))}
+
+
+def _clean(ranks) -> None:
+    from conftest import clean_trainer
+
+    from workbench import dashboard
+    from workbench.notebook import checkpoints as ck
+
+    ranks.apply(clean_trainer, timeout=60)
+    dash = dashboard._OPEN.pop(id(ranks), None)
+    if dash is not None:
+        dash.close()
+    ck._AUTOSAVE = None
+
+
+def test_train_flags(shell2, ranks2, tmp_path, capsys):
+    """train start/wait, dashboard, timeline and profile flags on a real trainer (the tiny GPT)."""
+    from workbench import dashboard, training
+
+    _clean(ranks2)
+    try:
+        # no trainer yet: --lr would have nothing to change, so it is refused and nothing is built
+        with pytest.raises(UsageError, match="--lr change the trainer on the ranks, and there is none yet"):
+            magic(shell2, "train start --lr 3e-4 --no-dashboard")
+        assert [s["state"] for s in training.status()] == ["none", "none"]
+        magic(shell2, "train start --model tiny --strategy fsdp2 --batch-size 4 --lr 3e-4 --grad-accum 2 "
+                      "--steps 2 --step-timeout 120 --no-dashboard")
+        magic(shell2, "train wait --timeout 120")
+        facts = ranks2.apply(_trainer_facts)
+        assert [f["step"] for f in facts] == [2, 2]
+        assert all(f["lr"] == 3e-4 and f["grad_accum"] == 2 and "fsdp2" in f["layout"] for f in facts), facts
+        assert all(f["rows"] == 4 // 2 for f in facts), facts  # 4 rows per step over 2 data-parallel ranks
+        assert id(ranks2) not in dashboard._OPEN  # --no-dashboard
+        assert training._WATCHDOGS[id(ranks2)].timeout == 120.0  # --step-timeout
+        first_run = training._STARTED[id(ranks2)]
+        # without --model: --lr and --grad-accum change the trainer already there; --batch-size cannot
+        with pytest.raises(UsageError, match="--batch-size sizes the teaching trainer"):
+            magic(shell2, "train start --batch-size 2")
+        magic(shell2, "train start --steps 1 --lr 1e-4 --grad-accum 1")
+        magic(shell2, "train wait --timeout 120")
+        facts = ranks2.apply(_trainer_facts)
+        assert [(f["step"], f["lr"], f["grad_accum"]) for f in facts] == [(3, 1e-4, 1)] * 2
+        assert id(ranks2) in dashboard._OPEN  # no --no-dashboard: it opened
+        # train wait --timeout: a long run is not waited for past the timeout
+        magic(shell2, "train start --steps 100000 --no-dashboard")
+        try:
+            with pytest.raises(UsageError, match="training is already running, so --lr would not start a run"):
+                magic(shell2, "train start --lr 5e-5")
+            assert {f["lr"] for f in ranks2.apply(_trainer_facts)} == {1e-4}  # refused before anything changed
+            with pytest.raises(TimeoutError):
+                magic(shell2, "train wait --timeout 0.3")
+        finally:
+            magic(shell2, "train stop")
+            magic(shell2, "train wait --timeout 120")
+        # dashboard --export / --run: a standalone HTML of the first run
+        html = tmp_path / "dash.html"
+        magic(shell2, f"dashboard --run {first_run} --export {html}")
+        assert html.stat().st_size > 1000 and "plotly" in html.read_text().lower()
+        assert dashboard._OPEN[id(ranks2)].run == first_run
+        # timeline: --steps rows per rank, --ranks, --run (a new trainer is a new run), --table
+        magic(shell2, "train start --model tiny --steps 1 --no-dashboard")
+        magic(shell2, "train wait --timeout 120")
+        assert training._STARTED[id(ranks2)] != first_run
+        old = magic(shell2, f"timeline --steps 2 --ranks 1 --run {first_run} --table")
+        new = magic(shell2, "timeline --steps 2 --table")
+        assert set(old["rank"]) == {1} and len(old) == 2 and min(old["step"]) > 1, old
+        assert sorted(new["rank"]) == [0, 1] and set(new["step"]) == {1}, new
+        assert type(magic(shell2, "timeline --steps 1")).__name__ == "Figure"
+        # profile: --steps, --out; --code (profiles code instead of steps) with --ranks; --timeout bounds the wait
+        prof = magic(shell2, f"profile --steps 1 --out {tmp_path / 'p'}")
+        assert sorted(prof.files) == [0, 1] and prof.files[1].startswith(str(tmp_path / "p"))
+        with open(prof.files[1]) as f:
+            assert sum(e.get("name", "").startswith("ProfilerStep#") for e in json.load(f)["traceEvents"]) == 1
+        prof = magic(shell2, f"profile --code 'y = sum(range(1000))' --ranks 0 --out {tmp_path / 'c'}")
+        assert list(prof.files) == [0] and os.path.exists(prof.files[0])
+        with pytest.raises(RuntimeError, match="no trace after 1 s"):  # one idle rank alone cannot step
+            magic(shell2, f"profile --steps 1 --ranks 1 --timeout 1 --out {tmp_path / 't'}")
+    finally:
+        _clean(ranks2)
+    capsys.readouterr()
+
+
+def _safetensors_dtypes(path) -> set[str]:
+    """The dtypes a .safetensors file declares (its JSON header), read without torch."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def test_ckpt_flags(shell2, ranks2, tmp_path, capsys):
+    """Every ckpt action's flags on a trained tiny GPT: folders, tags, async, model-only, retention, export dtype."""
+    from workbench.notebook import checkpoints as ck
+
+    d, auto = tmp_path / "ck", tmp_path / "auto"
+    _clean(ranks2)
+    try:
+        magic(shell2, "train start --model tiny --steps 2 --no-dashboard")
+        magic(shell2, "train wait --timeout 120")
+        capsys.readouterr()
+        magic(shell2, f"ckpt save --dir {d} --tag first --async")
+        assert "in the background" in capsys.readouterr().out  # --async: returns before the write ends
+        magic(shell2, "ckpt wait")
+        magic(shell2, f"ckpt save --dir {d} --model-only")
+        table = magic(shell2, f"ckpt list --dir {d}")
+        assert list(table["tag"]) == ["first", ""] and set(table["step"]) == {2}
+        full, model_only = table["size_mb"]
+        assert model_only < full / 2, (full, model_only)  # AdamW's two moments were left out
+        magic(shell2, f"ckpt verify first --dir {d}")
+        assert ": good:" in capsys.readouterr().out
+        magic(shell2, "train start --steps 1 --no-dashboard")  # step 3: the optimizer has stepped 3 times
+        magic(shell2, "train wait --timeout 120")
+        magic(shell2, f"ckpt load first --dir {d} --model-only")
+        assert "(model only: fresh optimizer)" in capsys.readouterr().out
+        assert [f["opt_step"] for f in ranks2.apply(_trainer_facts)] == [3, 3]  # not taken from the checkpoint
+        magic(shell2, f"ckpt load first --dir {d}")
+        assert [f["opt_step"] for f in ranks2.apply(_trainer_facts)] == [2, 2]  # restored with the model
+        out = tmp_path / "w.safetensors"
+        magic(shell2, f"ckpt export {out} first --dir {d} --dtype bf16")
+        assert _safetensors_dtypes(out) == {"BF16"}
+        magic(shell2, f"ckpt export {out} first --dir {d}")
+        assert _safetensors_dtypes(out) == {"F32"}
+        # --hf writes a transformers folder; the tiny GPT is not a transformers model, so it is refused
+        # (the export itself, loaded by from_pretrained: test_hf_weights.py)
+        with pytest.raises(ValueError, match="keeps no Hugging Face config"):
+            magic(shell2, f"ckpt export {tmp_path / 'hf'} first --dir {d} --hf")
+        assert not (tmp_path / "hf").exists()
+        # auto-save every step, the newest 2 kept, synchronous; --off stops it
+        magic(shell2, f"ckpt autosave --dir {auto} --every 1 --keep 2 --sync")
+        assert ck._AUTOSAVE == {"every": 1, "keep": 2, "async_": False, "root": str(auto)}
+        magic(shell2, "train start --steps 3 --no-dashboard")
+        magic(shell2, "train wait --timeout 120")
+        magic(shell2, "ckpt wait")
+        steps = sorted(magic(shell2, f"ckpt list --dir {auto}")["step"])
+        assert steps == [4, 5], steps
+        magic(shell2, "ckpt autosave --off")
+        magic(shell2, "train start --steps 1 --no-dashboard")
+        magic(shell2, "train wait --timeout 120")
+        magic(shell2, "ckpt wait")
+        assert sorted(magic(shell2, f"ckpt list --dir {auto}")["step"]) == [4, 5]
+        magic(shell2, f"ckpt delete --dir {auto} --keep 1")
+        assert list(magic(shell2, f"ckpt list --dir {auto}")["step"]) == [5]
+    finally:
+        _clean(ranks2)
+    capsys.readouterr()
+
+
+def test_view_flags(shell2, ranks2, capsys):
+    """push/pull --ranks and where --ranks/--full/--wait on the shared ranks."""
+    shell2.user_ns["pushed_here"] = 3
+    magic(shell2, "push pushed_here --ranks 1")
+    assert ranks2.apply(_has, "pushed_here") == [False, True]
+    assert magic(shell2, "pull pushed_here --ranks 1") == [3]
+    ranks2.execute("del pushed_here", ranks=[1])
+    capsys.readouterr()
+    magic(shell2, "where --ranks 1")
+    short = capsys.readouterr().out
+    magic(shell2, "where --ranks 1 --full")
+    full = capsys.readouterr().out
+    assert {l.split("]")[0] for l in short.splitlines()} == {"[rank 1"}
+    assert "Thread" in full and len(full.splitlines()) > len(short.splitlines())
+    magic(shell2, "where --ranks 1 --wait 1e-9")  # no time to answer SIGUSR1
+    assert "no stack arrived" in capsys.readouterr().out
+
+
+PREP_BUILD = ("%%distrain\nimport torch\nfrom workbench.models import GPT, GPTConfig\ntorch.manual_seed(0)\n"
+              "net = GPT(GPTConfig.tiny())\nopt = lambda ps: torch.optim.AdamW(ps, lr=1e-3)\n")
+
+
+def _forget_prepared() -> bool:
+    import __main__
+
+    from workbench.engine import session
+    from workbench.strategies import reset_accelerate_state
+
+    if session.has_prepared():
+        session.prepared().close()
+    session.clear()
+    reset_accelerate_state()
+    for name in ("net", "opt", "prepared", "torch", "GPT", "GPTConfig", "logits"):
+        vars(__main__).pop(name, None)
+    return True
+
+
+def test_prepare_and_layout_flags(shell2, ranks2, capsys):
+    """prepare --model/--optimizer/--blocks name the rank variables and blocks; layout --max/--match/--tensor."""
+    try:
+        assert shell2.run_cell(PREP_BUILD).success
+        magic(shell2, "prepare fsdp2 --model net --optimizer opt --blocks layers.0")
+        out = capsys.readouterr().out
+        assert "blocks (rank 0): layers.0\n" in out + "\n", out  # only the block named, not layers.1
+        assert ranks2.apply(_type_of, "net") == ["FSDPGPT", "FSDPGPT"]  # --model: `net` was laid out
+        assert ranks2.apply(_type_of, "opt") == ["AdamW", "AdamW"]  # --optimizer: the factory `opt` was used
+        fig = magic(shell2, "layout --max 3")
+        assert len(fig.data[0].y) == 3
+        fig = magic(shell2, "layout --match wq")
+        assert fig.data[0].y and all("wq" in name for name in fig.data[0].y), fig.data[0].y
+        fig = magic(shell2, "layout --tensor layers.0.attention.wq.weight")
+        assert "layers.0.attention.wq.weight" in fig.layout.title.text
+    finally:
+        ranks2.apply(_forget_prepared)
+        capsys.readouterr()
+
+
+def test_prepare_compile(shell2, ranks2, capsys):
+    """`prepare ddp compile`: every block runs through torch.compile's wrapper (not executed here:
+    compiling takes minutes on 2 cores); without it no block is wrapped."""
+    for spec, expect in (("ddp compile", [True, True]), ("ddp", [False, False])):
+        try:
+            assert shell2.run_cell(PREP_BUILD).success
+            magic(shell2, f"prepare {spec} --model net --optimizer opt")
+            assert ranks2.apply(_compiled_only) == [{"compiled": expect}] * 2, spec
+        finally:
+            ranks2.apply(_forget_prepared)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("fsdp2 cpu_offload=true", "cpu_offload=True on a CPU device"),
+    ("fsdp2 dtype=fp16", "param_dtype='fp16' is not supported on CPU"),
+])
+def test_prepare_cpu_offload_and_fp16_are_refused_on_cpu(shell2, ranks2, capsys, spec, says):
+    """CPU offload and fp16 need CUDA (their effect: tests/gpu); on gloo ranks they are refused before
+    any rank changes, saying what would work."""
+    try:
+        assert shell2.run_cell(PREP_BUILD).success
+        with pytest.raises(Exception, match=re.escape(says)) as err:
+            magic(shell2, f"prepare {spec} --model net --optimizer opt")
+        assert "nothing was changed on the ranks" in str(err.value)
+        assert ranks2.apply(_type_of, "net") == ["GPT", "GPT"]
+    finally:
+        ranks2.apply(_forget_prepared)
+        capsys.readouterr()
+
+
+def _compiled_only() -> dict:
+    import __main__
+
+    net = vars(__main__)["net"]
+    return {"compiled": [b._compiled_call_impl is not None for b in getattr(net, "module", net).layers.values()]}
+
+
+def _has(name: str) -> bool:
+    import __main__
+
+    return name in vars(__main__)
+
+
+def _type_of(name: str) -> str:
+    import __main__
+
+    return type(vars(__main__)[name]).__name__
+
+
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+
+
+def test_image_output_from_a_rank_reaches_the_notebook(shell2):
+    """A PNG displayed on rank 1 is published in the notebook as image/png, byte for byte."""
+    published = []
+    original = shell2.display_pub.publish
+    shell2.display_pub.publish = lambda data, metadata=None, **kw: published.append(data)
+    try:
+        shell2.user_ns["png_bytes"] = PNG
+        magic(shell2, "push png_bytes --ranks 1")
+        r = shell2.run_cell("%%distrain --ranks 1\nfrom IPython.display import Image, display\n"
+                            "display(Image(data=png_bytes))\ndel png_bytes")
+    finally:
+        shell2.display_pub.publish = original
+    assert r.success, r.error_in_exec
+    images = [d["image/png"] for d in published if "image/png" in d]
+    assert len(images) == 1
+    got = images[0] if isinstance(images[0], bytes) else base64.b64decode(images[0])
+    assert got == PNG
+
+
+SETTINGS = ("import torch\nfrom workbench.engine import runtime as _rt, trainer as _tr\n"
+            "_settings = {'world': _rt.context().world_size, 'timeout': _rt.context().timeout_s, "
+            "'threads': torch.get_num_threads(), 'by_setup': globals().get('built_by_setup', False), "
+            "'step': _tr._CURRENT.step if _tr._CURRENT else None}")
+
+
+def _rank_settings_of(rs) -> list[dict]:
+    """What each rank runs with (asked with code: private ranks cannot import this test module)."""
+    rs.execute(SETTINGS)
+    return rs.pull("_settings")
+
+
+SETUP = ("from workbench.engine import control\ncontrol.build_default('ddp', model='tiny')\n"
+         "built_by_setup = True\n")
+
+
+def test_start_restart_resume_flags(fresh_ranks, tmp_path, capsys):
+    """start / restart / ckpt resume / restart --resume on private ranks: size, backend, timeout,
+    threads, auto mode, the setup code and the checkpoint folder."""
+    from IPython.testing.globalipapp import get_ipython
+
+    from workbench import auto_cells
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "workbench")
+    try:
+        magic(ip, "start -n 1 --backend gloo --timeout 77 --threads 2 --auto")
+        rs = api.current()
+        fresh_ranks.started.append(rs)
+        assert auto_cells.is_on(ip)  # --auto
+        assert rs.info[0]["backend"] == "gloo"
+        assert _rank_settings_of(rs) == [{"world": 1, "timeout": 77.0, "threads": 2, "by_setup": False, "step": None}]
+        magic(ip, "auto off")
+        # a checkpoint to come back to, then ckpt resume -n/--setup/--dir and restart --resume
+        magic(ip, "train start --model tiny --steps 2 --no-dashboard")
+        magic(ip, "train wait --timeout 120")
+        magic(ip, f"ckpt save --dir {tmp_path}")
+        ip.user_ns["SETUP"] = SETUP
+        magic(ip, f"ckpt resume --dir {tmp_path} -n 2 --setup SETUP")
+        assert [(s["world"], s["by_setup"]) for s in _rank_settings_of(api.current())] == [(2, True)] * 2
+        assert [s["step"] for s in _rank_settings_of(api.current())] == [2, 2]  # the checkpoint's step
+        with pytest.raises(UsageError, match="--setup and --dir go with --resume"):
+            magic(ip, f"restart --dir {tmp_path}")
+        magic(ip, f"restart --resume --setup SETUP --dir {tmp_path} -n 1 --timeout 40 --backend gloo")
+        settings = _rank_settings_of(api.current())
+        assert [(s["world"], s["timeout"], s["by_setup"], s["step"]) for s in settings] == [(1, 40.0, True, 2)]
+    finally:
+        auto_cells.turn_off(ip)
+        ip.user_ns.pop("SETUP", None)
+        from workbench.notebook import session
+
+        sess = session.current()
+        dash, sess.dashboard = (sess.dashboard, None) if sess is not None else (None, None)
+        if dash is not None:
+            dash.close()
+    capsys.readouterr()
+
+
+def test_named_set_flags(shell2, ranks2):
+    """`start --name` makes a set the cell can reach with `%%distrain --on` without switching;
+    a taken name and an unknown one are refused by name; `stop --name` stops only that set."""
+    from workbench.notebook import session
+
+    try:
+        magic(shell2, "start -n 1 --name flagwalk --backend gloo")
+        with session.using(ranks2):
+            with pytest.raises(Exception, match="flagwalk"):
+                magic(shell2, "start -n 1 --name flagwalk")
+            shell2.run_cell_magic("distrain", "--on flagwalk", "on_flagwalk = 5")
+            assert api.session("flagwalk").rankset.pull("on_flagwalk") == [5]
+            with pytest.raises(Exception, match="nope"):
+                shell2.run_cell_magic("distrain", "--on nope", "x = 1")
+            with pytest.raises(Exception, match="nope"):
+                magic(shell2, "stop --name nope")
+            magic(shell2, "stop --name flagwalk")
+            assert not api.session("flagwalk").running
+            assert api.current() is ranks2
+    finally:
+        sess = session.KERNEL.get("flagwalk")
+        if sess is not None and sess.running:
+            api.stop("flagwalk")
