@@ -150,3 +150,25 @@ def test_rollback_hints():
     fails(lab_11.check_rollback, 8, "after the NaN", checkpoints=cps, nan_step=7)
     fails(lab_11.check_rollback, 2, "older than needed", "2 fewer steps", checkpoints=cps, nan_step=7)
     fails(lab_11.check_rollback, 3, "no checkpoint at step 3", checkpoints=cps, nan_step=7)
+
+
+# ------------------------------------------------------------------ lab 10
+def test_group_hints():
+    from workbench.labs import lab_10
+
+    groups = {"pp": [0, 2], "dp_shard": [0, 1]}
+    lab_10.check_group([1, 0], groups=groups, dim="dp_shard", world=4)
+    fails(lab_10.check_group, [0, 2], "pipeline group", groups=groups, dim="dp_shard", world=4)
+    fails(lab_10.check_group, [0, 1, 2, 3], "whole world", groups=groups, dim="dp_shard", world=4)
+    fails(lab_10.check_group, [1, 3], "rank 0 is in its own group", groups=groups, dim="dp_shard", world=4)
+    fails(lab_10.check_group, ..., "list of rank numbers", groups=groups, dim="dp_shard", world=4)
+
+
+def test_param_bytes_hints():
+    from workbench.labs import lab_10
+
+    m = dict(measured=34944, stage_bytes=69888, pp=2, dp_shard=2)
+    lab_10.check_param_bytes(34944, **m)
+    fails(lab_10.check_param_bytes, 69888, "whole stage", **m)
+    fails(lab_10.check_param_bytes, 17472, "dp_shard (2) only", **m)
+    fails(lab_10.check_param_bytes, 8736, "4 bytes", **m)
