@@ -42,7 +42,7 @@ POINT = dict(collective="all_reduce", ranks=4, nbytes=1e6, seconds=1e-3)   # alg
 
 
 def test_busbw_hints():
-    lab_08.check_busbw(1e9 * 1.5, **POINT)
+    assert "busbw 1.500 GB/s = algbw x 1.5" in lab_08.check_busbw(1e9 * 1.5, **POINT)
     fails(lab_08.check_busbw, 1e9, "algorithm bandwidth", **POINT)
     fails(lab_08.check_busbw, 1e9 * 0.75, "(n-1)/n", "2(n-1)/n", **POINT)
     fails(lab_08.check_busbw, 2e9, "limit of 2(n-1)/n", **POINT)
@@ -126,7 +126,9 @@ LOADING = ('Thread 0x2 (most recent call first):\n'
 def test_hang_hints():
     stacks = {0: WAITING, 1: LOADING, 2: WAITING}
     assert lab_11.blocked_in(WAITING) == "all_reduce" and lab_11.blocked_in(LOADING) is None
-    lab_11.check_hang((1, "all_reduce"), stacks=stacks)
+    assert lab_11.check_hang((1, "all_reduce"), stacks=stacks) == \
+        "rank 1 never reached the all_reduce that rank(s) [0, 2] waited in"
+    fails(lab_11.check_hang, (..., ...), "no answer yet", stacks=stacks)
     fails(lab_11.check_hang, (0, "all_reduce"), "victim", stacks=stacks)
     fails(lab_11.check_hang, (1, "broadcast"), "wait in all_reduce", stacks=stacks)
     fails(lab_11.check_hang, (5, "all_reduce"), "no rank 5", stacks=stacks)
@@ -145,7 +147,7 @@ def test_rollback_hints():
     cps = [{"name": "step-2", "step": 2, "problems": []}, {"name": "step-4", "step": 4, "problems": []},
            {"name": "step-6", "step": 6, "problems": ["__1_0.distcp: truncated"]},
            {"name": "step-8", "step": 8, "problems": []}]
-    lab_11.check_rollback(4, checkpoints=cps, nan_step=7)
+    assert "step-4 (step 4) is the newest" in lab_11.check_rollback(4, checkpoints=cps, nan_step=7)
     fails(lab_11.check_rollback, 6, "damaged", "truncated", checkpoints=cps, nan_step=7)
     fails(lab_11.check_rollback, 8, "after the NaN", checkpoints=cps, nan_step=7)
     fails(lab_11.check_rollback, 2, "older than needed", "2 fewer steps", checkpoints=cps, nan_step=7)

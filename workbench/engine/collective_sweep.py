@@ -1,12 +1,13 @@
 """Time collectives on the ranks over a sweep of message sizes (nccl-tests' method, small).
 
-Each point: ``warmup`` untimed calls, then ``iters`` timed back to back between two
-barriers; the time of a point is the slowest rank's mean (a collective ends when its last
-rank does). Sizes follow nccl-tests: the all-gather size is the gathered output, the
+Each point: ``warmup`` untimed calls, then ``iters`` calls each timed on its own; a rank's
+time is the median of its calls (one late wake-up of a loaded CPU does not move it), the
+point's the slowest rank's (a collective ends when its last rank does). Sizes follow nccl-tests: the all-gather size is the gathered output, the
 reduce-scatter size the full input; each rank contributes ``size / n`` to both.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -38,21 +39,23 @@ def _call(kind: str, n: int, numel: int):
 
 
 def time_collective(kind: str, nbytes: int, iters: int = 5, warmup: int = 1) -> float:
-    """Seconds per call of ``kind`` on an ``nbytes`` fp32 buffer: the slowest rank's mean."""
+    """Seconds per call of ``kind`` on an ``nbytes`` fp32 buffer: the slowest rank's median."""
     n = dist.get_world_size()
     fn = _call(kind, n, max(n, nbytes // 4))
     for _ in range(warmup):
         fn()
     dist.barrier()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(iters):
+        t0 = time.perf_counter()
         fn()
-    mean = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
-    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
-    return float(mean.item())
+        times.append(time.perf_counter() - t0)
+    median = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)
+    return float(median.item())
 
 
-def sweep(kinds=KINDS, sizes=(2 ** 12, 2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20), iters: int = 5) -> list[dict]:
+def sweep(kinds=KINDS, sizes=(2 ** 12, 2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), iters: int = 5) -> list[dict]:
     """One row per (collective, size): ``{"collective", "bytes", "seconds", "ranks"}``."""
     n = dist.get_world_size()
     return [{"collective": k, "bytes": int(s), "seconds": time_collective(k, int(s), iters), "ranks": n}

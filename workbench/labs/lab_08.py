@@ -35,7 +35,7 @@ def check_busbw(value, *, collective: str, ranks: int, nbytes: float, seconds: f
     got = _number(value, "the bus bandwidth in bytes/s")
     want = busbw(collective, ranks, nbytes, seconds)
     if _close(got, want):
-        return
+        return f"{collective} busbw {got / 1e9:.3f} GB/s = algbw x {bus_factor(collective, ranks):.3g} on {ranks} ranks"
     alg = algbw(nbytes, seconds)
     f = bus_factor(collective, ranks)
     if _close(got, alg) and f != 1:
@@ -63,7 +63,7 @@ def check_alpha_beta(value, *, alpha: float, bandwidth: float, nbytes: float) ->
     got = _number(value, "the predicted time in seconds")
     want = alpha + nbytes / bandwidth
     if _close(got, want):
-        return
+        return f"alpha + S / bandwidth = {got * 1e3:.3f} ms for {nbytes:,.0f} bytes"
     if _close(got, nbytes / bandwidth):
         raise CheckFailed(f"you left out alpha ({alpha * 1e6:.1f} us), the fixed latency every message pays")
     if _close(got, alpha):
@@ -90,7 +90,7 @@ def check_ring(value, *, reference, inputs, tol: float = 1e-5) -> None:
                           f"{len(value)} of {[len(v) for v in value]}: return the whole buffer, not one chunk")
     worst = max(_max_diff(v, reference[r]) for r, v in enumerate(value))
     if worst <= tol:
-        return
+        return f"the ring all-reduce equals dist.all_reduce on all {n} ranks (max diff {worst:.1e} <= {tol:g})"
     if all(_max_diff(v, inputs[r]) <= tol for r, v in enumerate(value)):
         raise CheckFailed("every rank still holds its own input: nothing was added; in the reduce-scatter steps "
                           "add the received chunk into yours")
@@ -126,3 +126,4 @@ def check_ring_bytes(value, *, sent: int, ranks: int, nbytes: int) -> None:
     if sent != 2 * (ranks - 1) * nbytes // ranks:
         raise CheckFailed(f"your formula matches what your ring sent ({sent:,} bytes), but a ring all-reduce sends "
                           f"2(n-1)/n x B = {2 * (ranks - 1) * nbytes // ranks:,}: the ring sends too much or too little")
+    return f"a ring all-reduce of {nbytes:,} bytes sends 2(n-1)/n x B = {sent:,} bytes per rank on {ranks} ranks"

@@ -13,7 +13,7 @@ def check_group(value, *, groups: dict, dim: str, world: int) -> None:
         raise CheckFailed(f"expected a list of rank numbers, got {value!r}: replace the `...`")
     got, want = sorted(value), sorted(groups[dim])
     if got == want:
-        return
+        return f"rank 0's {dim} group is {want}"
     for other, ranks in groups.items():
         if other != dim and got == sorted(ranks):
             what = {"pp": "the pipeline group: stages pass activations (send/recv) there",
@@ -34,7 +34,7 @@ def check_param_bytes(value, *, measured: int, stage_bytes: int, pp: int, dp_sha
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CheckFailed(f"expected a number of bytes, got {value!r}: replace the `...`")
     if value == measured:
-        return
+        return f"rank 0 holds {measured:,} parameter bytes = its stage's {stage_bytes:,} / dp_shard={dp_shard}"
     if value == stage_bytes:
         raise CheckFailed(f"that is the whole stage; FSDP2 shards it over dp_shard={dp_shard} ranks")
     if value == stage_bytes // (pp * dp_shard) or value == stage_bytes / (pp * dp_shard):

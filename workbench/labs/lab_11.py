@@ -25,6 +25,8 @@ def check_hang(value, *, stacks: dict) -> None:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise CheckFailed(f"expected (rank, collective name), got {value!r}: replace the `...`")
     rank, coll = value
+    if rank is Ellipsis or coll is Ellipsis:
+        raise CheckFailed("no answer yet: replace both `...` (the rank, and the collective's name as a string)")
     stacks = {int(k): v for k, v in stacks.items()}
     blocked = {r: blocked_in(s) for r, s in stacks.items()}
     waiting = {r: c for r, c in blocked.items() if c}
@@ -42,6 +44,7 @@ def check_hang(value, *, stacks: dict) -> None:
     if coll not in want:
         raise CheckFailed(f"rank {rank} is right, but the others wait in {' / '.join(want)}, not {coll!r} "
                           "(read the innermost torch.distributed frame of a waiting rank)")
+    return f"rank {rank} never reached the {coll} that rank(s) {sorted(waiting)} waited in"
 
 
 @checker("lab_11.nan_rank")
@@ -49,6 +52,8 @@ def check_nan_rank(value, *, before: list, after: list, yours: list | None = Non
     """The rank whose own gradients were non-finite before the all-reduce. ``before``/``after``:
     per rank, the parameters with non-finite gradients before/after it, measured on the ranks;
     ``yours``: what the student's own per-rank test found."""
+    if yours is not None and any(y is Ellipsis for y in yours):
+        raise CheckFailed("your per-rank test (local_bad, on the ranks) is still `...`: replace it first")
     if yours is not None:
         wrong = [r for r, (y, b) in enumerate(zip(yours, before)) if sorted(y or []) != sorted(b)]
         if wrong:
@@ -60,7 +65,7 @@ def check_nan_rank(value, *, before: list, after: list, yours: list | None = Non
     if isinstance(value, bool) or not isinstance(value, int):
         raise CheckFailed(f"expected one rank number, got {value!r}")
     if value in bad:
-        return
+        return f"the non-finite gradients started on rank {value}; after the all-reduce every rank had them"
     if 0 <= value < len(after) and after[value]:
         raise CheckFailed(f"rank {value} has NaN gradients only after the all-reduce - so does every rank, because "
                           "a sum with one NaN is NaN; look at the gradients BEFORE the all-reduce")
@@ -79,7 +84,7 @@ def check_rollback(value, *, checkpoints: list, nan_step: int) -> None:
         raise CheckFailed("no verified checkpoint before the NaN step: run the training cells again")
     best = max(good, key=lambda c: c["step"])
     if value == best["step"]:
-        return
+        return f"{best['name']} (step {value}) is the newest checkpoint that verifies and precedes the NaN (step {nan_step})"
     chosen = [c for c in checkpoints if c["step"] == value]
     if not chosen:
         raise CheckFailed(f"there is no checkpoint at step {value}; on disk: {sorted(c['step'] for c in checkpoints)}")
