@@ -2,6 +2,7 @@
 #   make lab   - create .venv, install, open JupyterLab on the quickstart notebook
 #   make demo  - run the quickstart headless; executed notebook under runs/
 #   make test  - create .venv if missing and run the whole suite
+#   make labs  - write the labs' student versions to labs/student/
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -14,7 +15,7 @@ export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
 export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 
-.PHONY: lab demo test bench clean
+.PHONY: lab demo test bench clean labs
 
 # The JupyterLab extension: npm packages from the registry, built against this venv's
 # JupyterLab, output in workbench/labextension/ (pip installs it under share/jupyter).
@@ -49,6 +50,11 @@ test: $(BIN)/.installed | $(STATE)
 	    "$(wildcard tests/test_l*.py)" "$(wildcard tests/test_[m-z]*.py)"; do \
 	  OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra --durations=10 $$g || rc=1; \
 	done; exit $$rc
+
+# Student versions of the labs (solutions blanked, checks kept) in labs/student/, and
+# instructor copies without outputs in labs/instructor/; see README "Teaching with the labs".
+labs: $(BIN)/.installed
+	$(BIN)/python -m workbench.labs.build --src notebooks --out labs
 
 bench: $(BIN)/.installed | $(STATE)
 	for b in benchmarks/*_bench.py; do OMP_NUM_THREADS=1 $(BIN)/python $$b || exit 1; done
