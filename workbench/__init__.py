@@ -11,6 +11,7 @@ from . import stream as _stream  # noqa: F401  (attaches the event stream when r
 from . import registry as _registry  # noqa: F401  (announces rank sets to the JupyterLab extension)
 from . import training as train
 from .metrics import export_metrics, metrics
+from . import labs  # workbench.labs.check(...) in the labs' check cells
 from . import dashboard  # a callable module: workbench.dashboard() shows the live dashboard
 from .checkpoint import api as ckpt  # workbench.ckpt.save() / .load("latest") / .list() / .resume(setup)
 

@@ -41,18 +41,18 @@ def mismatch(value: float, expected: float, *, what: str, mistakes: Iterable[Mis
     if value == 0:
         return f"{got}: you answered 0"
     ratio = value / expected
-    for r, why in mistakes:
-        if close(ratio, r, rtol):
-            return f"{got}: {why}"
+    found = [why for r, why in mistakes if close(ratio, r, rtol)]
     if close(ratio, -1.0, rtol):
-        return f"{got}: the size is right, the sign is wrong"
+        found.append("the size is right, the sign is wrong")
     if world_size and world_size > 1:
         if close(ratio, world_size, rtol):
-            return (f"{got}: {world_size}x too large, a factor of the world size: "
-                    f"you counted all {world_size} ranks where one rank's share was asked (or did not divide by n)")
+            found.append(f"{world_size}x too large, a factor of the world size: you counted all "
+                         f"{world_size} ranks where one rank's share was asked (or did not divide by n)")
         if close(ratio, 1 / world_size, rtol):
-            return (f"{got}: {world_size}x too small, a factor of the world size: "
-                    f"you counted one rank's share where the total over the {world_size} ranks was asked")
+            found.append(f"{world_size}x too small, a factor of the world size: you counted one "
+                         f"rank's share where the total over the {world_size} ranks was asked")
+    if found:  # ratios that coincide (2 ranks, 2 bytes) name every likely cause
+        return f"{got}: " + "; or ".join(dict.fromkeys(found))
     mag = math.log10(abs(ratio))
     if abs(mag) >= 0.9:
         k = round(mag)
@@ -66,3 +66,31 @@ def fail_if(hint: str | None) -> None:
 
     if hint is not None:
         raise CheckFailed(hint)
+
+
+def shape_mismatch(value, local: tuple, full: tuple, world_size: int, *, what: str) -> str | None:
+    """None when ``value`` is the local shape; otherwise what the shape got wrong
+    (the global shape, transposed, the wrong dim divided, a factor of the world size)."""
+    try:
+        got = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        return f"{what}: answer with a shape tuple of {len(local)} ints, got {value!r}"
+    local, full, n = tuple(local), tuple(full), world_size
+    if got == local:
+        return None
+    if len(got) != len(local):
+        return f"{what} is {len(local)}-D; your shape {got} has {len(got)} dims"
+    split = [d for d in range(len(full)) if local[d] != full[d]]
+    if got == full and split:
+        return (f"{what}: {got} is the whole (global) tensor; each of the {n} ranks holds 1/{n} "
+                f"of dim {split[0]}")
+    if got == tuple(reversed(local)):
+        return f"{what}: {got} is transposed: nn.Linear stores its weight as [out_features, in_features]"
+    wrong = [d for d in range(len(got)) if got[d] != full[d]]
+    if wrong and split and wrong != split and all(got[d] * n == full[d] for d in wrong):
+        return f"{what}: you divided dim {wrong[0]} by {n}, but the ranks split dim {split[0]}"
+    for d in split:
+        if got[d] * n * n == full[d] or got[d] == full[d] * n:
+            return (f"{what}: dim {d} is {got[d]}, off by a factor of the world size {n}: "
+                    f"it is {full[d]} split over {n} ranks")
+    return f"{what}: {got} is not what the ranks hold; the global shape is {full}, split over {n} ranks"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 from .checking import CheckFailed, checker
+from .hints import fail_if, shape_mismatch
 
 W2 = "layers.0.feed_forward.w2.weight"
 
@@ -50,26 +51,16 @@ def w2_local_shape(value, *, layouts: list[dict], tensor: str = W2) -> str:
     """What shape of feed_forward.w2.weight does each rank hold?"""
     p, n = _param(layouts, tensor)
     want, full = tuple(p["local_shape"]), tuple(p["global_shape"])
-    try:
-        got = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise CheckFailed(f"answer with a shape tuple like {tuple('?' * len(want))}, got {value!r}") from None
-    if got == want:
-        return f"w2 is {want} on each of the {n} ranks (global {full})"
-    if len(got) != len(want):
-        raise CheckFailed(f"{tensor} is {len(want)}-D; your shape {got} has {len(got)} dims")
-    if got == full:
-        raise CheckFailed(f"{got} is the whole (global) weight: each of the {n} ranks holds 1/{n} of the sharded dim")
-    if got == tuple(reversed(want)):
-        raise CheckFailed(f"{got} is transposed: nn.Linear stores its weight as [out_features, in_features]")
-    split = [d for d in range(len(want)) if want[d] != full[d]]
-    wrong = [d for d in range(len(got)) if got[d] != full[d]]
-    if wrong and split and wrong != split and all(got[d] * n == full[d] for d in wrong):
-        raise CheckFailed(f"you divided dim {wrong[0]} by {n}; the sharded dim is {split[0]} "
-                          f"(row-parallel splits the input features)")
-    for d in split:
-        if got[d] * n * n == full[d] or got[d] == full[d] * n:
-            raise CheckFailed(f"dim {d} is {got[d]}: off by a factor of the world size {n}; "
-                              f"it is {full[d]} split over {n} ranks")
-    raise CheckFailed(f"{got} is not what the ranks hold; the global shape is {full}, sharded over {n} ranks "
-                      f"along dim {split[0] if split else '?'}")
+    fail_if(shape_mismatch(value, want, full, n, what="w2's local shape"))
+    return f"w2 is {want} on each of the {n} ranks (global {full})"
+
+
+@checker("lab_03.w1_local_shape")
+def w1_local_shape(value, *, local_shapes: list, full_shape) -> str:
+    """What shape is W1_local, this rank's slice of the column-parallel W1 ([H, D])?"""
+    n = len(local_shapes)
+    want = tuple(local_shapes[0])
+    if any(tuple(s) != want for s in local_shapes):
+        raise CheckFailed(f"the ranks hold different W1 shapes {local_shapes}: rerun the hand-written TP cell")
+    fail_if(shape_mismatch(value, want, tuple(full_shape), n, what="W1_local's shape"))
+    return f"W1_local is {want} on each of the {n} ranks: column-parallel splits W1's dim 0 (output features)"
