@@ -126,21 +126,23 @@ LOADING = ('Thread 0x2 (most recent call first):\n'
 def test_hang_hints():
     stacks = {0: WAITING, 1: LOADING, 2: WAITING}
     assert lab_11.blocked_in(WAITING) == "all_reduce" and lab_11.blocked_in(LOADING) is None
-    assert lab_11.check_hang((1, "all_reduce"), stacks=stacks) == \
-        "rank 1 never reached the all_reduce that rank(s) [0, 2] waited in"
-    fails(lab_11.check_hang, (..., ...), "no answer yet", stacks=stacks)
-    fails(lab_11.check_hang, (0, "all_reduce"), "victim", stacks=stacks)
-    fails(lab_11.check_hang, (1, "broadcast"), "wait in all_reduce", stacks=stacks)
-    fails(lab_11.check_hang, (5, "all_reduce"), "no rank 5", stacks=stacks)
-    fails(lab_11.check_hang, ..., "(rank, collective name)", stacks=stacks)
+    assert lab_11.check_culprit(1, stacks=stacks) == "rank 1 never reached the collective that rank(s) [0, 2] waited in"
+    fails(lab_11.check_culprit, 0, "victim", stacks=stacks)
+    fails(lab_11.check_culprit, 5, "no rank 5", stacks=stacks)
+    fails(lab_11.check_culprit, "1", "one rank number", stacks=stacks)
+    fails(lab_11.check_culprit, 1, "run the drill cell again", stacks={0: WAITING, 1: WAITING})
+    lab_11.check_blocked_in("all_reduce", stacks=stacks)
+    fails(lab_11.check_blocked_in, "broadcast", "in all_reduce, not 'broadcast'", stacks=stacks)
 
 
 def test_nan_rank_hints():
     before, after = [[], ["0.weight"]], [["0.weight", "0.bias"]] * 2
-    lab_11.check_nan_rank(1, before=before, after=after, yours=[[], ["0.weight"]])
+    lab_11.check_nan_rank(1, before=before, after=after)
     fails(lab_11.check_nan_rank, 0, "BEFORE the all-reduce", before=before, after=after)
-    fails(lab_11.check_nan_rank, 1, "your per-rank test", before=before, after=after, yours=[[], []])
     fails(lab_11.check_nan_rank, 0, "rank(s) [1]", before=before, after=[[], []])
+    lab_11.check_local_bad([[], ["0.weight"]], truth=before)
+    fails(lab_11.check_local_bad, [[], []], "your test found [] on rank 1", truth=before)
+    fails(lab_11.check_local_bad, [..., ...], "still `...`", truth=before)
 
 
 def test_rollback_hints():

@@ -5,7 +5,8 @@ from __future__ import annotations
 from workbench.cluster.diagnosis import main_frames
 from workbench.labs import CheckFailed, checker
 
-__all__ = ["COLLECTIVES", "blocked_in", "check_hang", "check_nan_rank", "check_rollback"]
+__all__ = ["COLLECTIVES", "blocked_in", "check_culprit", "check_blocked_in", "check_local_bad", "check_nan_rank",
+           "check_rollback"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all", "send", "recv")
 
@@ -19,14 +20,7 @@ def blocked_in(stack: str) -> str | None:
     return None
 
 
-@checker("lab_11.hang")
-def check_hang(value, *, stacks: dict) -> None:
-    """``value = (culprit rank, collective the others wait in)`` against the ranks' stacks."""
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise CheckFailed(f"expected (rank, collective name), got {value!r}: replace the `...`")
-    rank, coll = value
-    if rank is Ellipsis or coll is Ellipsis:
-        raise CheckFailed("no answer yet: replace both `...` (the rank, and the collective's name as a string)")
+def _evidence(stacks: dict) -> tuple[dict, list]:
     stacks = {int(k): v for k, v in stacks.items()}
     blocked = {r: blocked_in(s) for r, s in stacks.items()}
     waiting = {r: c for r, c in blocked.items() if c}
@@ -34,33 +28,53 @@ def check_hang(value, *, stacks: dict) -> None:
     if not waiting or not culprits:
         raise CheckFailed(f"the stacks do not show a rank stuck against the others (in a collective: "
                           f"{sorted(waiting)}); run the drill cell again")
-    if rank not in stacks:
-        raise CheckFailed(f"there is no rank {rank!r}; the ranks are {sorted(stacks)}")
-    if rank in waiting:
-        raise CheckFailed(f"rank {rank} is waiting inside {waiting[rank]}: it is the victim, not the cause. "
+    return waiting, culprits
+
+
+@checker("lab_11.culprit")
+def check_culprit(value, *, stacks: dict) -> str:
+    """The rank that holds the others up (an int), read from the ranks' stacks."""
+    waiting, culprits = _evidence(stacks)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckFailed(f"expected one rank number, got {value!r}")
+    if value in waiting:
+        raise CheckFailed(f"rank {value} is waiting inside {waiting[value]}: it is the victim, not the cause. "
                           "The cause is the rank that never arrived at the collective - look for the stack "
                           "without one")
+    if value not in culprits:
+        raise CheckFailed(f"there is no rank {value}; the ranks are {sorted(set(waiting) | set(culprits))}")
+    return f"rank {value} never reached the collective that rank(s) {sorted(waiting)} waited in"
+
+
+@checker("lab_11.blocked_in")
+def check_blocked_in(value, *, stacks: dict) -> str:
+    """The collective the other ranks wait in (its torch.distributed name, a string)."""
+    waiting, _ = _evidence(stacks)
     want = sorted(set(waiting.values()))
-    if coll not in want:
-        raise CheckFailed(f"rank {rank} is right, but the others wait in {' / '.join(want)}, not {coll!r} "
+    if value not in want:
+        raise CheckFailed(f"the waiting ranks are in {' / '.join(want)}, not {value!r} "
                           "(read the innermost torch.distributed frame of a waiting rank)")
-    return f"rank {rank} never reached the {coll} that rank(s) {sorted(waiting)} waited in"
+    return f"rank(s) {sorted(waiting)} wait in {value}"
+
+
+@checker("lab_11.local_bad")
+def check_local_bad(value, *, truth: list) -> str:
+    """Per rank, the names of the parameters whose local gradient is not finite (your test on the ranks)."""
+    if not isinstance(value, (list, tuple)) or len(value) != len(truth):
+        raise CheckFailed(f"expected one list of names per rank ({len(truth)}), got {value!r}")
+    if any(v is Ellipsis for v in value):
+        raise CheckFailed("local_bad is still `...` on the ranks: replace it in the cell above")
+    for r, (v, t) in enumerate(zip(value, truth)):
+        if sorted(v) != sorted(t):
+            raise CheckFailed(f"your test found {list(v)!r} on rank {r}, but its gradients are non-finite in {t!r}: "
+                              "test every parameter's .grad with torch.isfinite(...).all()")
+    return "your per-rank test finds exactly the non-finite gradients on every rank"
 
 
 @checker("lab_11.nan_rank")
-def check_nan_rank(value, *, before: list, after: list, yours: list | None = None) -> None:
-    """The rank whose own gradients were non-finite before the all-reduce. ``before``/``after``:
-    per rank, the parameters with non-finite gradients before/after it, measured on the ranks;
-    ``yours``: what the student's own per-rank test found."""
-    if yours is not None and any(y is Ellipsis for y in yours):
-        raise CheckFailed("your per-rank test (local_bad, on the ranks) is still `...`: replace it first")
-    if yours is not None:
-        wrong = [r for r, (y, b) in enumerate(zip(yours, before)) if sorted(y or []) != sorted(b)]
-        if wrong:
-            r = wrong[0]
-            raise CheckFailed(f"your per-rank test found {yours[r]!r} on rank {r}, but its gradients before the "
-                              f"all-reduce are non-finite in {before[r]!r}: test every parameter's .grad with "
-                              "torch.isfinite(...).all()")
+def check_nan_rank(value, *, before: list, after: list) -> str:
+    """The rank the NaN came from (an int). ``before``/``after``: per rank, the parameters with
+    non-finite gradients before/after the all-reduce, measured on the ranks."""
     bad = [r for r, b in enumerate(before) if b]
     if isinstance(value, bool) or not isinstance(value, int):
         raise CheckFailed(f"expected one rank number, got {value!r}")
@@ -74,8 +88,8 @@ def check_nan_rank(value, *, before: list, after: list, yours: list | None = Non
 
 
 @checker("lab_11.rollback")
-def check_rollback(value, *, checkpoints: list, nan_step: int) -> None:
-    """``value``: the step of the checkpoint to roll back to. ``checkpoints``: one dict per
+def check_rollback(value, *, checkpoints: list, nan_step: int) -> str:
+    """The step of the checkpoint to roll back to (an int). ``checkpoints``: one dict per
     checkpoint on disk, ``{"name", "step", "problems"}`` (problems: what verification found)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise CheckFailed(f"expected a checkpoint's step (an int), got {value!r}")
