@@ -4,6 +4,7 @@
 #   make test  - create .venv if missing, run `make lint`, then the whole suite
 #   make test-fast - the pure-logic tests only (no processes, under a minute)
 #   make lint  - ruff check + ruff format --check (settings in pyproject.toml)
+#   make labs  - write the labs' student versions to labs/student/
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -16,7 +17,7 @@ export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
 export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 
-.PHONY: lab demo test test-fast lint bench clean
+.PHONY: lab demo test test-fast lint bench clean labs
 
 # The JupyterLab extension: npm packages from the registry, built against this venv's
 # JupyterLab, output in workbench/labextension/ (pip installs it under share/jupyter).
@@ -63,6 +64,10 @@ test-fast: $(BIN)/.installed | $(STATE)
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+# Student versions of the labs (solutions blanked, checks kept) in labs/student/, and
+# instructor copies without outputs in labs/instructor/; see README "Teaching with the labs".
+labs: $(BIN)/.installed
+	$(BIN)/python -m workbench.labs.build --src notebooks --out labs
 
 bench: $(BIN)/.installed | $(STATE)
 	for b in benchmarks/*_bench.py; do OMP_NUM_THREADS=1 $(BIN)/python $$b || exit 1; done

@@ -57,7 +57,7 @@ def __getattr__(name: str):
             value = getattr(value, attr)
         globals()[name] = value
         return value
-    if name in ("engine", "notebook", "shared", "planner", "strategies", "models", "labserver"):
+    if name in ("engine", "notebook", "shared", "planner", "strategies", "models", "labserver", "labs"):
         return importlib.import_module(f"workbench.{name}")
     raise AttributeError(f"module 'workbench' has no attribute {name!r}")
 

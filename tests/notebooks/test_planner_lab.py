@@ -23,4 +23,10 @@ def test_lab_07_executes_and_prints_the_plan(jupyter_dirs):
                    "llama3-405b: 5as/h = 320 against 34 -> eager 5,939.1 MB/layer, "
                    "flash 570.4 MB/layer (10.4x)"):
         assert needle in text, needle
+    # every workbench.labs.check on the answers between the solution markers passed
+    from workbench.labs.student import check_names
+    checks = [n for c in nb.cells if c.cell_type == "code" for n in check_names(c.source)]
+    passed = [line for line in text.splitlines() if line.startswith("check passed: ")]
+    assert len(checks) == len(passed) == 5, (checks, passed)
+    assert "check passed: ZeRO-3 model states per GPU: 4.41 GB" in text
     assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))
