@@ -95,3 +95,16 @@ def test_switch_clears_accelerate_env_on_real_ranks(ranks2):
         assert r["after"] == []
         assert r["wrapper"] == "DistributedDataParallel"
         assert r["param_device"] == "cpu"  # gloo ranks: the default mesh device is the CPU
+
+
+def test_nccl_status_line():
+    """What ``%distrain status`` shows for NCCL ranks (only NCCL ranks, on a GPU, produce it)."""
+    from workbench.engine.runtime import nccl_settings
+
+    env = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
+    assert nccl_settings(env, "2.27.5") == "NCCL 2.27.5; NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=eth0"
+    assert nccl_settings({}, None) == "NCCL ?; no NCCL_* set"
+
+
+def test_gloo_status_has_no_nccl_column(ranks2):
+    assert all("nccl" not in row for row in ranks2.status())

@@ -544,6 +544,7 @@ class RankSet:
                 "memory_mb": round(rss / 2**20, 1) if rss else None,
                 "state": state,
                 "exit": deaths[rank]["exit"] if rank in deaths else "",
+                **({"nccl": info["nccl"]} if info.get("nccl") else {}),  # NCCL ranks: version and NCCL_* env
             })
         return rows
 
