@@ -17,7 +17,7 @@ export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
 export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 
-.PHONY: lab demo test test-fast lint bench clean labs
+.PHONY: lab demo test test-fast lint bench clean labs gpu-wheels gpu-check
 
 # The JupyterLab extension: npm packages from the registry, built against this venv's
 # JupyterLab, output in workbench/labextension/ (pip installs it under share/jupyter).
@@ -71,6 +71,22 @@ labs: $(BIN)/.installed
 
 bench: $(BIN)/.installed | $(STATE)
 	for b in benchmarks/*_bench.py; do OMP_NUM_THREADS=1 $(BIN)/python $$b || exit 1; done
+
+# GPU check: `make gpu-wheels` here (network) fetches what the GPU machine lacks into .whl/
+# (git-ignored; carried to it); `make gpu-check` there runs the -m gpu tests, report into $$OUT.
+GPU_PIP_TARGET := --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+gpu-wheels: $(BIN)/.installed
+	rm -rf .whl && mkdir -p .whl $(STATE)
+	$(BIN)/python gpu/wheels.py | grep -v '^deepspeed==' > $(STATE)/gpu-wheels.txt
+	$(BIN)/pip download -q $(GPU_PIP_TARGET) -d .whl -r $(STATE)/gpu-wheels.txt
+	# DeepSpeed publishes no wheel: a pure-Python one (no prebuilt ops) built against this torch
+	DS_BUILD_OPS=0 $(BIN)/pip wheel -q --no-deps --no-build-isolation -w .whl "$$($(BIN)/python gpu/wheels.py | grep '^deepspeed==')"
+	du -sh .whl
+
+GPU_PY ?= python3
+gpu-check:
+	$(GPU_PY) gpu/check.py
 
 clean:
 	rm -rf $(VENV) $(STATE) runs

@@ -19,7 +19,7 @@ def rank_and_sum(scale: float) -> dict:
     import torch.distributed as dist
     from workbench import engine
 
-    t = torch.tensor([float(engine.rank + 1)]) * scale
+    t = torch.tensor([float(engine.rank + 1)], device=engine.device) * scale  # NCCL ranks: on the GPU
     dist.all_reduce(t)
     return {"rank": engine.rank, "world_size": engine.world_size, "sum": t.item()}
 

@@ -35,11 +35,16 @@ def test_every_cell_ran(nb):
 
 
 def test_start_and_status(nb):
-    assert "2 ranks up (gloo" in stream_text(code_cell(nb, "%distrain start -n 2"))
+    # the backend that matches the device: NCCL where two GPUs are visible, gloo on CPU
+    from workbench.cluster.gpu_plan import plan_gpus
+    from workbench.cluster.launchers import gpu_ids
+
+    backend = plan_gpus("auto", 2, gpu_ids()).backend
+    assert f"2 ranks up ({backend}" in stream_text(code_cell(nb, "%distrain start -n 2"))
     (result,) = code_cell(nb, "%distrain status").outputs
     html = result["data"]["text/html"]
     assert table_column(html, "state") == ["idle", "idle"]
-    assert table_column(html, "backend") == ["gloo", "gloo"]
+    assert table_column(html, "backend") == [backend, backend]
 
 
 def test_all_reduce_printed_per_rank(nb):

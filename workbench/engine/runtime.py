@@ -277,8 +277,25 @@ def describe() -> dict:
     ctx = context()
     info = dataclasses.asdict(ctx)
     info.update(memory())
+    if ctx.backend == "nccl":
+        info["nccl"] = nccl_settings(os.environ, _nccl_version())
     info["time"] = time.time()
     return info
+
+
+def nccl_settings(environ, version: str | None) -> str:
+    """NCCL's version and the ``NCCL_*`` settings in force on this rank, one line for status."""
+    env = " ".join(f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith("NCCL_"))
+    return f"NCCL {version or '?'}" + (f"; {env}" if env else "; no NCCL_* set")
+
+
+def _nccl_version() -> str | None:
+    try:
+        import torch
+
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # NCCL not built into this torch
+        return None
 
 
 def memory() -> dict:

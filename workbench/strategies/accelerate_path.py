@@ -17,19 +17,41 @@ import torch.distributed as dist
 from .base import TORCH_DTYPES, Context, Prepared, PrepareError, all_reduce_mean
 from .layout import describe_params, make_layout
 
-__all__ = ["reset_accelerate_state", "ACCELERATE_KINDS", "choose_path", "accelerate_prepare", "AcceleratePrepared"]
+__all__ = ["reset_accelerate_state", "ACCELERATE_ENV", "ACCELERATE_KINDS", "choose_path", "accelerate_prepare", "AcceleratePrepared"]
 
 ACCELERATE_KINDS = ("ddp", "fsdp2", "zero")
 
 
+# What Accelerate's plugins write into os.environ (accelerate/utils/fsdp_utils.py,
+# dataclasses.py, accelerator.py); Accelerator() reads them back, so a plugin from the
+# previous strategy would otherwise decide the next wrapper (fsdp2 -> ddp stays FSDP).
+ACCELERATE_ENV = (
+    "ACCELERATE_USE_FSDP",
+    "ACCELERATE_USE_DEEPSPEED",
+    "ACCELERATE_USE_MEGATRON_LM",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING",
+    "DEEPSPEED_USE_HPU",
+)
+
+
 def reset_accelerate_state() -> None:
-    """Forget every Accelerate singleton on this process (safe when none exists)."""
+    """Forget every Accelerate singleton and the environment its plugins set (safe when none exists)."""
+    import os
+
+    for key in ACCELERATE_ENV:
+        os.environ.pop(key, None)
     try:
         from accelerate.state import AcceleratorState, GradientState
     except ImportError:  # pragma: no cover
         return
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    try:  # transformers keeps the last DeepSpeed config in a module-level weak reference
+        from transformers.integrations import deepspeed as hf_deepspeed
+
+        hf_deepspeed.unset_hf_deepspeed_config()
+    except (ImportError, AttributeError):
+        pass
 
 
 def choose_path(spec, device_type: str) -> tuple[str, str]:

@@ -32,14 +32,28 @@ def model_config_of(model: nn.Module):
     return getattr(model, "moe_cfg", None) or getattr(model, "cfg", None)
 
 
-def prepare(model: nn.Module, optimizer, spec: StrategySpec | str, *, mesh_device: str = "cpu",
+def mesh_device_for(pg_backend: str | None) -> str:
+    """The mesh device when the caller names none: what the process group carries. The
+    workbench runtime puts a rank on NCCL exactly when it pinned a GPU (``engine.device``
+    is CUDA), and NCCL carries CUDA tensors only; gloo and no group mean CPU."""
+    return "cuda" if pg_backend == "nccl" else "cpu"
+
+
+def _default_mesh_device() -> str:
+    import torch.distributed as dist
+
+    return mesh_device_for(dist.get_backend() if dist.is_available() and dist.is_initialized() else None)
+
+
+def prepare(model: nn.Module, optimizer, spec: StrategySpec | str, *, mesh_device: str | None = None,
             loss_fn=lm_loss, blocks=None, tp_plan: dict | None = None, pp_boundaries=None) -> Prepared:
     """Shard ``model`` on this rank according to ``spec`` and build its optimizer.
 
     ``optimizer`` is preferably a factory ``lambda params: torch.optim.AdamW(params, lr=...)``,
     called AFTER sharding; an un-stepped optimizer instance is rebuilt from its class and
     defaults. Call on every rank, with identically initialised models (rank 0's weights
-    are broadcast where a strategy shards). Returns :class:`Prepared`.
+    are broadcast where a strategy shards). Returns :class:`Prepared`. ``mesh_device``
+    defaults to the rank's device (CUDA on NCCL ranks), see :func:`mesh_device_for`.
 
     ``blocks``: the model's blocks (class names, module paths/globs, or a predicate), found
     automatically otherwise (see :mod:`workbench.strategies.blocks`). ``tp_plan``: module
@@ -48,6 +62,8 @@ def prepare(model: nn.Module, optimizer, spec: StrategySpec | str, *, mesh_devic
     """
     if isinstance(spec, str):
         spec = StrategySpec.parse(spec)
+    if mesh_device is None:
+        mesh_device = _default_mesh_device()
     rank, world, has_pg = _world()
     resolved = spec.validate(world, model_config_of(model), device_type=mesh_device)
     if mesh_device == "cuda" and not torch.cuda.is_available():

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .. import background
 from . import health, launchers, network, slurm, ssh
+from .gpu_plan import plan_gpus
 from ...shared.errors import Interrupted, NotRunning, RankDied, RankFailure
 from .ranges import parse_ranks
 
@@ -87,6 +88,12 @@ class RankSetConfig:
             raise ValueError(f"--timeout must be a positive number of seconds, got {self.timeout!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads!r}")
+        if not self.remote_launch() and self.backend != "gloo":
+            plan_gpus(self.backend, self.n, launchers.gpu_ids())  # refuses n > GPUs before any start
+
+    def remote_launch(self) -> bool:
+        """Slurm/SSH ranks pin from the GPUs of their own host, not this one's."""
+        return self.launcher in ("slurm", "ssh") and not self.launcher_options
 
     def threads_per_rank(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 1) // self.n)
@@ -362,11 +369,12 @@ class RankSet:
         # rank 0's address on the route to this notebook: the other hosts reach it the same way
         master_addr = "127.0.0.1" if one_host else idents[0]["addr"]
         master_port = self.client[self.engine_ids[0]].apply_sync(runtime.free_port)
-        remote_launch = cfg.launcher in ("slurm", "ssh") and not cfg.launcher_options
+        remote_launch = cfg.remote_launch()
         # Slurm/SSH: each rank pins from the GPUs its own host (and Slurm) makes visible to it
-        gpu_ids = (launchers.gpu_ids() if cfg.backend != "gloo" else []) if not remote_launch else []
-        if cfg.backend == "nccl" and not gpu_ids and not remote_launch:
-            raise ValueError("--backend nccl needs GPUs and none are visible: use --backend gloo (CPU ranks)")
+        backend, gpu_ids = cfg.backend, []
+        if not remote_launch:
+            plan = plan_gpus(cfg.backend, cfg.n, launchers.gpu_ids() if cfg.backend != "gloo" else [])
+            backend, gpu_ids = plan.backend, list(plan.gpu_ids)
         stack_dir = os.path.join(self.state_dir(), "stacks")
         controller = self._controller_pids()
         pending = []
@@ -380,7 +388,7 @@ class RankSet:
                 local_world_size=len(same_host),
                 master_addr=master_addr,
                 master_port=master_port,
-                backend=cfg.backend,
+                backend=backend,
                 timeout_s=cfg.timeout,
                 threads=cfg.threads_per_rank(),
                 gpu_ids=gpu_ids or None,
@@ -546,6 +554,7 @@ class RankSet:
                 "memory_mb": round(rss / 2**20, 1) if rss else None,
                 "state": state,
                 "exit": deaths[rank]["exit"] if rank in deaths else "",
+                **({"nccl": info["nccl"]} if info.get("nccl") else {}),  # NCCL ranks: version and NCCL_* env
             })
         return rows
 
