@@ -9,6 +9,7 @@ ranks than cores).
 from __future__ import annotations
 
 import os
+import sys
 
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 
@@ -79,6 +80,13 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarde
         # than after it (ipyparallel would first wait for the controller to hand it over)
         kwargs["send_engines_connection_env"] = False
         cfg.EngineLauncher.engine_args.append("--IPEngine.wait_for_url_file=120")
+        # each engine imports torch as its first step, while the controller is still coming
+        # up (the startup command then finds it imported)
+        cfg.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-m", "workbench.engine.preload"]
+        # no nanny process per engine: ranks on this host are signalled by pid
+        # (``RankSet.interrupt``) and watched by pid (``health.Watcher``); the nanny cost a
+        # Python start that each engine waited for before registering
+        cfg.EngineLauncher.engine_args.append("--IPEngine.enable_nanny=False")
     for key, value in (options or {}).items():
         if key == "config":
             cfg.merge(value)

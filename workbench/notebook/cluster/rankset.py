@@ -508,7 +508,17 @@ class RankSet:
         """Send SIGINT to the ranks (what Ctrl-C / the stop button does to a cell)."""
         sel = self.select(ranks)
         live = set(self.client.ids)
-        targets = [self.engine_ids[r] for r in sel if self.engine_ids[r] in live]
+        targets = []
+        for r in sel:
+            proc = self.procs[r] if r < len(self.procs) else None
+            if proc is not None and proc.local:
+                # by pid: local engines run without ipyparallel's nanny (launchers.py)
+                try:
+                    os.kill(proc.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+            elif self.engine_ids[r] in live:
+                targets.append(self.engine_ids[r])
         if targets:
             self.client.send_signal(signal.SIGINT, targets=targets, block=True)
 
