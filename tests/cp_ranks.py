@@ -1,0 +1,104 @@
+"""Rank-side code for tests/test_context_parallel.py: context parallel on the workbench GPT
+and a tiny random-init transformers Llama, against the same model on one process.
+
+Every rank computes the one-process reference itself (same seed, the whole batch), so a
+rank compares its gathered gradients with numbers it made, not with a stored copy.
+"""
+from __future__ import annotations
+
+import torch
+
+import layout_ranks as L
+
+SEQ, BATCH, LR, STEPS = 16, 4, 1e-2, 3
+
+
+def gpt():
+    from workbench.models import GPT, GPTConfig
+
+    return GPT(GPTConfig(vocab=L.VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64))
+
+
+def llama():
+    return L.llama(num_hidden_layers=2)
+
+
+MODELS = {"gpt": gpt, "llama": llama}
+
+
+def build(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return MODELS[name]()
+
+
+def batch(step: int, dp_rank: int = 0, dp_size: int = 1, hf: bool = False, seq: int = SEQ):
+    """``(x, y)``; ``hf``: the targets transformers' own shift makes of ``labels=x`` (the
+    last position ignored, so cp ranks hold different numbers of labelled tokens)."""
+    g = torch.Generator().manual_seed(200 + step % 2)
+    t = torch.randint(0, L.VOCAB, (BATCH, seq + 1), generator=g)
+    per = BATCH // dp_size
+    t = t[dp_rank * per:(dp_rank + 1) * per]
+    x, y = t[:, :-1], t[:, 1:]
+    if hf:
+        y = torch.cat([x[:, 1:], torch.full_like(x[:, :1], -100)], dim=1)
+    return x, y
+
+
+def _logits(out):
+    return getattr(out, "logits", out)
+
+
+def reference(name: str, steps: int = STEPS, hf: bool = False):
+    """One process: the first step's loss and gradients, and the losses of ``steps`` steps."""
+    from workbench.strategies import lm_loss
+
+    model = build(name)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, grads = [], None
+    for step in range(steps):
+        x, y = batch(step, hf=hf)
+        loss = lm_loss(_logits(model(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        if grads is None:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        losses.append(loss.item())
+    return losses, grads
+
+
+def parity(name: str, spec: str, steps: int = STEPS, dict_batches: bool = False) -> dict:
+    """Under ``spec``: the first step's loss and every gathered gradient against the
+    reference (max relative error), then the losses of ``steps`` train steps."""
+    from torch.distributed.tensor import DTensor
+
+    from workbench.strategies import prepare, reset_accelerate_state
+    from workbench.strategies.base import all_reduce_mean
+
+    want_losses, want_grads = reference(name, steps, hf=dict_batches)
+    p = prepare(build(name), lambda ps: torch.optim.AdamW(ps, lr=LR), spec)
+    try:
+        def make(step):
+            x, y = batch(step, p.dp_rank, p.dp_size, hf=dict_batches)
+            return {"input_ids": x, "labels": x} if dict_batches else (x, y)
+
+        p.model.train()
+        p.optimizer.zero_grad(set_to_none=True)
+        loss = p.loss(make(0))
+        loss.backward()
+        loss0 = float(all_reduce_mean(loss.detach(), p.loss_group))
+        worst, worst_name = 0.0, None
+        for n, q in p.model.named_parameters():
+            g = q.grad.full_tensor() if isinstance(q.grad, DTensor) else q.grad
+            w = want_grads[n]
+            err = float((g - w).abs().max() / w.abs().max().clamp(min=1e-12))
+            if err > worst:
+                worst, worst_name = err, n
+        p.optimizer.zero_grad(set_to_none=True)
+        losses = [p.train_step(make(step)) for step in range(steps)]
+        return {"loss0": loss0, "want0": want_losses[0], "grad_err": worst, "grad_worst": worst_name,
+                "losses": losses, "want": want_losses, "notes": p.layout["notes"],
+                "mesh": p.layout["mesh"], "degrees": p.layout["degrees"]}
+    finally:
+        p.close()
+        reset_accelerate_state()
