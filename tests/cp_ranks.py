@@ -102,3 +102,61 @@ def parity(name: str, spec: str, steps: int = STEPS, dict_batches: bool = False)
     finally:
         p.close()
         reset_accelerate_state()
+
+
+def parities(cases: list) -> list[dict]:
+    """``parity`` for each ``(model, spec, dict_batches)``, notes dropped."""
+    out = []
+    for name, spec, as_dict in cases:
+        r = parity(name, spec, dict_batches=as_dict)
+        r.pop("notes")
+        out.append(r)
+    return out
+
+
+BAD = [  # (model, spec, words the message must contain)
+    ("blocks", "cp=2", ["context parallel (cp=2)", "BlocksNet", "ALL_ATTENTION_FUNCTIONS", "cp=1"]),
+    ("gpt", "ddp cp=2", ["kind='ddp' with cp=2", "fsdp2 cp=2"]),
+    ("gpt", "pp=2 cp=2", ["pipeline parallel is not supported"]),
+]
+
+
+def bad_inputs() -> dict:
+    """Refused prepares leave the model and the process groups as they were; on a prepared
+    cp model a sequence that does not split into 2 x cp chunks, and a direct ``model(x)``,
+    are refused before any parameter changes; then a good step trains."""
+    import torch.distributed as dist
+
+    from workbench.strategies import PrepareError, SpecError, prepare
+
+    def groups():
+        return len(dist.distributed_c10d._world.pg_names)
+
+    n_groups = groups()
+    rows = []
+    for name, spec, _ in BAD:
+        model = L.build(name) if name in L.MODELS else build(name)
+        before = {n: q.detach().clone() for n, q in model.named_parameters()}
+        try:
+            prepare(model, lambda ps: torch.optim.AdamW(ps, lr=LR), spec)
+            msg = None
+        except (SpecError, PrepareError) as e:
+            msg = str(e)
+        same = all(torch.equal(q, before[n]) for n, q in model.named_parameters())
+        rows.append((msg, same and not getattr(model, "_workbench_prepared", None)))
+    untouched_groups = groups() == n_groups
+
+    p = prepare(build("gpt"), lambda ps: torch.optim.AdamW(ps, lr=LR), "cp=2")
+    local = {n: q.to_local().detach().clone() for n, q in p.model.named_parameters()}
+    steps = []
+    for bad in (lambda: p.train_step(batch(0, p.dp_rank, p.dp_size, seq=18)),
+                lambda: p.model(batch(0, p.dp_rank, p.dp_size)[0])):
+        try:
+            bad()
+            steps.append(None)
+        except PrepareError as e:
+            steps.append(str(e))
+    same = all(torch.equal(q.to_local(), local[n]) for n, q in p.model.named_parameters())
+    after = p.train_step(batch(0, p.dp_rank, p.dp_size))
+    p.close()
+    return {"rows": rows, "groups": untouched_groups, "steps": steps, "same": same, "after": after}

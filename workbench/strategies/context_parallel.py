@@ -41,7 +41,7 @@ from torch import nn
 from .base import PrepareError, all_reduce_mean
 from .fsdp2 import FSDP2Prepared
 
-__all__ = ["CPState", "zigzag_index", "ring_attention", "check_cp_model", "apply_cp", "HF_IMPL", "CPPrepared"]
+__all__ = ["CPState", "zigzag_index", "ring_attention", "check_cp_model", "apply_cp", "guard_direct_calls", "HF_IMPL", "CPPrepared"]
 
 HF_IMPL = "workbench_cp"
 _MASKED = -1e30  # finite: a fully masked row of one block gets weight exp(-1e30 - lse) = 0, never NaN
@@ -62,6 +62,19 @@ class CPState:
     rank: int
     size: int
     active: bool = False
+
+
+def _refuse_direct(st: CPState) -> None:
+    if not st.active:
+        raise PrepareError(f"this model is laid out with cp={st.size}: each rank holds a shard of the sequence, so "
+                           "call it through the prepared object (prepared.train_step(batch) / prepared.loss(batch)), "
+                           "which shards the batch and passes the positions, not model(x)")
+
+
+def guard_direct_calls(model: nn.Module, st: CPState) -> None:
+    """Refuse ``model(x)`` outside a prepared step before anything runs (registered after
+    FSDP2's hooks and put in front of them, so no parameter is gathered first)."""
+    model.register_forward_pre_hook(lambda mod, args: _refuse_direct(st), prepend=True)
 
 
 class _RingShift(torch.autograd.Function):
@@ -99,10 +112,7 @@ def _attend_block(q, k, v, pos_q, pos_k, scale):
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st: CPState, scale: float | None = None) -> torch.Tensor:
     """Causal attention of this rank's zig-zag shard ``q, k, v [b, h, s_local, d]`` (same
     heads) over the whole sequence of the cp group; fp32 inside, ``q``'s dtype out."""
-    if not st.active:
-        raise PrepareError(f"this model is laid out with cp={st.size}: each rank holds a shard of the sequence, so "
-                           "call it through the prepared object (prepared.train_step(batch) / prepared.loss(batch)), "
-                           "which shards the batch and passes the positions, not model(x)")
+    _refuse_direct(st)
     dtype, s_local = q.dtype, q.shape[-2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     seq = s_local * st.size

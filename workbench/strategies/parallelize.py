@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import TORCH_DTYPES, Context, ModelHints, Prepared, PrepareError, build_optimizer, check_optimizer_matches, register
-from .context_parallel import CPPrepared, apply_cp, check_cp_model
+from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls
 from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_blocks
 from .ddp import apply_ddp
 from .fsdp2 import FSDP2Prepared, apply_fsdp, broadcast_from_rank0
@@ -182,6 +182,7 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
         return PipelinePrepared(schedule=schedule, stage_idx=stage_idx, n_stages=d.pp, pp_group=pp_group,
                                 last_rank=last_rank, sharded=prepared_cls is FSDP2Prepared, **common)
     if cp_state is not None:
+        guard_direct_calls(model, cp_state)
         return CPPrepared(cp_state=cp_state, cp_kind=cp_kind, **common)
     return prepared_cls(**common)
 
