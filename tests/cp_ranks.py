@@ -160,3 +160,16 @@ def bad_inputs() -> dict:
     after = p.train_step(batch(0, p.dp_rank, p.dp_size))
     p.close()
     return {"rows": rows, "groups": untouched_groups, "steps": steps, "same": same, "after": after}
+
+
+def layout_of(spec: str) -> dict:
+    """Placements (by the layout's mesh dims) and holds of two GPT weights under ``spec``."""
+    from workbench.strategies import prepare
+
+    p = prepare(build("gpt"), lambda ps: torch.optim.AdamW(ps, lr=LR), spec)
+    try:
+        want = ("layers.0.attention.wq.weight", "norm.weight")
+        return {"mesh": p.layout["mesh"], **{e["name"]: (e["placements"], e["holds"]) for e in p.layout["params"]
+                                              if e["name"] in want}}
+    finally:
+        p.close()

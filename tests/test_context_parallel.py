@@ -92,3 +92,14 @@ def test_cp_bad_input_one_message_ranks_usable(ranks2):
         assert r["same"], "a refused step changed the parameters"
         assert r["after"] > 0
     assert len({tuple(m for m, _ in r["rows"]) for r in rows}) == 1
+
+
+def test_cp_layout_names_the_weights_sharded_over_dp_shard_x_cp(ranks4):
+    """The weights are split four ways over dp_shard x cp (row-major), and the layout says so
+    per mesh dim; each rank's holds are its own quarter of the rows."""
+    rows = ranks4.apply(C.layout_of, "cp=2 dp_shard=2")
+    for rank, r in enumerate(rows):
+        assert r["mesh"] == {"shape": [2, 2], "dim_names": ["dp_shard", "cp"]}
+        placements, holds = r["layers.0.attention.wq.weight"]
+        assert placements == ["Shard(0)", "Shard(0)"]
+        assert holds["runs"][0] == [[16 * rank, 16 * (rank + 1)]]  # 64 rows, 16 per rank

@@ -119,7 +119,7 @@ def _fsdp_mesh(mesh, names):
 
 def _params(model, names, stage_idx) -> list[dict]:
     if stage_idx is None:
-        return describe_params(model, len(names))
+        return describe_params(model, len(names), dim_names=tuple(names) if "cp" in names else None)
     rest = len(names) - 1
     entries = describe_params(model, rest)
     for e in entries:
