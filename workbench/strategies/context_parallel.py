@@ -218,6 +218,8 @@ class CPPrepared(FSDP2Prepared):
     Batches: ``(x, y)`` (targets already shifted) or a dict with ``input_ids`` and
     ``labels`` (transformers style: labels shifted here, before the split)."""
 
+    shards_sequence = True  # the trainer calls ``loss(batch)`` inside its own step
+
     def __init__(self, *, cp_state: CPState, cp_kind: str, **kw):
         super().__init__(**kw)
         self.cp_state, self.cp_kind = cp_state, cp_kind
