@@ -67,7 +67,7 @@ def test_presets_are_degrees(text, world, kind, mesh):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("cp=2", "context parallel"),
+    ("ddp cp=2", "context parallel shards the parameters"),
     ("ep=2", "expert_parallel"),
     ("dp_replicate=2 tp=2", "use dp_shard=2"),
     ("pp=2 dp_shard=3", "sizes that fit: dp_shard=1 x pp=4, dp_shard=2 x pp=2"),

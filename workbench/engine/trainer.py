@@ -106,13 +106,19 @@ class Trainer:
         self._source = data_sources.make_source(data, batch_size=batch_size, dp_rank=dp_rank, dp_size=dp_size,
                                                 shuffle=shuffle, seed=seed, collate_fn=collate_fn)
         self.micro = 0  # micro-batches consumed by the completed steps: the data position
-        self._whole_step = prepared is not None and prepared.own_train_step
+        # a context-parallel layout shards each batch's sequence in its own ``loss``: the
+        # trainer's own step (clipping, accumulation, any batch form it takes) runs around it
+        self._seq_loss = prepared is not None and prepared.shards_sequence
+        self._whole_step = prepared is not None and prepared.own_train_step and not self._seq_loss
         self._form = batch_forms.form_of(self._source.peek(0), step_fn=step_fn, rank=self.rank)
         if self._whole_step and (self._form != batch_forms.PAIR or loss_fn is not None):
             raise ValueError(f"rank {self.rank}: {type(prepared).__name__} runs its own train_step on (x, y) "
                              f"batches with its own loss; this data gives {self._form} batches"
                              f"{' and a loss_fn' if loss_fn is not None else ''}: lay the model out with a "
                              "strategy whose step the trainer runs (ddp, fsdp2, tp, ...), or give (x, y) batches")
+        if self._seq_loss and (loss_fn is not None or step_fn is not None):
+            raise ValueError(f"rank {self.rank}: a context-parallel layout computes the loss of its own sequence "
+                             "shard (token-weighted next-token cross entropy); drop loss_fn / step_fn, or use cp=1")
         comm_timing.install()
         timeline.watch_gc()
         self.notes: list[str] = [f"data: {self._source.describe()}; batches {self._form}"]
@@ -417,6 +423,8 @@ class Trainer:
         return self._source.restore(self.micro, state)
 
     def _loss(self, model, batch, autocast=None):
+        if self._seq_loss:
+            return self.prepared.loss(batch)
         if self.prepared is not None:
             compute = self.prepared.compute_loss
         else:
@@ -556,13 +564,23 @@ class Trainer:
         params = [p for p in self._params if p.grad is not None]
         if not params:
             return 0.0
-        grads = [p.grad for p in params]
-        norm = torch.nn.utils.get_total_norm(grads, 2.0, False, True)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        # One norm per kind of gradient: plain tensors (replicated: counted once) and DTensors
+        # of each mesh/placement (a TP plan leaves norms plain; 2-D has 1-D and 2-D meshes),
+        # which torch's foreach norm will not mix.
+        groups: dict = {}
+        for p in params:
+            g = p.grad
+            key = (id(g.device_mesh), tuple(g.placements)) if hasattr(g, "full_tensor") else None
+            groups.setdefault(key, []).append(p)
+        squares = []
+        for ps in groups.values():
+            n = torch.nn.utils.get_total_norm([p.grad for p in ps], 2.0, False, True)
+            squares.append((n.full_tensor() if hasattr(n, "full_tensor") else n).float() ** 2)
+        norm = torch.stack(squares).sum().sqrt()
         clip = self.config.grad_clip
         if clip and math.isfinite(float(norm)):
-            torch.nn.utils.clip_grads_with_norm_(params, clip, norm, True)
+            for ps in groups.values():
+                torch.nn.utils.clip_grads_with_norm_(ps, clip, norm, True)
         return float(norm)
 
 

@@ -74,6 +74,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, kv, bias=False)
         self.wv = nn.Linear(cfg.dim, kv, bias=False)
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        # Replaceable core ``(module, q, k, v) -> y`` on ``[b, heads, s, head_dim]``: context
+        # parallel puts ring attention here; ``None`` is causal SDPA.
+        self.attn_fn = None
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -85,7 +88,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_rep, dim=2)
             v = v.repeat_interleave(self.n_rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if self.attn_fn is None else self.attn_fn(self, q, k, v)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -160,9 +163,11 @@ class GPT(nn.Module):
                 std = std_out if name.endswith(("wo.weight", "w2.weight")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: the global sequence positions of ``tokens``' columns (a context-
+        parallel shard holds non-contiguous ones); ``None`` is ``0..s-1``."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        rope = self.rope
+        rope = self.rope if positions is None else self.rope[positions]
         for layer in self.layers.values():
             h = layer(h, rope)
         h = self.norm(h) if self.norm is not None else h

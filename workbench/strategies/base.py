@@ -171,12 +171,15 @@ class Prepared:
     schedules, DeepSpeed, Accelerate), so the trainer times it as one phase;
     ``reduce_scatter``: gradients are reduce-scattered over the data-parallel ranks (FSDP2);
     ``engine_state``: model and optimizer state are read and written through an engine's
-    own API (DeepSpeed); :meth:`no_sync`: skip gradient sync for an accumulation micro-batch.
+    own API (DeepSpeed); ``shards_sequence``: ``loss(batch)`` shards each batch's sequence
+    over a context-parallel group, inside the trainer's own step;
+    :meth:`no_sync`: skip gradient sync for an accumulation micro-batch.
     """
 
     own_train_step: ClassVar[bool] = False
     reduce_scatter: bool = False
     engine_state: ClassVar[bool] = False
+    shards_sequence: ClassVar[bool] = False
 
     def __init__(self, *, model: nn.Module, optimizer, layout: dict, spec: StrategySpec,
                  ctx: Context, mesh=None, loss_group=None, dp_rank: int = 0, dp_size: int = 1,

@@ -148,8 +148,24 @@ def _param_entry(name: str, p: torch.Tensor, mesh_ndim: int, default_placement: 
     }
 
 
-def describe_params(model: nn.Module, mesh_ndim: int, default_placement: str = "Replicate()") -> list[dict]:
-    return [_param_entry(n, p, mesh_ndim, default_placement) for n, p in model.named_parameters()]
+def describe_params(model: nn.Module, mesh_ndim: int, default_placement: str = "Replicate()",
+                    dim_names: tuple[str, ...] | None = None) -> list[dict]:
+    """One entry per parameter; with ``dim_names`` (the layout's mesh), placements are
+    matched to them by the DTensor mesh's own dim names (a flattened ``dp_shard_cp`` dim
+    counts for both ``dp_shard`` and ``cp``: sharding over the flattened dim is the same as
+    ``Shard`` over each in row-major order)."""
+    out = []
+    for n, p in model.named_parameters():
+        e = _param_entry(n, p, mesh_ndim, default_placement)
+        mesh = getattr(p, "device_mesh", None)
+        if dim_names is not None and mesh is not None and mesh.mesh_dim_names:
+            by = {}
+            for name, pl in zip(mesh.mesh_dim_names, p.placements):
+                for part in ("dp_shard", "cp") if name == "dp_shard_cp" else (name,):
+                    by[part] = placement_name(pl)
+            e["placements"] = [by.get(d, "Replicate()") for d in dim_names]
+        out.append(e)
+    return out
 
 
 def make_layout(*, strategy: str, path: str, mesh_shape, dim_names, rank: int, world_size: int,

@@ -4,11 +4,13 @@ The order (torchtitan's ``parallelize_llama``), each step a small ``apply_*`` of
 
 1. pipeline split (``pp``)          -- the stage keeps its blocks, embedding first, norm/head last
 2. tensor parallel (``tp``, + SP)   -- DTensor plan from the model, transformers or ``tp_plan=``
-3. context parallel (``cp``)        -- refused at validation: no model here has ring attention
+3. context parallel (``cp``)        -- ring attention in the model's attention; the sequence
+                                       sharded per step (zig-zag), see ``context_parallel``
 4. activation checkpointing         -- per block
 5. compile                          -- per block
-6. data parallel, last              -- FSDP2 (``dp_shard``), HSDP (``dp_replicate x dp_shard``)
-                                       per block + root, or DDP (``dp_replicate`` alone)
+6. data parallel, last              -- FSDP2 (``dp_shard``, x ``cp`` when on), HSDP
+                                       (``dp_replicate x dp_shard[x cp]``) per block + root,
+                                       or DDP (``dp_replicate`` alone)
 
 TP before FSDP so FSDP shards the TP-sharded DTensors again (2-D); AC and compile wrap the
 block forwards FSDP's per-block hooks then surround. :func:`check_layout` runs every check
@@ -23,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .base import TORCH_DTYPES, Context, ModelHints, Prepared, PrepareError, build_optimizer, check_optimizer_matches, register
+from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls
 from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_blocks
 from .ddp import apply_ddp
 from .fsdp2 import FSDP2Prepared, apply_fsdp, broadcast_from_rank0
@@ -64,6 +67,8 @@ def check_layout(model: nn.Module, s: StrategySpec, world: int, hints: ModelHint
         resolve_tp_plan(model, d.tp, tp_plan=hints.tp_plan, sequence_parallel=s.sequence_parallel)
     elif hints.tp_plan is not None:
         raise PrepareError("tp_plan= given but tp=1; add tp=N (e.g. 'fsdp2 tp=2') or drop tp_plan")
+    if d.cp_enabled:
+        check_cp_model(model, d.cp)
     needed = _uses_fsdp(s, world) or s.activation_checkpointing != "none" or s.compile
     if needed or hints.blocks is not None:
         purpose = "FSDP2 wrapping" if _uses_fsdp(s, world) else "activation checkpointing / compile"
@@ -90,17 +95,31 @@ def apply_pipeline(model, mesh, check: LayoutCheck, ctx: Context) -> tuple[int, 
 
 
 def _dp_group(mesh, names):
-    dp = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
+    """The group the reported loss is averaged over: every rank that sees different tokens."""
+    dp = tuple(n for n in ("dp_replicate", "dp_shard", "cp") if n in names)
     if not dp:
         return None
     if len(dp) == 1:
         return mesh.get_group(dp[0])
-    return mesh[dp]._flatten("dp").get_group()
+    return mesh[dp]._flatten("_".join(dp) + "_loss").get_group()
+
+
+def _fsdp_mesh(mesh, names):
+    """FSDP2's mesh: ``dp_shard`` (x ``cp`` flattened in, which shares the weights), with
+    ``dp_replicate`` in front for HSDP."""
+    shard = tuple(n for n in ("dp_shard", "cp") if n in names) or ("dp_shard",)
+    if len(shard) > 1:
+        flat = mesh[shard]._flatten("dp_shard_cp")
+        if "dp_replicate" not in names:
+            return flat
+        shard = ("dp_shard_cp",)
+    dims = (("dp_replicate",) if "dp_replicate" in names else ()) + shard
+    return mesh[dims] if len(dims) > 1 else mesh[dims[0]]
 
 
 def _params(model, names, stage_idx) -> list[dict]:
     if stage_idx is None:
-        return describe_params(model, len(names))
+        return describe_params(model, len(names), dim_names=tuple(names) if "cp" in names else None)
     rest = len(names) - 1
     entries = describe_params(model, rest)
     for e in entries:
@@ -115,7 +134,7 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     check = check_layout(model, s, ctx.world_size, ctx.hints)
     shape, names = d.mesh_dims(PRESET_DIMS[s.kind])
     mesh = make_mesh(ctx, shape, names)
-    ctx.notes.append(f"degrees {d.describe()}; order: pipeline, tp, (cp), activation checkpointing, compile, data parallel")
+    ctx.notes.append(f"degrees {d.describe()}; order: pipeline, tp, cp, activation checkpointing, compile, data parallel")
     broadcast_from_rank0(model)
     total_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     blocks = check.blocks
@@ -126,6 +145,10 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
         plan = resolve_tp_plan(model, d.tp, tp_plan=ctx.hints.tp_plan, sequence_parallel=s.sequence_parallel,
                                stage=stage_idx is not None)
         apply_tp(model, mesh["tp"], plan, ctx.notes)
+    cp_state = None
+    if "cp" in names:                                             # 3. context parallel
+        cp_kind = check_cp_model(model, d.cp)
+        cp_state = apply_cp(model, cp_kind, mesh.get_group("cp"), ctx.notes)
     if blocks is not None:                                        # 4./5. per block
         ctx.notes.append(f"blocks: {blocks.describe()}")
         apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
@@ -133,8 +156,7 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
             apply_compile(blocks, ctx.notes)
     wrapped, prepared_cls = model, Prepared
     if _uses_fsdp(s, ctx.world_size):                             # 6. data parallel
-        dp = tuple(n for n in ("dp_replicate", "dp_shard") if n in names) or ("dp_shard",)
-        apply_fsdp(model, list(blocks.modules), mesh[dp] if len(dp) > 1 else mesh[dp[0]], s, ctx.notes)
+        apply_fsdp(model, list(blocks.modules), _fsdp_mesh(mesh, names), s, ctx.notes)
         prepared_cls = FSDP2Prepared
     elif "dp_replicate" in names:
         wrapped = apply_ddp(model, ctx, mesh.get_group("dp_replicate"))
@@ -159,6 +181,9 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
         last_rank = dist.get_global_rank(pp_group, d.pp - 1) if d.pp > 1 else ctx.rank
         return PipelinePrepared(schedule=schedule, stage_idx=stage_idx, n_stages=d.pp, pp_group=pp_group,
                                 last_rank=last_rank, sharded=prepared_cls is FSDP2Prepared, **common)
+    if cp_state is not None:
+        guard_direct_calls(model, cp_state)
+        return CPPrepared(cp_state=cp_state, cp_kind=cp_kind, **common)
     return prepared_cls(**common)
 
 

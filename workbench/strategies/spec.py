@@ -171,9 +171,16 @@ def _check_values(s: StrategySpec) -> None:
             raise SpecError(f"{name}={v!r} must be a positive integer, or -1 for the rest of the world")
     if s.pp_microbatches is not None and s.pp_microbatches < 1:
         raise SpecError(f"pp_microbatches={s.pp_microbatches} must be >= 1")
-    if s.cp != 1:
-        raise SpecError(f"cp={s.cp}: context parallel needs ring attention inside the model's attention, which "
-                        "neither the workbench GPT nor the transformers models here provide; use cp=1")
+    if s.cp not in (1,):
+        if s.kind in ("none", "zero", "ddp"):
+            raise SpecError(f"kind={s.kind!r} with cp={s.cp}: context parallel shards the parameters over dp_shard x cp "
+                            f"(FSDP2, as torchtitan does); use 'fsdp2 cp={s.cp}' (or 'cp={s.cp}', 'fsdp2 cp={s.cp} tp=2')")
+        if s.kind == "pp" or s.pp not in (1,):
+            raise SpecError(f"cp={s.cp} with pipeline parallel is not supported here (a stage does not carry the "
+                            "sequence positions); use cp with dp_shard / tp, or pp without cp")
+        if s.compile or s.activation_checkpointing != "none":
+            raise SpecError(f"cp={s.cp} with {'compile' if s.compile else 'activation checkpointing'} is not supported "
+                            "here (ring attention sends inside the blocks); drop it, or use cp=1")
     if s.ep != 1:
         raise SpecError(f"ep={s.ep}: expert parallel is applied to MoE models with "
                         "workbench.models.expert_parallel(model), not by prepare; use ep=1")
@@ -226,8 +233,8 @@ def _label(kind: str, d: ParallelDims) -> str:
     if d.pp > 1:
         return "pp"
     if d.tp > 1:
-        return "fsdp2_tp" if (d.dp_shard > 1 or d.dp_replicate > 1 or kind in ("fsdp2", "fsdp2_tp")) else "tp"
-    if d.dp_shard > 1:
+        return "fsdp2_tp" if (d.dp_shard > 1 or d.dp_replicate > 1 or d.cp > 1 or kind in ("fsdp2", "fsdp2_tp")) else "tp"
+    if d.dp_shard > 1 or d.cp > 1:
         return "fsdp2"
     if d.dp_replicate > 1:
         return "ddp" if kind in ("ddp", "tp", "pp") else "fsdp2"
@@ -358,6 +365,8 @@ def _kind_of_degrees(v: dict) -> str:
     """The preset that bare degrees (``pp=2 dp_shard=2``, ``tp=2``) start from."""
     if v.get("pp", 1) != 1:
         return "pp"
+    if v.get("cp", 1) != 1 and v.get("tp", 1) == 1:
+        return "fsdp2"  # context parallel shards parameters over dp_shard x cp
     if v.get("tp", 1) != 1:
         return "fsdp2_tp" if v.get("dp_shard", 1) != 1 or v.get("dp_replicate", 1) != 1 else "tp"
     if v.get("dp_shard", -1) != -1:

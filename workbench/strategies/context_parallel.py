@@ -1,0 +1,281 @@
+"""Context parallel: the sequence split over the ``cp`` ranks, attention as a ring
+(Liu et al. 2023, "Ring Attention"; torchtitan's ``context_parallel``), built here in plain
+torch so it runs on CPU/gloo ranks.
+
+Why not ``torch.distributed.tensor.experimental.context_parallel``: in torch 2.13 it works
+by overriding the CUDA SDPA kernels (``_scaled_dot_product_flash/efficient/cudnn_attention``);
+on CPU, SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which it does
+not handle, so attention would run on the local shard alone, silently wrong.
+
+Load balance (zig-zag): the sequence is cut into ``2 x cp`` chunks and cp rank ``r`` holds
+chunks ``r`` and ``2cp-1-r``, so under a causal mask every rank has the same work.
+Every rank keeps its queries; the key/value block travels round the ring (``cp - 1``
+send/recv steps); each step adds one block with a log-sum-exp (running max / sum) merge::
+
+    out, lse = attend(q, k_own, v_own)                     # own block: the diagonal
+    for step in 1..cp-1:
+        k, v = recv_from(prev), send_to(next)               # the ring
+        o_b, lse_b = attend(q, k, v, mask=pos_k <= pos_q)
+        lse_new = logaddexp(lse, lse_b)
+        out = out * exp(lse - lse_new) + o_b * exp(lse_b - lse_new); lse = lse_new
+
+Backward is autograd through that math; the ring step is a custom autograd ``Function``
+whose backward sends the gradient the other way round the ring. Parameters are FSDP2-
+sharded over ``dp_shard x cp`` (cp ranks share weights and see different tokens of the
+same samples), so the gradient reduce-scatter averages over both, as torchtitan does.
+
+Models: the workbench GPT (its ``Attention.attn_fn`` hook; rotary rows taken at the
+shard's global positions) and transformers models whose attention goes through
+``ALL_ATTENTION_FUNCTIONS`` (an implementation ``"workbench_cp"`` registered there;
+``position_ids`` give rotary the global positions). Anything else is refused.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .base import PrepareError, all_reduce_mean
+from .fsdp2 import FSDP2Prepared
+
+__all__ = ["CPState", "zigzag_index", "ring_attention", "check_cp_model", "apply_cp", "guard_direct_calls", "HF_IMPL", "CPPrepared"]
+
+HF_IMPL = "workbench_cp"
+_MASKED = -1e30  # finite: a fully masked row of one block gets weight exp(-1e30 - lse) = 0, never NaN
+
+
+def zigzag_index(seq: int, cp: int, rank: int) -> torch.Tensor:
+    """Global positions cp rank ``rank`` holds: chunks ``rank`` and ``2cp-1-rank`` of ``2cp``."""
+    c = seq // (2 * cp)
+    return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c)])
+
+
+@dataclass
+class CPState:
+    """The cp group as the attention sees it; ``active`` is set only while a prepared step
+    runs, so a direct ``model(x)`` call on the full sequence is refused, not silently wrong."""
+
+    group: object
+    rank: int
+    size: int
+    active: bool = False
+
+
+def _refuse_direct(st: CPState) -> None:
+    if not st.active:
+        raise PrepareError(f"this model is laid out with cp={st.size}: each rank holds a shard of the sequence, so "
+                           "call it through the prepared object (prepared.train_step(batch) / prepared.loss(batch)), "
+                           "which shards the batch and passes the positions, not model(x)")
+
+
+def guard_direct_calls(model: nn.Module, st: CPState) -> None:
+    """Refuse ``model(x)`` outside a prepared step before anything runs (registered after
+    FSDP2's hooks and put in front of them, so no parameter is gathered first)."""
+    model.register_forward_pre_hook(lambda mod, args: _refuse_direct(st), prepend=True)
+
+
+class _RingShift(torch.autograd.Function):
+    """Send to the next cp rank, receive from the previous; backward: the reverse."""
+
+    @staticmethod
+    def forward(ctx, t, state):
+        ctx.state = state
+        return _shift(t.contiguous(), state, +1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _shift(g.contiguous(), ctx.state, -1), None
+
+
+def _shift(t: torch.Tensor, st: CPState, step: int) -> torch.Tensor:
+    dst = dist.get_global_rank(st.group, (st.rank + step) % st.size)
+    src = dist.get_global_rank(st.group, (st.rank - step) % st.size)
+    out = torch.empty_like(t)
+    ops = [dist.P2POp(dist.isend, t, dst, st.group), dist.P2POp(dist.irecv, out, src, st.group)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    return out
+
+
+def _attend_block(q, k, v, pos_q, pos_k, scale):
+    """Softmax attention of ``q`` over one key/value block, causal by global position;
+    returns the block-normalised output and each row's log-sum-exp."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = s.masked_fill(pos_k[None, :] > pos_q[:, None], _MASKED)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    return torch.matmul(torch.exp(s - lse), v), lse
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st: CPState, scale: float | None = None) -> torch.Tensor:
+    """Causal attention of this rank's zig-zag shard ``q, k, v [b, h, s_local, d]`` (same
+    heads) over the whole sequence of the cp group; fp32 inside, ``q``'s dtype out."""
+    _refuse_direct(st)
+    dtype, s_local = q.dtype, q.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    seq = s_local * st.size
+    pos = [zigzag_index(seq, st.size, r).to(q.device) for r in range(st.size)]
+    qf = q.float()
+    kv = torch.stack([k.float(), v.float()])
+    out, lse = _attend_block(qf, kv[0], kv[1], pos[st.rank], pos[st.rank], scale)
+    for step in range(1, st.size):
+        kv = _RingShift.apply(kv, st)
+        src = (st.rank - step) % st.size
+        o_b, lse_b = _attend_block(qf, kv[0], kv[1], pos[st.rank], pos[src], scale)
+        new = torch.logaddexp(lse, lse_b)
+        out = out * torch.exp(lse - new) + o_b * torch.exp(lse_b - new)
+        lse = new
+    return out.to(dtype)
+
+
+# ------------------------------------------------------------------ models
+def _gpt_attentions(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if hasattr(m, "attn_fn") and hasattr(m, "head_dim")]
+
+
+def _hf_attentions(model: nn.Module) -> list[nn.Module]:
+    out = []
+    for m in model.modules():
+        try:
+            src = inspect.getsource(type(m).forward)
+        except (OSError, TypeError):
+            continue
+        if "ALL_ATTENTION_FUNCTIONS" in src:
+            out.append(m)
+    return out
+
+
+def check_cp_model(model: nn.Module, cp: int) -> str:
+    """``"gpt"`` or ``"hf"``: how ring attention goes into this model; else
+    :class:`PrepareError` naming what is supported (pure: nothing changes)."""
+    if _gpt_attentions(model) and "positions" in inspect.signature(model.forward).parameters:
+        return "gpt"
+    cfg = getattr(model, "config", None)
+    if cfg is not None and _hf_attentions(model) and "position_ids" in inspect.signature(model.forward).parameters:
+        return "hf"
+    raise PrepareError(
+        f"context parallel (cp={cp}) needs to replace {type(model).__name__}'s attention with ring attention, and "
+        "cannot here: supported are models whose attention modules have an attn_fn hook and whose forward takes "
+        "positions= (workbench.models.GPT), and transformers models whose attention goes through "
+        "ALL_ATTENTION_FUNCTIONS and whose forward takes position_ids (Llama family and most recent ones); "
+        "use dp_shard / tp for this model, or cp=1")
+
+
+def _cp_attention_gpt(st: CPState):
+    def attn(module, q, k, v):
+        return ring_attention(q, k, v, st)
+    return attn
+
+
+def _hf_cp_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """``ALL_ATTENTION_FUNCTIONS["workbench_cp"]``: ring attention over the module's cp
+    group; returns ``[b, s, heads, d]`` as transformers' own functions do."""
+    st: CPState = module._workbench_cp
+    if dropout:
+        raise PrepareError(f"attention dropout={dropout} with context parallel is not supported; set attention_dropout=0")
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    out = ring_attention(query, key, value, st, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def apply_cp(model: nn.Module, kind: str, group, notes: list[str]) -> CPState:
+    """Put ring attention into every attention module of ``model`` (``kind`` from
+    :func:`check_cp_model`); returns the shared :class:`CPState`."""
+    st = CPState(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group))
+    if kind == "gpt":
+        mods = _gpt_attentions(model)
+        for m in mods:
+            m.attn_fn = _cp_attention_gpt(st)
+    else:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(HF_IMPL, _hf_cp_attention)
+        mods = _hf_attentions(model)
+        for m in mods:
+            m._workbench_cp = st
+        model.config._attn_implementation = HF_IMPL
+        for sub in model.modules():
+            c = getattr(sub, "config", None)
+            if c is not None and hasattr(c, "_attn_implementation"):
+                c._attn_implementation = HF_IMPL
+    notes.append(f"context parallel over {st.size} ranks: sequence in 2x{st.size} zig-zag chunks, ring attention "
+                 f"(K/V sent round the ring, log-sum-exp merge) in {len(mods)} attention modules; "
+                 "parameters sharded over dp_shard x cp")
+    return st
+
+
+# ------------------------------------------------------------------ the step
+class CPPrepared(FSDP2Prepared):
+    """Steps that shard each batch's sequence over the cp group (zig-zag), run the model
+    with the shard's global positions, and weight each rank's loss by its share of the
+    group's labelled tokens, so the mean over ``dp x cp`` is the global batch's loss.
+
+    Batches: ``(x, y)`` (targets already shifted) or a dict with ``input_ids`` and
+    ``labels`` (transformers style: labels shifted here, before the split)."""
+
+    shards_sequence = True  # the trainer calls ``loss(batch)`` inside its own step
+
+    def __init__(self, *, cp_state: CPState, cp_kind: str, **kw):
+        super().__init__(**kw)
+        self.cp_state, self.cp_kind = cp_state, cp_kind
+
+    def _pair(self, batch):
+        if isinstance(batch, dict):
+            unknown = set(batch) - {"input_ids", "labels", "attention_mask"}
+            if "input_ids" not in batch or "labels" not in batch or unknown:
+                raise PrepareError(f"a cp={self.cp_state.size} step takes (x, y) or a dict with input_ids and labels; "
+                                   f"got keys {sorted(batch)}")
+            am = batch.get("attention_mask")
+            if am is not None and not bool(torch.as_tensor(am).all()):
+                raise PrepareError("attention_mask with padding is not supported with context parallel; pack "
+                                   "sequences without padding (or mark padded labels -100 and drop attention_mask)")
+            labels = batch["labels"]
+            y = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+            return batch["input_ids"], y
+        x, y = batch
+        return x, y
+
+    def loss(self, batch) -> torch.Tensor:
+        """This rank's loss term (backward it; the ``dp x cp`` mean is the global loss)."""
+        st = self.cp_state
+        x, y = (t.to(self.device) for t in self._pair(batch))
+        seq = x.shape[1]
+        if seq % (2 * st.size):
+            raise PrepareError(f"sequence length {seq} does not split into 2 x cp = {2 * st.size} equal chunks "
+                               f"(zig-zag load balance); use a sequence length divisible by {2 * st.size}, "
+                               f"e.g. {seq - seq % (2 * st.size) or 2 * st.size}")
+        idx = zigzag_index(seq, st.size, st.rank).to(self.device)
+        xl, yl = x[:, idx], y[:, idx]
+        st.active = True
+        try:
+            with self._autocast_ctx():
+                if self.cp_kind == "gpt":
+                    out = self.model(xl, positions=idx)
+                else:
+                    out = self.model(input_ids=xl, position_ids=idx[None].expand(xl.shape[0], -1))
+        finally:
+            st.active = False
+        local = self.compute_loss(out, yl)
+        n_local = (yl != -100).sum().float()
+        n_total = n_local.detach().clone()
+        dist.all_reduce(n_total, group=st.group)
+        return local * (n_local * st.size / n_total.clamp(min=1))
+
+    def train_step(self, batch) -> float:
+        self.check()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(batch)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return float(all_reduce_mean(loss.detach(), self.loss_group))
+
+    @torch.no_grad()
+    def eval_loss(self, batch) -> float:
+        return float(all_reduce_mean(self.loss(batch), self.loss_group))
