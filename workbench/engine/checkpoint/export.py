@@ -27,7 +27,7 @@ from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_
 
 __all__ = ["export_safetensors", "export_hf"]
 
-from ..strategies.base import TORCH_DTYPES as _DTYPES
+from ...strategies.base import TORCH_DTYPES as _DTYPES
 
 
 def _read_model(folder: str, dtype: str | None) -> dict:
