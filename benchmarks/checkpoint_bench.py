@@ -27,6 +27,7 @@ from xxhash). Results: ``benchmarks/results/checkpoint-*.json`` (``--pool``: eve
 
     OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs 3] [--models tiny,m100] [--ranks 2,4] [--steps 40 --every 10]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -172,8 +173,8 @@ def checksum_speed(path: str, runs: int) -> dict:
 
 
 def _load_latest(root):
-    from workbench.shared.checkpoint import catalog
     from workbench.engine import checkpoint_hooks as ch
+    from workbench.shared.checkpoint import catalog
 
     folder, _ = catalog.resolve(root, "latest")
     return ch.rank_load(folder)
@@ -208,30 +209,47 @@ def main(argv=None) -> int:
                 if speed is None or sp["bytes"] > speed["bytes"]:
                     speed = sp
             print(f"# done {model} on {n} ranks", file=sys.stderr, flush=True)
-    print(f"checksums over a {speed['bytes'] / 2**20:.1f} MiB checkpoint file, one core: "
-          + ", ".join(f"{k[:-5]} {v:.2f} GB/s" for k, v in speed.items() if k.endswith("_gb_s")))
-    hdr = (f"{'model':<6} {'params':>11} {'ranks':>5} {'ckpt MB':>8} {'sync s':>8} {'(no sum)':>8} "
-           f"{'async blocks s':>15} {'(no sum)':>8} {'async/sync':>10} {'async write s':>14} {'restore s':>10} "
-           f"{'verify s':>9} {'staging MB':>11}")
-    print(f"checkpoint benchmark: FSDP2 + AdamW, gloo CPU ranks, median of {a.runs} runs; "
-          "'no sum': the same save recording sizes only")
+    print(
+        f"checksums over a {speed['bytes'] / 2**20:.1f} MiB checkpoint file, one core: "
+        + ", ".join(f"{k[:-5]} {v:.2f} GB/s" for k, v in speed.items() if k.endswith("_gb_s"))
+    )
+    hdr = (
+        f"{'model':<6} {'params':>11} {'ranks':>5} {'ckpt MB':>8} {'sync s':>8} {'(no sum)':>8} "
+        f"{'async blocks s':>15} {'(no sum)':>8} {'async/sync':>10} {'async write s':>14} {'restore s':>10} "
+        f"{'verify s':>9} {'staging MB':>11}"
+    )
+    print(
+        f"checkpoint benchmark: FSDP2 + AdamW, gloo CPU ranks, median of {a.runs} runs; "
+        "'no sum': the same save recording sizes only"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['model']:<6} {r['params']:>11,} {r['ranks']:>5} {r['size_mb']:>8.1f} {r['checksum_sync_s']:>8.3f} "
-              f"{r['sizes_sync_s']:>8.3f} {r['checksum_async_blocked_s']:>15.3f} {r['sizes_async_blocked_s']:>8.3f} "
-              f"{r['async_over_sync']:>10.2f} {r['checksum_async_total_s']:>14.3f} {r['restore_s']:>10.3f} "
-              f"{r['verify_s']:>9.3f} {r['staging_mb']:>11.1f}")
-        run.target(f"{r['model']} x{r['ranks']} async blocked / sync save (checksums on)", r["async_over_sync"],
-                   "<=", 0.25)
-    print(f"training while async saves are written: {a.steps} steps, an auto-save every {a.every}, "
-          "against the same steps without checkpoints (median of the rounds' ratios)")
+        print(
+            f"{r['model']:<6} {r['params']:>11,} {r['ranks']:>5} {r['size_mb']:>8.1f} {r['checksum_sync_s']:>8.3f} "
+            f"{r['sizes_sync_s']:>8.3f} {r['checksum_async_blocked_s']:>15.3f} {r['sizes_async_blocked_s']:>8.3f} "
+            f"{r['async_over_sync']:>10.2f} {r['checksum_async_total_s']:>14.3f} {r['restore_s']:>10.3f} "
+            f"{r['verify_s']:>9.3f} {r['staging_mb']:>11.1f}"
+        )
+        run.target(
+            f"{r['model']} x{r['ranks']} async blocked / sync save (checksums on)", r["async_over_sync"], "<=", 0.25
+        )
+    print(
+        f"training while async saves are written: {a.steps} steps, an auto-save every {a.every}, "
+        "against the same steps without checkpoints (median of the rounds' ratios)"
+    )
     for r in rows:
-        print(f"{r['model']:<6} x{r['ranks']}: {r['steps_per_s_saving']:.2f} steps/s saving, "
-              f"{r['steps_per_s_plain']:.2f} without: ratio {r['steps_per_s_ratio']:.3f} "
-              f"(rounds {', '.join(f'{x:.3f}' for x in r['steps_per_s_ratio_all'])})")
-        run.target(f"{r['model']} x{r['ranks']} steps/s while async saves are written / without", r["steps_per_s_ratio"],
-                   ">=", 0.9)
+        print(
+            f"{r['model']:<6} x{r['ranks']}: {r['steps_per_s_saving']:.2f} steps/s saving, "
+            f"{r['steps_per_s_plain']:.2f} without: ratio {r['steps_per_s_ratio']:.3f} "
+            f"(rounds {', '.join(f'{x:.3f}' for x in r['steps_per_s_ratio_all'])})"
+        )
+        run.target(
+            f"{r['model']} x{r['ranks']} steps/s while async saves are written / without",
+            r["steps_per_s_ratio"],
+            ">=",
+            0.9,
+        )
     run.rounds, run.summary = rows, {"checksum_speed": speed}
     return run.finish()
 

@@ -10,6 +10,7 @@ Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dispatch_bench.py`` (``--qu
 short run that only checks the script works; ``--pool``: every saved run's figures).
 Results: ``benchmarks/results/dispatch-*.json``; the exit status is 1 when a target is missed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,10 @@ def main(argv=None) -> int:
     print(f"  %%distrain trivial cell    : {magic_ms:7.2f} ms")
     print(f"  ratio %%distrain / raw     : {magic_ms / raw_ms:7.2f}x")
     print(f"start -n {args.n} to torch imported + process group ready, {args.starts} runs:")
-    print(f"  median {statistics.median(starts):.2f} s  (runs: {', '.join(f'{s:.2f}' for s in starts)}; "
-          f"cpu count {os.cpu_count()})")
+    print(
+        f"  median {statistics.median(starts):.2f} s  (runs: {', '.join(f'{s:.2f}' for s in starts)}; "
+        f"cpu count {os.cpu_count()})"
+    )
     run.rounds = [{"raw_s": r, "magic_s": m} for r, m in zip(timings["raw"], timings["magic"])]
     run.summary = {"raw_ms": raw_ms, "magic_ms": magic_ms, "start_s": starts}
     run.target("%%distrain / raw apply_sync", magic_ms / raw_ms, "<=", 1.2)

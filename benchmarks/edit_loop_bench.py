@@ -15,6 +15,7 @@ Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/edit_loop_bench.py`` (``--q
 round, checks the script only; ``--pool``: every saved run). Results:
 ``benchmarks/results/edit_loop-*.json``; exit status 1 when the target is missed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,9 @@ def launched(rank_count: int) -> float:
 
 def run_group(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a session of its own; on a timeout end that whole group (its workers too)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -94,8 +96,15 @@ def run_group(cmd: list[str], env: dict, timeout: float) -> subprocess.Completed
 
 def run_torchrun(n: int) -> float:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-           str(pathlib.Path(__file__)), "--worker"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={n}",
+        str(pathlib.Path(__file__)),
+        "--worker",
+    ]
     t0 = time.perf_counter()
     out = run_group(cmd, env, timeout=300)
     elapsed = time.perf_counter() - t0
@@ -108,11 +117,13 @@ def run_notebook_launcher(n: int) -> float:
     """``accelerate.notebook_launcher`` in a child interpreter, as a notebook kernel would call it."""
     from workbench.engine.runtime import free_port
 
-    code = (f"import sys, time; sys.path[:0] = [{str(ROOT)!r}, {str(HERE)!r}]\n"
-            "from accelerate import notebook_launcher\nimport edit_loop_bench as b\n"
-            "t0 = time.perf_counter()\n"
-            f"notebook_launcher(b.launched, args=({n},), num_processes={n}, use_port='{free_port()}')\n"
-            "print('ELAPSED', time.perf_counter() - t0, flush=True)\n")
+    code = (
+        f"import sys, time; sys.path[:0] = [{str(ROOT)!r}, {str(HERE)!r}]\n"
+        "from accelerate import notebook_launcher\nimport edit_loop_bench as b\n"
+        "t0 = time.perf_counter()\n"
+        f"notebook_launcher(b.launched, args=({n},), num_processes={n}, use_port='{free_port()}')\n"
+        "print('ELAPSED', time.perf_counter() - t0, flush=True)\n"
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = run_group([sys.executable, "-c", code], env, timeout=300)
     for line in out.stdout.splitlines():

@@ -5,6 +5,7 @@ script without the workbench: ``DDP(...)``, ``fully_shard`` per block, DeepSpeed
 
 ``build(kind, model, lr)`` returns ``step(batch) -> float`` (the mean loss over ranks).
 """
+
 from __future__ import annotations
 
 import torch
@@ -63,11 +64,17 @@ def zero(model, lr, stage: int = 2):
     n = sum(p.numel() for p in model.parameters())
     # buckets sized to the model (DeepSpeed's default allocates 2 GB whole), a torch AdamW
     # (DeepSpeed's own CPU Adam would compile an extension first), no clipping
-    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-              "zero_optimization": {"stage": stage, "reduce_bucket_size": n, "allgather_bucket_size": n},
-              "zero_allow_untested_optimizer": True, "steps_per_print": 2**31 - 1}
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=lr),
-                                           config=config, dist_init_required=False)
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": n, "allgather_bucket_size": n},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+    }
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=lr), config=config, dist_init_required=False
+    )
 
     def step(batch) -> float:
         x, y = batch
@@ -83,12 +90,17 @@ def tp_plan(model, sequence_parallel: bool = True) -> dict:
     """Megatron's plan written out: column-parallel q/k/v, w1/w3; row-parallel wo, w2."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
     )
 
     act = Shard(1) if sequence_parallel else Replicate()
-    plan = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=act),
-            "output": ColwiseParallel(input_layouts=act, output_layouts=Replicate())}
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=act),
+        "output": ColwiseParallel(input_layouts=act, output_layouts=Replicate()),
+    }
     if sequence_parallel:
         plan["norm"] = SequenceParallel()
     for key in model.layers.keys():
@@ -96,10 +108,12 @@ def tp_plan(model, sequence_parallel: bool = True) -> dict:
         if sequence_parallel:
             plan[p + "attention_norm"] = SequenceParallel()
             plan[p + "ffn_norm"] = SequenceParallel()
-            plan[p + "attention"] = PrepareModuleInput(input_layouts=(Shard(1), None),
-                                                       desired_input_layouts=(Replicate(), None))
-            plan[p + "feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),),
-                                                          desired_input_layouts=(Replicate(),))
+            plan[p + "attention"] = PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+            )
+            plan[p + "feed_forward"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            )
         for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
             plan[p + name] = ColwiseParallel()
         plan[p + "attention.wo"] = RowwiseParallel(output_layouts=act)

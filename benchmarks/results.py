@@ -9,6 +9,7 @@ A run is saved as ``benchmarks/results/<bench>-<UTC time>.json``::
 ``--quick`` runs check that a script still works and writes its JSON; they are never
 quoted and their targets never fail the run (the machine may be busy with the tests).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +50,12 @@ def machine() -> dict:
     except Exception:  # pragma: no cover - torch missing
         info["torch"] = None
     try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True,
-                                        capture_output=True, timeout=5).stdout.strip() or None
+        info["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True, capture_output=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         info["commit"] = None
     return info
@@ -81,8 +86,9 @@ class Run:
     rounds: list = dataclasses.field(default_factory=list)
     summary: dict = dataclasses.field(default_factory=dict)
     targets: list = dataclasses.field(default_factory=list)
-    started: str = dataclasses.field(default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
-                                     .strftime("%Y%m%dT%H%M%SZ"))
+    started: str = dataclasses.field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    )
     machine_before: dict = dataclasses.field(default_factory=machine)
 
     def target(self, name: str, value: float, op: str, limit: float) -> Target:
@@ -97,9 +103,13 @@ class Run:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{self.bench}{'-quick' if self.quick else ''}-{self.started}.json"
         doc = {
-            "bench": self.bench, "args": self.args, "quick": self.quick, "started": self.started,
+            "bench": self.bench,
+            "args": self.args,
+            "quick": self.quick,
+            "started": self.started,
             "machine": {**self.machine_before, "load_avg_after": [round(x, 2) for x in os.getloadavg()]},
-            "rounds": self.rounds, "summary": self.summary,
+            "rounds": self.rounds,
+            "summary": self.summary,
             "targets": [{**dataclasses.asdict(t), "met": t.met} for t in self.targets],
         }
         tmp = path.with_suffix(".tmp")

@@ -20,6 +20,7 @@ Set up the other tool once (its own venv; torch comes from the shared venv throu
         .state/jd/venv/lib/python3.11/site-packages/zz_shared_torch.pth
 Run: ``OMP_NUM_THREADS=1 python benchmarks/startup_bench.py --sizes 2 4 --rounds 3``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,10 +38,12 @@ import results  # noqa: E402
 STATE = ROOT / ".state" / "startup_bench"
 JD_PYTHON = ROOT / ".state" / "jd" / "venv" / "bin" / "python"
 
-INIT = ("import os, datetime, torch.distributed as dist\n"
-        "dist.init_process_group('gloo', init_method=f\"tcp://127.0.0.1:{os.environ['MASTER_PORT']}\", "
-        "rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']))\n"
-        "print(dist.is_initialized())")
+INIT = (
+    "import os, datetime, torch.distributed as dist\n"
+    "dist.init_process_group('gloo', init_method=f\"tcp://127.0.0.1:{os.environ['MASTER_PORT']}\", "
+    "rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']))\n"
+    "print(dist.is_initialized())"
+)
 
 IPP = """
 import ipyparallel as ipp, socket
@@ -79,19 +82,28 @@ def one(tool: str, n: int) -> float:
     if tool == "jupyter-distributed":
         spec_dir = STATE / "kernels" / "jd"
         spec_dir.mkdir(parents=True, exist_ok=True)
-        (spec_dir / "kernel.json").write_text(json.dumps({
-            "argv": [str(JD_PYTHON), "-m", "jupyter_distributed.kernel", "-f", "{connection_file}"],
-            "display_name": "jupyter-distributed", "language": "python"}))
-        env.update(JUPYTER_DISTRIBUTED_WORLD_SIZE=str(n), JUPYTER_DISTRIBUTED_BASE_KERNEL="python3",
-                   JUPYTER_DISTRIBUTED_CWD=str(STATE))
+        (spec_dir / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": [str(JD_PYTHON), "-m", "jupyter_distributed.kernel", "-f", "{connection_file}"],
+                    "display_name": "jupyter-distributed",
+                    "language": "python",
+                }
+            )
+        )
+        env.update(
+            JUPYTER_DISTRIBUTED_WORLD_SIZE=str(n),
+            JUPYTER_DISTRIBUTED_BASE_KERNEL="python3",
+            JUPYTER_DISTRIBUTED_CWD=str(STATE),
+        )
         env.pop("PYTHONPATH", None)
-        km = KernelManager(kernel_name="jd", kernel_spec_manager=KernelSpecManager(
-            kernel_dirs=[str(STATE / "kernels")]))
+        km = KernelManager(
+            kernel_name="jd", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(STATE / "kernels")])
+        )
         code = INIT
     else:
         km = KernelManager(kernel_name="python3")
-        code = (f"%load_ext workbench\n%distrain start -n {n} --backend gloo" if tool == "workbench"
-                else IPP.format(n=n))
+        code = f"%load_ext workbench\n%distrain start -n {n} --backend gloo" if tool == "workbench" else IPP.format(n=n)
     t0 = time.perf_counter()
     km.start_kernel(env=env, cwd=str(STATE))
     kc = km.client()
@@ -136,8 +148,12 @@ def main(argv=None) -> int:
     for n, tools in median.items():
         print(f"{n} ranks: " + ", ".join(f"{t} {s:.2f} s" for t, s in tools.items()))
         if "jupyter-distributed" in tools and "workbench" in tools:
-            run.target(f"start-up x{n} workbench / jupyter-distributed", tools["workbench"] / tools["jupyter-distributed"],
-                       "<=", 1.0)
+            run.target(
+                f"start-up x{n} workbench / jupyter-distributed",
+                tools["workbench"] / tools["jupyter-distributed"],
+                "<=",
+                1.0,
+            )
     return run.finish()
 
 

@@ -14,6 +14,7 @@ Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/strategy_bench.py``
 (``--quick``: one world size, two strategies, checks the script only; ``--pool``: every
 saved run). Results: ``benchmarks/results/strategy-*.json``; exit status 1 on a miss.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,14 @@ sys.path.insert(0, str(HERE))
 import results  # noqa: E402
 
 STRATEGIES = {2: ["ddp", "fsdp2", "zero", "tp", "pp"], 4: ["ddp", "fsdp2", "zero", "tp", "fsdp2_tp", "pp"]}
-SPECS = {"ddp": "ddp", "fsdp2": "fsdp2", "zero": "zero zero_stage=2", "tp": "tp", "fsdp2_tp": "fsdp2_tp tp=2",
-         "pp": "pp pp_schedule=1f1b"}
+SPECS = {
+    "ddp": "ddp",
+    "fsdp2": "fsdp2",
+    "zero": "zero zero_stage=2",
+    "tp": "tp",
+    "fsdp2_tp": "fsdp2_tp tp=2",
+    "pp": "pp pp_schedule=1f1b",
+}
 
 
 def measure(spec: str, steps: int, warmup: int, dim: int, handwritten: str | None = None) -> dict:
@@ -90,8 +97,9 @@ def worker_main(args) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    result = measure(SPECS[args.worker], args.steps, args.warmup, args.dim,
-                     handwritten=args.worker if args.handwritten else None)
+    result = measure(
+        SPECS[args.worker], args.steps, args.warmup, args.dim, handwritten=args.worker if args.handwritten else None
+    )
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, result)
     if dist.get_rank() == 0:
@@ -101,9 +109,23 @@ def worker_main(args) -> None:
 
 def torchrun(kind: str, n: int, args, handwritten: bool = False) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-           str(pathlib.Path(__file__)), "--worker", kind, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--dim", str(args.dim), *(["--handwritten"] if handwritten else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={n}",
+        str(pathlib.Path(__file__)),
+        "--worker",
+        kind,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--dim",
+        str(args.dim),
+        *(["--handwritten"] if handwritten else []),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -151,13 +173,27 @@ def main(argv=None) -> int:
                 times = {"workbench": [], "handwritten": [], "torchrun": []}
                 mem = {k: [] for k in times}
                 for i in range(repeats):
-                    for side in ("handwritten", "workbench", "torchrun")[i % 3:] + ("handwritten", "workbench", "torchrun")[:i % 3]:
-                        got = (workbench_run(rs, kind, args) if side == "workbench"
-                               else torchrun(kind, n, args, handwritten=side == "handwritten"))
+                    for side in ("handwritten", "workbench", "torchrun")[i % 3 :] + (
+                        "handwritten",
+                        "workbench",
+                        "torchrun",
+                    )[: i % 3]:
+                        got = (
+                            workbench_run(rs, kind, args)
+                            if side == "workbench"
+                            else torchrun(kind, n, args, handwritten=side == "handwritten")
+                        )
                         times[side].append(max(r["step_s"] for r in got))
                         mem[side].append(max(r["uss"] for r in got))
-                        run.rounds.append({"world": n, "strategy": kind, "side": side, "step_s": times[side][-1],
-                                           "uss": mem[side][-1]})
+                        run.rounds.append(
+                            {
+                                "world": n,
+                                "strategy": kind,
+                                "side": side,
+                                "step_s": times[side][-1],
+                                "uss": mem[side][-1],
+                            }
+                        )
                 row = {"world": n, "strategy": kind}
                 for side in times:
                     row[f"{side}_ms"] = statistics.median(times[side]) * 1e3
@@ -166,20 +202,29 @@ def main(argv=None) -> int:
                 row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
                 rows.append(row)
                 run.target(f"{kind} x{n} workbench / hand-written torchrun", row["ratio"], "<=", 1.03)
-                print(f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  hand-written "
-                      f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row['torchrun_ms']:7.1f} ms  "
-                      f"ratio {row['ratio']:.3f}", flush=True)
+                print(
+                    f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  hand-written "
+                    f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row['torchrun_ms']:7.1f} ms  "
+                    f"ratio {row['ratio']:.3f}",
+                    flush=True,
+                )
         finally:
             workbench.stop()
     print()
-    print(f"median step time (slowest rank) and per-rank USS, {repeats} alternating runs of "
-          f"{args.steps} steps; GPT dim {args.dim}, 4 layers, seq 64, batch 8; cpu count {os.cpu_count()}")
-    print(f"{'world':>5} {'strategy':>9} {'workbench ms':>13} {'by hand ms':>11} {'prepare@torchrun ms':>20} "
-          f"{'ratio':>6} {'wb USS MB':>10} {'hand USS MB':>12}")
+    print(
+        f"median step time (slowest rank) and per-rank USS, {repeats} alternating runs of "
+        f"{args.steps} steps; GPT dim {args.dim}, 4 layers, seq 64, batch 8; cpu count {os.cpu_count()}"
+    )
+    print(
+        f"{'world':>5} {'strategy':>9} {'workbench ms':>13} {'by hand ms':>11} {'prepare@torchrun ms':>20} "
+        f"{'ratio':>6} {'wb USS MB':>10} {'hand USS MB':>12}"
+    )
     for r in rows:
-        print(f"{r['world']:>5} {r['strategy']:>9} {r['workbench_ms']:>13.1f} {r['handwritten_ms']:>11.1f} "
-              f"{r['torchrun_ms']:>20.1f} {r['ratio']:>6.3f} {r['workbench_uss_mb']:>10.0f} "
-              f"{r['handwritten_uss_mb']:>12.0f}")
+        print(
+            f"{r['world']:>5} {r['strategy']:>9} {r['workbench_ms']:>13.1f} {r['handwritten_ms']:>11.1f} "
+            f"{r['torchrun_ms']:>20.1f} {r['ratio']:>6.3f} {r['workbench_uss_mb']:>10.0f} "
+            f"{r['handwritten_uss_mb']:>12.0f}"
+        )
     run.summary = {"rows": rows}
     return run.finish()
 

@@ -27,6 +27,7 @@ Each run is saved as ``benchmarks/results/telemetry-*.json`` (rounds, summary, t
 ``--pool`` reports every saved run together, ``--quick`` only checks the script works. The
 exit status is 1 when a target is missed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import results  # noqa: E402
+
 MODEL = dict(dim=96, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=64)
 BATCH = 16  # global
 LR = 1e-3
@@ -82,9 +84,11 @@ def plain_loop(steps: int, warmup: int, ddp, opt, ds, rank: int, world: int) -> 
             t0, c0 = time.perf_counter(), time.process_time()
         plain_step(ddp, opt, *batch_at(ds, BATCH, step, dp_rank=rank, dp_size=world))
         ends.append(time.perf_counter())
-    return {"steps_per_s": (steps - warmup) / (time.perf_counter() - t0),
-            "cpu_s_per_step": (time.process_time() - c0) / (steps - warmup),
-            "step_s": [b - a for a, b in zip(ends[warmup - 1:], ends[warmup:])]}
+    return {
+        "steps_per_s": (steps - warmup) / (time.perf_counter() - t0),
+        "cpu_s_per_step": (time.process_time() - c0) / (steps - warmup),
+        "step_s": [b - a for a, b in zip(ends[warmup - 1 :], ends[warmup:])],
+    }
 
 
 def _plain_setup():
@@ -143,19 +147,32 @@ class PlainServer:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
         with socket.create_server(("127.0.0.1", 0)) as probe:  # a free port: a job per segment
             master_port = str(probe.getsockname()[1])
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", master_port,
-               os.path.abspath(__file__), "--serve", str(listener.getsockname()[1]), "--warmup", str(warmup)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            master_port,
+            os.path.abspath(__file__),
+            "--serve",
+            str(listener.getsockname()[1]),
+            "--warmup",
+            str(warmup),
+        ]
         self._log = open(os.path.join(self.folder, "torchrun.log"), "w")
         # its own session, so that close() can end exactly torchrun and its two workers
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         listener.settimeout(1.0)
         deadline = time.monotonic() + 300
         self.conn = None
         while self.conn is None:
             try:
                 self.conn, _ = listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self._failed()
         listener.close()
@@ -166,18 +183,18 @@ class PlainServer:
         with open(self._log.name) as f:
             log = f.read()
         errors = [line for line in log.splitlines() if "Error" in line]
-        raise RuntimeError(f"torchrun baseline failed (exit {self.proc.poll()}): "
-                           + "\n".join(errors[:5]) + f"\n...\n{log[-2000:]}")
+        raise RuntimeError(
+            f"torchrun baseline failed (exit {self.proc.poll()}): " + "\n".join(errors[:5]) + f"\n...\n{log[-2000:]}"
+        )
 
     def run(self, steps: int, timeout: float = 600.0) -> dict:
-        import socket
 
         self.conn.sendall(f"{steps}\n".encode())
         deadline = time.monotonic() + timeout
         while b"\n" not in self._reply:
             try:
                 chunk = self.conn.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 chunk = None
             if chunk == b"" or self.proc.poll() is not None or time.monotonic() > deadline:
                 self._failed()
@@ -289,8 +306,17 @@ def run_workbench(rs, steps: int, warmup: int) -> tuple[float, dict]:
     step_s = [t[k] - t[k - 1] for k in range(warmup + 1, steps + 1)]
     cpu = rs.apply(cpu_marks, ranks=[0])[0]
     cpu_per_step = (cpu[steps] - cpu[warmup]) / (steps - warmup)
-    med = {k: statistics.median(r[k] for r in rows[warmup:]) for k in
-           ("time_step_s", "time_control_s", "time_data_s", "time_forward_s", "time_backward_s", "time_optimizer_s")}
+    med = {
+        k: statistics.median(r[k] for r in rows[warmup:])
+        for k in (
+            "time_step_s",
+            "time_control_s",
+            "time_data_s",
+            "time_forward_s",
+            "time_backward_s",
+            "time_optimizer_s",
+        )
+    }
     med["cpu_s_per_step"] = cpu_per_step
     med["step_s"] = step_s
     return rate, med
@@ -299,8 +325,8 @@ def run_workbench(rs, steps: int, warmup: int) -> tuple[float, dict]:
 # ------------------------------------------------------------------ event rate
 def blast(rate_per_rank: float, seconds: float) -> int:
     """On a rank: emit step events at ``rate_per_rank``/s for ``seconds``; returns how many."""
-    from workbench.shared import events
     from workbench.engine import publisher, runtime
+    from workbench.shared import events
 
     rank = runtime.context().rank
     run = f"blast-{rate_per_rank:g}"
@@ -335,13 +361,23 @@ def event_rate(rs, rates: list[float], seconds: float = 3.0) -> list[dict]:
             lags.append(store.lag_s)
         call.result(timeout=120)
         expected = int(per_rank * seconds) * rs.world_size
-        ok = store.wait(lambda s: len(s.snapshot_rows(run)) >= expected, timeout=5.0)
+        ok = store.wait(lambda s, run=run, expected=expected: len(s.snapshot_rows(run)) >= expected, timeout=5.0)
         took = time.time() - t0
         got = len(store.snapshot_rows(run))
-        late = lags[3 * len(lags) // 4:] or [0.0]
+        late = lags[3 * len(lags) // 4 :] or [0.0]
         kept_up = ok and got == expected and max(late) < 1.0 and took < seconds + 2.0
-        out.append({"events_per_s": total, "received": got, "expected": expected, "max_lag_s": round(max(late), 3),
-                    "seconds": round(took, 2), "kept_up": kept_up, "gaps": store.gaps, "dups": store.duplicates})
+        out.append(
+            {
+                "events_per_s": total,
+                "received": got,
+                "expected": expected,
+                "max_lag_s": round(max(late), 3),
+                "seconds": round(took, 2),
+                "kept_up": kept_up,
+                "gaps": store.gaps,
+                "dups": store.duplicates,
+            }
+        )
         with store.lock:  # free the memory of the blast rows before the next rate
             store.rows.clear()
         del before
@@ -354,10 +390,9 @@ def overhead(args) -> list[dict]:
     """Segments of rounds, each on a fresh torchrun job and a fresh workbench rank set; in a
     segment the three sides alternate round by round (order rotating). Then the step-by-step
     comparison on the last segment's ranks."""
+    from benchmarks import telemetry_bench as tb
     from workbench.notebook import api
     from workbench.notebook.dashboard import Dashboard
-
-    from benchmarks import telemetry_bench as tb
 
     rows: list[dict] = []
     inter, redraws = None, 0
@@ -370,21 +405,26 @@ def overhead(args) -> list[dict]:
         dash = Dashboard(rs, interval=0.5)
         dash.VIEW_TIMEOUT = 0.0
         try:
-            sides = {"torchrun": lambda: server.run(args.steps),
-                     "on_ranks": lambda: rs.apply(tb.plain_on_rank, args.steps, args.warmup, ranks=[0, 1])[0],
-                     "workbench": lambda: tb.run_workbench(rs, args.steps, args.warmup)[1]}
+            sides = {
+                "torchrun": lambda server=server: server.run(args.steps),
+                "on_ranks": lambda rs=rs: rs.apply(tb.plain_on_rank, args.steps, args.warmup, ranks=[0, 1])[0],
+                "workbench": lambda rs=rs: tb.run_workbench(rs, args.steps, args.warmup)[1],
+            }
             names = list(sides)
             for _ in range(per_segment):
                 k = len(rows)
                 row: dict = {"segment": seg}
-                for name in names[k % 3:] + names[:k % 3]:
+                for name in names[k % 3 :] + names[: k % 3]:
                     row[name] = sides[name]()
                     row[name]["median_step_s"] = statistics.median(row[name]["step_s"])
                 rows.append(row)
-                print(f"  segment {seg + 1} round {k + 1}: median step (ms) torchrun plain "
-                      f"{row['torchrun']['median_step_s'] * 1e3:.1f}, plain loop on the ranks "
-                      f"{row['on_ranks']['median_step_s'] * 1e3:.1f}, workbench full telemetry "
-                      f"{row['workbench']['median_step_s'] * 1e3:.1f}", flush=True)
+                print(
+                    f"  segment {seg + 1} round {k + 1}: median step (ms) torchrun plain "
+                    f"{row['torchrun']['median_step_s'] * 1e3:.1f}, plain loop on the ranks "
+                    f"{row['on_ranks']['median_step_s'] * 1e3:.1f}, workbench full telemetry "
+                    f"{row['workbench']['median_step_s'] * 1e3:.1f}",
+                    flush=True,
+                )
             if seg == args.segments - 1:
                 inter = rs.apply(tb.interleaved_on_rank, args.interleaved, ranks=[0, 1])
             redraws += dash.redraws
@@ -396,32 +436,48 @@ def overhead(args) -> list[dict]:
     report(rows)
     print(f"dashboard redraws during the rounds: {redraws}")
     for r, d in enumerate(inter):
-        print(f"step by step on rank {r} ({args.interleaved} of each, alternating): plain {d['plain'] * 1e3:.2f} ms, "
-              f"trainer {d['trainer'] * 1e3:.2f} ms, ratio {d['plain'] / d['trainer']:.3f}")
+        print(
+            f"step by step on rank {r} ({args.interleaved} of each, alternating): plain {d['plain'] * 1e3:.2f} ms, "
+            f"trainer {d['trainer'] * 1e3:.2f} ms, ratio {d['plain'] / d['trainer']:.3f}"
+        )
     return rows
 
 
 def report(rows: list[dict]) -> None:
     """The ratios of the three sides over ``rows`` (one run's, or several runs' pooled)."""
+
     def med(side, key="median_step_s"):
         return statistics.median(r[side][key] for r in rows)
 
     segments = sorted({r["segment"] for r in rows})
-    print(f"median step time: torchrun (no telemetry) {med('torchrun') * 1e3:.1f} ms, plain loop on the workbench "
-          f"ranks {med('on_ranks') * 1e3:.1f} ms, workbench (telemetry + stream + dashboard) {med('workbench') * 1e3:.1f} ms")
-    for a, b, what in (("torchrun", "workbench", "workbench / torchrun (target >= 0.97)"),
-                       ("on_ranks", "workbench", "telemetry alone (workbench / plain loop on the same ranks)"),
-                       ("torchrun", "on_ranks", "the rank processes (plain loop on the ranks / torchrun)")):
+    print(
+        f"median step time: torchrun (no telemetry) {med('torchrun') * 1e3:.1f} ms, plain loop on the workbench "
+        f"ranks {med('on_ranks') * 1e3:.1f} ms, workbench (telemetry + stream + dashboard) {med('workbench') * 1e3:.1f} ms"
+    )
+    for a, b, what in (
+        ("torchrun", "workbench", "workbench / torchrun (target >= 0.97)"),
+        ("on_ranks", "workbench", "telemetry alone (workbench / plain loop on the same ranks)"),
+        ("torchrun", "on_ranks", "the rank processes (plain loop on the ranks / torchrun)"),
+    ):
         pooled, (lo, hi) = pooled_ratio(rows, a, b)
         each = [ratio([r for r in rows if r["segment"] == s], a, b) for s in segments]
-        print(f"steps/s ratio {what}: {pooled:.3f} (90% interval {lo:.3f}-{hi:.3f}); per segment "
-              + (" ".join(f"{x:.3f}" for x in each) if len(each) <= 12
-                 else f"{min(each):.3f}-{max(each):.3f} ({len(each)} segments)"))
-    print(f"CPU ms/step of rank 0: torchrun {med('torchrun', 'cpu_s_per_step') * 1e3:.1f}, on the ranks "
-          f"{med('on_ranks', 'cpu_s_per_step') * 1e3:.1f}, workbench {med('workbench', 'cpu_s_per_step') * 1e3:.1f}")
+        print(
+            f"steps/s ratio {what}: {pooled:.3f} (90% interval {lo:.3f}-{hi:.3f}); per segment "
+            + (
+                " ".join(f"{x:.3f}" for x in each)
+                if len(each) <= 12
+                else f"{min(each):.3f}-{max(each):.3f} ({len(each)} segments)"
+            )
+        )
+    print(
+        f"CPU ms/step of rank 0: torchrun {med('torchrun', 'cpu_s_per_step') * 1e3:.1f}, on the ranks "
+        f"{med('on_ranks', 'cpu_s_per_step') * 1e3:.1f}, workbench {med('workbench', 'cpu_s_per_step') * 1e3:.1f}"
+    )
     m = sorted((r["workbench"] for r in rows), key=lambda d: d["time_step_s"])[len(rows) // 2]
-    print("workbench step, median (ms): " + ", ".join(f"{k[5:-2]} {v * 1e3:.1f}" for k, v in m.items()
-                                                      if k.startswith("time_")))
+    print(
+        "workbench step, median (ms): "
+        + ", ".join(f"{k[5:-2]} {v * 1e3:.1f}" for k, v in m.items() if k.startswith("time_"))
+    )
 
 
 def pool(paths: list[str]) -> None:
@@ -439,8 +495,9 @@ def ratio(rows: list[dict], a: str, b: str) -> float:
     """Steps/s of side ``b`` over side ``a``: the median of all of ``a``'s step times over the
     median of all of ``b``'s, pooled over the rounds (the sides alternate, so both sample
     the machine's slow and fast spells alike)."""
-    return (statistics.median(x for r in rows for x in r[a]["step_s"])
-            / statistics.median(x for r in rows for x in r[b]["step_s"]))
+    return statistics.median(x for r in rows for x in r[a]["step_s"]) / statistics.median(
+        x for r in rows for x in r[b]["step_s"]
+    )
 
 
 def pooled_ratio(rows: list[dict], a: str, b: str, resamples: int = 2000) -> tuple[float, tuple]:
@@ -475,8 +532,12 @@ def main(argv=None) -> int:
     p.add_argument("--rates", default="2000,5000,10000,20000,40000,80000")
     p.add_argument("--skip-overhead", action="store_true")
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 segment, one event rate: checks the script only")
-    p.add_argument("--pool", nargs="*", metavar="FILE",
-                   help="report saved runs together (every saved run under benchmarks/results/ when no FILE); run nothing")
+    p.add_argument(
+        "--pool",
+        nargs="*",
+        metavar="FILE",
+        help="report saved runs together (every saved run under benchmarks/results/ when no FILE); run nothing",
+    )
     args = p.parse_args(argv)
     if args.serve:
         return plain_serve(int(args.serve), args.warmup)
@@ -488,14 +549,15 @@ def main(argv=None) -> int:
     sys.path.insert(0, ROOT)
     os.environ.setdefault("IPYTHONDIR", os.path.join(ROOT, ".state", "bench", "ipython"))
     os.makedirs(os.environ["IPYTHONDIR"], exist_ok=True)
-    from workbench.notebook import api
-
     # rank-side functions must come from an importable module, not this __main__
     from benchmarks import telemetry_bench as tb
+    from workbench.notebook import api
 
     run = results.Run("telemetry", vars(args), quick=args.quick)
-    print(f"model {MODEL}, global batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), "
-          f"{args.repeats} rounds in {args.segments} segments; CPU gloo, OMP_NUM_THREADS=1, {os.cpu_count()} cores")
+    print(
+        f"model {MODEL}, global batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), "
+        f"{args.repeats} rounds in {args.segments} segments; CPU gloo, OMP_NUM_THREADS=1, {os.cpu_count()} cores"
+    )
     if not args.skip_overhead:
         run.rounds = overhead(args)
         pooled, (lo, hi) = pooled_ratio(run.rounds, "torchrun", "workbench")
@@ -508,8 +570,10 @@ def main(argv=None) -> int:
     finally:
         api.stop()
     for r in rate_rows:
-        print(f"  {r['events_per_s']:>8.0f} step events/s from 4 ranks: received {r['received']}/{r['expected']} "
-              f"in {r['seconds']} s, lag (last quarter) max {r['max_lag_s']} s -> {'kept up' if r['kept_up'] else 'FELL BEHIND'}")
+        print(
+            f"  {r['events_per_s']:>8.0f} step events/s from 4 ranks: received {r['received']}/{r['expected']} "
+            f"in {r['seconds']} s, lag (last quarter) max {r['max_lag_s']} s -> {'kept up' if r['kept_up'] else 'FELL BEHIND'}"
+        )
     best = max((r["events_per_s"] for r in rate_rows if r["kept_up"]), default=0)
     print(f"highest step-event rate the notebook keeps up with (4 ranks): {best:.0f} events/s")
     run.summary["event_rates"] = rate_rows

@@ -6,6 +6,7 @@ Everything ``%distrain`` does is a function in ``workbench``: ``start``, ``run``
 ``apply``, ``push``, ``pull``, ``status`` and ``stop``. Ranks are stopped at the end,
 and also if anything in between fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,7 @@ def rank_and_sum(scale: float) -> dict:
     """Runs ON each rank (sent by ``workbench.apply``): an all_reduce, returned as data."""
     import torch
     import torch.distributed as dist
+
     from workbench import engine
 
     t = torch.tensor([float(engine.rank + 1)], device=engine.device) * scale  # NCCL ranks: on the GPU

@@ -7,6 +7,7 @@ Each rank builds the same model (same seed), wraps it with DDP through
 ``copy`` task. DDP all-reduces the gradients, so the ranks stay identical: the script
 checks that, and that the loss went down.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,7 @@ import workbench
 def train(steps: int, global_batch: int = 16) -> dict:
     """Runs ON each rank."""
     import torch
+
     from workbench import engine
     from workbench.models import GPT, GPTConfig, SyntheticDataset, batch_at
     from workbench.strategies import prepare
@@ -25,9 +27,10 @@ def train(steps: int, global_batch: int = 16) -> dict:
     model = GPT(GPTConfig(dim=32, n_layers=1, n_heads=2, max_seq_len=16))
     prepared = prepare(model, lambda params: torch.optim.AdamW(params, lr=1e-2), "ddp")
     data = SyntheticDataset("copy", n=512, seq_len=12)
-    losses = [prepared.train_step(batch_at(data, global_batch, step, dp_rank=engine.rank,
-                                           dp_size=engine.world_size))
-              for step in range(steps)]
+    losses = [
+        prepared.train_step(batch_at(data, global_batch, step, dp_rank=engine.rank, dp_size=engine.world_size))
+        for step in range(steps)
+    ]
     checksum = sum(float(p.detach().double().sum()) for p in prepared.unwrap().parameters())
     return {"rank": engine.rank, "path": prepared.path, "losses": losses, "checksum": checksum}
 

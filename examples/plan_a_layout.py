@@ -4,6 +4,7 @@
 
 Prints the fastest layouts that fit in memory, then the full estimate for the best one.
 """
+
 from __future__ import annotations
 
 import argparse

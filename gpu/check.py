@@ -7,6 +7,7 @@ the GPU tests skip and the report says ``"cuda": false`` ("no CUDA"); the exit s
 pytest's (a failed GPU test fails the check). ``GPU_CHECK_TESTS`` narrows the pytest
 paths (default ``tests/gpu``, the GPU tier). Stdlib only: torch is asked in a subprocess.
 """
+
 from __future__ import annotations
 
 import glob
@@ -53,8 +54,26 @@ def main() -> int:
             log.write(f"the wheels are for CPython 3.12, this is {report['python']}: not installed\n")
             wheels = []
         if wheels:
-            rc = run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                      "--no-cache-dir", "--upgrade", "--target", SITE, *wheels], log, env, 180)
+            rc = run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--no-compile",
+                    "--no-cache-dir",
+                    "--upgrade",
+                    "--target",
+                    SITE,
+                    *wheels,
+                ],
+                log,
+                env,
+                180,
+            )
             report["wheels_installed"] = rc == 0
             if rc != 0:
                 report["result"] = "wheel install failed"
@@ -62,19 +81,46 @@ def main() -> int:
             env["PYTHONPATH"] = os.pathsep.join([SITE, ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         else:
             env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        probe = subprocess.run([sys.executable, "-c", (
-            "import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
-            "'cuda': c, 'gpu': torch.cuda.get_device_name(0) if c else None, "
-            "'gpus': torch.cuda.device_count() if c else 0, "
-            "'nccl': '.'.join(map(str, torch.cuda.nccl.version())) if c else None}))")],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
+                    "'cuda': c, 'gpu': torch.cuda.get_device_name(0) if c else None, "
+                    "'gpus': torch.cuda.device_count() if c else 0, "
+                    "'nccl': '.'.join(map(str, torch.cuda.nccl.version())) if c else None}))"
+                ),
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         log.write(probe.stdout + probe.stderr)
         report.update(json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else {"cuda": False})
         if not report["cuda"]:
             report["note"] = "no CUDA: the GPU tests skip here; nothing about the CUDA path was checked"
         junit = os.path.join(out, "gpu_tests.xml")
-        rc = run([sys.executable, "-m", "pytest", "-q", "-ra", "-m", "gpu", "-p", "no:cacheprovider",
-                  f"--junitxml={junit}", *os.environ.get("GPU_CHECK_TESTS", "tests/gpu").split()], log, env, max(60, BUDGET_S - (time.time() - t0) - 30))
+        rc = run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-ra",
+                "-m",
+                "gpu",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={junit}",
+                *os.environ.get("GPU_CHECK_TESTS", "tests/gpu").split(),
+            ],
+            log,
+            env,
+            max(60, BUDGET_S - (time.time() - t0) - 30),
+        )
         report["tests"] = junit_counts(junit)
         report["pytest_exit"] = rc
         report["benchmark"] = "not built: benchmarks/gpu_bench.py does not exist yet"

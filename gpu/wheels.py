@@ -5,6 +5,7 @@ accelerate, transformers, pandas, psutil, pyarrow, mpi4py, pytest and more. Vers
 venv's, so the downloaded wheels are the ones the suite here runs on. ``python gpu/wheels.py`` prints
 ``name==version`` lines for ``pip download``.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,11 +17,30 @@ from packaging.requirements import Requirement
 
 DEVICE_LIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "device_packages.txt")
 # what the ranks and `-m gpu` tests import beyond the device's packages
-NEEDED = ("ipyparallel", "ipython", "ipykernel", "pyzmq", "tornado", "traitlets", "deepspeed",
-          "pytest", "pytest-timeout", "xxhash", "safetensors")
-TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
-              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-              "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+NEEDED = (
+    "ipyparallel",
+    "ipython",
+    "ipykernel",
+    "pyzmq",
+    "tornado",
+    "traitlets",
+    "deepspeed",
+    "pytest",
+    "pytest-timeout",
+    "xxhash",
+    "safetensors",
+)
+TARGET_ENV = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.0",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 
 
 def norm(name: str) -> str:

@@ -8,6 +8,7 @@ its own set and checks afterwards, by pid, that nothing it started is alive.
 All Jupyter / IPython / ipyparallel state lives under ``.state/test`` inside the work
 tree, never in the home directory.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,13 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STATE = ROOT / ".state" / "test"
-for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
-                 ("JUPYTER_CONFIG_DIR", "jupyter/config"), ("JUPYTER_DATA_DIR", "jupyter/data"),
-                 ("MPLCONFIGDIR", "mpl")):
+for var, sub in (
+    ("IPYTHONDIR", "ipython"),
+    ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
+    ("JUPYTER_CONFIG_DIR", "jupyter/config"),
+    ("JUPYTER_DATA_DIR", "jupyter/data"),
+    ("MPLCONFIGDIR", "mpl"),
+):
     os.environ[var] = str(STATE / sub)
     (STATE / sub).mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -48,8 +53,8 @@ def clean_trainer() -> bool:
     Tests that train on the shared rank sets call this on the ranks afterwards, so that
     the next test finds them as a fresh user would.
     """
-    from workbench.engine.checkpoint import save
     from workbench.engine import checkpoint_hooks, comm_timing, listeners, trainer
+    from workbench.engine.checkpoint import save
 
     t = trainer._CURRENT
     if t is not None:
@@ -88,9 +93,13 @@ def jupyter_dirs(monkeypatch, request):
 
     STATE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=STATE, prefix=f"{request.node.name[:40]}-") as tmp:
-        for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython"),
-                         ("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                         ("MPLCONFIGDIR", "mpl")):
+        for var, sub in (
+            ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("IPYTHONDIR", "ipython"),
+            ("JUPYTER_CONFIG_DIR", "config"),
+            ("JUPYTER_DATA_DIR", "data"),
+            ("MPLCONFIGDIR", "mpl"),
+        ):
             path = pathlib.Path(tmp) / sub
             path.mkdir()
             monkeypatch.setenv(var, str(path))
@@ -165,8 +174,14 @@ def shell(ranks4):
 
 # ---------------------------------------------------------------------------- tiers
 # Each folder is a tier; its tests get the tier's marker (`-m pure` is `make test-fast`).
-TIERS = {"unit": "pure", "ranks": "ranks", "notebooks": "notebooks", "browser": "browser",
-         "cluster": "cluster", "gpu": "gpu"}
+TIERS = {
+    "unit": "pure",
+    "ranks": "ranks",
+    "notebooks": "notebooks",
+    "browser": "browser",
+    "cluster": "cluster",
+    "gpu": "gpu",
+}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,6 +8,7 @@ and for environments where those are not available::
 Each process initialises the default group itself (tests only: the workbench runtime
 does this on real ranks), runs ``fn``, destroys the group and returns the result.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,7 +54,9 @@ def run_ranks(fn, world_size: int = 2, *, args=(), kwargs=None, timeout: float =
     payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     with tempfile.TemporaryDirectory() as d:
         store_path = os.path.join(d, "store")
-        procs = [ctx.Process(target=_worker, args=(r, world_size, store_path, payload, queue)) for r in range(world_size)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, world_size, store_path, payload, queue)) for r in range(world_size)
+        ]
         for p in procs:
             p.start()
         results: dict[int, object] = {}

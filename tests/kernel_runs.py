@@ -29,8 +29,7 @@ def execute(kc, code: str, timeout: float = 180):
 
 
 def streams(msgs, name: str = "stdout") -> str:
-    return "".join(m["content"]["text"] for _, m in msgs
-                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
+    return "".join(m["content"]["text"] for _, m in msgs if m["msg_type"] == "stream" and m["content"]["name"] == name)
 
 
 def printed(msgs) -> str:

@@ -5,6 +5,7 @@ GPT-2), a hand-written training loop, and the probes the tests assert on.
 Importable by the ranks (the rank sets put ``tests/`` on their ``sys.path``). Nothing here
 downloads anything: the transformers models are built from configs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -81,8 +82,16 @@ class FlatNet(nn.Module):
 def llama(**over):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=False)
+    kw = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     cfg = LlamaConfig(**{**kw, **over})
     return LlamaForCausalLM(cfg)
 
@@ -94,8 +103,14 @@ def gpt2():
     return GPT2LMHeadModel(cfg)
 
 
-MODELS = {"blocks": BlocksNet, "nested": NestedNet, "flat": FlatNet, "llama": llama, "gpt2": gpt2,
-          "llama_mha": lambda: llama(num_key_value_heads=4)}  # 4 kv heads: tp=4 splits them
+MODELS = {
+    "blocks": BlocksNet,
+    "nested": NestedNet,
+    "flat": FlatNet,
+    "llama": llama,
+    "gpt2": gpt2,
+    "llama_mha": lambda: llama(num_key_value_heads=4),
+}  # 4 kv heads: tp=4 splits them
 
 
 def build(name: str, seed: int = 0) -> nn.Module:
@@ -107,7 +122,7 @@ def batch(step: int, dp_rank: int = 0, dp_size: int = 1):
     g = torch.Generator().manual_seed(100 + step % 2)  # two batches, seen again: the loss falls
     t = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
     per = BATCH // dp_size
-    t = t[dp_rank * per:(dp_rank + 1) * per]
+    t = t[dp_rank * per : (dp_rank + 1) * per]
     return t[:, :-1], t[:, 1:]
 
 
@@ -164,10 +179,18 @@ def train_specs(name: str, specs: list[str], steps: int = STEPS, **kwargs) -> di
         p = prepare(build(name), lambda ps: torch.optim.AdamW(ps, lr=LR), spec, **kw)
         try:
             lay = p.layout
-            out[spec] = (_train(p, steps), {"strategy": lay["strategy"], "mesh": lay["mesh"],
-                                            "degrees": lay["degrees"], "blocks": lay["blocks"],
-                                            "placements": {e["name"]: e["placements"] for e in lay["params"]},
-                                            "local": lay["param_bytes_local"], "global": lay["param_bytes_global"]})
+            out[spec] = (
+                _train(p, steps),
+                {
+                    "strategy": lay["strategy"],
+                    "mesh": lay["mesh"],
+                    "degrees": lay["degrees"],
+                    "blocks": lay["blocks"],
+                    "placements": {e["name"]: e["placements"] for e in lay["params"]},
+                    "local": lay["param_bytes_local"],
+                    "global": lay["param_bytes_global"],
+                },
+            )
         finally:
             p.close()
             reset_accelerate_state()

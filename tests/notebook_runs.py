@@ -4,6 +4,7 @@ The quickstart is executed once, through the ``make demo`` entry point
 (``python -m workbench.notebook.demo``, which drives nbclient with the ``python3`` kernel);
 ``test_demo`` checks the run and its summary, ``test_quickstart`` the notebook's outputs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,7 +34,8 @@ class DemoRun:
 
     def notebook(self):
         assert self.executed is not None and self.executed.is_file(), (
-            f"the demo wrote no executed notebook\nstdout:\n{self.stdout}\nstderr:\n{self.stderr[-3000:]}")
+            f"the demo wrote no executed notebook\nstdout:\n{self.stdout}\nstderr:\n{self.stderr[-3000:]}"
+        )
         return nbformat.read(self.executed, as_version=4)
 
 
@@ -44,17 +46,29 @@ def run_demo(notebook: pathlib.Path, out: pathlib.Path, *extra: str, timeout: fl
     """``python -m workbench.notebook.demo NOTEBOOK --out OUT`` in a subprocess, as ``make demo`` runs it."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "workbench.notebook.demo", str(notebook), "--out", str(out), *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench.notebook.demo", str(notebook), "--out", str(out), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     executed = None
     for line in proc.stdout.splitlines():
         if line.startswith("executed copy "):
             executed = pathlib.Path(line.removeprefix("executed copy ").strip())
-    return DemoRun(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - t0, executed,
-                   executed.parent if executed else None)
+    return DemoRun(
+        proc.returncode,
+        proc.stdout,
+        proc.stderr,
+        time.perf_counter() - t0,
+        executed,
+        executed.parent if executed else None,
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def quickstart() -> DemoRun:
     """The quickstart notebook executed headless (once per test session)."""
     return run_demo(QUICKSTART, RUNS, "--timeout", "180")
@@ -66,8 +80,7 @@ def execute_saved_notebook(path: pathlib.Path, timeout: float):
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
-        f"save {path.name} without outputs"
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"save {path.name} without outputs"
     NotebookClient(nb, kernel_name="python3", timeout=timeout, resources={"metadata": {"path": str(ROOT)}}).execute()
     return nb
 
@@ -90,14 +103,17 @@ def code_cell(nb, startswith: str):
 
 
 def stream_text(cell, name: str = "stdout") -> str:
-    return "".join(o.get("text", "") for o in cell.outputs
-                   if o.output_type == "stream" and o.get("name") == name)
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.get("name") == name)
 
 
 def errors(nb) -> list[str]:
-    return [f"{c.source.splitlines()[0]!r}: {o.get('ename')}: {o.get('evalue')}"
-            for c in nb.cells if c.cell_type == "code"
-            for o in c.outputs if o.output_type == "error"]
+    return [
+        f"{c.source.splitlines()[0]!r}: {o.get('ename')}: {o.get('evalue')}"
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "error"
+    ]
 
 
 class _Table(HTMLParser):

@@ -8,6 +8,7 @@ Lazy: the public names below are imported on first use, so ``import workbench`` 
 loads no notebook module (the kernel side lives in :mod:`workbench.notebook`, the rank side
 in :mod:`workbench.engine`, what both use in :mod:`workbench.shared`).
 """
+
 from __future__ import annotations
 
 import importlib

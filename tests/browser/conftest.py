@@ -10,6 +10,7 @@
   browser) with a fresh user-data-dir under ``.state/browser``.
 * Screenshots go to ``test-artifacts/``; a failing test leaves ``FAILED-<test>.png``.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,16 @@ import pytest
 from .helpers import ARTIFACTS, ROOT, STATE, shot
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 # user settings: plugin id -> settings
 LAB_SETTINGS = {
@@ -61,8 +70,10 @@ _FAILED = pytest.StashKey[bool]()
 
 def _need_browser() -> None:
     if not CHROMIUM.exists():
-        pytest.skip("/usr/bin/chromium is missing: install Debian's chromium (apt-get install chromium) "
-                    "to run the JupyterLab browser tests")
+        pytest.skip(
+            "/usr/bin/chromium is missing: install Debian's chromium (apt-get install chromium) "
+            "to run the JupyterLab browser tests"
+        )
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -112,8 +123,9 @@ class Lab:
         return f"{self.base}/lab/workspaces/{ws}/tree/{path}?reset&token={self.token}"
 
     def api(self, method: str, path: str):
-        req = urllib.request.Request(f"{self.base}/api/{path}", method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(
+            f"{self.base}/api/{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             body = resp.read()
         return json.loads(body) if body else None
@@ -138,9 +150,13 @@ def lab():
     _need_browser()
     shutil.rmtree(STATE / "lab-workspaces", ignore_errors=True)
     env = dict(os.environ)
-    for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
-                     ("JUPYTER_CONFIG_DIR", "jupyter/config"), ("JUPYTER_DATA_DIR", "jupyter/data"),
-                     ("MPLCONFIGDIR", "mpl")):
+    for var, sub in (
+        ("IPYTHONDIR", "ipython"),
+        ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
+        ("JUPYTER_CONFIG_DIR", "jupyter/config"),
+        ("JUPYTER_DATA_DIR", "jupyter/data"),
+        ("MPLCONFIGDIR", "mpl"),
+    ):
         env[var] = str(STATE / sub)
         (STATE / sub).mkdir(parents=True, exist_ok=True)
     env["OMP_NUM_THREADS"] = "1"
@@ -152,18 +168,28 @@ def lab():
     _write_settings(settings)
     port, token = _free_port(), secrets.token_hex(16)
     log = STATE / "jupyter-lab.log"
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--IdentityProvider.token={token}",
-           f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.root_dir={ROOT}", "--ContentsManager.allow_hidden=True",
-           # checkpoints under .state, not as .ipynb_checkpoints/ beside tracked notebooks
-           f"--FileCheckpoints.checkpoint_dir={STATE / 'checkpoints'}",
-           f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={STATE / 'lab-workspaces'}",
-           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        f"--IdentityProvider.token={token}",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.root_dir={ROOT}",
+        "--ContentsManager.allow_hidden=True",
+        # checkpoints under .state, not as .ipynb_checkpoints/ beside tracked notebooks
+        f"--FileCheckpoints.checkpoint_dir={STATE / 'checkpoints'}",
+        f"--LabApp.user_settings_dir={settings}",
+        f"--LabApp.workspaces_dir={STATE / 'lab-workspaces'}",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI runners
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Lab(proc, port, token, log)
     try:
         deadline = time.monotonic() + 90
@@ -225,8 +251,12 @@ def page(request, lab, playwright_driver):
     profile = STATE / "chromium" / uuid.uuid4().hex[:8]
     profile.mkdir(parents=True)
     context = playwright_driver.chromium.launch_persistent_context(
-        str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
-        viewport={"width": 1400, "height": 1000}, timezone_id="UTC",
+        str(profile),
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=CHROMIUM_ARGS,
+        viewport={"width": 1400, "height": 1000},
+        timezone_id="UTC",
     )
     context.set_default_timeout(30_000)
     pg = context.pages[0] if context.pages else context.new_page()

@@ -1,4 +1,5 @@
 """Helpers for the JupyterLab browser tests (fixtures are in ``conftest.py``)."""
+
 from __future__ import annotations
 
 import pathlib
@@ -25,8 +26,7 @@ def open_notebook(page, lab, path: str) -> None:
 
 def wait_kernel_idle(page, timeout: float = 120_000) -> None:
     """Wait for the status bar to read ``Python 3 (ipykernel) | Idle``."""
-    page.get_by_text(re.compile(r"^Python 3 \(ipykernel\) \| Idle$")).first.wait_for(
-        state="visible", timeout=timeout)
+    page.get_by_text(re.compile(r"^Python 3 \(ipykernel\) \| Idle$")).first.wait_for(state="visible", timeout=timeout)
 
 
 def run_menu(page, item: str) -> None:

@@ -1,4 +1,5 @@
 """The quickstart notebook run in JupyterLab (headless Chromium): rank output reaches the page."""
+
 from __future__ import annotations
 
 import hashlib
@@ -32,15 +33,22 @@ def test_run_all_shows_rank_output(page, lab):
     outputs(page, "ranks stopped").first.wait_for(state="visible", timeout=120_000)
     wait_kernel_idle(page)
     text = page.locator(".jp-Notebook").inner_text()
-    for line in ("[rank 1] x is still here, now 30", "[rank 1] rank 1 says: set on rank 1 only",
-                 "pulled from the ranks: [0.125, 0.25]"):
+    for line in (
+        "[rank 1] x is still here, now 30",
+        "[rank 1] rank 1 says: set on rank 1 only",
+        "pulled from the ranks: [0.125, 0.25]",
+    ):
         assert line in text
     assert "[rank 0] rank 0 says" not in text
     # the status table and the per-rank tables render as HTML tables
     tables = page.locator(".jp-RenderedHTMLCommon table.dataframe")
     assert tables.count() == 3
-    assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
-                        has_text="Traceback").count() == 0
+    assert (
+        page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback"
+        ).count()
+        == 0
+    )
     tables.last.scroll_into_view_if_needed()
     shot(page, "lab_quickstart_done")
     assert _digest() == before, f"{NOTEBOOK} was modified by the browser run (autosave?)"

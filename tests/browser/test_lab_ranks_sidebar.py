@@ -6,6 +6,7 @@ on the command line, as its installed ``jupyter_server_config.d`` file does. One
 drives a whole rank set's life: start, live pane during a long cell, interrupt, SIGKILL,
 stop from the sidebar.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,11 +43,15 @@ CELLS = [
 
 
 def _notebook() -> None:
-    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
-             for src in CELLS]
-    nb = {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                                      "language": "python"}},
-          "nbformat": 4, "nbformat_minor": 5}
+    cells = [
+        {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None} for src in CELLS
+    ]
+    nb = {
+        "cells": cells,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     NOTEBOOK.write_text(json.dumps(nb))
 
 
@@ -55,12 +60,19 @@ def lab_base():
     """JupyterLab under ``BASE`` with this tree's Lab extension and the server extension."""
     _need_browser()
     if not (BUILT / "package.json").exists():
-        pytest.fail("the JupyterLab extension is not built: `make test` (or `cd extensions && npm ci && "
-                    "npm run build`) builds it into workbench/labextension")
+        pytest.fail(
+            "the JupyterLab extension is not built: `make test` (or `cd extensions && npm ci && "
+            "npm run build`) builds it into workbench/labextension"
+        )
     shutil.rmtree(HERE, ignore_errors=True)
     env = dict(os.environ)
-    for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTER_CONFIG_DIR", "config"),
-                     ("JUPYTER_DATA_DIR", "data"), ("MPLCONFIGDIR", "mpl")):
+    for var, sub in (
+        ("IPYTHONDIR", "ipython"),
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("MPLCONFIGDIR", "mpl"),
+    ):
         env[var] = str(HERE / sub)
         (HERE / sub).mkdir(parents=True, exist_ok=True)
     (HERE / "data" / "labextensions").mkdir()
@@ -71,13 +83,25 @@ def lab_base():
     _notebook()
     port, token = _free_port(), secrets.token_hex(16)
     log = HERE / "jupyter-lab.log"
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--IdentityProvider.token={token}",
-           f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1", f"--ServerApp.base_url={BASE}",
-           f"--ServerApp.root_dir={ROOT}", "--ContentsManager.allow_hidden=True",
-           '--ServerApp.jpserver_extensions={"workbench.labserver": True}',
-           f"--FileCheckpoints.checkpoint_dir={HERE / 'checkpoints'}",
-           f"--LabApp.user_settings_dir={HERE / 'settings'}", f"--LabApp.workspaces_dir={HERE / 'workspaces'}",
-           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        f"--IdentityProvider.token={token}",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.base_url={BASE}",
+        f"--ServerApp.root_dir={ROOT}",
+        "--ContentsManager.allow_hidden=True",
+        '--ServerApp.jpserver_extensions={"workbench.labserver": True}',
+        f"--FileCheckpoints.checkpoint_dir={HERE / 'checkpoints'}",
+        f"--LabApp.user_settings_dir={HERE / 'settings'}",
+        f"--LabApp.workspaces_dir={HERE / 'workspaces'}",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     with open(log, "w") as out:
@@ -121,8 +145,13 @@ def lab_base():
 def lab_page(request, lab_base, playwright_driver):
     profile = HERE / "chromium"
     context = playwright_driver.chromium.launch_persistent_context(
-        str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
-        viewport={"width": 1500, "height": 1000}, timezone_id="UTC")
+        str(profile),
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=CHROMIUM_ARGS,
+        viewport={"width": 1500, "height": 1000},
+        timezone_id="UTC",
+    )
     context.set_default_timeout(30_000)
     pg = context.pages[0] if context.pages else context.new_page()
     errors: list[str] = []
@@ -138,8 +167,6 @@ def lab_page(request, lab_base, playwright_driver):
         context.close()
         lab_base.remember()
         lab_base.shutdown_kernels()
-
-
 
 
 def _ranks_api(lab, token: bool = True):
@@ -207,8 +234,12 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     from tornado import httpclient, websocket
 
     async def bare():  # a websocket with neither token nor cookie
-        await websocket.websocket_connect(httpclient.HTTPRequest(
-            f"ws://127.0.0.1:{lab.port}{BASE}workbench/ranksets/{set_id}/events", request_timeout=20))
+        await websocket.websocket_connect(
+            httpclient.HTTPRequest(
+                f"ws://127.0.0.1:{lab.port}{BASE}workbench/ranksets/{set_id}/events", request_timeout=20
+            )
+        )
+
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright holds this thread's event loop
         with pytest.raises(httpclient.HTTPClientError) as err:
             pool.submit(asyncio.run, bare()).result(30)
@@ -225,8 +256,7 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     pane.wait_for(timeout=15_000)
     run_cell(page, "time.sleep(15)")
     page.get_by_text(re.compile(r"^Python 3 \(ipykernel\) \| Busy$")).first.wait_for(timeout=10_000)
-    page.wait_for_function("() => Number(document.querySelector('.wb-Pane')?.dataset.points || 0) > 0",
-                           timeout=30_000)
+    page.wait_for_function("() => Number(document.querySelector('.wb-Pane')?.dataset.points || 0) > 0", timeout=30_000)
     first = int(pane.get_attribute("data-points"))
     time.sleep(4)
     second = int(pane.get_attribute("data-points"))
@@ -237,14 +267,23 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
 
     # the trainer paused, resumed and stopped from the sidebar
     _confirm(page, "trainer-pause")
-    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow')]
-        .filter(r => r.dataset.state === 'paused').length === 2""", timeout=15_000)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow')]
+        .filter(r => r.dataset.state === 'paused').length === 2""",
+        timeout=15_000,
+    )
     _confirm(page, "trainer-resume")
-    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow td.wb-state')]
-        .filter(td => td.textContent.endsWith('· running')).length === 2""", timeout=15_000)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow td.wb-state')]
+        .filter(td => td.textContent.endsWith('· running')).length === 2""",
+        timeout=15_000,
+    )
     _confirm(page, "trainer-stop")
-    page.wait_for_function("""() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow td.wb-state')]
-        .filter(td => td.textContent.endsWith('· stopped')).length === 2""", timeout=15_000)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.wb-RankSet .wb-RankRow td.wb-state')]
+        .filter(td => td.textContent.endsWith('· stopped')).length === 2""",
+        timeout=15_000,
+    )
 
     # interrupt from the sidebar stops a `while True` cell on the ranks
     run_cell(page, "while True:")

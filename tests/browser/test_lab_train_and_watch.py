@@ -8,6 +8,7 @@ unchanged. Run > Run All Cells, then watch the dashboard as a person would: plot
 widget only once it is scrolled into view, so the test keeps the first plot (the loss) in
 view and samples its points: they must grow while the run trains.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -84,16 +85,22 @@ def test_loss_plot_renders_and_gains_points(page, lab):
     grew = [(a, b) for a, b in zip(counts, counts[1:]) if b > a > 0]
     changes = [c for i, c in enumerate(counts) if i == 0 or c != counts[i - 1]]
     problems = outputs(page, "redraw failed").all_inner_texts()
-    assert grew, (f"the loss plot never gained points while the run trained: {changes}; "
-                  f"dashboard messages: {problems}; browser console errors: {page.console_errors[-5:]}")
+    assert grew, (
+        f"the loss plot never gained points while the run trained: {changes}; "
+        f"dashboard messages: {problems}; browser console errors: {page.console_errors[-5:]}"
+    )
     final = loss_plots(page)
     assert final and final[0]["loss_traces"] >= 3 and final[0]["lines"] >= 2, final  # per rank + mean
 
     text = page.locator(".jp-Notebook").inner_text()
     for line in ("DDP run: {", "paused: {", "FSDP2 run: {", "own loop rows: 20", "exported dashboard: True"):
         assert line in text, f"{line!r} is not on the page"
-    assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
-                        has_text="Traceback").count() == 0
+    assert (
+        page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback"
+        ).count()
+        == 0
+    )
     plots.first.scroll_into_view_if_needed()
     shot(page, "lab_train_and_watch")
     assert page.js_errors == [], page.js_errors

@@ -4,6 +4,7 @@ Both are started by the tests and torn down by them (by the pids and names they 
 the suite skips them, saying why, on a machine without the packages or without root
 (``.ci/run`` installs ``slurm-wlm munge openssh-server``).
 """
+
 from __future__ import annotations
 
 import os

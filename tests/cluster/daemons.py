@@ -7,6 +7,7 @@ not the network: its 127.0.0.1 is its own. Every daemon is ended by the pid star
 here; the namespace and the veth are deleted by the names made here; ports are free
 ones asked of the kernel, so two suites can run at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -94,10 +95,21 @@ class Slurm:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         d = self.dir
-        self.procs.append(_spawn(["/usr/sbin/munged", "-F", "-f", f"--socket={self.munge_socket}",
-                                  f"--key-file={key}", f"--pid-file={d / 'munged.pid'}",
-                                  f"--log-file={d / 'munged.log'}", f"--seed-file={d / 'munge.seed'}"],
-                                 d / "munged.out"))
+        self.procs.append(
+            _spawn(
+                [
+                    "/usr/sbin/munged",
+                    "-F",
+                    "-f",
+                    f"--socket={self.munge_socket}",
+                    f"--key-file={key}",
+                    f"--pid-file={d / 'munged.pid'}",
+                    f"--log-file={d / 'munged.log'}",
+                    f"--seed-file={d / 'munge.seed'}",
+                ],
+                d / "munged.out",
+            )
+        )
         _wait_for(self.munge_socket.exists, 10, "munged", d / "munged.out")
 
     def _write_conf(self, cpus: int, ghost: bool) -> None:
@@ -107,31 +119,47 @@ class Slurm:
         lines = [
             f"ClusterName=wb{os.getpid()}",
             f"SlurmctldHost={self.host}(127.0.0.1)",
-            "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CredType=cred/munge",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
             f"AuthInfo=socket={self.munge_socket}",
-            "MpiDefault=none", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none", "SwitchType=switch/none",
-            "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+            "MpiDefault=none",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SwitchType=switch/none",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
             "SlurmdParameters=config_overrides",
-            f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
-            f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool'}",
-            f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'slurmd.pid'}",
-            f"SlurmctldLogFile={d / 'slurmctld.log'}", f"SlurmdLogFile={d / 'slurmd.log'}",
-            "ReturnToService=2", "InactiveLimit=0", "MinJobAge=2", "KillWait=2", "MailProg=/bin/true",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmdSpoolDir={d / 'spool'}",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d / 'slurmd.pid'}",
+            f"SlurmctldLogFile={d / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'slurmd.log'}",
+            "ReturnToService=2",
+            "InactiveLimit=0",
+            "MinJobAge=2",
+            "KillWait=2",
+            "MailProg=/bin/true",
             "SchedulerParameters=sched_interval=1",
             f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN",
         ]
         if ghost:  # declared, never started: a second node that is never available
-            lines.append(f"NodeName=ghost NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} "
-                         "RealMemory=1000 State=FUTURE")
+            lines.append(
+                f"NodeName=ghost NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} RealMemory=1000 State=FUTURE"
+            )
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES")
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _idle(self) -> bool:
-        r = subprocess.run(["sinfo", "-h", "-n", self.host, "-o", "%t"], env=self.env,
-                           capture_output=True, text=True)
+        r = subprocess.run(["sinfo", "-h", "-n", self.host, "-o", "%t"], env=self.env, capture_output=True, text=True)
         return r.stdout.strip() == "idle"
 
     def squeue(self) -> list[str]:
@@ -191,31 +219,69 @@ class SecondHost:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "id")], check=True)
         (d / "authorized_keys").write_text((d / "id.pub").read_text())
         os.makedirs("/run/sshd", exist_ok=True)
-        (d / "sshd_config").write_text("\n".join([
-            f"Port {self.port}", f"ListenAddress {self.addr}", f"HostKey {d / 'host_key'}",
-            f"AuthorizedKeysFile {d / 'authorized_keys'}", "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no", "UsePAM no", "StrictModes no", f"PidFile {d / 'sshd.pid'}",
-            "Subsystem sftp /usr/lib/openssh/sftp-server", "",
-        ]))
+        (d / "sshd_config").write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    f"ListenAddress {self.addr}",
+                    f"HostKey {d / 'host_key'}",
+                    f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    f"PidFile {d / 'sshd.pid'}",
+                    "Subsystem sftp /usr/lib/openssh/sftp-server",
+                    "",
+                ]
+            )
+        )
         self.ssh_config = d / "ssh_config"
-        self.ssh_config.write_text("\n".join([
-            "Host *", f"  Port {self.port}", f"  IdentityFile {d / 'id'}", "  IdentitiesOnly yes",
-            "  StrictHostKeyChecking no", "  UserKnownHostsFile /dev/null", "  BatchMode yes",
-            "  LogLevel ERROR", "",
-        ]))
+        self.ssh_config.write_text(
+            "\n".join(
+                [
+                    "Host *",
+                    f"  Port {self.port}",
+                    f"  IdentityFile {d / 'id'}",
+                    "  IdentitiesOnly yes",
+                    "  StrictHostKeyChecking no",
+                    "  UserKnownHostsFile /dev/null",
+                    "  BatchMode yes",
+                    "  LogLevel ERROR",
+                    "",
+                ]
+            )
+        )
         # its own mount namespace too, with one folder only it sees (a host-local disk)
         self.private = d / "private"
         self.private.mkdir()
-        self.proc = _spawn(["ip", "netns", "exec", self.netns, "unshare", "--uts", "--mount", "--propagation",
-                            "private", "sh", "-c",
-                            f"hostname {self.hostname} && mount -t tmpfs none {self.private} && "
-                            f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}"],
-                           d / "sshd.out")
+        self.proc = _spawn(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.netns,
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f"hostname {self.hostname} && mount -t tmpfs none {self.private} && "
+                f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}",
+            ],
+            d / "sshd.out",
+        )
         _wait_for(lambda: self.ssh("true").returncode == 0, 20, "sshd in the namespace", d / "sshd.out")
 
     def ssh(self, command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["ssh", "-F", str(self.ssh_config), f"root@{self.addr}", command],
-                              capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            ["ssh", "-F", str(self.ssh_config), f"root@{self.addr}", command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     def pids_in_namespace(self) -> list[int]:
         """Processes whose network namespace is this host's (the ranks launched there, sshd)."""

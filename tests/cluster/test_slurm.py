@@ -3,6 +3,7 @@
 The rank set is one sbatch job of 4 tasks on the one real node; a second node is declared
 but never comes up, so a request for two nodes pends the way it would on a busy cluster.
 """
+
 from __future__ import annotations
 
 import _thread
@@ -43,10 +44,18 @@ def _scontrol(job_id: str) -> str:
 @pytest.fixture(scope="module")
 def slurm_ranks(slurm_cluster):
     lines: list[str] = []
-    rs = RankSet.start(n=4, backend="gloo", threads=1, launcher="slurm", profile_dir=str(PROFILE),
-                       sys_path=(str(ROOT / "tests"),), progress=lines.append,
-                       slurm=SlurmRequest(time="10:00", partition="debug", account="wbtest",
-                                          sbatch=("--overcommit", "--comment=workbench-test")))
+    rs = RankSet.start(
+        n=4,
+        backend="gloo",
+        threads=1,
+        launcher="slurm",
+        profile_dir=str(PROFILE),
+        sys_path=(str(ROOT / "tests"),),
+        progress=lines.append,
+        slurm=SlurmRequest(
+            time="10:00", partition="debug", account="wbtest", sbatch=("--overcommit", "--comment=workbench-test")
+        ),
+    )
     rs.lines = lines
     yield rs
     rs.stop()
@@ -58,8 +67,14 @@ def test_four_ranks_through_sbatch_with_every_option(slurm_cluster, slurm_ranks)
     assert job and any(line.startswith(f"{job} RUNNING") for line in slurm_cluster.squeue())
     info = _scontrol(job)
     # each option reached sbatch (ipyparallel's own template would have dropped them)
-    for field in ("TimeLimit=00:10:00", "Comment=workbench-test", "NumTasks=4", "Partition=debug",
-                  "Account=wbtest", "OverSubscribe=OK"):
+    for field in (
+        "TimeLimit=00:10:00",
+        "Comment=workbench-test",
+        "NumTasks=4",
+        "Partition=debug",
+        "Account=wbtest",
+        "OverSubscribe=OK",
+    ):
         assert field in info, (field, info)
     assert rs.nodes == (slurm_cluster.host,)
     assert rs.allocation() == f"Slurm job {job} on {slurm_cluster.host}"
@@ -152,8 +167,14 @@ def test_pending_request_shows_queued_with_reason_and_stop_cancels_it(slurm_clus
 
     def start():
         try:
-            api.start(2, launcher="slurm", backend="gloo", profile_dir=str(PROFILE), progress=lines.append,
-                      slurm=SlurmRequest(nodes=2))  # two nodes: the second never comes up
+            api.start(
+                2,
+                launcher="slurm",
+                backend="gloo",
+                profile_dir=str(PROFILE),
+                progress=lines.append,
+                slurm=SlurmRequest(nodes=2),
+            )  # two nodes: the second never comes up
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             outcome["error"] = exc
 
@@ -180,8 +201,14 @@ def test_ctrl_c_while_queued_cancels_the_job(slurm_cluster, no_current):
 
     threading.Thread(target=interrupt_when_queued, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        api.start(2, launcher="slurm", backend="gloo", profile_dir=str(PROFILE), progress=lines.append,
-                  slurm=SlurmRequest(nodes=2))
+        api.start(
+            2,
+            launcher="slurm",
+            backend="gloo",
+            profile_dir=str(PROFILE),
+            progress=lines.append,
+            slurm=SlurmRequest(nodes=2),
+        )
     assert slurm_cluster.squeue() == []
 
 
@@ -189,17 +216,35 @@ def test_request_that_can_never_run_is_reported_with_slurms_reason(slurm_cluster
     t0 = time.monotonic()
     # more nodes than the partition has: Slurm says PartitionNodeLimit (or PartitionConfig)
     with pytest.raises(SlurmError, match=r"Slurm job \d+ can never run: Partition(NodeLimit|Config); it was cancelled"):
-        api.start(3, launcher="slurm", backend="gloo", profile_dir=str(PROFILE), progress=lambda line: None,
-                  slurm=SlurmRequest(nodes=3))
+        api.start(
+            3,
+            launcher="slurm",
+            backend="gloo",
+            profile_dir=str(PROFILE),
+            progress=lambda line: None,
+            slurm=SlurmRequest(nodes=3),
+        )
     assert time.monotonic() - t0 < 30
     assert slurm_cluster.squeue() == []
     with pytest.raises(SlurmError, match=r"sbatch refused the request: .*partition"):
-        api.start(2, launcher="slurm", backend="gloo", profile_dir=str(PROFILE), progress=lambda line: None,
-                  slurm=SlurmRequest(partition="nosuch"))
+        api.start(
+            2,
+            launcher="slurm",
+            backend="gloo",
+            profile_dir=str(PROFILE),
+            progress=lambda line: None,
+            slurm=SlurmRequest(partition="nosuch"),
+        )
     # --gpus-per-node reaches sbatch (this Slurm has no GPUs configured, and says so)
     with pytest.raises(SlurmError, match=r"sbatch refused the request: .*generic resource"):
-        api.start(2, launcher="slurm", backend="gloo", profile_dir=str(PROFILE), progress=lambda line: None,
-                  slurm=SlurmRequest(gpus_per_node=1))
+        api.start(
+            2,
+            launcher="slurm",
+            backend="gloo",
+            profile_dir=str(PROFILE),
+            progress=lambda line: None,
+            slurm=SlurmRequest(gpus_per_node=1),
+        )
     assert slurm_cluster.squeue() == []
 
 

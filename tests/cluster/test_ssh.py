@@ -1,5 +1,6 @@
 """One rank set over two hosts: this one, and a network namespace with its own host name,
 address and sshd (started by the fixture), reached over a veth pair and real ssh."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".state" / "test" / "ssh-profile"
 
 
-
-
 @pytest.fixture(scope="module")
 def ssh_ranks(second_host):
-    rs = RankSet.start(n=4, backend="gloo", threads=1, launcher="ssh", profile_dir=str(PROFILE),
-                       hosts=f"localhost:2,root@{second_host.addr}:2", ssh_config=str(second_host.ssh_config),
-                       sys_path=(str(ROOT / "tests"),))
+    rs = RankSet.start(
+        n=4,
+        backend="gloo",
+        threads=1,
+        launcher="ssh",
+        profile_dir=str(PROFILE),
+        hosts=f"localhost:2,root@{second_host.addr}:2",
+        ssh_config=str(second_host.ssh_config),
+        sys_path=(str(ROOT / "tests"),),
+    )
     yield rs
     rs.stop()
 
@@ -65,8 +71,8 @@ def test_stream_from_the_other_host_and_a_forged_event_is_dropped_and_counted(se
     assert collector.address.startswith(f"tcp://{second_host.addr_here}:")
 
     def say(text):
-        from workbench.shared import events
         from workbench.engine import publisher, runtime
+        from workbench.shared import events
 
         publisher.emit(events.log_event(run="hello", rank=runtime.context().rank, text=text))
         return publisher.flush(10)
@@ -85,8 +91,12 @@ def test_stream_from_the_other_host_and_a_forged_event_is_dropped_and_counted(se
         time.sleep(1)
         s.close(linger=2000)
     """)
-    r = subprocess.run(["ip", "netns", "exec", second_host.netns, sys.executable, "-c", forge],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["ip", "netns", "exec", second_host.netns, sys.executable, "-c", forge],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert collector.store.wait(lambda s: collector.rejected >= 2, timeout=20)
     assert collector.rejected == 2
@@ -100,8 +110,11 @@ def test_checkpoint_folder_not_shared_by_every_host_is_refused_at_save(second_ho
     require(ssh_ranks, str(tmp_path / "shared"))  # one file system seen by both hosts: accepted
     assert list((tmp_path / "shared").iterdir()) == []  # the probe files are gone
     host = second_host.hostname
-    with pytest.raises(NotShared, match=rf"not shared by every host: rank 2 \(host {host}\) does not see rank 0's file there; "
-                                        rf"rank 3 \(host {host}\) does not see"):
+    with pytest.raises(
+        NotShared,
+        match=rf"not shared by every host: rank 2 \(host {host}\) does not see rank 0's file there; "
+        rf"rank 3 \(host {host}\) does not see",
+    ):
         ckpt.save(root=str(second_host.private / "ckpt"), rankset=ssh_ranks)
 
 
@@ -144,8 +157,19 @@ time.sleep(600)
 
 
 def test_notebook_killed_leaves_no_rank_on_either_host(second_host):
-    nb = subprocess.Popen([sys.executable, "-c", NOTEBOOK, str(PROFILE), f"localhost:1,root@{second_host.addr}:1",
-                           str(second_host.ssh_config)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    nb = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            NOTEBOOK,
+            str(PROFILE),
+            f"localhost:1,root@{second_host.addr}:1",
+            str(second_host.ssh_config),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         started = json.loads(nb.stdout.readline())
     except ValueError:
@@ -156,7 +180,9 @@ def test_notebook_killed_leaves_no_rank_on_either_host(second_host):
     nb.kill()  # SIGKILL: no clean-up runs in the notebook process
     nb.wait(10)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and (_alive(pids) or set(second_host.pids_in_namespace()) - {second_host.proc.pid}):
+    while time.monotonic() < deadline and (
+        _alive(pids) or set(second_host.pids_in_namespace()) - {second_host.proc.pid}
+    ):
         time.sleep(0.2)
     assert _alive(pids) == []
     assert set(second_host.pids_in_namespace()) == {second_host.proc.pid}
@@ -167,9 +193,13 @@ def test_loopback_is_refused_when_a_rank_is_remote(second_host):
     from workbench.notebook.commands import UsageError, dispatch
 
     before = [(n, s.rankset) for n, s in api.sessions().items()]
-    line = (f"start --launcher ssh --hosts localhost:1,root@{second_host.addr}:1 "
-            f"--ssh-config {second_host.ssh_config} --ip 127.0.0.1")
-    with pytest.raises(UsageError, match=rf"--ip 127.0.0.1 is loopback, which ranks on {second_host.addr} cannot reach"):
+    line = (
+        f"start --launcher ssh --hosts localhost:1,root@{second_host.addr}:1 "
+        f"--ssh-config {second_host.ssh_config} --ip 127.0.0.1"
+    )
+    with pytest.raises(
+        UsageError, match=rf"--ip 127.0.0.1 is loopback, which ranks on {second_host.addr} cannot reach"
+    ):
         dispatch(line)
     assert [(n, s.rankset) for n, s in api.sessions().items()] == before
     assert set(second_host.pids_in_namespace()) == {second_host.proc.pid}

@@ -8,6 +8,7 @@ AdamW amplifies early rounding differences, the bound the CPU bf16 test uses). T
 type, Accelerate's ``distributed_type`` and the parameter/gradient dtypes are asserted, not
 the layout's label. Not yet run on a GPU: these tests were written on a machine without one.
 """
+
 import os
 
 import pytest
@@ -27,8 +28,9 @@ def _with_nccl(fn, *args):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1"
+    )
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.cuda.set_device(0)
@@ -99,8 +101,14 @@ def _train(spec_text: str) -> dict:
     torch.manual_seed(0)
     p = prepare(GPT(GPTConfig.tiny()), lambda ps: torch.optim.AdamW(ps, lr=LR), spec_text)
     try:
-        losses = [p.train_step(b) for b in batches(TextDataset(32), BATCH, p.dp_rank, p.dp_size, seed=SEED, steps=STEPS)]
-        return {"losses": losses, **_describe(p), "accelerate_env": sorted(k for k in os.environ if k.startswith("ACCELERATE_USE_"))}
+        losses = [
+            p.train_step(b) for b in batches(TextDataset(32), BATCH, p.dp_rank, p.dp_size, seed=SEED, steps=STEPS)
+        ]
+        return {
+            "losses": losses,
+            **_describe(p),
+            "accelerate_env": sorted(k for k in os.environ if k.startswith("ACCELERATE_USE_")),
+        }
     finally:
         p.close()
         reset_accelerate_state()

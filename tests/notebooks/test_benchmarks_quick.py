@@ -1,5 +1,6 @@
 """Every benchmark script still runs and writes its JSON (``--quick``: the figures are not
 judged here, the machine is busy with the suite; ``make bench`` judges them)."""
+
 import json
 import os
 import subprocess
@@ -21,8 +22,14 @@ BENCHES = {
 def test_benchmark_quick_run_writes_its_json(bench, tmp_path):
     script, *args = BENCHES[bench]
     env = dict(os.environ, WORKBENCH_BENCH_RESULTS=str(tmp_path), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     files = list(tmp_path.glob(f"{bench}-quick-*.json"))
     assert len(files) == 1, (files, out.stdout[-1000:])

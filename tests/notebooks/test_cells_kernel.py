@@ -1,5 +1,6 @@
 """Tier 4: through a real Jupyter kernel, output is live from the first line and a failing
 rank is shown at once (2 ranks started in the kernel)."""
+
 import re
 import time
 
@@ -17,19 +18,27 @@ def kernel():
 
 
 def test_output_is_live_from_the_first_line_then_regrouped(kernel):
-    reply, msgs = execute(kernel, "%%distrain\nimport time\nfrom workbench import engine\n"
-                                  "print('first', engine.rank, flush=True)\ntime.sleep(4)\n"
-                                  "print('second', engine.rank)")
+    reply, msgs = execute(
+        kernel,
+        "%%distrain\nimport time\nfrom workbench import engine\n"
+        "print('first', engine.rank, flush=True)\ntime.sleep(4)\n"
+        "print('second', engine.rank)",
+    )
     assert reply["status"] == "ok"
     t_idle = msgs[-1][0]
-    live = [(t, m) for t, m in msgs if m["msg_type"] == "display_data"
-            and "[rank 0] first 0" in m["content"]["data"].get("text/plain", "")]
+    live = [
+        (t, m)
+        for t, m in msgs
+        if m["msg_type"] == "display_data" and "[rank 0] first 0" in m["content"]["data"].get("text/plain", "")
+    ]
     assert live, "no live output while the cell ran"
     assert live[0][0] < t_idle - 2.0, "the first line only showed up at the end"
     display_id = live[0][1]["content"]["transient"]["display_id"]
-    updates = [m["content"]["data"]["text/plain"] for _, m in msgs
-               if m["msg_type"] == "update_display_data"
-               and m["content"]["transient"]["display_id"] == display_id]
+    updates = [
+        m["content"]["data"]["text/plain"]
+        for _, m in msgs
+        if m["msg_type"] == "update_display_data" and m["content"]["transient"]["display_id"] == display_id
+    ]
     assert updates and updates[-1] == "", "the live display was not emptied at the end"
     out = streams(msgs)
     lines = [line for line in out.splitlines() if line.startswith("[rank")]
@@ -44,15 +53,24 @@ def test_a_quick_cell_opens_no_live_display(kernel):
 
 
 def test_failing_rank_traceback_within_a_second_while_the_other_waits(kernel):
-    reply, msgs = execute(kernel, "%%distrain --grace 2\nimport time, torch, torch.distributed as dist\n"
-                                  "t = torch.ones(1)\nif dist.get_rank() == 1:\n"
-                                  "    raise ValueError(f'boom at {time.time()!r}')\n"
-                                  "dist.all_reduce(t)\n")
+    reply, msgs = execute(
+        kernel,
+        "%%distrain --grace 2\nimport time, torch, torch.distributed as dist\n"
+        "t = torch.ones(1)\nif dist.get_rank() == 1:\n"
+        "    raise ValueError(f'boom at {time.time()!r}')\n"
+        "dist.all_reduce(t)\n",
+    )
     assert reply["status"] == "error" and reply["ename"] == "RankFailure"
     assert reply["evalue"].startswith("rank 1 failed first: ValueError: boom at")
     raised_at = float(re.search(r"boom at ([0-9.]+)", reply["evalue"]).group(1))
-    shown = [t for t, m in msgs if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"
-             and "[rank 1]" in m["content"]["text"] and "boom at" in m["content"]["text"]]
+    shown = [
+        t
+        for t, m in msgs
+        if m["msg_type"] == "stream"
+        and m["content"]["name"] == "stderr"
+        and "[rank 1]" in m["content"]["text"]
+        and "boom at" in m["content"]["text"]
+    ]
     assert shown and shown[0] - raised_at < 1.0
     assert msgs[-1][0] - raised_at >= 2.0  # the other rank had its grace
     reply, msgs = execute(kernel, "%%distrain\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
@@ -78,16 +96,22 @@ def test_auto_mode_round_trip_in_a_kernel(kernel):
 
 
 def test_tqdm_on_rank_0_is_one_live_bar(kernel):
-    reply, msgs = execute(kernel, "%%distrain\nimport time\nfrom tqdm import tqdm\nfrom workbench import engine\n"
-                                  "for i in tqdm(range(40), disable=engine.rank != 0, mininterval=0.05):\n"
-                                  "    time.sleep(0.1)\n")
+    reply, msgs = execute(
+        kernel,
+        "%%distrain\nimport time\nfrom tqdm import tqdm\nfrom workbench import engine\n"
+        "for i in tqdm(range(40), disable=engine.rank != 0, mininterval=0.05):\n"
+        "    time.sleep(0.1)\n",
+    )
     assert reply["status"] == "ok"
     opened = [m for _, m in msgs if m["msg_type"] == "display_data"]
     assert len(opened) == 1, "the bar should be one display"
     display_id = opened[0]["content"]["transient"]["display_id"]
-    states = [m["content"]["data"]["text/plain"] for _, m in msgs
-              if m["msg_type"] in ("display_data", "update_display_data")
-              and m["content"]["transient"]["display_id"] == display_id]
+    states = [
+        m["content"]["data"]["text/plain"]
+        for _, m in msgs
+        if m["msg_type"] in ("display_data", "update_display_data")
+        and m["content"]["transient"]["display_id"] == display_id
+    ]
     bars = [s for s in states if s]
     assert all(len([l for l in s.splitlines() if "%|" in l]) == 1 for s in bars), bars
     assert all(s.startswith("[rank 0] ") for s in bars)
@@ -136,9 +160,11 @@ def output_between(msgs, start, end) -> str:
 
 
 def test_breakpoint_on_rank_1_of_2_p_n_c_through_the_notebook(kernel):
-    code = ("%%distrain\nfrom workbench import engine\nx = 41 + engine.rank\n"
-            "if engine.rank == 1:\n    breakpoint()\n    y = x + 1\n    z = y * 2\nprint('done', x)\n"
-            "import torch.distributed as dist\ndist.barrier()")
+    code = (
+        "%%distrain\nfrom workbench import engine\nx = 41 + engine.rank\n"
+        "if engine.rank == 1:\n    breakpoint()\n    y = x + 1\n    z = y * 2\nprint('done', x)\n"
+        "import torch.distributed as dist\ndist.barrier()"
+    )
     reply, msgs, prompts = drive_pdb(kernel, code, ["p x", "n", "p y", "c"])
     assert reply["status"] == "ok"
     assert [p for p, _ in prompts] == ["(Pdb rank 1) "] * 4

@@ -1,4 +1,5 @@
 """notebooks/02_checkpoint_and_failures.ipynb executed headless (nbclient, python3 kernel)."""
+
 from __future__ import annotations
 
 import re

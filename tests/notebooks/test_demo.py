@@ -1,4 +1,5 @@
 """``make demo``: ``python -m workbench.notebook.demo NOTEBOOK --out DIR`` runs a notebook headless."""
+
 from __future__ import annotations
 
 import pathlib
@@ -8,8 +9,8 @@ import sys
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
 from notebook_runs import ROOT, quickstart, run_demo
+
 from workbench.notebook import demo
 
 pytestmark = pytest.mark.timeout(420)
@@ -31,14 +32,18 @@ def test_quickstart_demo_runs_and_summarises():
 def test_failing_cells_are_listed_and_exports_copied(tmp_path):
     folder = tmp_path / "nb"
     folder.mkdir()
-    nb = new_notebook(cells=[
-        new_markdown_cell("a notebook that fails on purpose"),
-        new_code_cell("import os, pathlib\npathlib.Path('board.html').write_text('<html>beside</html>')"),
-        new_code_cell("pathlib.Path(os.environ['WORKBENCH_RUN_DIR'], 'direct.html')"
-                      ".write_text('<html>direct</html>')"),
-        new_code_cell("1 / 0"),
-        new_code_cell("print('still runs after a failure')"),
-    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("a notebook that fails on purpose"),
+            new_code_cell("import os, pathlib\npathlib.Path('board.html').write_text('<html>beside</html>')"),
+            new_code_cell(
+                "pathlib.Path(os.environ['WORKBENCH_RUN_DIR'], 'direct.html').write_text('<html>direct</html>')"
+            ),
+            new_code_cell("1 / 0"),
+            new_code_cell("print('still runs after a failure')"),
+        ],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
     nbformat.write(nb, folder / "fails.ipynb")
     run = run_demo(folder / "fails.ipynb", tmp_path / "runs", timeout=120)
     assert run.returncode == 1, run.stdout + run.stderr[-2000:]
@@ -52,21 +57,39 @@ def test_failing_cells_are_listed_and_exports_copied(tmp_path):
 
 
 def test_missing_notebook_is_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "workbench.notebook.demo", str(tmp_path / "nope.ipynb"),
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench.notebook.demo", str(tmp_path / "nope.ipynb"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "no notebook at" in proc.stderr
 
 
 def test_summary_parsing_helpers():
-    nb = new_notebook(cells=[
-        new_code_cell("%distrain start -n 2", outputs=[
-            nbformat.v4.new_output("stream", name="stdout", text="2 ranks up (gloo, local launcher) in 3.0 s\n")]),
-        new_code_cell("%distrain restart -n 3", outputs=[
-            nbformat.v4.new_output("stream", name="stdout", text="3 ranks up again in 2.0 s\n")]),
-        new_code_cell("boom()", outputs=[
-            nbformat.v4.new_output("error", ename="NameError", evalue="\x1b[31mname 'boom'\x1b[0m", traceback=[])]),
-    ])
+    nb = new_notebook(
+        cells=[
+            new_code_cell(
+                "%distrain start -n 2",
+                outputs=[
+                    nbformat.v4.new_output("stream", name="stdout", text="2 ranks up (gloo, local launcher) in 3.0 s\n")
+                ],
+            ),
+            new_code_cell(
+                "%distrain restart -n 3",
+                outputs=[nbformat.v4.new_output("stream", name="stdout", text="3 ranks up again in 2.0 s\n")],
+            ),
+            new_code_cell(
+                "boom()",
+                outputs=[
+                    nbformat.v4.new_output(
+                        "error", ename="NameError", evalue="\x1b[31mname 'boom'\x1b[0m", traceback=[]
+                    )
+                ],
+            ),
+        ]
+    )
     assert demo.ranks_started(nb) == 5
     (err,) = demo.cell_errors(nb)
     assert (err.number, err.ename, err.evalue, err.source) == (3, "NameError", "name 'boom'", "boom()")

@@ -1,4 +1,5 @@
 """The GPU check's parts that run without a GPU: the wheel list and the report on a CPU machine."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,14 @@ def test_wheel_list_is_the_closure_the_device_lacks():
 
 def test_gpu_check_on_cpu_skips_and_reports_no_cuda(tmp_path):
     env = dict(os.environ, GPU_CHECK_OUT=str(tmp_path), GPU_CHECK_TESTS="tests/gpu/test_strategies_gpu.py")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "gpu", "check.py")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "gpu", "check.py")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["cuda"] is False and report["result"] == "no CUDA"

@@ -1,4 +1,5 @@
 """Tier 4: a real Jupyter kernel; interrupting the notebook interrupts the ranks."""
+
 import queue
 import time
 

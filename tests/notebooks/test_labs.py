@@ -9,6 +9,7 @@ solution markers (cells tagged ``solution``; the checks in cells tagged ``tests`
 The test runs every lab with nbclient, checks that every check cell passed, a few key
 numbers, and that none of the rank processes is alive afterwards.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,9 +22,9 @@ import nbformat
 import psutil
 import pytest
 from conftest import alive
-from notebook_runs import outputs_text
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from notebook_runs import outputs_text
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -67,13 +68,9 @@ LABS = {
 }
 
 
-
-
 def _rank_pids(text: str) -> list[int]:
     m = re.search(r"rank pids: (\[[0-9, ]*\])", text)
     return ast.literal_eval(m.group(1)) if m else []
-
-
 
 
 def _end(pids) -> None:
@@ -88,21 +85,19 @@ def _end(pids) -> None:
             pass
 
 
-
-
 def check_cells(nb) -> int:
     """Pass lines the lab prints: one per cell printing its own, one per ``workbench.labs.check`` call."""
     from workbench.labs.student import check_names
 
-    return sum((1 if "check passed" in c.source else 0) + len(check_names(c.source))
-               for c in nb.cells if c.cell_type == "code")
+    return sum(
+        (1 if "check passed" in c.source else 0) + len(check_names(c.source)) for c in nb.cells if c.cell_type == "code"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(LABS))
 def test_lab_executes_and_its_checks_pass(name, jupyter_dirs):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
-        "save the lab without outputs"
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "save the lab without outputs"
     sources = [c.source for c in nb.cells if c.cell_type == "code"]
     assert any("%distrain start -n 2 --backend gloo --threads 1" in s for s in sources)
     assert sources[-1].strip() == "%distrain stop"
@@ -110,8 +105,7 @@ def test_lab_executes_and_its_checks_pass(name, jupyter_dirs):
     assert expected_checks >= 1, "each lab has check-yourself cells"
 
     t0 = time.perf_counter()
-    client = NotebookClient(nb, kernel_name="python3", timeout=180,
-                            resources={"metadata": {"path": str(ROOT)}})
+    client = NotebookClient(nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(ROOT)}})
     try:
         client.execute()
     except CellExecutionError:

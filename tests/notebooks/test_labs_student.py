@@ -3,6 +3,7 @@ and each one, executed on 2 gloo ranks, stops at its first blank with that check
 
 The instructor versions (the notebooks themselves) run in test_labs / test_planner_lab.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,13 +17,23 @@ from conftest import alive
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from notebook_runs import outputs_text
+from test_labs import _end, _rank_pids
 
 import workbench.labs as labs
 from workbench.labs.build import build
 from workbench.labs.checking import lookup
-from workbench.labs.student import (ANSWER_HERE, BEGIN, CODE_HERE, END, SOLUTION_TAG, TESTS_TAG, LabFormatError,
-                                    check_names, student_version, tags)
-from test_labs import _end, _rank_pids
+from workbench.labs.student import (
+    ANSWER_HERE,
+    BEGIN,
+    CODE_HERE,
+    END,
+    SOLUTION_TAG,
+    TESTS_TAG,
+    LabFormatError,
+    check_names,
+    student_version,
+    tags,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -112,8 +123,9 @@ def test_code_regions_become_not_implemented():
     cell = nbformat.v4.new_code_cell(f"def f(x):\n    {BEGIN}\n    # square x\n    return x * x\n    {END}\n")
     cell.metadata["tags"] = [SOLUTION_TAG]
     nb, blanks = student_version(nbformat.v4.new_notebook(cells=[cell]), "x.ipynb")
-    assert nb.cells[0].source == ("def f(x):\n    # YOUR CODE HERE\n"
-                                  "    raise NotImplementedError('exercise: square x')\n")
+    assert nb.cells[0].source == (
+        "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError('exercise: square x')\n"
+    )
     assert [(b.kind, b.exercise) for b in blanks] == [("code", "square x")]
 
 
@@ -126,8 +138,9 @@ def test_student_version_stops_at_its_first_blank_with_the_hint(built, lab, jupy
     with pytest.raises(CellExecutionError) as err:
         client.execute()
     pids = _rank_pids(outputs_text(nb))
-    failed = [c for c in nb.cells if c.cell_type == "code"
-              and any(o.output_type == "error" for o in c.get("outputs", []))]
+    failed = [
+        c for c in nb.cells if c.cell_type == "code" and any(o.output_type == "error" for o in c.get("outputs", []))
+    ]
     assert len(failed) == 1
     error = next(o for o in failed[0].outputs if o.output_type == "error")
     name = FIRST_CHECK[lab]

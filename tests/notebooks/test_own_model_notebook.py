@@ -6,6 +6,7 @@ DDP and FSDP2 and trained with ``%distrain train start``; the Llama exported wit
 then the Llama as TP (2 ranks), 2D ``fsdp2 tp=2`` and context parallel ``cp=2 dp_shard=2``
 (4 ranks), each run's loss at every step equal to the DDP run's (fp32, 1e-5).
 """
+
 from __future__ import annotations
 
 import re
@@ -22,19 +23,29 @@ def test_own_model_and_hf_llama_train_export_and_load_back(jupyter_dirs):
     text = outputs_text(nb)
     for label, steps in (("TinyLM DDP", 12), ("TinyLM FSDP2", 12), ("Llama DDP", 10), ("Llama FSDP2", 10)):
         assert f"{label} run: {{0: 'finished', 1: 'finished'}}" in text, label
-        m = re.search(rf"{label}: (\d+) steps x 2 ranks, loss ([\d.]+) -> ([\d.]+); process memory rank 0 \d+ MiB, "
-                      r"rank 1 \d+ MiB", text)
+        m = re.search(
+            rf"{label}: (\d+) steps x 2 ranks, loss ([\d.]+) -> ([\d.]+); process memory rank 0 \d+ MiB, "
+            r"rank 1 \d+ MiB",
+            text,
+        )
         assert m and int(m.group(1)) == steps and float(m.group(3)) < float(m.group(2)), (label, m)
     # the layout summaries: DDP holds the whole model on each rank, FSDP2 half
-    held = re.findall(r"(ddp|fsdp2) via the .*? parameter bytes held: rank 0 ([\d.]+) MiB, rank 1 ([\d.]+) MiB "
-                      r"\(whole model ([\d.]+) MiB\)", text)
+    held = re.findall(
+        r"(ddp|fsdp2) via the .*? parameter bytes held: rank 0 ([\d.]+) MiB, rank 1 ([\d.]+) MiB "
+        r"\(whole model ([\d.]+) MiB\)",
+        text,
+    )
     assert [h[0] for h in held] == ["ddp", "fsdp2", "ddp", "fsdp2"], held
     for kind, r0, r1, whole in held:
         share = 1.0 if kind == "ddp" else 0.5
         assert abs(float(r0) - share * float(whole)) <= 0.02 and abs(float(r1) - share * float(whole)) <= 0.02
     # a layout picture after each prepare (plotly figures)
-    figures = [c for c in nb.cells if c.source.startswith("%distrain layout")
-               and any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in c.get("outputs", []))]
+    figures = [
+        c
+        for c in nb.cells
+        if c.source.startswith("%distrain layout")
+        and any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in c.get("outputs", []))
+    ]
     assert len(figures) == 7
     # the dashboard came up for every run
     starts = [c for c in nb.cells if c.source.startswith("%distrain train start")]
@@ -54,11 +65,17 @@ def test_own_model_and_hf_llama_train_export_and_load_back(jupyter_dirs):
     for label in ("Llama FSDP2", "Llama TP", "Llama 2D", "Llama CP"):
         m = re.search(rf"{label} vs Llama DDP: 10 steps, largest relative loss difference ([\d.e+-]+)", text)
         assert m and float(m.group(1)) <= 1e-5, (label, m)
-    tp = re.search(r"tp via the native path on mesh tp=2; parameter bytes held: rank 0 ([\d.]+) MiB, rank 1 ([\d.]+) MiB "
-                   r"\(whole model ([\d.]+) MiB\)", text)
+    tp = re.search(
+        r"tp via the native path on mesh tp=2; parameter bytes held: rank 0 ([\d.]+) MiB, rank 1 ([\d.]+) MiB "
+        r"\(whole model ([\d.]+) MiB\)",
+        text,
+    )
     assert tp and 0.4 < float(tp.group(1)) / float(tp.group(3)) < 0.6  # half of every projection (norms whole)
     for mesh in ("dp_shard=2 x tp=2", "dp_shard=2 x cp=2"):
-        m = re.search(rf"via the native path on mesh {mesh}; parameter bytes held: rank 0 ([\d.]+) MiB, rank 1 [\d.]+ MiB, "
-                      r"rank 2 [\d.]+ MiB, rank 3 [\d.]+ MiB \(whole model ([\d.]+) MiB\)", text)
+        m = re.search(
+            rf"via the native path on mesh {mesh}; parameter bytes held: rank 0 ([\d.]+) MiB, rank 1 [\d.]+ MiB, "
+            r"rank 2 [\d.]+ MiB, rank 3 [\d.]+ MiB \(whole model ([\d.]+) MiB\)",
+            text,
+        )
         assert m and abs(float(m.group(1)) - float(m.group(2)) / 4) <= 0.02, (mesh, m)
     assert "ranks stopped" in text

@@ -3,11 +3,11 @@
 The notebook runs once per session (see ``notebook_runs.quickstart``); each test reads
 one part of the executed copy.
 """
+
 from __future__ import annotations
 
 import nbformat
 import pytest
-
 from notebook_runs import QUICKSTART, alive, code_cell, errors, quickstart, stream_text, table_column
 
 pytestmark = pytest.mark.timeout(420)
@@ -76,7 +76,7 @@ def test_rich_table_from_each_rank(nb):
     cell = code_cell(nb, "%%distrain\nimport pandas")
     tables = [o["data"]["text/html"] for o in cell.outputs if o.output_type == "display_data"]
     assert len(tables) == 2
-    for rank, (html, total) in enumerate(zip(tables, ("6.0", "10.0"))):
+    for html, total in zip(tables, ("6.0", "10.0")):
         assert '<table border="1" class="dataframe">' in html
         assert table_column(html, "sum") == [total], html
         assert table_column(html, "x") == ["30.0"]

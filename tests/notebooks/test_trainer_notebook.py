@@ -1,4 +1,5 @@
 """Tier 4: notebooks/01_train_and_watch.ipynb executed headless, outputs checked."""
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,11 @@ def test_lab_01_trains_ddp_then_fsdp2_with_the_dashboard(jupyter_dirs):
     m = re.search(r"DDP: .* loss ([\d.]+) -> ([\d.]+)", text)
     assert float(m.group(2)) < float(m.group(1))
     # the dashboard was shown for both runs, live where it was shown last; the first says it moved
-    shown = {i: [o for o in c.get("outputs", []) if o.get("output_type") == "display_data"]
-             for i, c in enumerate(nb.cells) if "%distrain train start" in c.source}
+    shown = {
+        i: [o for o in c.get("outputs", []) if o.get("output_type") == "display_data"]
+        for i, c in enumerate(nb.cells)
+        if "%distrain train start" in c.source
+    }
     (ddp, fsdp2) = shown.values()
     assert [list(o["data"]) for o in ddp] == [["text/plain", "text/html"]]
     assert "the live dashboard moved" in ddp[0]["data"]["text/html"]

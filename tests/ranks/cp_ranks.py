@@ -4,11 +4,11 @@ and a tiny random-init transformers Llama, against the same model on one process
 Every rank computes the one-process reference itself (same seed, the whole batch), so a
 rank compares its gathered gradients with numbers it made, not with a stored copy.
 """
+
 from __future__ import annotations
 
-import torch
-
 import layout_ranks as L
+import torch
 
 SEQ, BATCH, LR, STEPS = 16, 4, 1e-2, 3
 
@@ -37,7 +37,7 @@ def batch(step: int, dp_rank: int = 0, dp_size: int = 1, hf: bool = False, seq: 
     g = torch.Generator().manual_seed(200 + step % 2)
     t = torch.randint(0, L.VOCAB, (BATCH, seq + 1), generator=g)
     per = BATCH // dp_size
-    t = t[dp_rank * per:(dp_rank + 1) * per]
+    t = t[dp_rank * per : (dp_rank + 1) * per]
     x, y = t[:, :-1], t[:, 1:]
     if hf:
         y = torch.cat([x[:, 1:], torch.full_like(x[:, :1], -100)], dim=1)
@@ -78,6 +78,7 @@ def parity(name: str, spec: str, steps: int = STEPS, dict_batches: bool = False)
     want_losses, want_grads = reference(name, steps, hf=dict_batches)
     p = prepare(build(name), lambda ps: torch.optim.AdamW(ps, lr=LR), spec)
     try:
+
         def make(step):
             x, y = batch(step, p.dp_rank, p.dp_size, hf=dict_batches)
             return {"input_ids": x, "labels": x} if dict_batches else (x, y)
@@ -96,9 +97,17 @@ def parity(name: str, spec: str, steps: int = STEPS, dict_batches: bool = False)
                 worst, worst_name = err, n
         p.optimizer.zero_grad(set_to_none=True)
         losses = [p.train_step(make(step)) for step in range(steps)]
-        return {"loss0": loss0, "want0": want_losses[0], "grad_err": worst, "grad_worst": worst_name,
-                "losses": losses, "want": want_losses, "notes": p.layout["notes"],
-                "mesh": p.layout["mesh"], "degrees": p.layout["degrees"]}
+        return {
+            "loss0": loss0,
+            "want0": want_losses[0],
+            "grad_err": worst,
+            "grad_worst": worst_name,
+            "losses": losses,
+            "want": want_losses,
+            "notes": p.layout["notes"],
+            "mesh": p.layout["mesh"],
+            "degrees": p.layout["degrees"],
+        }
     finally:
         p.close()
         reset_accelerate_state()
@@ -149,8 +158,10 @@ def bad_inputs() -> dict:
     p = prepare(build("gpt"), lambda ps: torch.optim.AdamW(ps, lr=LR), "cp=2")
     local = {n: q.to_local().detach().clone() for n, q in p.model.named_parameters()}
     steps = []
-    for bad in (lambda: p.train_step(batch(0, p.dp_rank, p.dp_size, seq=18)),
-                lambda: p.model(batch(0, p.dp_rank, p.dp_size)[0])):
+    for bad in (
+        lambda: p.train_step(batch(0, p.dp_rank, p.dp_size, seq=18)),
+        lambda: p.model(batch(0, p.dp_rank, p.dp_size)[0]),
+    ):
         try:
             bad()
             steps.append(None)
@@ -169,7 +180,9 @@ def layout_of(spec: str) -> dict:
     p = prepare(build("gpt"), lambda ps: torch.optim.AdamW(ps, lr=LR), spec)
     try:
         want = ("layers.0.attention.wq.weight", "norm.weight")
-        return {"mesh": p.layout["mesh"], **{e["name"]: (e["placements"], e["holds"]) for e in p.layout["params"]
-                                              if e["name"] in want}}
+        return {
+            "mesh": p.layout["mesh"],
+            **{e["name"]: (e["placements"], e["holds"]) for e in p.layout["params"] if e["name"] in want},
+        }
     finally:
         p.close()

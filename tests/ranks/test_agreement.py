@@ -1,5 +1,6 @@
 """The ranks' per-step agreement: the shared-memory board, and the gloo path it replaces
 where ranks are on several hosts (both on real ranks)."""
+
 import math
 import os
 
@@ -40,7 +41,7 @@ def test_board_never_takes_a_stale_torn_or_other_generation_row(board_path):
     assert math.isnan(rows[1][0]) and rows[1][1] == 1.0  # a NaN loss is a value like any other
     # a row changed after it was written (half-written, or its stores seen out of order) fails its CRC
     off = b1._offset(1, 1) + 8 * 3
-    b1._mm[off:off + 1] = bytes([b1._mm[off] ^ 0xFF])
+    b1._mm[off : off + 1] = bytes([b1._mm[off] ^ 0xFF])
     with pytest.raises(RuntimeError, match=r"\[1\] did not reach"):
         b0.collect(7, 1, timeout=0.2)
     b0.post(7, 5, [2.0])  # agreement 5 reuses agreement 1's slot
@@ -89,8 +90,9 @@ def _on_rank():
     r = runtime.context().rank
     from workbench.engine.agreement import Flags
 
-    return _both_transports(Flags(stop=0, pause=r, version=3 - r, reason=0, hooks_due=r), float(r + 1)), \
-        sorted(os.listdir("/dev/shm"))
+    return _both_transports(Flags(stop=0, pause=r, version=3 - r, reason=0, hooks_due=r), float(r + 1)), sorted(
+        os.listdir("/dev/shm")
+    )
 
 
 def test_shared_memory_and_gloo_agree_alike_on_real_ranks(ranks2):

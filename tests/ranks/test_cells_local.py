@@ -1,4 +1,5 @@
 """Tier 4: a rank that fails while the others wait is shown at once (real magics, a private 2-rank set)."""
+
 import re
 import sys
 import time
@@ -6,7 +7,6 @@ import time
 import pytest
 from conftest import _session_ranks
 
-from workbench.notebook import api
 from workbench.notebook.commands import UsageError
 
 
@@ -26,6 +26,7 @@ def shell2(own2):
     ip = get_ipython()
     ip.run_line_magic("load_ext", "workbench")
     from workbench.notebook import session
+
     previous = session.using(own2)
     previous.__enter__()
     yield ip
@@ -58,8 +59,10 @@ RAISE_WHILE_OTHER_REDUCES = (
 
 def all_reduce_works(shell, capsys) -> None:
     capsys.readouterr()
-    r = shell.run_cell("%%distrain\nimport torch, torch.distributed as dist\n"
-                       "t = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())")
+    r = shell.run_cell(
+        "%%distrain\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())"
+    )
     assert r.success, r.error_in_exec
     out, _ = capsys.readouterr()
     assert "[rank 0] sum 2.0" in out and "[rank 1] sum 2.0" in out
@@ -75,8 +78,7 @@ def test_failing_rank_shown_at_once_others_interrupted_after_grace(shell2, monke
     assert shown, "rank 1's traceback was never shown"
     assert shown[0] - raised_at < 1.0, f"traceback shown {shown[0] - raised_at:.2f} s after the raise"
     notice = [(t, text) for t, text in err if "still running" in text]
-    assert notice and notice[0][1].startswith(
-        "rank 1 failed; rank 0 still running — likely waiting in a collective")
+    assert notice and notice[0][1].startswith("rank 1 failed; rank 0 still running — likely waiting in a collective")
     assert t_end - raised_at >= 2.0, "rank 0 was interrupted before the grace ran out"
     message = str(r.error_in_exec)
     assert message.splitlines()[0].startswith("rank 1 failed first: ValueError: boom at")
@@ -90,8 +92,10 @@ def test_failing_rank_shown_at_once_others_interrupted_after_grace(shell2, monke
 
 def test_fail_fast_interrupts_at_once_and_keeps_a_group_not_in_use(shell2, capsys):
     t0 = time.monotonic()
-    r = shell2.run_cell("%%distrain --fail-fast\nimport time, torch.distributed as dist\n"
-                        "if dist.get_rank() == 1:\n    raise KeyError('early')\ntime.sleep(120)")
+    r = shell2.run_cell(
+        "%%distrain --fail-fast\nimport time, torch.distributed as dist\n"
+        "if dist.get_rank() == 1:\n    raise KeyError('early')\ntime.sleep(120)"
+    )
     assert not r.success
     assert time.monotonic() - t0 < 30, "the sleeping rank was not interrupted"
     message = str(r.error_in_exec)
@@ -102,11 +106,14 @@ def test_fail_fast_interrupts_at_once_and_keeps_a_group_not_in_use(shell2, capsy
     all_reduce_works(shell2, capsys)
 
 
-@pytest.mark.parametrize("flags, says", [
-    ("--grace -1", "argument --grace: expected 0 or a positive number"),
-    ("--grace 2 --fail-fast", "--grace and --fail-fast contradict each other"),
-    ("--grace soon", "usage: %%distrain"),
-])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        ("--grace -1", "argument --grace: expected 0 or a positive number"),
+        ("--grace 2 --fail-fast", "--grace and --fail-fast contradict each other"),
+        ("--grace soon", "usage: %%distrain"),
+    ],
+)
 def test_bad_grace_is_refused_before_anything_runs(shell2, capsys, flags, says):
     r = shell2.run_cell(f"%%distrain {flags}\nran_it = True")
     assert isinstance(r.error_in_exec, UsageError) and says in str(r.error_in_exec)

@@ -2,14 +2,14 @@
 
 Kill / restart drills are in ``test_failures.py`` (private rank sets).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 
 from workbench.notebook import checkpoints as ck
-from workbench.shared.checkpoint import catalog
 from workbench.notebook.cluster import RankFailure
+from workbench.shared.checkpoint import catalog
 
 BUILD = """
 import torch
@@ -135,7 +135,9 @@ def test_magics_async_save_list_load_export_delete(shell, clean4, tmp_path):
     from safetensors.torch import load_file
 
     tensors = load_file(str(out))
-    names = clean4.execute("_ck_names = sorted(n for n, _ in _ck_model.named_parameters())") and clean4.pull("_ck_names")[0]
+    names = (
+        clean4.execute("_ck_names = sorted(n for n, _ in _ck_model.named_parameters())") and clean4.pull("_ck_names")[0]
+    )
     assert sorted(tensors) == names
     # by value: the export of "three" is the model as "three" loads it back on the ranks, and a
     # fresh model given the exported tensors computes the same logits as the live one

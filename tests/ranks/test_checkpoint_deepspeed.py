@@ -2,6 +2,7 @@
 
 Fresh gloo processes (``gloo_harness``): DeepSpeed picks its accelerator once per process.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,11 +19,11 @@ def _run(rank, world, spec, root, load, steps_before, steps_after):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
 
-    from workbench.shared.checkpoint import catalog
     from workbench.engine.checkpoint import load as ck_load
     from workbench.engine.checkpoint import save as ck_save
     from workbench.engine.checkpoint.state import target_from_prepared
     from workbench.models import GPT, GPTConfig, SyntheticDataset, batch_at
+    from workbench.shared.checkpoint import catalog
     from workbench.strategies import prepare
 
     torch.manual_seed(0)

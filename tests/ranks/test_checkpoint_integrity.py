@@ -9,6 +9,7 @@ the test makes and unmounts) cost a message, never a partial folder or the previ
 The shared 2-rank set is used throughout; only the drill that gives a rank a private
 folder and then kills it mid-load starts its own.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,12 +23,12 @@ import pytest
 from conftest import clean_trainer
 
 from workbench.engine import rpc
-from workbench.notebook import session, stream, training
 from workbench.notebook import checkpoints as ck
-from workbench.shared.checkpoint import catalog
-from workbench.shared.checkpoint.integrity import DamagedCheckpoint
+from workbench.notebook import session, stream, training
 from workbench.notebook.cluster import RankDied
 from workbench.notebook.commands import UsageError, dispatch
+from workbench.shared.checkpoint import catalog
+from workbench.shared.checkpoint.integrity import DamagedCheckpoint
 
 BUILD = """
 import hashlib, random, numpy as np, torch
@@ -158,8 +159,9 @@ def test_damaged_checkpoints_are_refused_by_name_and_nothing_changes(rs, tmp_pat
     shutil.copytree(pristine, folder)
     damage(folder, "deleted shard")
     info = ck.load("latest", root=root, rankset=rs, skip_damaged=True)  # as `restart --resume` does
-    assert info["step"] == 2 and "skipped step-00000004: damaged (__1_0.distcp (read by rank 1) is missing" \
-        in ck.describe_load(info)
+    assert info[
+        "step"
+    ] == 2 and "skipped step-00000004: damaged (__1_0.distcp (read by rank 1) is missing" in ck.describe_load(info)
     rs.execute("_ci_train(3)", timeout=60)
     info = ck.load("step-00000002", root=root, rankset=rs)  # the newest good one loads
     after = fingerprint(rs)
@@ -178,8 +180,11 @@ def test_verify_command_and_flags_that_would_be_ignored(rs, tmp_path, capsys):
     dispatch(f"ckpt verify 1 --dir {root}")  # what `%distrain ckpt verify 1` prints (no ranks needed)
     out = capsys.readouterr().out
     assert "rank-00001.json (read by rank 1) is truncated: 3 of" in out and "no good checkpoint" in out
-    with pytest.raises(UsageError, match=r"`ckpt load` does not take --tag, --async \(--tag goes with save; "
-                                         r"--async goes with save\); nothing was done"):
+    with pytest.raises(
+        UsageError,
+        match=r"`ckpt load` does not take --tag, --async \(--tag goes with save; "
+        r"--async goes with save\); nothing was done",
+    ):
         dispatch("ckpt load --tag x --async")
     with pytest.raises(UsageError, match="`ckpt list` does not take --keep"):
         dispatch("ckpt list --keep 2")
@@ -201,8 +206,11 @@ def test_full_disk_and_read_only_folder_cost_a_message_not_latest(rs, tmp_path):
 
     with tmpfs(tmp_path / "small", "4m") as root:
         ck.save(root=root, rankset=rs)  # the good one
-        rs.execute("_ci_train(1); from workbench.engine.checkpoint import save as _ci_save; "
-                   "_ci_save.DRILL['before_write'] = 2.0", timeout=60)
+        rs.execute(
+            "_ci_train(1); from workbench.engine.checkpoint import save as _ci_save; "
+            "_ci_save.DRILL['before_write'] = 2.0",
+            timeout=60,
+        )
         call = rs.submit(rpc.handle, rpc.SaveCheckpoint(root=root))
         time.sleep(0.5)  # the ranks passed the free-space check and wait before writing: fill the disk
         with open(os.path.join(root, "filler"), "wb") as fh:
@@ -276,8 +284,11 @@ def test_retention_counts_only_good_checkpoints(tmp_path):
     t.state.step = 6
     ck_save.save(t, root, auto=True, keep=2)
     # keep=2 good ones: 6 and 2 (the damaged 4 between them stays, listed as damaged)
-    assert [os.path.basename(f) for f, _ in catalog.entries(root)] == ["step-00000002", "step-00000004",
-                                                                        "step-00000006"]
+    assert [os.path.basename(f) for f, _ in catalog.entries(root)] == [
+        "step-00000002",
+        "step-00000004",
+        "step-00000006",
+    ]
     t.state.step = 8
     ck_save.save(t, root, auto=True, keep=2)
     assert [os.path.basename(f) for f, _ in catalog.entries(root)] == ["step-00000006", "step-00000008"]
@@ -288,8 +299,11 @@ def test_retention_counts_only_good_checkpoints(tmp_path):
     assert "`%distrain ckpt load step-00000006` rolls back to step-00000006" in hint
     assert "skipped step-00000008: damaged (rank-00000.json (read by rank 0) is truncated" in hint
     os.remove(os.path.join(root, "step-00000008", "manifest.json"))
-    with pytest.raises(DamagedCheckpoint, match=r"step-00000008 is damaged.*manifest\.json.*is missing or "
-                                                r"invalid.*newest good checkpoint is step-00000006"):
+    with pytest.raises(
+        DamagedCheckpoint,
+        match=r"step-00000008 is damaged.*manifest\.json.*is missing or "
+        r"invalid.*newest good checkpoint is step-00000006",
+    ):
         catalog.resolve(root, "latest")
     assert catalog.delete(root, ["step-00000008"]) == ["step-00000008"]  # a damaged one goes by its name
     assert catalog.resolve(root, "latest")[1].step == 6
@@ -328,8 +342,9 @@ def test_unshared_folder_refused_then_a_rank_killed_mid_load(fresh_ranks, tmp_pa
     assert f"rank 1 does not see the folder rank 0 just made ({lone}/step-00000003.tmp-" in msg
     assert "is not shared by all ranks" in msg and os.listdir(lone) == []
 
-    rs.execute("from workbench.engine.checkpoint import load as _ci_load; _ci_load.DRILL['before_apply'] = 3.0",
-               timeout=60)
+    rs.execute(
+        "from workbench.engine.checkpoint import load as _ci_load; _ci_load.DRILL['before_apply'] = 3.0", timeout=60
+    )
     before = fingerprint(rs)
     from concurrent.futures import ThreadPoolExecutor
 

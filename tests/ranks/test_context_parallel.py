@@ -9,11 +9,12 @@ batches are dicts with ``labels=input_ids`` (transformers' shift leaves the last
 unlabelled, so the cp ranks hold different numbers of labelled tokens: the loss weighting
 is checked too). Bad input gets one message, with the model and the ranks as they were.
 """
+
 from __future__ import annotations
 
+import cp_ranks as C
 import pytest
 
-import cp_ranks as C
 from workbench.strategies import SpecError, StrategySpec
 
 pytest.importorskip("transformers")
@@ -26,28 +27,38 @@ def _assert_parity(rows, cases):
             tag = f"{name} {spec} rank {rank}"
             assert abs(r["loss0"] - r["want0"]) <= TOL * abs(r["want0"]), (tag, r["loss0"], r["want0"])
             assert r["grad_err"] <= TOL, (tag, r["grad_worst"], r["grad_err"])
-            assert all(abs(a - b) <= TOL * abs(b) for a, b in zip(r["losses"], r["want"])), (tag, r["losses"], r["want"])
+            assert all(abs(a - b) <= TOL * abs(b) for a, b in zip(r["losses"], r["want"])), (
+                tag,
+                r["losses"],
+                r["want"],
+            )
             assert r["want"][-1] < r["want"][0]  # it trains
             assert r["degrees"]["cp"] == 2
 
 
-@pytest.mark.parametrize("text,world,mesh", [
-    ("cp=2", 2, {"dp_shard": 1, "cp": 2}),
-    ("cp=2", 4, {"dp_shard": 2, "cp": 2}),
-    ("fsdp2 cp=2 tp=2", 4, {"dp_shard": 1, "cp": 2, "tp": 2}),
-    ("hsdp cp=2", 4, {"dp_replicate": 2, "dp_shard": 1, "cp": 2}),
-])
+@pytest.mark.parametrize(
+    "text,world,mesh",
+    [
+        ("cp=2", 2, {"dp_shard": 1, "cp": 2}),
+        ("cp=2", 4, {"dp_shard": 2, "cp": 2}),
+        ("fsdp2 cp=2 tp=2", 4, {"dp_shard": 1, "cp": 2, "tp": 2}),
+        ("hsdp cp=2", 4, {"dp_replicate": 2, "dp_shard": 1, "cp": 2}),
+    ],
+)
 def test_cp_presets(text, world, mesh):
     m = StrategySpec.parse(text).validate(world).mesh_plan(world)
     assert dict(zip(m.dim_names, m.shape)) == mesh
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("ddp cp=2", "use 'fsdp2 cp=2'"),
-    ("pp=2 cp=2", "not supported here"),
-    ("cp=2 ac=full", "activation checkpointing is not supported"),
-    ("cp=3", "cp=3 does not divide world_size=4"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("ddp cp=2", "use 'fsdp2 cp=2'"),
+        ("pp=2 cp=2", "not supported here"),
+        ("cp=2 ac=full", "activation checkpointing is not supported"),
+        ("cp=3", "cp=3 does not divide world_size=4"),
+    ],
+)
 def test_cp_spec_errors(text, needle):
     with pytest.raises(SpecError) as e:
         StrategySpec.parse(text).validate(4)

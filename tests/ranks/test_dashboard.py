@@ -1,9 +1,9 @@
 """The dashboard and the train magics on real ranks (shared sets, left clean)."""
+
 import pytest
 from conftest import clean_trainer
 
-from workbench.notebook import stream, training
-from workbench.notebook import session
+from workbench.notebook import session, stream, training
 from workbench.notebook.dashboard import Dashboard
 from workbench.shared.checkpoint import catalog
 

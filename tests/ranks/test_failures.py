@@ -3,6 +3,7 @@
 Kill tests use private rank sets (``fresh_ranks``, which checks by pid that nothing is
 left behind); the SIGSTOP and NaN drills use the shared sets and leave them clean.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,9 +16,9 @@ from conftest import clean_trainer
 
 from workbench.notebook import api, stream
 from workbench.notebook import checkpoints as ck
-from workbench.shared.checkpoint import catalog
 from workbench.notebook.cluster import RankDied
 from workbench.notebook.commands.where import format_where, where_ranks
+from workbench.shared.checkpoint import catalog
 
 TRAINER_SETUP = """
 import time
@@ -221,5 +222,3 @@ def test_nan_pauses_then_rollback_to_last_good_checkpoint(ranks2, tmp_path):
         assert any(r["step"] == 7 and math.isnan(r["loss"]) for r in store.superseded if r["run"] == run)
     finally:
         rs.apply(clean_trainer, timeout=60)
-
-

@@ -1,14 +1,15 @@
 """`%distrain restart --resume`: restart the ranks (here with another world size) and continue
 from the latest checkpoint, the trainer rebuilt by repeating the latest ``training.setup``."""
+
 from __future__ import annotations
 
 import pytest
 
+from workbench.engine import control
 from workbench.notebook import api, training
 from workbench.notebook import checkpoints as ck
-from workbench.shared.checkpoint import catalog
 from workbench.notebook.commands import UsageError, dispatch
-from workbench.engine import control
+from workbench.shared.checkpoint import catalog
 
 
 def test_restart_resume_with_fewer_ranks_continues_from_latest(fresh_ranks, tmp_path, capsys):

@@ -45,16 +45,26 @@ def refused(line: str, fragment: str):
 
 # Scenario names are test functions of this module; each asserts the effect of its flags.
 TRAIN, CKPT, LIFE, CELL, PLAN, VIEWS, PREP = (
-    "test_train_flags", "test_ckpt_flags", "test_start_restart_resume_flags", "test_cell_flags", "test_plan_flags",
-    "test_view_flags", "test_prepare_and_layout_flags")
+    "test_train_flags",
+    "test_ckpt_flags",
+    "test_start_restart_resume_flags",
+    "test_cell_flags",
+    "test_plan_flags",
+    "test_view_flags",
+    "test_prepare_and_layout_flags",
+)
 NAMED = "test_named_set_flags"  # two named sets side by side: tests/ranks/test_sessions.py
 SLURM_ONLY = "go with --launcher slurm"  # their effect on a real Slurm: tests/cluster/test_slurm.py
 
 CASES: dict[tuple[str, str], object] = {
     # ranks' life cycle
-    ("start", "-n"): LIFE, ("start", "--backend"): LIFE, ("start", "--timeout"): LIFE,
-    ("start", "--threads"): LIFE, ("start", "--auto"): LIFE,
-    ("start", "--name"): NAMED, ("stop", "--name"): NAMED,
+    ("start", "-n"): LIFE,
+    ("start", "--backend"): LIFE,
+    ("start", "--timeout"): LIFE,
+    ("start", "--threads"): LIFE,
+    ("start", "--auto"): LIFE,
+    ("start", "--name"): NAMED,
+    ("stop", "--name"): NAMED,
     ("start", "--ip"): refused("start --ip 127.0.0.1", "--ip goes with --launcher ssh or slurm"),
     ("start", "--launcher"): refused("start -n 2 --launcher ssh", "--launcher ssh needs --hosts"),
     ("start", "--hosts"): refused("start --hosts a:1,b:1", "--hosts goes with --launcher ssh"),
@@ -66,55 +76,105 @@ CASES: dict[tuple[str, str], object] = {
     ("start", "--time"): refused("start --time 0:10:00", SLURM_ONLY),
     ("start", "--account"): refused("start --account me", SLURM_ONLY),
     ("start", "--sbatch"): refused("start --sbatch=--constraint=x", SLURM_ONLY),
-    ("restart", "-n"): LIFE, ("restart", "--backend"): LIFE, ("restart", "--timeout"): LIFE,
-    ("restart", "--resume"): LIFE, ("restart", "--setup"): LIFE, ("restart", "--dir"): LIFE,
-    ("push", "--ranks"): VIEWS, ("pull", "--ranks"): VIEWS,
-    ("where", "--ranks"): VIEWS, ("where", "--full"): VIEWS, ("where", "--wait"): VIEWS,
+    ("restart", "-n"): LIFE,
+    ("restart", "--backend"): LIFE,
+    ("restart", "--timeout"): LIFE,
+    ("restart", "--resume"): LIFE,
+    ("restart", "--setup"): LIFE,
+    ("restart", "--dir"): LIFE,
+    ("push", "--ranks"): VIEWS,
+    ("pull", "--ranks"): VIEWS,
+    ("where", "--ranks"): VIEWS,
+    ("where", "--full"): VIEWS,
+    ("where", "--wait"): VIEWS,
     ("debug", "--rank"): refused("debug --rank 7", "--rank 7 does not exist"),
     # training
-    ("train start", "--steps"): TRAIN, ("train start", "--model"): TRAIN, ("train start", "--strategy"): TRAIN,
-    ("train start", "--batch-size"): TRAIN, ("train start", "--lr"): TRAIN, ("train start", "--grad-accum"): TRAIN,
-    ("train start", "--step-timeout"): TRAIN, ("train start", "--no-dashboard"): TRAIN,
+    ("train start", "--steps"): TRAIN,
+    ("train start", "--model"): TRAIN,
+    ("train start", "--strategy"): TRAIN,
+    ("train start", "--batch-size"): TRAIN,
+    ("train start", "--lr"): TRAIN,
+    ("train start", "--grad-accum"): TRAIN,
+    ("train start", "--step-timeout"): TRAIN,
+    ("train start", "--no-dashboard"): TRAIN,
     ("train wait", "--timeout"): TRAIN,
-    ("dashboard", "--export"): TRAIN, ("dashboard", "--run"): TRAIN,
-    ("timeline", "--steps"): TRAIN, ("timeline", "--ranks"): TRAIN, ("timeline", "--run"): TRAIN,
+    ("dashboard", "--export"): TRAIN,
+    ("dashboard", "--run"): TRAIN,
+    ("timeline", "--steps"): TRAIN,
+    ("timeline", "--ranks"): TRAIN,
+    ("timeline", "--run"): TRAIN,
     ("timeline", "--table"): TRAIN,
-    ("profile", "--steps"): TRAIN, ("profile", "--ranks"): TRAIN, ("profile", "--out"): TRAIN,
+    ("profile", "--steps"): TRAIN,
+    ("profile", "--ranks"): TRAIN,
+    ("profile", "--out"): TRAIN,
     ("profile", "--timeout"): TRAIN,
     ("profile", "--code"): TRAIN,
     # checkpoints
-    ("ckpt save", "--dir"): CKPT, ("ckpt save", "--tag"): CKPT, ("ckpt save", "--async"): CKPT,
-    ("ckpt save", "--model-only"): CKPT, ("ckpt list", "--dir"): CKPT, ("ckpt load", "--dir"): CKPT,
-    ("ckpt load", "--model-only"): CKPT, ("ckpt verify", "--dir"): CKPT, ("ckpt delete", "--dir"): CKPT,
-    ("ckpt delete", "--keep"): CKPT, ("ckpt export", "--dir"): CKPT, ("ckpt export", "--dtype"): CKPT,
+    ("ckpt save", "--dir"): CKPT,
+    ("ckpt save", "--tag"): CKPT,
+    ("ckpt save", "--async"): CKPT,
+    ("ckpt save", "--model-only"): CKPT,
+    ("ckpt list", "--dir"): CKPT,
+    ("ckpt load", "--dir"): CKPT,
+    ("ckpt load", "--model-only"): CKPT,
+    ("ckpt verify", "--dir"): CKPT,
+    ("ckpt delete", "--dir"): CKPT,
+    ("ckpt delete", "--keep"): CKPT,
+    ("ckpt export", "--dir"): CKPT,
+    ("ckpt export", "--dtype"): CKPT,
     ("ckpt export", "--hf"): CKPT,
-    ("ckpt autosave", "--dir"): CKPT, ("ckpt autosave", "--every"): CKPT, ("ckpt autosave", "--keep"): CKPT,
-    ("ckpt autosave", "--sync"): CKPT, ("ckpt autosave", "--off"): CKPT,
-    ("ckpt resume", "--dir"): LIFE, ("ckpt resume", "-n"): LIFE, ("ckpt resume", "--setup"): LIFE,
+    ("ckpt autosave", "--dir"): CKPT,
+    ("ckpt autosave", "--every"): CKPT,
+    ("ckpt autosave", "--keep"): CKPT,
+    ("ckpt autosave", "--sync"): CKPT,
+    ("ckpt autosave", "--off"): CKPT,
+    ("ckpt resume", "--dir"): LIFE,
+    ("ckpt resume", "-n"): LIFE,
+    ("ckpt resume", "--setup"): LIFE,
     # layouts
-    ("prepare", "--blocks"): PREP, ("prepare", "--model"): PREP, ("prepare", "--optimizer"): PREP,
-    ("layout", "--tensor"): PREP, ("layout", "--match"): PREP, ("layout", "--max"): PREP,
+    ("prepare", "--blocks"): PREP,
+    ("prepare", "--model"): PREP,
+    ("prepare", "--optimizer"): PREP,
+    ("layout", "--tensor"): PREP,
+    ("layout", "--match"): PREP,
+    ("layout", "--max"): PREP,
     # the cell magic
-    ("%%distrain", "--ranks"): CELL, ("%%distrain", "--timeout"): CELL, ("%%distrain", "--grace"): CELL,
+    ("%%distrain", "--ranks"): CELL,
+    ("%%distrain", "--timeout"): CELL,
+    ("%%distrain", "--grace"): CELL,
     ("%%distrain", "--on"): NAMED,
-    ("%%distrain", "--fail-fast"): CELL, ("%%distrain", "--stream"): CELL, ("%%distrain", "--no-stream"): CELL,
+    ("%%distrain", "--fail-fast"): CELL,
+    ("%%distrain", "--stream"): CELL,
+    ("%%distrain", "--no-stream"): CELL,
 }
 PLAN_BASE = "--model 8b --hw h100"
 # plan flag -> (words with it, words without it), each after PLAN_BASE: the two printed plans must differ
 PLAN_CASES = {
-    "--model": ("--model 70b", ""), "--hardware": ("--hardware a100-sxm", ""), "--gpus": ("--gpus 128", ""),
-    "--tp": ("--tp 2", ""), "--pp": ("--pp 2", ""), "--dp": ("--tp 2 --dp 4", "--tp 2"),
+    "--model": ("--model 70b", ""),
+    "--hardware": ("--hardware a100-sxm", ""),
+    "--gpus": ("--gpus 128", ""),
+    "--tp": ("--tp 2", ""),
+    "--pp": ("--pp 2", ""),
+    "--dp": ("--tp 2 --dp 4", "--tp 2"),
     "--dp-replicate": ("--zero 3 --dp-shard 4 --dp-replicate 2", "--zero 3 --dp-shard 4"),
     "--dp-shard": ("--dp-replicate 2 --zero 3 --dp-shard 4", "--dp-replicate 2"),
-    "--zero": ("--zero 1", ""), "--fsdp": ("--fsdp", ""), "--cp": ("--cp 2", ""),
+    "--zero": ("--zero 1", ""),
+    "--fsdp": ("--fsdp", ""),
+    "--cp": ("--cp 2", ""),
     "--ep": ("--model mixtral-8x7b --dp 4 --ep 2", "--model mixtral-8x7b --dp 4"),
-    "--microbatches": ("--pp 2 --microbatches 8", "--pp 2"), "--mbs": ("--mbs 2", ""),
+    "--microbatches": ("--pp 2 --microbatches 8", "--pp 2"),
+    "--mbs": ("--mbs 2", ""),
     "--schedule": ("--pp 2 --schedule gpipe", "--pp 2"),
     "--virtual-stages": ("--pp 2 --schedule interleaved --virtual-stages 4", "--pp 2 --schedule interleaved"),
-    "--precision": ("--precision fp32", ""), "--fp8": ("--fp8", ""), "--attention": ("--attention eager", ""),
-    "--layers-per-stage": ("--pp 2 --layers-per-stage 12,20", "--pp 2"), "--recompute": ("--recompute full", ""),
-    "--offload": ("--zero 3 --offload", "--zero 3"), "--no-sp": ("--tp 2 --no-sp", "--tp 2"),
-    "--seq-len": ("--seq-len 2048", ""), "--tokens": ("--tokens 1e12", ""),
+    "--precision": ("--precision fp32", ""),
+    "--fp8": ("--fp8", ""),
+    "--attention": ("--attention eager", ""),
+    "--layers-per-stage": ("--pp 2 --layers-per-stage 12,20", "--pp 2"),
+    "--recompute": ("--recompute full", ""),
+    "--offload": ("--zero 3 --offload", "--zero 3"),
+    "--no-sp": ("--tp 2 --no-sp", "--tp 2"),
+    "--seq-len": ("--seq-len 2048", ""),
+    "--tokens": ("--tokens 1e12", ""),
     "--price": ("--tokens 1e12 --price 2.5", "--tokens 1e12"),
 }
 for _flag in PLAN_CASES:
@@ -155,7 +215,6 @@ def test_refused_flags_say_what_was_wrong_and_change_nothing(shell2, ranks2, key
     assert ranks2.pull("sentinel") == [11, 11]
 
 
-
 def test_plan_flags(ipshell, capsys):
     """`%distrain plan` is arithmetic in the kernel: each flag changes the printed plan."""
     shell = ipshell
@@ -177,7 +236,9 @@ def test_cell_flags(shell2, ranks2, capsys):
     capsys.readouterr()
     assert shell2.run_cell("%%distrain\nprint('only_one' in globals())").success
     assert [l for l in capsys.readouterr().out.splitlines() if l.startswith("[rank")] == [
-        "[rank 0] False", "[rank 1] True"]
+        "[rank 0] False",
+        "[rank 1] True",
+    ]
     r = shell2.run_cell("%%distrain --timeout 0.5\nimport time\ntime.sleep(3)")
     assert not r.success and "0.5" in str(r.error_in_exec)
     ranks2.interrupt() if hasattr(ranks2, "interrupt") else None
@@ -234,9 +295,14 @@ def _trainer_facts() -> dict:
     t = trainer.current()
     batch = t._source.peek(0)
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return {"step": t.step, "lr": t.optimizer.param_groups[0]["lr"], "grad_accum": t.config.grad_accum,
-            "rows": int(x.shape[0]), "layout": repr(t.prepared),
-            "opt_step": int(max((float(st["step"]) for st in t.optimizer.state.values()), default=0))}
+    return {
+        "step": t.step,
+        "lr": t.optimizer.param_groups[0]["lr"],
+        "grad_accum": t.config.grad_accum,
+        "rows": int(x.shape[0]),
+        "layout": repr(t.prepared),
+        "opt_step": int(max((float(st["step"]) for st in t.optimizer.state.values()), default=0)),
+    }
 
 
 def _clean(ranks) -> None:
@@ -262,8 +328,11 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         with pytest.raises(UsageError, match="--lr change the trainer on the ranks, and there is none yet"):
             magic(shell2, "train start --lr 3e-4 --no-dashboard")
         assert [s["state"] for s in training.status()] == ["none", "none"]
-        magic(shell2, "train start --model tiny --strategy fsdp2 --batch-size 4 --lr 3e-4 --grad-accum 2 "
-                      "--steps 2 --step-timeout 120 --no-dashboard")
+        magic(
+            shell2,
+            "train start --model tiny --strategy fsdp2 --batch-size 4 --lr 3e-4 --grad-accum 2 "
+            "--steps 2 --step-timeout 120 --no-dashboard",
+        )
         magic(shell2, "train wait --timeout 120")
         facts = ranks2.apply(_trainer_facts)
         assert [f["step"] for f in facts] == [2, 2]
@@ -402,13 +471,14 @@ def test_view_flags(shell2, ranks2, capsys):
     assert "no stack arrived" in capsys.readouterr().out
 
 
-PREP_BUILD = ("%%distrain\nimport torch\nfrom workbench.models import GPT, GPTConfig\ntorch.manual_seed(0)\n"
-              "net = GPT(GPTConfig.tiny())\nopt = lambda ps: torch.optim.AdamW(ps, lr=1e-3)\n")
+PREP_BUILD = (
+    "%%distrain\nimport torch\nfrom workbench.models import GPT, GPTConfig\ntorch.manual_seed(0)\n"
+    "net = GPT(GPTConfig.tiny())\nopt = lambda ps: torch.optim.AdamW(ps, lr=1e-3)\n"
+)
 
 
 def _forget_prepared() -> bool:
     import __main__
-
     from workbench.engine import session
     from workbench.strategies import reset_accelerate_state
 
@@ -454,10 +524,13 @@ def test_prepare_compile(shell2, ranks2, capsys):
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("spec, says", [
-    ("fsdp2 cpu_offload=true", "cpu_offload=True on a CPU device"),
-    ("fsdp2 dtype=fp16", "param_dtype='fp16' is not supported on CPU"),
-])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("fsdp2 cpu_offload=true", "cpu_offload=True on a CPU device"),
+        ("fsdp2 dtype=fp16", "param_dtype='fp16' is not supported on CPU"),
+    ],
+)
 def test_prepare_cpu_offload_and_fp16_are_refused_on_cpu(shell2, ranks2, capsys, spec, says):
     """CPU offload and fp16 need CUDA (their effect: tests/gpu); on gloo ranks they are refused before
     any rank changes, saying what would work."""
@@ -491,7 +564,9 @@ def _type_of(name: str) -> str:
     return type(vars(__main__)[name]).__name__
 
 
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 
 
 def test_image_output_from_a_rank_reaches_the_notebook(shell2):
@@ -502,8 +577,10 @@ def test_image_output_from_a_rank_reaches_the_notebook(shell2):
     try:
         shell2.user_ns["png_bytes"] = PNG
         magic(shell2, "push png_bytes --ranks 1")
-        r = shell2.run_cell("%%distrain --ranks 1\nfrom IPython.display import Image, display\n"
-                            "display(Image(data=png_bytes))\ndel png_bytes")
+        r = shell2.run_cell(
+            "%%distrain --ranks 1\nfrom IPython.display import Image, display\n"
+            "display(Image(data=png_bytes))\ndel png_bytes"
+        )
     finally:
         shell2.display_pub.publish = original
     assert r.success, r.error_in_exec
@@ -513,10 +590,12 @@ def test_image_output_from_a_rank_reaches_the_notebook(shell2):
     assert got == PNG
 
 
-SETTINGS = ("import torch\nfrom workbench.engine import runtime as _rt, trainer as _tr\n"
-            "_settings = {'world': _rt.context().world_size, 'timeout': _rt.context().timeout_s, "
-            "'threads': torch.get_num_threads(), 'by_setup': globals().get('built_by_setup', False), "
-            "'step': _tr._CURRENT.step if _tr._CURRENT else None}")
+SETTINGS = (
+    "import torch\nfrom workbench.engine import runtime as _rt, trainer as _tr\n"
+    "_settings = {'world': _rt.context().world_size, 'timeout': _rt.context().timeout_s, "
+    "'threads': torch.get_num_threads(), 'by_setup': globals().get('built_by_setup', False), "
+    "'step': _tr._CURRENT.step if _tr._CURRENT else None}"
+)
 
 
 def _rank_settings_of(rs) -> list[dict]:
@@ -525,8 +604,7 @@ def _rank_settings_of(rs) -> list[dict]:
     return rs.pull("_settings")
 
 
-SETUP = ("from workbench.engine import control\ncontrol.build_default('ddp', model='tiny')\n"
-         "built_by_setup = True\n")
+SETUP = "from workbench.engine import control\ncontrol.build_default('ddp', model='tiny')\nbuilt_by_setup = True\n"
 
 
 def test_start_restart_resume_flags(fresh_ranks, tmp_path, capsys):

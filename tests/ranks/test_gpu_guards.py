@@ -5,6 +5,7 @@ would report (visible GPU ids, the process group's backend): they are fed those 
 directly, since this machine has no GPU to report them. The Accelerate clean-up runs for
 real on live gloo ranks, with Accelerate's own code setting the environment it leaves behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,9 @@ from workbench.notebook.cluster.rankset import RankSet, RankSetConfig
 def test_auto_refuses_more_ranks_than_gpus_with_one_message():
     with pytest.raises(ValueError) as e:
         plan_gpus("auto", 4, [0])
-    assert str(e.value) == ("4 ranks but 1 GPU visible (NCCL needs one GPU per rank): use -n 1, "
-                            "or --backend gloo for CPU ranks")
+    assert str(e.value) == (
+        "4 ranks but 1 GPU visible (NCCL needs one GPU per rank): use -n 1, or --backend gloo for CPU ranks"
+    )
     with pytest.raises(ValueError, match="3 ranks but 2 GPUs visible.*use -n 2"):
         plan_gpus("nccl", 3, [0, 1])
 

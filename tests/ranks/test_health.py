@@ -1,5 +1,6 @@
 """The notebook's rank watcher on plain child processes (the rank-killing tests, with real
 ranks, are in test_rank_lifecycle.py and test_failures.py)."""
+
 import os
 import signal
 import socket

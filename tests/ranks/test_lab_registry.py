@@ -1,4 +1,5 @@
 """The registry the JupyterLab extension reads: entries written at start, stale ones found and cleaned."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def test_entry_of_a_gone_kernel_is_stale_and_cleaned():
     base = {"version": registry.VERSION, "host": None, "started": 1.0, "ranks": [], "world_size": 0}
     registry.write({**base, "id": "test-gone", "kernel_pid": child.pid, "kernel_started": born})
     registry.write({**base, "id": "test-reused", "kernel_pid": os.getpid(), "kernel_started": born - 1000})
-    registry.write({**base, "id": "test-live", "kernel_pid": os.getpid(),
-                    "kernel_started": psutil.Process().create_time()})
+    registry.write(
+        {**base, "id": "test-live", "kernel_pid": os.getpid(), "kernel_started": psutil.Process().create_time()}
+    )
     try:
         states = {e["id"]: e["stale"] for e in registry.read_all() if e["id"].startswith("test-")}
         assert states == {"test-gone": False, "test-reused": True, "test-live": False}

@@ -1,4 +1,5 @@
 """The server extension's REST and websocket handlers, in a real Jupyter server under a non-root base URL."""
+
 from __future__ import annotations
 
 import json
@@ -61,6 +62,7 @@ class Server:
                 return json.loads(await conn.read_message())
             finally:
                 conn.close()
+
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             return pool.submit(asyncio.run, asyncio.wait_for(first_message(), 30)).result(40)
 
@@ -70,9 +72,19 @@ def server(tmp_path_factory):
     port, token = _free_port(), secrets.token_hex(16)
     root = tmp_path_factory.mktemp("server-root")
     log = open(root / "server.log", "w")
-    cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-           "--ServerApp.port_retries=0", f"--ServerApp.base_url={BASE}", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={root}", '--ServerApp.jpserver_extensions={"workbench.labserver": True}']
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter_server",
+        "--no-browser",
+        f"--port={port}",
+        "--ServerApp.ip=127.0.0.1",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.base_url={BASE}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        '--ServerApp.jpserver_extensions={"workbench.labserver": True}',
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -178,12 +190,14 @@ def test_requests_without_the_token_are_refused(server, announced):
 
 def test_websocket_sends_the_history_so_far(server, announced, ranks2):
     # rank 1's trainer lags rank 0 by 3 steps: marked a straggler
-    code = ("from workbench.shared import events\nfrom workbench.engine import publisher, runtime\n"
-            "import time\nr = runtime.context().rank\n"
-            "time.sleep(1.5 if r == 0 else 0)\n"  # rank 1's last step is older as well as behind
-            "for s in range(1, 6 - 3 * r):\n"
-            "    publisher.emit(events.step_event(run='lab-test', rank=r, step=s, metrics={'loss': 1.0 / s}))\n"
-            "publisher.flush()")
+    code = (
+        "from workbench.shared import events\nfrom workbench.engine import publisher, runtime\n"
+        "import time\nr = runtime.context().rank\n"
+        "time.sleep(1.5 if r == 0 else 0)\n"  # rank 1's last step is older as well as behind
+        "for s in range(1, 6 - 3 * r):\n"
+        "    publisher.emit(events.step_event(run='lab-test', rank=r, step=s, metrics={'loss': 1.0 / s}))\n"
+        "publisher.flush()"
+    )
     ranks2.execute(code, timeout=30)
     deadline = time.monotonic() + 10
     while True:  # the server's reader gets the mirror's history, then live batches
@@ -223,9 +237,19 @@ def _trainer_status():
 def test_stale_entry_is_shown_as_such_then_cleaned(server):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # a kernel pid that is gone
-    registry.write({"version": registry.VERSION, "id": "test-stale-kernel", "host": None, "started": 1.0,
-                    "kernel_pid": child.pid, "kernel_started": 1.0, "notebook": "gone.ipynb", "world_size": 1,
-                    "ranks": [{"rank": 0, "host": socket.gethostname(), "pid": child.pid, "device": "cpu"}]})
+    registry.write(
+        {
+            "version": registry.VERSION,
+            "id": "test-stale-kernel",
+            "host": None,
+            "started": 1.0,
+            "kernel_pid": child.pid,
+            "kernel_started": 1.0,
+            "notebook": "gone.ipynb",
+            "world_size": 1,
+            "ranks": [{"rank": 0, "host": socket.gethostname(), "pid": child.pid, "device": "cpu"}],
+        }
+    )
     try:
         rs = _set(server, "test-stale-kernel")
         assert rs["state"] == "stale" and rs["stale"] is True

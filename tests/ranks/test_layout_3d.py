@@ -11,12 +11,13 @@ Eight fresh processes (the shared rank sets have 2 and 4), so it is marked slow:
 sub-groups' ranks differ from the mesh coordinates, and the holds it gives disagree with
 the real ranks' (rank 1 of a stage drawn on rows 0-7).
 """
+
 from __future__ import annotations
 
 import pytest
-
 from gloo_harness import run_ranks
 from test_layout_truth import WEIGHT, _check, _drawn
+
 from workbench.notebook.dashboard.layout_figure import layout_table, tensor_figure
 
 pytestmark = pytest.mark.slow
@@ -36,9 +37,17 @@ def test_3d_picture_draws_the_values_each_rank_holds():
     _check(layouts, values, SPEC)
     cols = (0, 32)
     assert _drawn(tensor_figure(layouts, WEIGHT)) == {
-        0: [((0, 8), cols)], 1: [((16, 24), cols)], 2: [((8, 16), cols)], 3: [((24, 32), cols)]}
+        0: [((0, 8), cols)],
+        1: [((16, 24), cols)],
+        2: [((8, 16), cols)],
+        3: [((24, 32), cols)],
+    }
     assert _drawn(tensor_figure(layouts, "layers.2.attention.wq.weight")) == {
-        4: [((0, 8), cols)], 5: [((16, 24), cols)], 6: [((8, 16), cols)], 7: [((24, 32), cols)]}
+        4: [((0, 8), cols)],
+        5: [((16, 24), cols)],
+        6: [((8, 16), cols)],
+        7: [((24, 32), cols)],
+    }
     table = layout_table(layouts)
     for name, ranks in ((WEIGHT, [0, 1, 2, 3]), ("layers.2.attention.wq.weight", [4, 5, 6, 7])):
         rows = table[table["tensor"] == name]

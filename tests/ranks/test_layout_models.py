@@ -7,20 +7,21 @@ HF Llama's tensor-parallel forward equals the unsharded one, and every bad input
 message with the model untouched and the ranks usable. The rank-side code is in
 ``tests/layout_ranks.py``. Pure parts (degrees, presets, block discovery) run in-process.
 """
+
 from __future__ import annotations
 
 import functools
 
+import layout_ranks as L
 import pytest
 import torch
 
-import layout_ranks as L
 from workbench.strategies import ParallelDims, PrepareError, SpecError, StrategySpec, find_blocks
 
 pytest.importorskip("transformers")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref(name: str) -> tuple:
     return tuple(L.reference_losses(name))
 
@@ -48,17 +49,20 @@ def test_degrees_resolve_with_one_rest_and_enabled_views():
         ParallelDims.build(4, dp_shard=3, pp=2)
 
 
-@pytest.mark.parametrize("text,world,kind,mesh", [
-    ("ddp", 4, "ddp", {"dp_replicate": 4}),
-    ("fsdp2", 4, "fsdp2", {"dp_shard": 4}),
-    ("hsdp", 4, "fsdp2", {"dp_replicate": 2, "dp_shard": 2}),
-    ("tp", 4, "tp", {"tp": 4}),
-    ("fsdp2 tp=2", 4, "fsdp2_tp", {"dp_shard": 2, "tp": 2}),
-    ("pp=2 dp_shard=2", 4, "pp", {"pp": 2, "dp_shard": 2}),
-    ("pp=2 dp_shard=2 tp=2", 8, "pp", {"pp": 2, "dp_shard": 2, "tp": 2}),
-    ("dp_shard=2 tp=-1", 8, "fsdp2_tp", {"dp_shard": 2, "tp": 4}),
-    ("zero stage=3", 4, "zero", {"dp": 4}),
-])
+@pytest.mark.parametrize(
+    "text,world,kind,mesh",
+    [
+        ("ddp", 4, "ddp", {"dp_replicate": 4}),
+        ("fsdp2", 4, "fsdp2", {"dp_shard": 4}),
+        ("hsdp", 4, "fsdp2", {"dp_replicate": 2, "dp_shard": 2}),
+        ("tp", 4, "tp", {"tp": 4}),
+        ("fsdp2 tp=2", 4, "fsdp2_tp", {"dp_shard": 2, "tp": 2}),
+        ("pp=2 dp_shard=2", 4, "pp", {"pp": 2, "dp_shard": 2}),
+        ("pp=2 dp_shard=2 tp=2", 8, "pp", {"pp": 2, "dp_shard": 2, "tp": 2}),
+        ("dp_shard=2 tp=-1", 8, "fsdp2_tp", {"dp_shard": 2, "tp": 4}),
+        ("zero stage=3", 4, "zero", {"dp": 4}),
+    ],
+)
 def test_presets_are_degrees(text, world, kind, mesh):
     s = StrategySpec.parse(text).validate(world)
     assert s.kind == kind
@@ -66,12 +70,15 @@ def test_presets_are_degrees(text, world, kind, mesh):
     assert dict(zip(m.dim_names, m.shape)) == mesh
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("ddp cp=2", "context parallel shards the parameters"),
-    ("ep=2", "expert_parallel"),
-    ("dp_replicate=2 tp=2", "use dp_shard=2"),
-    ("pp=2 dp_shard=3", "sizes that fit: dp_shard=1 x pp=4, dp_shard=2 x pp=2"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("ddp cp=2", "context parallel shards the parameters"),
+        ("ep=2", "expert_parallel"),
+        ("dp_replicate=2 tp=2", "use dp_shard=2"),
+        ("pp=2 dp_shard=3", "sizes that fit: dp_shard=1 x pp=4, dp_shard=2 x pp=2"),
+    ],
+)
 def test_degree_errors_name_what_fits(text, needle):
     with pytest.raises(SpecError) as e:
         StrategySpec.parse(text).validate(4)
@@ -87,12 +94,15 @@ def test_hsdp_on_cuda_takes_the_native_path():
 
 
 # ------------------------------------------------------------------ pure: blocks
-@pytest.mark.parametrize("name,blocks,source", [
-    ("blocks", ["blocks.0", "blocks.1", "blocks.2", "blocks.3"], "repeated container"),
-    ("nested", ["trunk.1.units.u0", "trunk.1.units.u1", "trunk.1.units.u2"], "repeated container"),
-    ("llama", [f"model.layers.{i}" for i in range(4)], "_no_split_modules"),
-    ("gpt2", [f"transformer.h.{i}" for i in range(4)], "_no_split_modules"),
-])
+@pytest.mark.parametrize(
+    "name,blocks,source",
+    [
+        ("blocks", ["blocks.0", "blocks.1", "blocks.2", "blocks.3"], "repeated container"),
+        ("nested", ["trunk.1.units.u0", "trunk.1.units.u1", "trunk.1.units.u2"], "repeated container"),
+        ("llama", [f"model.layers.{i}" for i in range(4)], "_no_split_modules"),
+        ("gpt2", [f"transformer.h.{i}" for i in range(4)], "_no_split_modules"),
+    ],
+)
 def test_blocks_found_in_any_model(name, blocks, source):
     found = find_blocks(L.build(name))
     assert list(found.names) == blocks and found.source == source
@@ -162,8 +172,13 @@ def test_user_model_loss_parity(ranks4):
 
 
 def test_fsdp2_ac_and_compile_wrap_every_block(ranks4):
-    cases = [("blocks", "fsdp2 ac=full"), ("nested", "fsdp2 ac=full compile"), ("llama", "fsdp2 ac=full compile"),
-             ("gpt2", "fsdp2 ac=full compile"), ("gpt2", "fsdp2 ac=selective")]
+    cases = [
+        ("blocks", "fsdp2 ac=full"),
+        ("nested", "fsdp2 ac=full compile"),
+        ("llama", "fsdp2 ac=full compile"),
+        ("gpt2", "fsdp2 ac=full compile"),
+        ("gpt2", "fsdp2 ac=selective"),
+    ]
     rows = ranks4.apply(_wrap_all, cases)
     for got in rows:
         for (name, spec), r in zip(cases, got):
@@ -196,11 +211,9 @@ def test_bad_inputs_one_message_ranks_usable(ranks4):
 
 
 def _build_flat_on_rank(_unused=None):
-    import __main__
-
-    import torch
-
     import layout_ranks as L
+
+    import __main__
 
     ns = vars(__main__)
     ns["model"], ns["optimizer"] = L.build("flat"), (lambda ps: torch.optim.AdamW(ps, lr=L.LR))
@@ -209,7 +222,6 @@ def _build_flat_on_rank(_unused=None):
 
 def _clean_rank():
     import __main__
-
     from workbench.engine import session
 
     if session.has_prepared():

@@ -8,6 +8,7 @@ blocks of all ranks together must cover every tensor. The figure's own rectangle
 checked against those blocks for one weight per layout, the 2-D FSDP x TP case included
 (where ``_StridedShard`` puts rank 1 on rows 16-23 of ``wq``, not 8-15).
 """
+
 from __future__ import annotations
 
 import re
@@ -15,11 +16,16 @@ import re
 import numpy as np
 import pytest
 
-from workbench.notebook.dashboard.layout_figure import grid_shape, held_blocks, layout_table, tensor_blocks, tensor_figure
+from workbench.notebook.dashboard.layout_figure import (
+    grid_shape,
+    held_blocks,
+    layout_table,
+    tensor_blocks,
+    tensor_figure,
+)
 
 CFG = dict(n_layers=4, n_kv_heads=4)
-SPECS = ["ddp", "fsdp2", "fsdp2 replicate=2", "zero stage=1", "zero stage=2", "zero3", "tp",
-         "fsdp2_tp tp=2", "pp"]
+SPECS = ["ddp", "fsdp2", "fsdp2 replicate=2", "zero stage=1", "zero stage=2", "zero3", "tp", "fsdp2_tp tp=2", "pp"]
 WEIGHT = "layers.0.attention.wq.weight"
 
 
@@ -92,8 +98,8 @@ def _check(layouts, values_per_rank, spec):
             assert sorted(drawn) == sorted(held_blocks(entry))
             want = np.concatenate([full[a:b, c:d].reshape(-1) for (a, b), (c, d) in drawn])
             assert np.array_equal(np.sort(local), np.sort(want)), (
-                f"{spec}: rank {lay['rank']} holds other values of {name} than the picture draws "
-                f"(drawn blocks {drawn})")
+                f"{spec}: rank {lay['rank']} holds other values of {name} than the picture draws (drawn blocks {drawn})"
+            )
             for (a, b), (c, d) in drawn:
                 covered[a:b, c:d] = True
         assert covered.all(), f"{spec}: parts of {name} drawn on no rank"
@@ -121,7 +127,9 @@ def test_picture_draws_the_values_each_rank_holds(world, spec, request):
     if spec in ("ddp", "zero stage=1", "zero stage=2") or (spec == "fsdp2 replicate=2" and world == 2):
         assert set(row["holding"]) == {"whole"} and (row["fraction"] == 1).all()
     else:
-        assert (row["fraction"] < 1).all() and abs(row["fraction"].sum() - (2 if spec == "fsdp2 replicate=2" else 1)) < 1e-12
+        assert (row["fraction"] < 1).all() and abs(
+            row["fraction"].sum() - (2 if spec == "fsdp2 replicate=2" else 1)
+        ) < 1e-12
 
 
 def test_fsdp2_tp_draws_rank_1_on_rows_16_to_23(ranks4):
@@ -136,8 +144,11 @@ def test_flat_partition_is_drawn_as_the_rectangles_it_covers():
     """A ZeRO-3 flat range that starts and ends mid-row is three blocks on the grid."""
     param = {"name": "w", "global_shape": [4, 10], "holds": {"kind": "flat", "runs": [[7, 27]], "partial": False}}
     assert held_blocks(param) == [((0, 1), (7, 10)), ((1, 2), (0, 10)), ((2, 3), (0, 7))]
-    strided = {"name": "w", "global_shape": [8, 3, 2],
-               "holds": {"kind": "grid", "runs": [[[0, 2], [4, 6]], [[1, 2]], [[0, 2]]], "partial": False}}
+    strided = {
+        "name": "w",
+        "global_shape": [8, 3, 2],
+        "holds": {"kind": "grid", "runs": [[[0, 2], [4, 6]], [[1, 2]], [[0, 2]]], "partial": False},
+    }
     assert held_blocks(strided) == [((0, 2), (2, 4)), ((4, 6), (2, 4))]
     with pytest.raises(ValueError, match="prepare the model again"):
         held_blocks({"name": "w", "global_shape": [2, 2]})

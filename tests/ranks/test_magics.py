@@ -1,4 +1,5 @@
 """Tier 4: the magics driven through a real IPython shell on the shared ranks."""
+
 import pytest
 
 
@@ -8,17 +9,24 @@ def run(shell, cell):
 
 
 def test_cell_output_grouped_per_rank_in_rank_order(shell, capsys):
-    r = run(shell, "%%distrain\nfrom workbench import engine\nimport time, sys\n"
-                   "time.sleep(0.05 * (3 - engine.rank))\nprint('hello from', engine.rank)\n"
-                   "print('careful', file=sys.stderr)\nengine.rank * 10")
+    r = run(
+        shell,
+        "%%distrain\nfrom workbench import engine\nimport time, sys\n"
+        "time.sleep(0.05 * (3 - engine.rank))\nprint('hello from', engine.rank)\n"
+        "print('careful', file=sys.stderr)\nengine.rank * 10",
+    )
     assert r.success
     out, err = capsys.readouterr()
     lines = [l for l in out.splitlines() if l.startswith("[rank")]
     assert lines == [
-        "[rank 0] hello from 0", "[rank 0] Out: 0",
-        "[rank 1] hello from 1", "[rank 1] Out: 10",
-        "[rank 2] hello from 2", "[rank 2] Out: 20",
-        "[rank 3] hello from 3", "[rank 3] Out: 30",
+        "[rank 0] hello from 0",
+        "[rank 0] Out: 0",
+        "[rank 1] hello from 1",
+        "[rank 1] Out: 10",
+        "[rank 2] hello from 2",
+        "[rank 2] Out: 20",
+        "[rank 3] hello from 3",
+        "[rank 3] Out: 30",
     ]
     assert [l for l in err.splitlines() if "careful" in l] == [f"[rank {i}] careful" for i in range(4)]
 
@@ -29,7 +37,11 @@ def test_cell_state_persists_and_ranks_option(shell, capsys):
     assert run(shell, "%%distrain\nprint(counter)").success
     out, _ = capsys.readouterr()
     assert [l for l in out.splitlines() if l.startswith("[rank")] == [
-        "[rank 0] 0", "[rank 1] 5", "[rank 2] 5", "[rank 3] 0"]
+        "[rank 0] 0",
+        "[rank 1] 5",
+        "[rank 2] 5",
+        "[rank 3] 0",
+    ]
 
 
 def test_exception_on_one_rank_is_tagged(shell, capsys):
@@ -46,8 +58,11 @@ def test_rich_display_from_a_rank_reaches_the_notebook(shell):
     original = shell.display_pub.publish
     shell.display_pub.publish = lambda data, metadata=None, **kw: published.append(data)
     try:
-        r = run(shell, "%%distrain --ranks 0\nimport pandas as pd\nfrom IPython.display import HTML, display\n"
-                       "display(HTML('<b>bold</b>'))\npd.DataFrame({'x': [1, 2]})")
+        r = run(
+            shell,
+            "%%distrain --ranks 0\nimport pandas as pd\nfrom IPython.display import HTML, display\n"
+            "display(HTML('<b>bold</b>'))\npd.DataFrame({'x': [1, 2]})",
+        )
     finally:
         shell.display_pub.publish = original
     assert r.success
@@ -62,12 +77,15 @@ def test_push_pull_through_magics(shell):
     assert r.result == [[1, 2, 3], [1, 2, 3]]
 
 
-@pytest.mark.parametrize("line, fragment", [
-    ("%%distrain --ranks 9\nx = 1", "rank(s) 9 do not exist"),
-    ("%%distrain --timeout 0\nx = 1", "argument --timeout: expected a positive number of seconds"),
-    ("%distrain start -n 2", "already running"),
-    ("%distrain push no_such_variable", "no notebook variable named no_such_variable"),
-])
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("%%distrain --ranks 9\nx = 1", "rank(s) 9 do not exist"),
+        ("%%distrain --timeout 0\nx = 1", "argument --timeout: expected a positive number of seconds"),
+        ("%distrain start -n 2", "already running"),
+        ("%distrain push no_such_variable", "no notebook variable named no_such_variable"),
+    ],
+)
 def test_bad_input_is_refused_and_ranks_unchanged(shell, ranks4, line, fragment):
     pids = [p.pid for p in ranks4.procs]
     assert run(shell, "%%distrain\nsentinel = 42").success
@@ -78,8 +96,11 @@ def test_bad_input_is_refused_and_ranks_unchanged(shell, ranks4, line, fragment)
 
 
 def test_cell_timeout_reports_where_ranks_are_stuck(shell, ranks4):
-    r = run(shell, "%%distrain --timeout 1.5\nfrom workbench import engine\nimport time\n"
-                   "def waiting_for_godot():\n    time.sleep(4)\nif engine.rank == 2:\n    waiting_for_godot()")
+    r = run(
+        shell,
+        "%%distrain --timeout 1.5\nfrom workbench import engine\nimport time\n"
+        "def waiting_for_godot():\n    time.sleep(4)\nif engine.rank == 2:\n    waiting_for_godot()",
+    )
     assert not r.success
     msg = str(r.error_in_exec)
     assert "still running after 1.5 s on ranks 2" in msg
@@ -112,8 +133,9 @@ def test_long_cell_streams_output_while_running(shell, monkeypatch):
 
     writes = record_stdout(monkeypatch)
     t0 = time.monotonic()
-    r = shell.run_cell("%%distrain --ranks 0,1\nimport time\nprint('first', flush=True)\n"
-                       "time.sleep(5)\nprint('second')")
+    r = shell.run_cell(
+        "%%distrain --ranks 0,1\nimport time\nprint('first', flush=True)\ntime.sleep(5)\nprint('second')"
+    )
     t_end = time.monotonic()
     assert r.success
     first = [t for t, text in writes if "first" in text]

@@ -1,4 +1,5 @@
 """A notebook process that dies without stopping its ranks leaves no orphan behind."""
+
 import os
 import subprocess
 import sys
@@ -17,8 +18,9 @@ time.sleep(600)
 
 
 def test_ranks_and_controller_end_when_the_notebook_is_killed():
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(root=str(ROOT))],
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT.format(root=str(ROOT))], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
     pids = []
     try:
         for line in proc.stdout:

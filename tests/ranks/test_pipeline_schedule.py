@@ -8,13 +8,20 @@ and the wall-clock one are in the picture's title. The wall-clock bubble is not 
 that tolerance: on this shared CPU, time a rank is descheduled counts as idle (lab 04
 replays for the same reason).
 """
+
 from __future__ import annotations
 
 import pytest
 
 from workbench.notebook import timelines
 from workbench.notebook.dashboard.pipeline_figure import (
-    drawn_order, formula_bubble, measured_bubble, replayed_bubble, schedule_figure, schedule_order, staged_bubble,
+    drawn_order,
+    formula_bubble,
+    measured_bubble,
+    replayed_bubble,
+    schedule_figure,
+    schedule_order,
+    staged_bubble,
 )
 
 M = 4
@@ -28,8 +35,9 @@ def pipeline_step_on_rank(schedule: str, microbatches: int, steps: int = 2):
 
     torch.manual_seed(0)
     cfg = GPTConfig.tiny(n_layers=4, n_kv_heads=4, dim=96, ffn_dim=256, max_seq_len=64)
-    prepared = engine.prepare(GPT(cfg), lambda ps: torch.optim.SGD(ps, lr=0.01),
-                              f"pp pp_schedule={schedule} pp_microbatches={microbatches}")
+    prepared = engine.prepare(
+        GPT(cfg), lambda ps: torch.optim.SGD(ps, lr=0.01), f"pp pp_schedule={schedule} pp_microbatches={microbatches}"
+    )
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, cfg.vocab, (4 * microbatches, cfg.max_seq_len), generator=g)
     for _ in range(steps):  # the first step allocates and sets shapes: the last one is drawn

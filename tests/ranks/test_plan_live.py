@@ -16,6 +16,7 @@ Model: dim 128, 2 layers, 4 heads, ffn 256, vocab 256 (394k parameters, 1.6 MB f
 big enough that scalars (Adam's step counters) are well under 1%, small enough that
 six strategies take seconds on one core per rank.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,8 @@ def census_specs_on_rank(specs):
     import torch
 
     from workbench.engine import session
-    from workbench.models import GPT, GPTConfig
     from workbench.engine.rpc import Census
+    from workbench.models import GPT, GPTConfig
     from workbench.strategies import prepare, reset_accelerate_state
 
     out = []
@@ -61,17 +62,20 @@ def test_model_spec_counts_the_gpt_exactly():
     assert moe.experts == 4 and moe.top_k == 2
 
 
-@pytest.mark.parametrize("spec, want", [
-    (dict(kind="ddp"), dict(dp_replicate=4, zero_stage=0)),
-    (dict(kind="fsdp2", dp_shard=4), dict(dp_shard=4, zero_stage=3)),
-    (dict(kind="fsdp2", dp_shard=4, reshard_after_forward=False), dict(dp_shard=4, zero_stage=2)),
-    (dict(kind="fsdp2", dp_replicate=2, dp_shard=2), dict(dp_replicate=2, dp_shard=2, zero_stage=3)),
-    (dict(kind="zero", zero_stage=1), dict(dp_shard=4, zero_stage=1)),
-    (dict(kind="zero", zero_stage=0), dict(dp_replicate=4, zero_stage=0)),
-    (dict(kind="tp", tp=4), dict(tp=4)),
-    (dict(kind="fsdp2_tp", tp=2, dp_shard=2), dict(dp_shard=2, tp=2, zero_stage=3)),
-    (dict(kind="pp", pp=4, pp_microbatches=8, pp_schedule="1f1b"), dict(pp=4, microbatches=8, schedule="1f1b")),
-])
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        (dict(kind="ddp"), dict(dp_replicate=4, zero_stage=0)),
+        (dict(kind="fsdp2", dp_shard=4), dict(dp_shard=4, zero_stage=3)),
+        (dict(kind="fsdp2", dp_shard=4, reshard_after_forward=False), dict(dp_shard=4, zero_stage=2)),
+        (dict(kind="fsdp2", dp_replicate=2, dp_shard=2), dict(dp_replicate=2, dp_shard=2, zero_stage=3)),
+        (dict(kind="zero", zero_stage=1), dict(dp_shard=4, zero_stage=1)),
+        (dict(kind="zero", zero_stage=0), dict(dp_replicate=4, zero_stage=0)),
+        (dict(kind="tp", tp=4), dict(tp=4)),
+        (dict(kind="fsdp2_tp", tp=2, dp_shard=2), dict(dp_shard=2, tp=2, zero_stage=3)),
+        (dict(kind="pp", pp=4, pp_microbatches=8, pp_schedule="1f1b"), dict(pp=4, microbatches=8, schedule="1f1b")),
+    ],
+)
 def test_strategy_maps_to_planner_layout(spec, want):
     from workbench.planner.live import layout_from_spec
 

@@ -5,19 +5,21 @@ Each test builds a fresh model on the ranks (a prepared model cannot be re-prepa
 leaves the ranks clean: the ``model``/``optimizer``/``prepared`` variables are deleted,
 the Prepared is closed and ``workbench.engine.session`` cleared.
 """
+
 from __future__ import annotations
 
 import pytest
 
-BUILD = ("%%distrain\nimport torch\nfrom workbench.models import GPT, GPTConfig\ntorch.manual_seed(0)\n"
-         "model = GPT(GPTConfig.tiny(dim=128, n_heads=4, n_kv_heads=4, ffn_dim=256, max_seq_len=64))\n"
-         "optimizer = lambda ps: torch.optim.AdamW(ps, lr=1e-3)\n")
+BUILD = (
+    "%%distrain\nimport torch\nfrom workbench.models import GPT, GPTConfig\ntorch.manual_seed(0)\n"
+    "model = GPT(GPTConfig.tiny(dim=128, n_heads=4, n_kv_heads=4, ffn_dim=256, max_seq_len=64))\n"
+    "optimizer = lambda ps: torch.optim.AdamW(ps, lr=1e-3)\n"
+)
 
 
 def _clean_rank() -> list[str]:
     """On a rank: close and forget the Prepared, delete the variables the tests made."""
     import __main__
-
     from workbench.engine import session
     from workbench.strategies import reset_accelerate_state
 
@@ -89,8 +91,8 @@ def test_layout_under_ddp_is_full_shares(shell, ranks):
 
 
 def test_layout_tensor_under_tp_shows_column_and_row_split(shell, ranks):
-    from workbench.notebook.dashboard.layout_figure import tensor_blocks
     from workbench.engine import rpc
+    from workbench.notebook.dashboard.layout_figure import tensor_blocks
 
     assert run(shell, BUILD).success
     assert run(shell, "%distrain prepare tp").success
@@ -109,11 +111,14 @@ def test_layout_tensor_under_tp_shows_column_and_row_split(shell, ranks):
     assert not r.success and "no tensor named 'no.such.tensor'" in str(r.error_in_exec)
 
 
-@pytest.mark.parametrize("line, fragment", [
-    ("%distrain prepare fsdp2_tp tp=3", "tp=3 does not divide world_size=4"),
-    ("%distrain prepare tp tp=3", "tp=3"),
-    ("%distrain prepare tp", "tp=4 does not divide n_heads=2"),
-])
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("%distrain prepare fsdp2_tp tp=3", "tp=3 does not divide world_size=4"),
+        ("%distrain prepare tp tp=3", "tp=3"),
+        ("%distrain prepare tp", "tp=4 does not divide n_heads=2"),
+    ],
+)
 def test_bad_spec_is_refused_and_model_unchanged(shell, ranks, line, fragment):
     build = BUILD.replace("n_heads=4, n_kv_heads=4", "n_heads=2, n_kv_heads=2") if "n_heads=2" in fragment else BUILD
     assert run(shell, build).success

@@ -1,15 +1,16 @@
 """``%distrain profile`` on live gloo ranks (shared 2-rank set): a Chrome trace per rank that
 loads as JSON with ``traceEvents`` and holds exactly the profiled steps, a summary naming
 the top op, and nothing left running on the ranks (profiler off, hook gone)."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from workbench.notebook import api, profiles, training
-from workbench.shared.errors import WorkbenchError
+from workbench.notebook import profiles, training
 from workbench.notebook.commands import UsageError, dispatch
+from workbench.shared.errors import WorkbenchError
 
 
 @pytest.fixture
@@ -24,9 +25,12 @@ def _left_running():
 
     t = trainer._CURRENT
     hooks = [h for h in (t.hooks if t else []) if getattr(h[0], "__qualname__", "").startswith("arm.")]
-    return {"profiler_on": torch.autograd.profiler._is_profiler_enabled, "hooks": len(hooks),
-            "done": profiling.status()["done"], "threads": sorted(th.name for th in __import__("threading").enumerate()
-                                                                 if "profil" in th.name.lower())}
+    return {
+        "profiler_on": torch.autograd.profiler._is_profiler_enabled,
+        "hooks": len(hooks),
+        "done": profiling.status()["done"],
+        "threads": sorted(th.name for th in __import__("threading").enumerate() if "profil" in th.name.lower()),
+    }
 
 
 def _names(path) -> list[str]:
@@ -64,9 +68,11 @@ def test_profile_an_idle_trainer_then_a_running_one(rs, tmp_path):
 
 
 def test_profile_refuses_bad_input(rs):
-    for line, fragment in (("profile --steps 0", "argument --steps: expected a whole number >= 1"),
-                           ("profile --ranks 5", "rank\\(s\\) 5 do not exist"),
-                           ("profile --timeout -1", "argument --timeout: expected a positive number of seconds")):
+    for line, fragment in (
+        ("profile --steps 0", "argument --steps: expected a whole number >= 1"),
+        ("profile --ranks 5", "rank\\(s\\) 5 do not exist"),
+        ("profile --timeout -1", "argument --timeout: expected a positive number of seconds"),
+    ):
         with pytest.raises(WorkbenchError, match=fragment):  # UsageError, or BadRanks for --ranks
             dispatch(line)
     training.setup("ddp", rankset=rs)
@@ -79,10 +85,12 @@ def test_profile_refuses_bad_input(rs):
     assert all(s["profiler_on"] is False and s["hooks"] == 0 for s in rs.apply(_left_running))
 
 
-CELL = ("import torch, torch.distributed as dist\n"
-        "for _ in range(4):\n"
-        "    profiled_a = torch.randn(192, 192) @ torch.randn(192, 192)\n"
-        "dist.all_reduce(profiled_a)\n")
+CELL = (
+    "import torch, torch.distributed as dist\n"
+    "for _ in range(4):\n"
+    "    profiled_a = torch.randn(192, 192) @ torch.randn(192, 192)\n"
+    "dist.all_reduce(profiled_a)\n"
+)
 
 
 def test_profile_a_cell(rs, tmp_path):

@@ -1,15 +1,15 @@
 """Tier 2: tests that kill, resize and restart ranks (each with its own rank set)."""
+
 import os
 import shutil
 import signal
 import time
 
 import pytest
+from conftest import alive
 
 from workbench.notebook import api
 from workbench.notebook.cluster import RankDied
-
-from conftest import alive
 
 ALL_REDUCE_LOOP = """
 import torch, torch.distributed as dist
@@ -48,13 +48,16 @@ def test_segfault_and_exit_code_named_and_resize_without_new_kernel(fresh_ranks)
     rs = fresh_ranks(2)
     t0 = time.monotonic()
     with pytest.raises(RankDied, match=r"rank 1 .* killed by SIGSEGV"):
-        rs.execute("from workbench import engine\nimport ctypes, time\n"
-                   "if engine.rank == 1:\n    time.sleep(0.5)\n    ctypes.string_at(0)\ntime.sleep(10)")
+        rs.execute(
+            "from workbench import engine\nimport ctypes, time\n"
+            "if engine.rank == 1:\n    time.sleep(0.5)\n    ctypes.string_at(0)\ntime.sleep(10)"
+        )
     assert time.monotonic() - t0 < 0.5 + 1.0  # a real segfault, named within a second
     rs = api.restart()
     with pytest.raises(RankDied, match=r"rank 1 .* exited with code 3"):
-        rs.execute("from workbench import engine\nimport os\nif engine.rank == 1: os._exit(3)\n"
-                   "import time\ntime.sleep(3)")
+        rs.execute(
+            "from workbench import engine\nimport os\nif engine.rank == 1: os._exit(3)\nimport time\ntime.sleep(3)"
+        )
     bigger = api.restart(n=3)
     assert bigger.apply(lambda: __import__("workbench").engine.rank) == [0, 1, 2]
     smaller = api.restart(n=1)
@@ -95,9 +98,14 @@ def test_mpi_launcher_brings_up_ranks_and_leaves_no_shared_memory(fresh_ranks):
     assert not [f for f in left if f.startswith("vader_segment")], left
 
 
-@pytest.mark.parametrize("launcher, engine_class", [
-    ("slurm", "SlurmEngineSetLauncher"), ("ssh", "SSHEngineSetLauncher"), ("mpi", "MPIEngineSetLauncher"),
-])
+@pytest.mark.parametrize(
+    "launcher, engine_class",
+    [
+        ("slurm", "SlurmEngineSetLauncher"),
+        ("ssh", "SSHEngineSetLauncher"),
+        ("mpi", "MPIEngineSetLauncher"),
+    ],
+)
 def test_cluster_launchers_pass_through_to_ipyparallel(launcher, engine_class):
     """Slurm and SSH cannot run here (no cluster): check the pass-through, start nothing."""
     import ipyparallel as ipp

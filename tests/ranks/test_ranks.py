@@ -1,4 +1,5 @@
 """Tier 2: the shared live rank sets (real ipyparallel engines, gloo)."""
+
 import time
 
 import pytest
@@ -32,8 +33,16 @@ def test_ranks_know_themselves(ranks4):
 
         from workbench import engine
 
-        return (engine.rank, engine.world_size, engine.local_rank, engine.local_world_size,
-                engine.device, os.environ["RANK"], os.environ["MASTER_PORT"] != "", torch.get_num_threads())
+        return (
+            engine.rank,
+            engine.world_size,
+            engine.local_rank,
+            engine.local_world_size,
+            engine.device,
+            os.environ["RANK"],
+            os.environ["MASTER_PORT"] != "",
+            torch.get_num_threads(),
+        )
 
     rows = ranks4.apply(me)
     assert [r[0] for r in rows] == [0, 1, 2, 3]
@@ -112,8 +121,8 @@ def test_helpers_give_way_to_the_ranks(ranks2):
     def on_rank():
         import threading
 
-        from workbench.notebook import background as bg
         from workbench.engine import publisher
+        from workbench.notebook import background as bg
 
         sender = publisher.get()._thread
         return bg.thread_nice(sender), bg.thread_nice(threading.main_thread())

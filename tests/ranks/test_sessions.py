@@ -1,8 +1,8 @@
 """Several named rank sets in one kernel, through a real IPython shell and real ranks: each
 with its own stream, dashboard and checkpoints; a cell on one without switching; one
 stopped while the other trains; and the refusals that name what exists."""
+
 import os
-import time
 
 import pytest
 

@@ -1,10 +1,16 @@
 """Strategies at world size 1 (one spawned gloo process) and their pure parts."""
+
 import pytest
 import torch
-
 from gloo_harness import run_ranks
+
 from workbench.strategies import (
-    PrepareError, StrategySpec, check_optimizer_matches, prepare, registered, reset_accelerate_state,
+    PrepareError,
+    StrategySpec,
+    check_optimizer_matches,
+    prepare,
+    registered,
+    reset_accelerate_state,
 )
 
 KINDS_AT_1 = ["none", "ddp", "fsdp2", "zero", "zero3", "tp", "fsdp2_tp", "pp", "pp schedule=1f1b", "fsdp2 ac=selective"]
@@ -40,11 +46,29 @@ def test_every_strategy_at_world_size_1():
         losses, layout = res[spec]
         assert losses == pytest.approx(ref, rel=1e-5), spec
         assert layout["world_size"] == 1 and layout["param_bytes_local"] == layout["param_bytes_global"]
-        assert set(layout) >= {"version", "strategy", "path", "mesh", "rank", "world_size", "params",
-                               "param_bytes_local", "param_bytes_global", "notes"}
+        assert set(layout) >= {
+            "version",
+            "strategy",
+            "path",
+            "mesh",
+            "rank",
+            "world_size",
+            "params",
+            "param_bytes_local",
+            "param_bytes_global",
+            "notes",
+        }
         e = layout["params"][0]
-        assert set(e) == {"name", "global_shape", "local_shape", "placements", "dtype", "local_bytes", "global_bytes",
-                          "holds"}
+        assert set(e) == {
+            "name",
+            "global_shape",
+            "local_shape",
+            "placements",
+            "dtype",
+            "local_bytes",
+            "global_bytes",
+            "holds",
+        }
         assert len(e["placements"]) == len(layout["mesh"]["shape"])
         assert any(n.startswith("path ") for n in layout["notes"])
     assert res["fsdp2"][1]["params"][0]["placements"] == ["Shard(0)"]

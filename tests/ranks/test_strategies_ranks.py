@@ -11,6 +11,7 @@ The rank-side functions live at module level so the engines import them by name 
 rank sets put ``tests/`` on their ``sys.path``). Each leaves the ranks clean: it closes
 its ``Prepared`` and resets Accelerate's process-wide state.
 """
+
 from __future__ import annotations
 
 import functools
@@ -109,16 +110,13 @@ def switch_on_rank(specs, steps: int = 3):
 
 
 def no_grad_trap_on_rank():
-    import torch
-
-    from workbench.models import GPT, GPTConfig, TextDataset, batch_at
-    from workbench.strategies import PrepareError, prepare
-
     import copy
 
+    import torch
     import torch.distributed as dist
 
-    from workbench.strategies import lm_loss
+    from workbench.models import GPT, GPTConfig, TextDataset, batch_at
+    from workbench.strategies import PrepareError, lm_loss, prepare
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.tiny())
@@ -162,7 +160,7 @@ def moe_expert_parallel_on_rank():
 
 
 # ------------------------------------------------------------------ reference (this process)
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_losses(steps: int = STEPS) -> tuple[float, ...]:
     from workbench.models import GPT, GPTConfig, TextDataset, batches
     from workbench.strategies import lm_loss
@@ -193,10 +191,31 @@ def _assert_losses(results, rel):
 
 # ------------------------------------------------------------------ tests
 SPECS = {
-    2: ["ddp", "fsdp2", "fsdp2 reshard=false", "zero stage=1", "zero stage=2", "zero3", "tp",
-        "fsdp2_tp tp=2", "pp", "pp schedule=1f1b", "fsdp2 ac=full"],
-    4: ["ddp", "fsdp2", "fsdp2 replicate=2", "zero stage=2", "zero3", "tp", "tp sp=false",
-        "fsdp2_tp tp=2", "pp", "pp schedule=1f1b"],
+    2: [
+        "ddp",
+        "fsdp2",
+        "fsdp2 reshard=false",
+        "zero stage=1",
+        "zero stage=2",
+        "zero3",
+        "tp",
+        "fsdp2_tp tp=2",
+        "pp",
+        "pp schedule=1f1b",
+        "fsdp2 ac=full",
+    ],
+    4: [
+        "ddp",
+        "fsdp2",
+        "fsdp2 replicate=2",
+        "zero stage=2",
+        "zero3",
+        "tp",
+        "tp sp=false",
+        "fsdp2_tp tp=2",
+        "pp",
+        "pp schedule=1f1b",
+    ],
 }
 CASES = [(w, s) for w in (2, 4) for s in SPECS[w]]
 
@@ -239,8 +258,10 @@ def test_bf16_fsdp2_within_documented_bound(ranks2):
 
 @pytest.mark.parametrize("sp", [True, False])
 def test_tp_forward_equals_unsharded(sp, ranks4):
-    for err, placements in ranks4.apply(tp_forward_on_rank, sp):
+    replies = ranks4.apply(tp_forward_on_rank, sp)
+    for err, _ in replies:
         assert err < 1e-5
+    placements = replies[-1][1]
     assert ["Shard(0)"] in placements  # column-parallel weights are row-sharded tensors
 
 

@@ -7,12 +7,13 @@ straggler of every step: the one the other waits for. DDP's second step rebuilds
 gradient buckets with a broadcast from C++ that no wrapper sees: there the wait shows
 inside forward, and the record says so in its notes.
 """
+
 from __future__ import annotations
 
 import pytest
 from conftest import clean_trainer
 
-from workbench.notebook import api, timelines
+from workbench.notebook import timelines
 from workbench.notebook.dashboard.timeline_figure import stragglers, timeline_figure, timeline_table
 
 SLEEP_S = 0.3
@@ -73,7 +74,9 @@ def test_phases_cover_the_step_and_the_slow_rank_is_the_straggler(rs):
     assert (fast.loc[rebuilt, "forward_s"] >= 0.5 * SLEEP_S).all()
     assert stragglers(recs) == {s: 1 for s in range(1, STEPS + 1) if s != 2}  # step 2: see the module doc
     # DDP's bucket all-reduce is in rank 0's comm lane, its wait marked as waiting
-    assert any(s["name"].startswith("all_reduce (DDP") and s["wait"] for r in recs if r["rank"] == 0 for s in r["spans"])
+    assert any(
+        s["name"].startswith("all_reduce (DDP") and s["wait"] for r in recs if r["rank"] == 0 for s in r["spans"]
+    )
     fig = timeline_figure(recs)
     assert f"straggler: rank 1 in {STEPS - 1}/{STEPS - 1} steps" in fig.layout.title.text
     assert "<sub>step 2, rank 0, 1: DDP rebuilt its gradient buckets" in fig.layout.title.text
@@ -97,8 +100,10 @@ def test_timeline_magic(shell, ranks4):
     ranks4.apply(_forget_timeline)
     r = shell.run_cell("%distrain timeline")
     assert not r.success and "no steps recorded on the ranks yet" in str(r.error_in_exec)
-    for line, fragment in (("%distrain timeline --steps 0", "argument --steps: expected a whole number >= 1"),
-                           ("%distrain timeline --ranks 9", "9")):
+    for line, fragment in (
+        ("%distrain timeline --steps 0", "argument --steps: expected a whole number >= 1"),
+        ("%distrain timeline --ranks 9", "9"),
+    ):
         r = shell.run_cell(line)
         assert not r.success and fragment in str(r.error_in_exec)
     try:

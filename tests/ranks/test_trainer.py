@@ -1,12 +1,13 @@
 """Tier 2: the trainer on real gloo ranks, watched through the stream (shared 2-rank set)."""
+
 import math
 import time
 
 import pytest
 
+from workbench.engine import control, trainer
 from workbench.notebook import stream, training
 from workbench.notebook.metrics import metrics
-from workbench.engine import control, trainer
 
 PARAM_BYTES = 139904  # GPT tiny (seq 32): 34976 fp32 parameters
 
@@ -206,7 +207,9 @@ def test_user_loop_reports_with_one_call(rs):
         "from workbench import engine\n"
         "for i in range(1, 6):\n"
         "    engine.report(step=i, loss=1.0 / i, run='user-loop', accuracy=0.1 * i)\n"
-        "from workbench.engine import publisher\npublisher.flush()\n", timeout=60)
+        "from workbench.engine import publisher\npublisher.flush()\n",
+        timeout=60,
+    )
     assert store.wait(lambda s: len(s.snapshot_rows("user-loop")) == 10, timeout=10)
     tidy = metrics("user-loop")
     acc = tidy[tidy.metric == "accuracy"]
@@ -256,9 +259,17 @@ def test_trainer_announces_itself_its_steps_and_states_to_listeners(rs):
     training.start(3, rankset=rs)
     assert training.wait(rankset=rs, timeout=60) == {0: "finished", 1: "finished"}
     for seen, run in rs.apply(_heard):
-        assert seen == [("built", run), ("state", "running"),
-                        ("begun", 1), ("ended", 1, True), ("begun", 2), ("ended", 2, True),
-                        ("begun", 3), ("ended", 3, True), ("state", "finished")]
+        assert seen == [
+            ("built", run),
+            ("state", "running"),
+            ("begun", 1),
+            ("ended", 1, True),
+            ("begun", 2),
+            ("ended", 2, True),
+            ("begun", 3),
+            ("ended", 3, True),
+            ("state", "finished"),
+        ]
 
 
 def _capabilities(accum: int):
@@ -266,9 +277,14 @@ def _capabilities(accum: int):
 
     t = trainer.current()
     p = t.prepared
-    return {"own_train_step": p.own_train_step, "reduce_scatter": p.reduce_scatter, "engine_state": p.engine_state,
-            "whole_step": t._whole_step, "gloo_note": any("gloo has no real reduce-scatter" in n for n in t.notes),
-            "own_no_sync": type(p).no_sync is not Prepared.no_sync}
+    return {
+        "own_train_step": p.own_train_step,
+        "reduce_scatter": p.reduce_scatter,
+        "engine_state": p.engine_state,
+        "whole_step": t._whole_step,
+        "gloo_note": any("gloo has no real reduce-scatter" in n for n in t.notes),
+        "own_no_sync": type(p).no_sync is not Prepared.no_sync,
+    }
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "zero"])
@@ -281,12 +297,32 @@ def test_strategy_capabilities_pick_the_trainer_path_on_real_ranks(rs, strategy)
     training.setup(strategy, rankset=rs, grad_accum=2)
     caps = rs.apply(_capabilities, 2)
     assert caps[0] == caps[1]
-    want = {"ddp": dict(own_train_step=False, reduce_scatter=False, engine_state=False, whole_step=False,
-                        gloo_note=False, own_no_sync=False),
-            "fsdp2": dict(own_train_step=False, reduce_scatter=True, engine_state=False, whole_step=False,
-                          gloo_note=True, own_no_sync=True),
-            "zero": dict(own_train_step=True, reduce_scatter=False, engine_state=True, whole_step=True,
-                         gloo_note=False, own_no_sync=False)}[strategy]
+    want = {
+        "ddp": dict(
+            own_train_step=False,
+            reduce_scatter=False,
+            engine_state=False,
+            whole_step=False,
+            gloo_note=False,
+            own_no_sync=False,
+        ),
+        "fsdp2": dict(
+            own_train_step=False,
+            reduce_scatter=True,
+            engine_state=False,
+            whole_step=False,
+            gloo_note=True,
+            own_no_sync=True,
+        ),
+        "zero": dict(
+            own_train_step=True,
+            reduce_scatter=False,
+            engine_state=True,
+            whole_step=True,
+            gloo_note=False,
+            own_no_sync=False,
+        ),
+    }[strategy]
     assert caps[0] == want
     run = training.start(2, rankset=rs)
     assert training.wait(rankset=rs, timeout=120) == {0: "finished", 1: "finished"}

@@ -4,15 +4,16 @@ Hook API (remove_hook, pausing), auto-save that survives ``training.setup`` and 
 switched on mid-run, a (simulated) out-of-memory that pauses the run with its report,
 and the step timeout that names the rank holding a run up.
 """
+
 import time
 
 import pytest
 from conftest import clean_trainer
 
-from workbench.notebook import session, stream, training
-from workbench.notebook import checkpoints as ck
-from workbench.shared.checkpoint import catalog
 from workbench.engine import trainer
+from workbench.notebook import checkpoints as ck
+from workbench.notebook import session, stream, training
+from workbench.shared.checkpoint import catalog
 
 
 @pytest.fixture
@@ -55,8 +56,10 @@ def test_autosave_before_setup_and_switched_on_mid_run(rs, tmp_path):
 
     training.setup("ddp", rankset=rs)  # a new trainer: the configured auto-save follows it
     ck.autosave(None, rankset=rs)
-    rs.execute("import time; from workbench.engine import trainer as _t\n"
-               "_t.current().add_hook(lambda r: time.sleep(0.05))", timeout=30)
+    rs.execute(
+        "import time; from workbench.engine import trainer as _t\n_t.current().add_hook(lambda r: time.sleep(0.05))",
+        timeout=30,
+    )
     training.start(40, rankset=rs)
     training.wait(step=3, rankset=rs, timeout=60)
     root2 = str(tmp_path / "mid")

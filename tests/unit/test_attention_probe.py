@@ -24,7 +24,7 @@ def test_sdpa_is_a_fused_kernel():
 def test_softmax_of_the_score_matrix_is_eager():
     q, k, v = _qkv()
     with AttentionProbe() as probe:
-        scores = (q @ k.transpose(-1, -2) / 8 ** 0.5).softmax(-1)
+        scores = (q @ k.transpose(-1, -2) / 8**0.5).softmax(-1)
         (scores @ v).sum().backward()
     assert probe.kernel() == "eager"
     assert "_softmax over s x s scores x1" in probe.evidence()
@@ -32,7 +32,7 @@ def test_softmax_of_the_score_matrix_is_eager():
 
 def test_other_softmaxes_and_no_attention_are_not_counted():
     with AttentionProbe() as probe:
-        torch.randn(3, 10).softmax(-1)      # a classifier's softmax: 2-D
+        torch.randn(3, 10).softmax(-1)  # a classifier's softmax: 2-D
         torch.randn(2, 4, 16, 1).softmax(-1)  # 4-D but not a score matrix
     assert probe.kernel() is None and probe.evidence() == "no attention op seen"
 
@@ -40,8 +40,7 @@ def test_other_softmaxes_and_no_attention_are_not_counted():
 def test_the_workbench_gpt_runs_sdpa():
     from workbench.models import GPT, GPTConfig
 
-    model = GPT(GPTConfig.tiny(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64,
-                               max_seq_len=16))
+    model = GPT(GPTConfig.tiny(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, max_seq_len=16))
     x = torch.randint(0, 32, (2, 16))
     with AttentionProbe() as probe:
         model(x).float().sum().backward()

@@ -3,6 +3,7 @@ side never imports torch (so the kernel never initialises CUDA and can always st
 ranks), the rank side never imports the notebook side or widget/plotting libraries, and
 the shared and planner packages import neither side's libraries. Each check imports every
 module of its packages in a fresh interpreter and reads ``sys.modules`` (transitively)."""
+
 import subprocess
 import sys
 
@@ -31,14 +32,21 @@ load_all()
 
 CASES = {
     # the kernel: the notebook package, the public API, the Lab server extension
-    "notebook": (["workbench.notebook", "workbench.labserver"], ["workbench.notebook.demo"], NOTEBOOK_EXTRA,
-                 ["torch"]),
+    "notebook": (["workbench.notebook", "workbench.labserver"], ["workbench.notebook.demo"], NOTEBOOK_EXTRA, ["torch"]),
     # the ranks: engine (rpc included), strategies, models
-    "engine": (["workbench.engine", "workbench.strategies", "workbench.models"], [], "",
-               ["workbench.notebook", "workbench.labserver", "plotly", "ipywidgets", "IPython.display"]),
+    "engine": (
+        ["workbench.engine", "workbench.strategies", "workbench.models"],
+        [],
+        "",
+        ["workbench.notebook", "workbench.labserver", "plotly", "ipywidgets", "IPython.display"],
+    ),
     # pure parts both sides import
-    "shared": (["workbench.shared", "workbench.planner"], [], "",
-               ["torch", "workbench.notebook", "workbench.engine", "plotly", "ipywidgets"]),
+    "shared": (
+        ["workbench.shared", "workbench.planner"],
+        [],
+        "",
+        ["torch", "workbench.notebook", "workbench.engine", "plotly", "ipywidgets"],
+    ),
 }
 
 
@@ -61,6 +69,8 @@ def test_import_workbench_alone_loads_nothing_but_the_package():
 
 def test_ranks_that_worked_hold_no_notebook_module(ranks2):
     """On real ranks, after whatever the suite ran on them (cells, trainers, checkpoints)."""
-    ranks2.execute("import sys, workbench\n_nb = sorted(m for m in sys.modules "
-                   "if m.startswith(('workbench.notebook', 'workbench.labserver', 'plotly', 'ipywidgets')))")
+    ranks2.execute(
+        "import sys, workbench\n_nb = sorted(m for m in sys.modules "
+        "if m.startswith(('workbench.notebook', 'workbench.labserver', 'plotly', 'ipywidgets')))"
+    )
     assert ranks2.pull("_nb") == [[], []]

@@ -4,6 +4,7 @@ A tampered ``.metadata`` (a pickle that would run code) and pickled non-tensor e
 are refused before anything is unpickled; auto-save retention; list/resolve/delete;
 export to one safetensors file; an interrupted save is invisible.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,15 +13,15 @@ import pickle
 import pytest
 import torch
 
-from workbench.shared.checkpoint import catalog
+from workbench.engine import checkpoint_hooks as ch
 from workbench.engine.checkpoint import save as ck_save
 from workbench.engine.checkpoint.export import export_safetensors
-from workbench.shared.checkpoint.integrity import DamagedCheckpoint
 from workbench.engine.checkpoint.load import load
-from workbench.shared.checkpoint.manifest import MANIFEST
 from workbench.engine.checkpoint.safety import IncompatibleCheckpoint, UnsafeCheckpoint
 from workbench.engine.checkpoint.state import Target, TrainState
-from workbench.engine import checkpoint_hooks as ch
+from workbench.shared.checkpoint import catalog
+from workbench.shared.checkpoint.integrity import DamagedCheckpoint
+from workbench.shared.checkpoint.manifest import MANIFEST
 
 
 def make(seed=0, hidden=8):

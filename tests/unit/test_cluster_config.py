@@ -2,24 +2,39 @@
 
 The real daemons (Slurm, a second host over SSH) are exercised in tests/cluster/.
 """
+
 from __future__ import annotations
 
 import pytest
 
-from workbench.notebook.cluster import network, ssh
-from workbench.notebook.cluster.slurm import SlurmRequest, batch_template, parse_sbatch
 from workbench.engine import guard
 from workbench.engine.runtime import visible_gpu
+from workbench.notebook.cluster import network, ssh
+from workbench.notebook.cluster.slurm import SlurmRequest, batch_template, parse_sbatch
 
 
 def test_every_slurm_option_is_a_line_of_the_script():
-    req = SlurmRequest(nodes=2, gpus_per_node=4, partition="gpu", time="1:00:00", account="proj",
-                       sbatch=parse_sbatch('--constraint="h100|a100" --qos=high'))
+    req = SlurmRequest(
+        nodes=2,
+        gpus_per_node=4,
+        partition="gpu",
+        time="1:00:00",
+        account="proj",
+        sbatch=parse_sbatch('--constraint="h100|a100" --qos=high'),
+    )
     req.validate()
     script = batch_template(req, 8)
-    for line in ("#SBATCH --ntasks=8", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
-                 "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --time=1:00:00",
-                 "#SBATCH --account=proj", "#SBATCH '--constraint=h100|a100'", "#SBATCH --qos=high"):
+    for line in (
+        "#SBATCH --ntasks=8",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=1:00:00",
+        "#SBATCH --account=proj",
+        "#SBATCH '--constraint=h100|a100'",
+        "#SBATCH --qos=high",
+    ):
         assert line in script.splitlines(), line
     assert "srun" in script and "{program_and_args}" in script
 
@@ -32,11 +47,14 @@ def test_braces_in_options_survive_ipyparallels_formatting():
     assert "#SBATCH '--comment={x}'" in out and out.rstrip().endswith("run")
 
 
-@pytest.mark.parametrize("req, words", [
-    (SlurmRequest(nodes=0), "--nodes must be a whole number"),
-    (SlurmRequest(time="soon"), "is not a Slurm time"),
-    (SlurmRequest(sbatch=("constraint=h100",)), "takes sbatch options"),
-])
+@pytest.mark.parametrize(
+    "req, words",
+    [
+        (SlurmRequest(nodes=0), "--nodes must be a whole number"),
+        (SlurmRequest(time="soon"), "is not a Slurm time"),
+        (SlurmRequest(sbatch=("constraint=h100",)), "takes sbatch options"),
+    ],
+)
 def test_bad_slurm_requests(req, words):
     with pytest.raises(ValueError, match=words):
         req.validate()

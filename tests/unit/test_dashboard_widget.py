@@ -3,6 +3,7 @@
 The browser halves (a view that was removed no longer stops the others; the browser
 answers each edit it drew) are in tests/browser/test_lab_widgets.py.
 """
+
 import shutil
 import subprocess
 
@@ -10,8 +11,10 @@ import pytest
 
 from workbench.notebook.dashboard import figures, widget
 
-PLOTLY_LIKE = ("var TD=class{};var MD=class{};var j4t=()=>({initialize(){},render(){}});"
-               "export{TD as FigureModel,MD as FigureView,j4t as default};\n/*! licenses */\n")
+PLOTLY_LIKE = (
+    "var TD=class{};var MD=class{};var j4t=()=>({initialize(){},render(){}});"
+    "export{TD as FigureModel,MD as FigureView,j4t as default};\n/*! licenses */\n"
+)
 
 
 def test_fixed_esm_wraps_the_default_export_and_keeps_the_others():
@@ -50,8 +53,14 @@ def test_view_busy_until_a_view_answers_the_last_edit_or_the_timeout():
     figures.draw(fig, _lines(5))
     assert widget.view_busy(fig, 10) and not widget.view_busy(fig, 0)
     # what a view sends once it has drawn the edit (plotly's _sendTraceDeltas)
-    fig.set_state({"_js2py_traceDeltas": {"trace_deltas": [{"uid": t.uid} for t in fig.data],
-                                          "trace_edit_id": fig._last_trace_edit_id}})
+    fig.set_state(
+        {
+            "_js2py_traceDeltas": {
+                "trace_deltas": [{"uid": t.uid} for t in fig.data],
+                "trace_edit_id": fig._last_trace_edit_id,
+            }
+        }
+    )
     assert not widget.view_busy(fig, 10)
     figures.draw(fig, _lines(6))
     assert widget.view_busy(fig, 10)
@@ -63,8 +72,9 @@ def test_widget_opens_with_its_traces_and_each_panel_on_its_own_axes():
     fig = figures.make_figure(widget=True, ranks=[0, 1])
     opened = {t["meta"] for t in fig._widget_data}
     assert {"loss:rank 0", "loss:rank 1", "loss:mean", "throughput:rank 1", "grad_norm:grad_norm"} <= opened
-    axes = {figures.panel_traces(fig, key)[0].xaxis for key in ("loss", "throughput", "memory", "step_time",
-                                                                "grad_norm")}
+    axes = {
+        figures.panel_traces(fig, key)[0].xaxis for key in ("loss", "throughput", "memory", "step_time", "grad_norm")
+    }
     assert len(axes) == 5
     assert [a.text for a in fig.layout.annotations] == [p.title for p in figures.PANELS]
 
@@ -74,9 +84,11 @@ def test_a_redraw_sends_every_changed_line_in_one_edit_and_empties_lines_of_anot
 
     fig = figures.make_figure(widget=True, ranks=[0, 1])
     xs = np.arange(1.0, 6.0)
-    lines = {**{k: [] for k in figures.PANEL_KEYS},
-             "loss": [("rank 0", xs, 1 / xs, {}), ("rank 1", xs, 2 / xs, {})],
-             "throughput": [("rank 0", xs, xs * 100, {})]}
+    lines = {
+        **{k: [] for k in figures.PANEL_KEYS},
+        "loss": [("rank 0", xs, 1 / xs, {}), ("rank 1", xs, 2 / xs, {})],
+        "throughput": [("rank 0", xs, xs * 100, {})],
+    }
     sent = fig._last_trace_edit_id
     assert not figures.draw(fig, lines)  # known traces: restyled, none added
     assert fig._last_trace_edit_id == sent + 1  # three lines changed: one message

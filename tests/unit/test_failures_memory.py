@@ -1,5 +1,6 @@
 """Out-of-memory report. The OOM is SIMULATED on CPU: the step raises ``torch.OutOfMemoryError``
 (and ``MemoryError``) itself; no memory is actually exhausted."""
+
 from __future__ import annotations
 
 import pytest
@@ -60,4 +61,3 @@ def test_batch_shape_known_only_at_failure_time_feeds_the_activation_estimate():
             shape[0] = (512, 32)
             raise MemoryError("simulated")
     assert "activations (estimate) dominated" in str(err.value)
-

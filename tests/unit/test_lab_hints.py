@@ -1,11 +1,11 @@
 """The checkers of labs 08-11 without processes: a right answer passes, and each typical
 mistake gets the hint written for it (not a bare "wrong")."""
+
 from __future__ import annotations
 
 import pytest
 
-from workbench.labs import CheckFailed
-from workbench.labs import lab_08, lab_09, lab_11
+from workbench.labs import CheckFailed, lab_08, lab_09, lab_11
 from workbench.planner.collectives import busbw, fit_alpha_beta
 
 
@@ -29,7 +29,7 @@ def test_busbw_factors_follow_nccl_tests():
 
 def test_alpha_beta_fit_recovers_a_line():
     alpha, bw = 50e-6, 2e9
-    sizes = [2 ** k for k in range(10, 22, 2)]
+    sizes = [2**k for k in range(10, 22, 2)]
     fit = fit_alpha_beta(sizes, [alpha + s / bw for s in sizes])
     assert fit.alpha == pytest.approx(alpha, rel=1e-6) and fit.bandwidth == pytest.approx(bw, rel=1e-6)
     assert fit.r2 == pytest.approx(1.0)
@@ -38,7 +38,7 @@ def test_alpha_beta_fit_recovers_a_line():
 
 
 # ------------------------------------------------------------------ lab 08
-POINT = dict(collective="all_reduce", ranks=4, nbytes=1e6, seconds=1e-3)   # algbw 1e9
+POINT = dict(collective="all_reduce", ranks=4, nbytes=1e6, seconds=1e-3)  # algbw 1e9
 
 
 def test_busbw_hints():
@@ -52,7 +52,7 @@ def test_busbw_hints():
 
 
 def test_alpha_beta_hints():
-    m = dict(alpha=1e-4, bandwidth=1e9, nbytes=4e6)        # 0.0041 s
+    m = dict(alpha=1e-4, bandwidth=1e9, nbytes=4e6)  # 0.0041 s
     lab_08.check_alpha_beta(1e-4 + 4e-3, **m)
     fails(lab_08.check_alpha_beta, 4e-3, "left out alpha", **m)
     fails(lab_08.check_alpha_beta, 1e-4, "alpha alone", **m)
@@ -114,13 +114,17 @@ def test_ring_attention_hints():
 
 
 # ------------------------------------------------------------------ lab 11
-WAITING = ('Thread 0x1 (most recent call first):\n'
-           '  File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
-           '  File "/x/torch/distributed/c10d_logger.py", line 83 in wrapper\n'
-           '  File "/tmp/ipykernel_1/1.py", line 8 in train_step\n')
-LOADING = ('Thread 0x2 (most recent call first):\n'
-           '  File "/tmp/ipykernel_2/1.py", line 3 in load_batch\n'
-           '  File "/tmp/ipykernel_2/1.py", line 7 in train_step\n')
+WAITING = (
+    "Thread 0x1 (most recent call first):\n"
+    '  File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+    '  File "/x/torch/distributed/c10d_logger.py", line 83 in wrapper\n'
+    '  File "/tmp/ipykernel_1/1.py", line 8 in train_step\n'
+)
+LOADING = (
+    "Thread 0x2 (most recent call first):\n"
+    '  File "/tmp/ipykernel_2/1.py", line 3 in load_batch\n'
+    '  File "/tmp/ipykernel_2/1.py", line 7 in train_step\n'
+)
 
 
 def test_hang_hints():
@@ -146,9 +150,12 @@ def test_nan_rank_hints():
 
 
 def test_rollback_hints():
-    cps = [{"name": "step-2", "step": 2, "problems": []}, {"name": "step-4", "step": 4, "problems": []},
-           {"name": "step-6", "step": 6, "problems": ["__1_0.distcp: truncated"]},
-           {"name": "step-8", "step": 8, "problems": []}]
+    cps = [
+        {"name": "step-2", "step": 2, "problems": []},
+        {"name": "step-4", "step": 4, "problems": []},
+        {"name": "step-6", "step": 6, "problems": ["__1_0.distcp: truncated"]},
+        {"name": "step-8", "step": 8, "problems": []},
+    ]
     assert "step-4 (step 4) is the newest" in lab_11.check_rollback(4, checkpoints=cps, nan_step=7)
     fails(lab_11.check_rollback, 6, "damaged", "truncated", checkpoints=cps, nan_step=7)
     fails(lab_11.check_rollback, 8, "after the NaN", checkpoints=cps, nan_step=7)

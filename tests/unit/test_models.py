@@ -4,8 +4,22 @@ import pytest
 import torch
 
 from workbench.models import (
-    GPT, MLP, GPTConfig, MoEConfig, MoEGPT, SyntheticDataset, TextDataset, batch_at, batches,
-    build_model, corpus_files, decode, encode, load_balancing_loss, load_corpus, route,
+    GPT,
+    MLP,
+    GPTConfig,
+    MoEConfig,
+    MoEGPT,
+    SyntheticDataset,
+    TextDataset,
+    batch_at,
+    batches,
+    build_model,
+    corpus_files,
+    decode,
+    encode,
+    load_balancing_loss,
+    load_corpus,
+    route,
 )
 
 TINY = GPTConfig.tiny()
@@ -95,7 +109,9 @@ def test_training_reduces_loss_on_text():
     losses = []
     for x, y in batches(ds, 16, seed=0, steps=30):
         loss = torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(); loss.backward(); opt.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
         losses.append(loss.item())
     assert losses[0] > 5.0 and losses[-1] < losses[0] - 1.5
 
@@ -117,7 +133,8 @@ def test_load_balancing_loss_is_one_when_balanced():
     probs = torch.full((T, E), 1 / E)
     idx = torch.arange(T).remainder(E)[:, None]
     assert load_balancing_loss(probs, idx, E).item() == pytest.approx(1.0)
-    skew = torch.zeros(T, E); skew[:, 0] = 1
+    skew = torch.zeros(T, E)
+    skew[:, 0] = 1
     assert load_balancing_loss(skew, torch.zeros(T, 1, dtype=torch.long), E).item() == pytest.approx(E)
 
 

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.planner import (ModelSpec, PlanLayout, activation_bytes_per_layer,
-                               communication_per_step, load_hardware, memory_per_rank, plan,
-                               plan_from_args, recommend)
+from workbench.planner import (
+    ModelSpec,
+    PlanLayout,
+    activation_bytes_per_layer,
+    communication_per_step,
+    load_hardware,
+    memory_per_rank,
+    plan,
+    plan_from_args,
+    recommend,
+)
 from workbench.planner.communication import CommBreakdown, CommItem
 from workbench.planner.flops import token_flops
 from workbench.planner.recommend import candidate_layouts
@@ -22,8 +30,7 @@ LLAMA70 = ModelSpec.llama("70b")
 def test_flash_drops_the_score_term_eager_keeps_it():
     # s=4, b=2, h=8, a=2: sbh = 64; 34 sbh = 2176; 5 a s^2 b = 320
     assert activation_bytes_per_layer(TINY, PlanLayout(micro_batch_size=2)) == 2176
-    assert activation_bytes_per_layer(TINY, PlanLayout(micro_batch_size=2,
-                                                       attention="eager")) == 2176 + 320
+    assert activation_bytes_per_layer(TINY, PlanLayout(micro_batch_size=2, attention="eager")) == 2176 + 320
     assert PlanLayout().attention == "flash"
     # the numbers: at s = 8192, a = 128, h = 16384 the score term is 320 against 34
     llama405 = ModelSpec.llama("405b")
@@ -38,7 +45,7 @@ def test_flash_drops_the_score_term_eager_keeps_it():
 def test_flops_per_token_by_hand():
     f = token_flops(TINY, PlanLayout())
     assert f.matmul == 6 * 8320
-    assert f.attention == 7 * 256       # flash: causal forward 2 Lhs + backward 2.5x = 5 Lhs
+    assert f.attention == 7 * 256  # flash: causal forward 2 Lhs + backward 2.5x = 5 Lhs
     assert f.model == 6 * 8320 + 6 * 256  # causal useful work: 2 Lhs forward + 4 backward
     # published (PaLM appendix B): 6 N (N = 8584 with both embeddings) + 12 L h s
     assert TINY.params().total == 8584
@@ -52,8 +59,7 @@ def test_flops_per_token_by_hand():
     assert full.published_hardware == f.published + 2 * 8584 + 4 * 256  # 8N + 16 Lhs
     # selective recompute costs nothing more under flash; eager reruns the scores (4 Lhs)
     assert token_flops(TINY, PlanLayout(recompute="selective")).attention == 7 * 256
-    assert token_flops(TINY, PlanLayout(recompute="selective", attention="eager")
-                       ).attention == 16 * 256
+    assert token_flops(TINY, PlanLayout(recompute="selective", attention="eager")).attention == 16 * 256
 
 
 def test_mfu_conventions_side_by_side():
@@ -61,8 +67,7 @@ def test_mfu_conventions_side_by_side():
     c = p.compute
     world = 256
     assert c.mfu == pytest.approx(c.model_flops_per_step / (c.step_seconds * world * 989e12))
-    assert c.mfu_published == pytest.approx(c.published_flops_per_step
-                                            / (c.step_seconds * world * 989e12))
+    assert c.mfu_published == pytest.approx(c.published_flops_per_step / (c.step_seconds * world * 989e12))
     # causal halving and the embedding lookup: the planner's count is the smaller one
     assert c.mfu < c.mfu_published
     text = p.summary()
@@ -82,20 +87,18 @@ def test_fp8_matmuls_at_the_fp8_peak_attention_at_bf16():
 
 def test_fp8_memory_as_transformer_engine_keeps_it():
     # saved linear inputs (14 of the 34 sbh) in one byte: 27 sbh
-    assert activation_bytes_per_layer(TINY, PlanLayout(micro_batch_size=2,
-                                                       precision="fp8")) == 27 * 64
+    assert activation_bytes_per_layer(TINY, PlanLayout(micro_batch_size=2, precision="fp8")) == 27 * 64
     m = memory_per_rank(TINY, PlanLayout(precision="fp8"))
     assert m.fp8_weights == 2 * 1024 * 8  # fp8 weight + transpose of each layer matmul
     assert m.parameters == 2 * TINY.params().total  # bf16 weights stay
-    assert m.total == pytest.approx(16 * TINY.params().total + m.activations + m.logits
-                                    + m.fp8_weights)
-    assert memory_per_rank(TINY, PlanLayout(precision="fp8", dp_shard=2,
-                                            zero_stage=3)).fp8_weights == 0
+    assert m.total == pytest.approx(16 * TINY.params().total + m.activations + m.logits + m.fp8_weights)
+    assert memory_per_rank(TINY, PlanLayout(precision="fp8", dp_shard=2, zero_stage=3)).fp8_weights == 0
     # ZeRO-3 gathers fp8 parameters: half the bf16 bytes
-    z3 = {i.collective: i.bytes for i in communication_per_step(
-        TINY, PlanLayout(dp_shard=4, zero_stage=3), H100).items}
-    z3_fp8 = {i.collective: i.bytes for i in communication_per_step(
-        TINY, PlanLayout(dp_shard=4, zero_stage=3, precision="fp8"), H100).items}
+    z3 = {i.collective: i.bytes for i in communication_per_step(TINY, PlanLayout(dp_shard=4, zero_stage=3), H100).items}
+    z3_fp8 = {
+        i.collective: i.bytes
+        for i in communication_per_step(TINY, PlanLayout(dp_shard=4, zero_stage=3, precision="fp8"), H100).items
+    }
     assert z3_fp8["all_gather"] == pytest.approx(z3["all_gather"] / 2)
     assert z3_fp8["reduce_scatter"] == pytest.approx(z3["reduce_scatter"])
 
@@ -108,15 +111,15 @@ def test_context_parallel_ring_bytes_and_overlap():
     assert len(ring) == 1 and ring[0].bytes == 64 * 3 * 8 and ring[0].overlappable
     # grouped-query attention with tp > kv_heads: the one kv head is replicated, not split
     gqa = ModelSpec(layers=2, hidden=8, heads=2, kv_heads=1, ffn=32, vocab=16, seq_len=4)
-    ring_gqa = [i for i in communication_per_step(gqa, PlanLayout(cp=2, tp=2), H100).items
-                if i.group == "cp"][0]
+    ring_gqa = [i for i in communication_per_step(gqa, PlanLayout(cp=2, tp=2), H100).items if i.group == "cp"][0]
     assert ring_gqa.bytes == 2 * 2 * 1 * 1 * 4 * 2 * 3 * 2
     # the ring hides only behind attention; data-parallel syncs behind all compute
-    items = (CommItem("send_recv", "cp", 2, 1.0, True, 0.5, True, "ring"),
-             CommItem("all_reduce", "dp", 2, 1.0, False, 1.0, True, "dp"),
-             CommItem("all_gather", "tp", 2, 1.0, True, 0.2, False, "tp"))
-    assert CommBreakdown(items).exposed_seconds(2.0, attention_seconds=0.3) == \
-        pytest.approx(0.2 + (0.5 - 0.3) + 0.0)
+    items = (
+        CommItem("send_recv", "cp", 2, 1.0, True, 0.5, True, "ring"),
+        CommItem("all_reduce", "dp", 2, 1.0, False, 1.0, True, "dp"),
+        CommItem("all_gather", "tp", 2, 1.0, True, 0.2, False, "tp"),
+    )
+    assert CommBreakdown(items).exposed_seconds(2.0, attention_seconds=0.3) == pytest.approx(0.2 + (0.5 - 0.3) + 0.0)
     # activations on s / cp
     assert activation_bytes_per_layer(TINY, PlanLayout(cp=2, micro_batch_size=2)) == 2176 / 2
 
@@ -152,17 +155,18 @@ def test_recommend_searches_optimizer_offload_when_asked():
         assert "optimizer offloaded to CPU" in r.reason
         # host copies (grads down, params up, 2 + 2 bytes) and CPU Adam at 1e9 params/s
         params = r.plan.memory.cpu_offload / 12
-        assert r.plan.compute.offload_seconds == pytest.approx(
-            params * 4 / 55e9 + params / 1e9)
+        assert r.plan.compute.offload_seconds == pytest.approx(params * 4 / 55e9 + params / 1e9)
 
 
-@pytest.mark.parametrize("flag", ["--fp8", "--attention eager", "--cp 2", "--offload",
-                                  "--precision fp8"])
+@pytest.mark.parametrize("flag", ["--fp8", "--attention eager", "--cp 2", "--offload", "--precision fp8"])
 def test_each_new_flag_changes_the_plan(flag):
     base = "--model 70b --hw h100 --tp 8 --pp 4 --dp 8 --zero 1 -m 32"
     plain, flagged = plan_from_args(base), plan_from_args(f"{base} {flag}")
-    assert (flagged.memory.total, flagged.compute.step_seconds, flagged.comm.total_bytes) != \
-        (plain.memory.total, plain.compute.step_seconds, plain.comm.total_bytes)
+    assert (flagged.memory.total, flagged.compute.step_seconds, flagged.comm.total_bytes) != (
+        plain.memory.total,
+        plain.compute.step_seconds,
+        plain.comm.total_bytes,
+    )
 
 
 def test_conflicting_precision_flags_are_refused():

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.planner import (ModelSpec, PlanLayout, bubble_fraction, communication_per_step,
-                               flops_per_token, implied_mfu, load_hardware, plan, ring_bytes,
-                               run_cost, training_days)
+from workbench.planner import (
+    ModelSpec,
+    PlanLayout,
+    bubble_fraction,
+    communication_per_step,
+    flops_per_token,
+    implied_mfu,
+    load_hardware,
+    plan,
+    ring_bytes,
+    run_cost,
+    training_days,
+)
 
 H100 = load_hardware("h100")
 TINY = ModelSpec(layers=8, hidden=8, heads=2, kv_heads=2, ffn=32, vocab=16, seq_len=4)
@@ -76,12 +86,10 @@ def test_bubble_fraction():
 
 def test_step_time_adds_bubble_and_mfu_is_consistent():
     llama = ModelSpec.llama("70b")
-    p = plan(llama, PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=64,
-                               recompute="selective"), H100)
+    p = plan(llama, PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=64, recompute="selective"), H100)
     c = p.compute
     assert c.bubble == 7 / 64
-    assert c.step_seconds == pytest.approx(c.compute_seconds * (1 + 7 / 64)
-                                           + c.exposed_comm_seconds)
+    assert c.step_seconds == pytest.approx(c.compute_seconds * (1 + 7 / 64) + c.exposed_comm_seconds)
     assert c.mfu == pytest.approx(c.model_flops_per_step / (c.step_seconds * 256 * 989e12))
     assert 0.2 < c.mfu < 0.55
 
@@ -110,8 +118,7 @@ def test_derived_days_for_70b_on_256_h100():
     assert days * 86400 == pytest.approx(1e12 * flops_per_token(llama) / (256 * 1979e12 * 0.45))
     # at 40% MFU in BF16 the same run takes about twice as long
     assert training_days(llama, 1e12, 256, "h100", mfu=0.40) == pytest.approx(55.7, abs=1)
-    cost = run_cost(256, price=3, model=llama, tokens=1e12, hardware="h100", mfu=0.45,
-                    precision="fp8")
+    cost = run_cost(256, price=3, model=llama, tokens=1e12, hardware="h100", mfu=0.45, precision="fp8")
     assert cost.days == days and cost.usd == pytest.approx(256 * days * 24 * 3)
     assert cost.usd == pytest.approx(0.46e6, rel=0.05)
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.planner import (ModelSpec, PlanLayout, activation_bytes_per_layer,
-                               load_hardware, memory_per_rank, state_bytes_per_param)
+from workbench.planner import (
+    ModelSpec,
+    PlanLayout,
+    activation_bytes_per_layer,
+    load_hardware,
+    memory_per_rank,
+    state_bytes_per_param,
+)
 from workbench.planner.memory import in_flight_layers
 
 TINY = ModelSpec(layers=8, hidden=8, heads=2, kv_heads=2, ffn=32, vocab=16, seq_len=4)
@@ -88,6 +94,7 @@ def test_70b_fits_check():
     ddp = memory_per_rank(llama, PlanLayout(dp_replicate=8))
     assert ddp.model_states == pytest.approx(16 * llama.params().total)
     assert not ddp.fits(h100)
-    good = memory_per_rank(llama, PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1,
-                                             microbatches=32, recompute="selective"))
+    good = memory_per_rank(
+        llama, PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=32, recompute="selective")
+    )
     assert good.fits(h100) and good.total < 60e9

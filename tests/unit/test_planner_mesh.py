@@ -41,9 +41,9 @@ CHILD = textwrap.dedent("""
 """)
 
 LAYOUTS = [
-    PlanLayout(tp=8, pp=2, dp_replicate=2, dp_shard=2, zero_stage=3),          # 64
-    PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=8),          # 256
-    PlanLayout(tp=8, pp=4, dp_replicate=4, dp_shard=4, cp=2, zero_stage=3),    # 1024
+    PlanLayout(tp=8, pp=2, dp_replicate=2, dp_shard=2, zero_stage=3),  # 64
+    PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=8),  # 256
+    PlanLayout(tp=8, pp=4, dp_replicate=4, dp_shard=4, cp=2, zero_stage=3),  # 1024
 ]
 
 
@@ -51,11 +51,9 @@ def test_planner_layouts_build_device_meshes_on_fake_pg():
     cases = []
     for layout in LAYOUTS:
         w = layout.world_size
-        cases.append(dict(shape=layout.mesh_shape(), names=layout.mesh_dim_names(),
-                          ranks=[0, 13, w // 2 + 5, w - 1]))
+        cases.append(dict(shape=layout.mesh_shape(), names=layout.mesh_dim_names(), ranks=[0, 13, w // 2 + 5, w - 1]))
     assert [layout.world_size for layout in LAYOUTS] == [64, 256, 1024]
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(results) == 4 * len(LAYOUTS)

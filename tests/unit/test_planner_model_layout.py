@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from workbench.planner import ModelSpec, PlanLayout
@@ -20,8 +22,9 @@ def test_tiny_param_count_by_hand():
 
 
 def test_tied_and_plain_mlp():
-    tied = ModelSpec(layers=1, hidden=8, heads=2, kv_heads=2, ffn=16, vocab=10, seq_len=4,
-                     tied_embeddings=True, gated_mlp=False)
+    tied = ModelSpec(
+        layers=1, hidden=8, heads=2, kv_heads=2, ffn=16, vocab=10, seq_len=4, tied_embeddings=True, gated_mlp=False
+    )
     # attention 4*64 = 256, mlp 2*8*16 = 256, norms 16, embedding 80, final norm 8
     assert tied.params().total == 256 + 256 + 16 + 80 + 8
 
@@ -45,24 +48,26 @@ def test_unknown_model_lists_presets():
 def test_modelspec_is_frozen_and_keyword_only():
     with pytest.raises(TypeError):
         ModelSpec(2, 8, 2, 1, 16, 10, 4)  # positional
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         TINY.layers = 3
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(zero_stage=4), "zero_stage=4 is out of range: use 0"),
-    (dict(tp=0), "tp=0: must be an int >= 1"),
-    (dict(schedule="zb"), "schedule='zb' is not one of 1f1b, gpipe, interleaved"),
-    (dict(precision="int4"), "precision='int4' is not one of"),
-    (dict(recompute="some"), "recompute='some' is not one of none, selective, full"),
-    (dict(dp_shard=4), "for plain DDP use dp_replicate=4, dp_shard=1"),
-    (dict(dp_replicate=4, zero_stage=1), "use dp_shard=4, dp_replicate=1"),
-    (dict(pp=4, schedule="interleaved", microbatches=8), "needs virtual_stages >= 2"),
-    (dict(pp=4, schedule="interleaved", virtual_stages=2, microbatches=6),
-     "use microbatches=8"),
-    (dict(virtual_stages=2), "only applies to schedule='interleaved'"),
-    (dict(dp_replicate=6, ep=4), r"ep=4 must divide .* use ep in \[1, 2, 3, 6\]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(zero_stage=4), "zero_stage=4 is out of range: use 0"),
+        (dict(tp=0), "tp=0: must be an int >= 1"),
+        (dict(schedule="zb"), "schedule='zb' is not one of 1f1b, gpipe, interleaved"),
+        (dict(precision="int4"), "precision='int4' is not one of"),
+        (dict(recompute="some"), "recompute='some' is not one of none, selective, full"),
+        (dict(dp_shard=4), "for plain DDP use dp_replicate=4, dp_shard=1"),
+        (dict(dp_replicate=4, zero_stage=1), "use dp_shard=4, dp_replicate=1"),
+        (dict(pp=4, schedule="interleaved", microbatches=8), "needs virtual_stages >= 2"),
+        (dict(pp=4, schedule="interleaved", virtual_stages=2, microbatches=6), "use microbatches=8"),
+        (dict(virtual_stages=2), "only applies to schedule='interleaved'"),
+        (dict(dp_replicate=6, ep=4), r"ep=4 must divide .* use ep in \[1, 2, 3, 6\]"),
+    ],
+)
 def test_layout_validation_messages(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PlanLayout(**kwargs)
@@ -105,6 +110,11 @@ def test_planner_never_imports_torch():
     for path in Path(planner.__file__).parent.glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not any(n.split(".")[0] == "torch" for n in names), path.name

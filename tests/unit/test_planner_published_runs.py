@@ -34,9 +34,18 @@ LOW, HIGH = 0.75, 1.25
 
 
 def megatron_gpt(heads: int, hidden: int, layers: int) -> ModelSpec:
-    return ModelSpec(layers=layers, hidden=hidden, heads=heads, kv_heads=heads,
-                     ffn=4 * hidden, vocab=51200, seq_len=2048, tied_embeddings=True,
-                     gated_mlp=False, name=f"megatron-gpt-{layers}x{hidden}")
+    return ModelSpec(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=heads,
+        ffn=4 * hidden,
+        vocab=51200,
+        seq_len=2048,
+        tied_embeddings=True,
+        gated_mlp=False,
+        name=f"megatron-gpt-{layers}x{hidden}",
+    )
 
 
 # Narayanan et al. 2021, Table 1 rows:
@@ -49,15 +58,12 @@ MEGATRON_TABLE_1 = [
 ]
 
 
-@pytest.mark.parametrize("billions, heads, hidden, layers, tp, pp, gpus, batch, tflops, peak",
-                         MEGATRON_TABLE_1)
-def test_megatron_lm_table_1(billions, heads, hidden, layers, tp, pp, gpus, batch, tflops,
-                             peak):
+@pytest.mark.parametrize("billions, heads, hidden, layers, tp, pp, gpus, batch, tflops, peak", MEGATRON_TABLE_1)
+def test_megatron_lm_table_1(billions, heads, hidden, layers, tp, pp, gpus, batch, tflops, peak):
     model = megatron_gpt(heads, hidden, layers)
     assert model.params().total / 1e9 == pytest.approx(billions, rel=0.002)
     dp = gpus // (tp * pp)
-    layout = PlanLayout(tp=tp, pp=pp, dp_replicate=dp, microbatches=batch // dp,
-                        recompute="full")
+    layout = PlanLayout(tp=tp, pp=pp, dp_replicate=dp, microbatches=batch // dp, recompute="full")
     p = plan(model, layout, "a100-sxm")
     assert p.gpus == gpus and p.fits, p.summary()
     c = p.compute
@@ -76,8 +82,10 @@ def test_megatron_1t_summary_says_it_fits_and_why():
     assert p.compute.tokens_per_step == 3072 * 2048
 
 
-LLAMA3_405B_16K = ("--model 405b --hw h100 --gpus 16384 --tp 8 --pp 16 --dp 128 --zero 2 "
-                   "-m 16 --schedule interleaved --virtual-stages 8 --stages balanced")
+LLAMA3_405B_16K = (
+    "--model 405b --hw h100 --gpus 16384 --tp 8 --pp 16 --dp 128 --zero 2 "
+    "-m 16 --schedule interleaved --virtual-stages 8 --stages balanced"
+)
 
 
 # Table 4 rows: (GPUs, CP, DP, sequence, batch per DP rank, TFLOP/s per GPU, BF16 MFU)
@@ -90,9 +98,11 @@ LLAMA3_TABLE_4 = [
 
 @pytest.mark.parametrize("gpus, cp, dp, seq, per_dp, tflops, mfu", LLAMA3_TABLE_4)
 def test_llama3_405b_table_4_mfu(gpus, cp, dp, seq, per_dp, tflops, mfu):
-    p = plan_from_args(f"--model 405b --hw h100 --gpus {gpus} --tp 8 --cp {cp} --pp 16 "
-                       f"--dp {dp} --zero 2 -m {per_dp} --seq-len {seq} --schedule interleaved "
-                       "--virtual-stages 8 --stages balanced")
+    p = plan_from_args(
+        f"--model 405b --hw h100 --gpus {gpus} --tp 8 --cp {cp} --pp 16 "
+        f"--dp {dp} --zero 2 -m {per_dp} --seq-len {seq} --schedule interleaved "
+        "--virtual-stages 8 --stages balanced"
+    )
     c = p.compute
     assert p.gpus == gpus and c.tokens_per_step == per_dp * dp * seq
     assert "layers per pipeline rank: 7, 8 x 14, 7" in p.summary()

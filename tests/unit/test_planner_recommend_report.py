@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.planner import (HARDWARE, ModelSpec, PlanLayout, load_hardware, plan,
-                               plan_from_args, recommend)
+from workbench.planner import HARDWARE, ModelSpec, PlanLayout, load_hardware, plan, plan_from_args, recommend
 from workbench.planner.recommend import as_frame
 
 LLAMA70 = ModelSpec.llama("70b")
 
 
 def test_catalogue_has_the_listed_parts_as_data():
-    for key in ("h100", "h200", "b200", "gb200-nvl72", "mi300x", "mi325x", "gaudi3",
-                "tpu-v5p", "trainium2"):
+    for key in ("h100", "h200", "b200", "gb200-nvl72", "mi300x", "mi325x", "gaudi3", "tpu-v5p", "trainium2"):
         hw = HARDWARE[key]
         assert hw.memory_gb > 0 and hw.bf16_tflops > 0 and hw.fp8_tflops >= hw.bf16_tflops
         assert hw.inter_node_gbs < hw.intra_node_gbs and hw.devices_per_node >= 4
@@ -54,10 +52,12 @@ def test_recommend_prefers_in_node_tp_over_cross_node():
     recs = recommend(ModelSpec.llama("8b"), 32, trn, top=20)
     assert all(r.layout.tp <= trn.devices_per_node for r in recs)
     # the cross-node TP layout is slower than the in-node one for the same memory
-    inter = plan(LLAMA70, PlanLayout(tp=16, pp=4, dp_shard=4, zero_stage=1, microbatches=32,
-                                     recompute="selective"), "h100")
-    intra = plan(LLAMA70, PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=32,
-                                     recompute="selective"), "h100")
+    inter = plan(
+        LLAMA70, PlanLayout(tp=16, pp=4, dp_shard=4, zero_stage=1, microbatches=32, recompute="selective"), "h100"
+    )
+    intra = plan(
+        LLAMA70, PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=32, recompute="selective"), "h100"
+    )
     assert intra.compute.step_seconds < inter.compute.step_seconds
     assert any("spans nodes" in w for w in inter.warnings)
 
@@ -68,11 +68,25 @@ def test_recommend_says_when_nothing_fits():
 
 
 def test_plan_summary_and_frame():
-    p = plan(LLAMA70, PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=128,
-                                 recompute="selective"), "h100", tokens=1e12, price=3)
+    p = plan(
+        LLAMA70,
+        PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=128, recompute="selective"),
+        "h100",
+        tokens=1e12,
+        price=3,
+    )
     text = p.summary()
-    for needle in ("memory per GPU", "optimizer", "activations", "reduce_scatter",
-                   "send_recv", "bubble: 5.5%", "MFU:", "cost: 256 GPUs", "USD"):
+    for needle in (
+        "memory per GPU",
+        "optimizer",
+        "activations",
+        "reduce_scatter",
+        "send_recv",
+        "bubble: 5.5%",
+        "MFU:",
+        "cost: 256 GPUs",
+        "USD",
+    ):
         assert needle in text, needle
     frame = p.to_frame()
     assert set(frame.columns) == {"section", "item", "value", "unit"}
@@ -82,10 +96,33 @@ def test_plan_summary_and_frame():
 
 
 def test_plan_from_args_matches_plan():
-    p = plan_from_args(["--model", "70b", "--gpus", "256", "--hw", "h100", "--tp", "8",
-                        "--pp", "8", "--dp", "4", "--zero", "1", "--recompute", "selective",
-                        "--tokens", "1e12", "--price", "3"])
-    assert p.layout.dp_shard == 4 and p.layout.zero_stage == 1 and p.layout.microbatches == 128  # ~4M tokens / (dp 4 x 8192)
+    p = plan_from_args(
+        [
+            "--model",
+            "70b",
+            "--gpus",
+            "256",
+            "--hw",
+            "h100",
+            "--tp",
+            "8",
+            "--pp",
+            "8",
+            "--dp",
+            "4",
+            "--zero",
+            "1",
+            "--recompute",
+            "selective",
+            "--tokens",
+            "1e12",
+            "--price",
+            "3",
+        ]
+    )
+    assert (
+        p.layout.dp_shard == 4 and p.layout.zero_stage == 1 and p.layout.microbatches == 128
+    )  # ~4M tokens / (dp 4 x 8192)
     assert p.tokens == 1e12 and p.cost.price_per_hour == 3
     ddp = plan_from_args("--model 8b --hw h100 --gpus 8")
     assert ddp.layout.dp_replicate == 8 and ddp.layout.zero_stage == 0
@@ -93,14 +130,17 @@ def test_plan_from_args_matches_plan():
     assert fsdp.layout.dp_shard == 8 and fsdp.layout.zero_stage == 3
 
 
-@pytest.mark.parametrize("argv, message", [
-    ("--hw h100", "the following arguments are required: --model"),
-    ("--model 70b --hw h100 --zero 5", "invalid choice"),
-    ("--model 70b --hw h100 --tp 3", "tp=3 does not divide heads=64"),
-    ("--model 70b --hw a100", "unknown hardware 'a100'"),
-    ("--model 70b --hw h100 --gpus 256 --tp 8 --pp 8 --dp 8", "--gpus 256 but the layout"),
-    ("--model 70b --hw h100 --bogus 1", "unrecognized arguments: --bogus"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ("--hw h100", "the following arguments are required: --model"),
+        ("--model 70b --hw h100 --zero 5", "invalid choice"),
+        ("--model 70b --hw h100 --tp 3", "tp=3 does not divide heads=64"),
+        ("--model 70b --hw a100", "unknown hardware 'a100'"),
+        ("--model 70b --hw h100 --gpus 256 --tp 8 --pp 8 --dp 8", "--gpus 256 but the layout"),
+        ("--model 70b --hw h100 --bogus 1", "unrecognized arguments: --bogus"),
+    ],
+)
 def test_plan_from_args_errors_are_one_line_with_usage(argv, message):
     with pytest.raises(ValueError) as err:
         plan_from_args(argv)

@@ -1,12 +1,13 @@
 """A rank's event sender against the notebook's real collector (ZMQ over loopback), in one process."""
+
 import threading
 import time
 
 import pytest
 
-from workbench.shared import events
 from workbench.engine.publisher import Publisher
 from workbench.notebook.stream.collector import Collector
+from workbench.shared import events
 
 
 def _wakeups(thread) -> int:

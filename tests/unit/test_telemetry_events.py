@@ -1,15 +1,21 @@
 """Tier 1: the event schema and the notebook's store, without processes."""
+
 import math
 
 import pytest
 
-from workbench.shared import events
 from workbench.notebook.stream.store import EventStore, Thinned
+from workbench.shared import events
 
 
 def test_roundtrip_keeps_nan_and_inf():
-    e = events.step_event(run="r", rank=0, step=1, metrics={"loss": float("nan"), "grad_norm": float("inf"), "lr": 1e-3},
-                          comm={"all_reduce": {"count": 2, "bytes": 8, "time_s": 0.1}})
+    e = events.step_event(
+        run="r",
+        rank=0,
+        step=1,
+        metrics={"loss": float("nan"), "grad_norm": float("inf"), "lr": 1e-3},
+        comm={"all_reduce": {"count": 2, "bytes": 8, "time_s": 0.1}},
+    )
     back = events.decode(events.encode([e]))[0]
     flat = events.flat_metrics(back)
     assert math.isnan(flat["loss"]) and flat["grad_norm"] == math.inf and flat["lr"] == 1e-3
@@ -35,10 +41,14 @@ def test_store_drops_duplicates_and_counts_gaps():
 
 def test_a_rolled_back_run_shows_the_re_run_and_keeps_what_it_replaced():
     store = EventStore()
-    first = [events.step_event(run="rb", rank=r, step=i, metrics={"loss": 10.0 + i}) for i in range(1, 11) for r in (0, 1)]
+    first = [
+        events.step_event(run="rb", rank=r, step=i, metrics={"loss": 10.0 + i}) for i in range(1, 11) for r in (0, 1)
+    ]
     store.add(first)
     # a checkpoint of step 6 is loaded: steps 7.. come again, with new sequence numbers
-    again = [events.step_event(run="rb", rank=r, step=i, metrics={"loss": 1.0 + i}) for i in range(7, 9) for r in (0, 1)]
+    again = [
+        events.step_event(run="rb", rank=r, step=i, metrics={"loss": 1.0 + i}) for i in range(7, 9) for r in (0, 1)
+    ]
     store.add(again)
     assert (store.rollbacks, store.duplicates, store.gaps) == (2, 0, 0)  # once per rank
     rows = store.snapshot_rows("rb")
@@ -53,8 +63,12 @@ def test_a_rolled_back_run_shows_the_re_run_and_keeps_what_it_replaced():
 
 def test_user_reports_of_one_step_are_all_kept():
     store = EventStore()
-    store.add([events.step_event(run="u", rank=0, step=5, metrics={"loss": 1.0}, source="user"),
-               events.step_event(run="u", rank=0, step=5, metrics={"accuracy": 0.5}, source="user")])
+    store.add(
+        [
+            events.step_event(run="u", rank=0, step=5, metrics={"loss": 1.0}, source="user"),
+            events.step_event(run="u", rank=0, step=5, metrics={"accuracy": 0.5}, source="user"),
+        ]
+    )
     assert len(store.snapshot_rows("u")) == 2 and store.rollbacks == 0 and store.duplicates == 0
 
 

@@ -7,6 +7,7 @@ those of the live process group. ``engine.prepare`` lays a model out, ``engine.T
 trains it (``%distrain train start`` drives the newest one), ``engine.load_pretrained``
 reads Hugging Face weights into it. Engine-side code never imports ipywidgets or plotly.
 """
+
 from __future__ import annotations
 
 from . import runtime
@@ -56,7 +57,6 @@ def prepare(model, optimizer, spec="ddp", **kwargs):
     ``"fsdp2 tp=2"``); returns the ``Prepared`` (model, optimizer, layout, train_step)
     and keeps it as this rank's current model for the trainer and checkpoints."""
     from ..strategies import prepare as _prepare
-
     from . import session
 
     prepared = _prepare(model, optimizer, spec, **kwargs)
@@ -67,9 +67,8 @@ def prepare(model, optimizer, spec="ddp", **kwargs):
 def load_pretrained(folder: str, model=None) -> dict:
     """Read a local Hugging Face ``save_pretrained`` folder into ``model`` (default: this
     rank's current one) as it is laid out: each rank reads only its slice of each tensor."""
-    from .checkpoint.pretrained import load_pretrained as _load
-
     from . import session
+    from .checkpoint.pretrained import load_pretrained as _load
 
     return _load(folder, model if model is not None else session.prepared())
 

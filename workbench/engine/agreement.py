@@ -25,6 +25,7 @@ collectives):
   the board cannot be set up. Both keep the default group free while a run is paused (a
   cell, a checkpoint save may use it) and stay out of the run's collective telemetry.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -78,7 +79,7 @@ class Board:
             self._mm = mmap.mmap(fd, _size(world_size))
         finally:
             os.close(fd)
-        self._mm[rank * 8:rank * 8 + 8] = struct.pack("d", os.getpid())
+        self._mm[rank * 8 : rank * 8 + 8] = struct.pack("d", os.getpid())
 
     @staticmethod
     def create(world_size: int) -> str:
@@ -97,7 +98,7 @@ class Board:
 
     def gone(self, rank: int) -> int | None:
         """The pid of ``rank`` when that process no longer exists, else None."""
-        pid = int(struct.unpack("d", self._mm[rank * 8:rank * 8 + 8])[0])
+        pid = int(struct.unpack("d", self._mm[rank * 8 : rank * 8 + 8])[0])
         if pid <= 0:
             return None
         try:
@@ -111,15 +112,15 @@ class Board:
     def post(self, generation: int, n: int, values) -> None:
         body = struct.pack(f"{_HEAD + WIDTH}d", generation, n, *_padded(values))
         off = self._offset(self.rank, n)
-        self._mm[off:off + len(body) + 8] = body + struct.pack("d", zlib.crc32(body))
+        self._mm[off : off + len(body) + 8] = body + struct.pack("d", zlib.crc32(body))
 
     def _read(self, rank: int, generation: int, n: int):
         off = self._offset(rank, n)
-        raw = self._mm[off:off + _ROW * 8]
+        raw = self._mm[off : off + _ROW * 8]
         row = struct.unpack(f"{_ROW}d", raw)
         if row[0] != generation or row[1] != n or row[-1] != zlib.crc32(raw[:-8]):
             return None
-        return row[_HEAD:_HEAD + WIDTH]
+        return row[_HEAD : _HEAD + WIDTH]
 
     def collect(self, generation: int, n: int, timeout: float = TIMEOUT_S) -> list:
         """Every rank's values of agreement ``n``, in rank order (waits for the late ones)."""
@@ -140,11 +141,16 @@ class Board:
                 checked = now
                 gone = {q: pid for q in missing if (pid := self.gone(q)) is not None}
                 if gone:
-                    raise RuntimeError(f"rank {self.rank}: " + ", ".join(f"rank {q} (pid {pid})" for q, pid in gone.items())
-                                       + f" is gone: agreement {n} of the training run cannot complete")
+                    raise RuntimeError(
+                        f"rank {self.rank}: "
+                        + ", ".join(f"rank {q} (pid {pid})" for q, pid in gone.items())
+                        + f" is gone: agreement {n} of the training run cannot complete"
+                    )
                 if now - started > timeout:
-                    raise RuntimeError(f"rank {self.rank}: rank(s) {missing} did not reach agreement {n} of the "
-                                       f"training run in {timeout:.0f} s (stuck in a step)")
+                    raise RuntimeError(
+                        f"rank {self.rank}: rank(s) {missing} did not reach agreement {n} of the "
+                        f"training run in {timeout:.0f} s (stuck in a step)"
+                    )
             time.sleep(0 if spins < 20 else min(0.001, 5e-5 * spins))
 
     def close(self) -> None:
@@ -295,7 +301,7 @@ class Agreement:
         comm_timing.original("all_reduce")(t, op=torch.distributed.ReduceOp.MAX, group=self.group)
         return Flags(*t.tolist()), time.perf_counter() - t0
 
-    def with_loss(self, local: Flags, loss: float) -> "Pending":
+    def with_loss(self, local: Flags, loss: float) -> Pending:
         """Start agreeing on ``local`` flags and ``loss``; ``.result()`` gives the agreed
         flags, the loss averaged over this rank's loss group and the seconds it waited.
 

@@ -16,6 +16,7 @@ step are seen below autograd and below tensor subclasses:
 
 A Hugging Face model's ``config._attn_implementation`` is reported beside it.
 """
+
 from __future__ import annotations
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,9 +24,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["AttentionProbe", "FUSED_OPS"]
 
 FUSED_OPS = (
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-    "_flash_attention_forward", "_efficient_attention_forward",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
     "_scaled_dot_product_fused_attention_overrideable",
 )
 
@@ -48,7 +52,7 @@ class AttentionProbe(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def kernel(self) -> str | None:
-        """"eager" if any score softmax ran, else "flash" if a fused kernel ran, else None."""
+        """ "eager" if any score softmax ran, else "flash" if a fused kernel ran, else None."""
         if self.eager:
             return "eager"
         return "flash" if self.fused else None

@@ -10,6 +10,7 @@
 
 Any other batch is refused with one message naming what was received and what would work.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,12 +35,22 @@ def describe(batch, depth: int = 0) -> str:
         if depth:
             return f"dict of {len(batch)}"
         items = list(batch.items())[:6]
-        return "dict {" + ", ".join(f"{k!r}: {describe(v, 1)}" for k, v in items) + (", ..." if len(batch) > 6 else "") + "}"
+        return (
+            "dict {"
+            + ", ".join(f"{k!r}: {describe(v, 1)}" for k, v in items)
+            + (", ..." if len(batch) > 6 else "")
+            + "}"
+        )
     if isinstance(batch, (tuple, list)):
         name = type(batch).__name__
         if depth:
             return f"{name} of {len(batch)}"
-        return f"{name} of {len(batch)} (" + ", ".join(describe(v, 1) for v in batch[:6]) + (", ..." if len(batch) > 6 else "") + ")"
+        return (
+            f"{name} of {len(batch)} ("
+            + ", ".join(describe(v, 1) for v in batch[:6])
+            + (", ..." if len(batch) > 6 else "")
+            + ")"
+        )
     return type(batch).__name__
 
 
@@ -55,7 +66,8 @@ def form_of(batch, *, step_fn=None, rank: int = 0) -> str:
         f"rank {rank}: the data gave a batch the trainer cannot use: {describe(batch)}. It takes (x, y) "
         "(two tensors: model(x), then the loss of the output against y), a dict of named inputs passed as "
         "model(**batch) (with labels= for a model that computes its loss, or loss_fn=(outputs, batch) -> loss), "
-        "or any batch with step_fn=(model, batch) -> loss")
+        "or any batch with step_fn=(model, batch) -> loss"
+    )
 
 
 def to_device(batch, device: torch.device):
@@ -92,8 +104,9 @@ def counts(batch) -> tuple[int, int, tuple | None]:
     return t.numel(), (t.shape[0] if t.dim() else 1), tuple(t.shape)
 
 
-def forward_loss(model, batch, form: str, *, loss_fn=None, compute_loss=None, step_fn=None, rank: int = 0,
-                 autocast=None):
+def forward_loss(
+    model, batch, form: str, *, loss_fn=None, compute_loss=None, step_fn=None, rank: int = 0, autocast=None
+):
     """The loss tensor of ``batch`` (already on the device) under ``form``; ``autocast``: a
     context factory around the model's forward (a pair's loss is taken outside it, in fp32)."""
     ctx = autocast or contextlib.nullcontext
@@ -118,7 +131,8 @@ def forward_loss(model, batch, form: str, *, loss_fn=None, compute_loss=None, st
                 raise BadBatch(
                     f"rank {rank}: model(**batch) returned {describe(out) if not hasattr(out, 'loss') else type(out).__name__} "
                     f"with no loss for the batch {describe(batch)}: put labels in the batch (a Hugging Face model "
-                    "computes its loss from them), or pass loss_fn=(outputs, batch) -> loss")
+                    "computes its loss from them), or pass loss_fn=(outputs, batch) -> loss"
+                )
             what = "outputs.loss"
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise BadBatch(f"rank {rank}: {what} must be a scalar tensor (to run backward on), got {describe(loss)}")

@@ -12,27 +12,42 @@ rank. :func:`autosave` makes a step hook that saves every N steps and keeps the 
 auto-saves; on a trainer it runs as a :class:`~.listeners.TrainerListener` (this module
 never imports the trainer: it learns of it from :mod:`.listeners`).
 """
+
 from __future__ import annotations
 
 import math
 import threading
 
 from ..shared.checkpoint import catalog
+from ..shared.checkpoint.integrity import DamagedCheckpoint
+from . import listeners
 from .checkpoint import load as _load
 from .checkpoint import save as _save
-from ..shared.checkpoint.integrity import DamagedCheckpoint
 from .checkpoint.state import Target, TrainState, target_from_prepared
-from . import listeners
 
-__all__ = ["track", "target", "state", "step_done", "rank_save", "rank_load", "rank_verify", "rank_wait",
-           "autosave", "set_autosave", "TrainState", "untrack", "LAST_AUTOSAVE"]
+__all__ = [
+    "track",
+    "target",
+    "state",
+    "step_done",
+    "rank_save",
+    "rank_load",
+    "rank_verify",
+    "rank_wait",
+    "autosave",
+    "set_autosave",
+    "TrainState",
+    "untrack",
+    "LAST_AUTOSAVE",
+]
 
 _TARGET: Target | None = None
 _AUTOSAVE = None  # the hook installed by set_autosave (called by step_done)
 
 
-def track(prepared=None, *, model=None, optimizer=None, state: TrainState | None = None,
-          strategy: str | None = None) -> TrainState:
+def track(
+    prepared=None, *, model=None, optimizer=None, state: TrainState | None = None, strategy: str | None = None
+) -> TrainState:
     """Register what this rank trains; returns the :class:`TrainState` a load updates."""
     global _TARGET
     if prepared is not None:
@@ -170,14 +185,27 @@ def step_done(loss=None, *, data: dict | None = None) -> dict | None:
     return None
 
 
-def rank_save(root: str | None = None, tag: str | None = None, async_: bool = False, keep: int | None = None,
-              auto: bool = False, with_optimizer: bool = True) -> dict:
+def rank_save(
+    root: str | None = None,
+    tag: str | None = None,
+    async_: bool = False,
+    keep: int | None = None,
+    auto: bool = False,
+    with_optimizer: bool = True,
+) -> dict:
     """``%distrain ckpt save`` on one rank (a running trainer is paused at a step boundary meanwhile)."""
     t = target()
     with _PausedTrainer(t):
         _sync_from_trainer(t)
-        return _save.save(t, root or catalog.default_dir(), tag=tag, async_=async_, keep=keep, auto=auto,
-                          with_optimizer=with_optimizer)
+        return _save.save(
+            t,
+            root or catalog.default_dir(),
+            tag=tag,
+            async_=async_,
+            keep=keep,
+            auto=auto,
+            with_optimizer=with_optimizer,
+        )
 
 
 def rank_load(folder: str, model_only: bool = False) -> dict:
@@ -252,8 +280,11 @@ def _report_autosave(info: dict) -> None:
     if rank != 0:
         return
     tr = _trainer()
-    text = (f"{AUTOSAVE_FAILED} at step {info['step']} (training goes on): {info['failed']}" if info.get("failed")
-            else f"auto-save: saved {info['name']} (step {info['step']})")
+    text = (
+        f"{AUTOSAVE_FAILED} at step {info['step']} (training goes on): {info['failed']}"
+        if info.get("failed")
+        else f"auto-save: saved {info['name']} (step {info['step']})"
+    )
     publisher.emit(events.log_event(run=getattr(tr, "run", None) or "checkpoints", rank=rank, text=text))
 
 

@@ -5,6 +5,7 @@ time is the median of its calls (one late wake-up of a loaded CPU does not move 
 point's the slowest rank's (a collective ends when its last rank does). Sizes follow nccl-tests: the all-gather size is the gathered output, the
 reduce-scatter size the full input; each rank contributes ``size / n`` to both.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -55,8 +56,11 @@ def time_collective(kind: str, nbytes: int, iters: int = 5, warmup: int = 1) -> 
     return float(median.item())
 
 
-def sweep(kinds=KINDS, sizes=(2 ** 12, 2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20, 2 ** 22), iters: int = 5) -> list[dict]:
+def sweep(kinds=KINDS, sizes=(2**12, 2**14, 2**16, 2**18, 2**20, 2**22), iters: int = 5) -> list[dict]:
     """One row per (collective, size): ``{"collective", "bytes", "seconds", "ranks"}``."""
     n = dist.get_world_size()
-    return [{"collective": k, "bytes": int(s), "seconds": time_collective(k, int(s), iters), "ranks": n}
-            for k in kinds for s in sizes]
+    return [
+        {"collective": k, "bytes": int(s), "seconds": time_collective(k, int(s), iters), "ranks": n}
+        for k in kinds
+        for s in sizes
+    ]

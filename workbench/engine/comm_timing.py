@@ -25,6 +25,7 @@ keeping one slice (checked on torch 2.13), so on gloo a reduce-scatter moves and
 what an all-reduce of its input does. The bytes counted are the full input buffer (the
 nccl-tests convention for reduce-scatter), on every backend.
 """
+
 from __future__ import annotations
 
 import functools
@@ -269,7 +270,7 @@ class DDPWatch:
         return True
 
 
-def watch_ddp(model) -> tuple["DDPWatch | None", str]:
+def watch_ddp(model) -> tuple[DDPWatch | None, str]:
     """The :class:`DDPWatch` of a DDP model (one per model, shared by the trainer and the
     memory census) and a note saying how its all-reduces are seen; ``None`` for other models."""
     if not hasattr(model, "_get_ddp_logging_data"):

@@ -5,13 +5,22 @@ Each returns a small plain dict, so the notebook never unpickles a torch object.
 strategy) so that ``%distrain train start --model tiny --strategy ddp`` works with no
 cell of setup code.
 """
+
 from __future__ import annotations
 
 from . import trainer as trainer_mod
 
 
-def build_default(strategy: str = "ddp", *, model: str = "tiny", batch_size: int = 8, seq_len: int = 32,
-                  lr: float = 1e-3, seed: int = 0, **config) -> dict:
+def build_default(
+    strategy: str = "ddp",
+    *,
+    model: str = "tiny",
+    batch_size: int = 8,
+    seq_len: int = 32,
+    lr: float = 1e-3,
+    seed: int = 0,
+    **config,
+) -> dict:
     """A tiny GPT on the bundled corpus, prepared under ``strategy``, wrapped in a Trainer."""
     import torch
 

@@ -26,6 +26,7 @@
 
 Every source reports its position as JSON (:meth:`DataSource.state`) for checkpoints.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -102,15 +103,20 @@ class DatasetSource(DataSource):
     kind = "dataset"
     pure = True
 
-    def __init__(self, dataset, *, batch_size: int, dp_rank: int, dp_size: int, shuffle: bool, seed: int,
-                 collate_fn=None):
+    def __init__(
+        self, dataset, *, batch_size: int, dp_rank: int, dp_size: int, shuffle: bool, seed: int, collate_fn=None
+    ):
         n = len(dataset)
         if batch_size % dp_size:
-            raise ValueError(f"batch_size={batch_size} (the global micro-batch) must divide by the {dp_size} "
-                             f"data-parallel ranks: e.g. batch_size={max(dp_size, batch_size // dp_size * dp_size)}")
+            raise ValueError(
+                f"batch_size={batch_size} (the global micro-batch) must divide by the {dp_size} "
+                f"data-parallel ranks: e.g. batch_size={max(dp_size, batch_size // dp_size * dp_size)}"
+            )
         if n < batch_size:
-            raise ValueError(f"the dataset holds {n} samples, fewer than one global batch of {batch_size}: "
-                             f"use batch_size <= {n // dp_size * dp_size or dp_size}")
+            raise ValueError(
+                f"the dataset holds {n} samples, fewer than one global batch of {batch_size}: "
+                f"use batch_size <= {n // dp_size * dp_size or dp_size}"
+            )
         from torch.utils.data import default_collate
 
         self.dataset, self.n, self.batch_size = dataset, n, batch_size
@@ -133,29 +139,45 @@ class DatasetSource(DataSource):
         """The dataset indices of this rank's share of global micro-batch ``micro``."""
         epoch, j = divmod(micro, self.per_epoch)
         start = j * self.batch_size + self.dp_rank * self.per_rank
-        return self._order(epoch)[start:start + self.per_rank].tolist()
+        return self._order(epoch)[start : start + self.per_rank].tolist()
 
     def batch(self, micro: int):
         return self.collate([self.dataset[i] for i in self.indices(micro)])
 
     def state(self, micro: int) -> dict:
         epoch, j = divmod(micro, self.per_epoch)
-        return {"kind": self.kind, "micro_batch": int(micro), "epoch": epoch, "batch_in_epoch": j,
-                "seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size, "samples": self.n}
+        return {
+            "kind": self.kind,
+            "micro_batch": int(micro),
+            "epoch": epoch,
+            "batch_in_epoch": j,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "samples": self.n,
+        }
 
     def _restore(self, micro: int, state: dict) -> str | None:
-        changed = [k for k in ("seed", "shuffle", "batch_size", "samples")
-                   if k in state and state[k] != getattr(self, "n" if k == "samples" else k)]
+        changed = [
+            k
+            for k in ("seed", "shuffle", "batch_size", "samples")
+            if k in state and state[k] != getattr(self, "n" if k == "samples" else k)
+        ]
         if changed:
-            return ("data: the dataset's " + ", ".join(f"{k} was {state[k]}" for k in changed)
-                    + " when saved; the run continues at micro-batch "
-                    f"{micro} of the order as it is now (not the saved one)")
+            return (
+                "data: the dataset's "
+                + ", ".join(f"{k} was {state[k]}" for k in changed)
+                + " when saved; the run continues at micro-batch "
+                f"{micro} of the order as it is now (not the saved one)"
+            )
         return None
 
     def describe(self) -> str:
-        return (f"dataset of {self.n} samples, global batch {self.batch_size} = {self.per_rank} x {self.dp_size} "
-                f"data-parallel ranks, {self.per_epoch} batches an epoch, "
-                + (f"shuffled (seed {self.seed} + epoch)" if self.shuffle else "in order"))
+        return (
+            f"dataset of {self.n} samples, global batch {self.batch_size} = {self.per_rank} x {self.dp_size} "
+            f"data-parallel ranks, {self.per_epoch} batches an epoch, "
+            + (f"shuffled (seed {self.seed} + epoch)" if self.shuffle else "in order")
+        )
 
 
 class _ShardBatches:
@@ -189,8 +211,10 @@ class LoaderSource(DataSource):
         self.epoch, self.taken = 0, 0  # batches taken by this rank in this epoch
         self.per_epoch = len(_ShardBatches(loader.batch_sampler, self.rank, self.size, 0))
         if self.per_epoch < 1:
-            raise ValueError(f"the DataLoader gives {len(loader.batch_sampler)} batches, fewer than the "
-                             f"{dp_size} data-parallel ranks: each rank needs at least one")
+            raise ValueError(
+                f"the DataLoader gives {len(loader.batch_sampler)} batches, fewer than the "
+                f"{dp_size} data-parallel ranks: each rank needs at least one"
+            )
         self._it = None
 
     def _open(self, epoch: int, skip: int):
@@ -206,14 +230,21 @@ class LoaderSource(DataSource):
                 gen = self.loader.sampler.generator = torch.Generator()
             gen.manual_seed(self.seed + epoch)
         ld = self.loader
-        kwargs = dict(num_workers=ld.num_workers, collate_fn=ld.collate_fn, pin_memory=ld.pin_memory,
-                      timeout=ld.timeout, worker_init_fn=ld.worker_init_fn,
-                      multiprocessing_context=ld.multiprocessing_context, generator=ld.generator,
-                      persistent_workers=False)
+        kwargs = dict(
+            num_workers=ld.num_workers,
+            collate_fn=ld.collate_fn,
+            pin_memory=ld.pin_memory,
+            timeout=ld.timeout,
+            worker_init_fn=ld.worker_init_fn,
+            multiprocessing_context=ld.multiprocessing_context,
+            generator=ld.generator,
+            persistent_workers=False,
+        )
         if ld.num_workers:
             kwargs["prefetch_factor"] = ld.prefetch_factor
-        self._it = iter(DataLoader(ld.dataset, batch_sampler=_ShardBatches(sampler, self.rank, self.size, skip),
-                                   **kwargs))
+        self._it = iter(
+            DataLoader(ld.dataset, batch_sampler=_ShardBatches(sampler, self.rank, self.size, skip), **kwargs)
+        )
 
     def batch(self, micro: int):
         if self._it is None:
@@ -227,8 +258,13 @@ class LoaderSource(DataSource):
         return b
 
     def state(self, micro: int) -> dict:
-        return {"kind": self.kind, "micro_batch": int(micro), "epoch": self.epoch, "batch_in_epoch": self._consumed(),
-                "seed": self.seed}
+        return {
+            "kind": self.kind,
+            "micro_batch": int(micro),
+            "epoch": self.epoch,
+            "batch_in_epoch": self._consumed(),
+            "seed": self.seed,
+        }
 
     def _restore(self, micro: int, state: dict) -> str | None:
         if state.get("kind") == self.kind and "epoch" in state:
@@ -239,8 +275,11 @@ class LoaderSource(DataSource):
         return None
 
     def describe(self) -> str:
-        how = ("already sharded (DistributedSampler)" if self.presharded
-               else f"batch i to data-parallel rank i % {self.size}")
+        how = (
+            "already sharded (DistributedSampler)"
+            if self.presharded
+            else f"batch i to data-parallel rank i % {self.size}"
+        )
         return f"DataLoader of {len(self.loader.batch_sampler)} batches, {how}, {self.per_epoch} batches an epoch here"
 
 
@@ -274,8 +313,10 @@ class IterableSource(DataSource):
 
     def _restore(self, micro: int, state: dict) -> str | None:
         if not self.reiterable:
-            return ("data: a one-shot iterator cannot be rewound; it continues where it is "
-                    "(pass a Dataset, a DataLoader or a function of the micro-batch index for exact resumption)")
+            return (
+                "data: a one-shot iterator cannot be rewound; it continues where it is "
+                "(pass a Dataset, a DataLoader or a function of the micro-batch index for exact resumption)"
+            )
         epoch = int(state.get("epoch", 0)) if state.get("kind") == self.kind else 0
         taken = int(state.get("batch_in_epoch", micro)) if state.get("kind") == self.kind else micro
         self._it, self.epoch, self.taken = iter(self.iterable), epoch, 0
@@ -287,8 +328,9 @@ class IterableSource(DataSource):
         return "iterable (re-iterated each pass)" if self.reiterable else "one-shot iterator"
 
 
-def make_source(data: Any, *, batch_size: int | None, dp_rank: int, dp_size: int, shuffle: bool, seed: int,
-                collate_fn=None) -> DataSource:
+def make_source(
+    data: Any, *, batch_size: int | None, dp_rank: int, dp_size: int, shuffle: bool, seed: int, collate_fn=None
+) -> DataSource:
     """The :class:`DataSource` for what the user passed as ``data``; a clear error for anything else."""
     from torch.utils.data import DataLoader, Dataset, IterableDataset
 
@@ -301,18 +343,30 @@ def make_source(data: Any, *, batch_size: int | None, dp_rank: int, dp_size: int
             return IterableSource(data)
         return LoaderSource(data, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
     map_style = (isinstance(data, Dataset) and not isinstance(data, IterableDataset)) or (
-        hasattr(data, "__getitem__") and hasattr(data, "__len__") and batch_size is not None)
+        hasattr(data, "__getitem__") and hasattr(data, "__len__") and batch_size is not None
+    )
     if map_style:
         if batch_size is None:
-            raise ValueError(f"data is a {type(data).__name__} (a Dataset): give batch_size= (the global micro-batch "
-                             f"over the {dp_size} data-parallel ranks), e.g. Trainer(..., data=ds, batch_size={8 * dp_size})")
-        return DatasetSource(data, batch_size=batch_size, dp_rank=dp_rank, dp_size=dp_size, shuffle=shuffle,
-                             seed=seed, collate_fn=collate_fn)
+            raise ValueError(
+                f"data is a {type(data).__name__} (a Dataset): give batch_size= (the global micro-batch "
+                f"over the {dp_size} data-parallel ranks), e.g. Trainer(..., data=ds, batch_size={8 * dp_size})"
+            )
+        return DatasetSource(
+            data,
+            batch_size=batch_size,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            shuffle=shuffle,
+            seed=seed,
+            collate_fn=collate_fn,
+        )
     if batch_size is not None:
         raise ValueError(f"batch_size= is for a Dataset; data is a {type(data).__name__}")
     if callable(data) and not hasattr(data, "__next__"):
         return FunctionSource(data)
     if hasattr(data, "__iter__") or hasattr(data, "__next__"):
         return IterableSource(data)
-    raise TypeError(f"data is a {type(data).__name__}: the trainer takes a function micro_batch_index -> batch, "
-                    "an iterable of batches, a torch Dataset (with batch_size=) or a DataLoader")
+    raise TypeError(
+        f"data is a {type(data).__name__}: the trainer takes a function micro_batch_index -> batch, "
+        "an iterable of batches, a torch Dataset (with batch_size=) or a DataLoader"
+    )

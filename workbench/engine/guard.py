@@ -14,6 +14,7 @@ The lifeline address and key come in the environment (``WORKBENCH_LIFELINE``,
 the command line; every line sent carries an HMAC-SHA256 of itself under that key.
 Plain standard library: this runs before torch or the engine is imported.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -84,7 +85,7 @@ def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         print("usage: python -m workbench.engine.guard -- COMMAND...", file=sys.stderr)
         return 2
-    cmd = argv[argv.index("--") + 1:]
+    cmd = argv[argv.index("--") + 1 :]
     address = os.environ.pop(ENV_ADDRESS, "")
     key = bytes.fromhex(os.environ.pop(ENV_KEY, ""))
     if not address or not key:
@@ -93,9 +94,12 @@ def main(argv: list[str]) -> int:
     try:
         sock = _connect(address)
     except OSError as exc:
-        print(f"workbench guard on {socket.gethostname()}: cannot reach the notebook at {address} ({exc}); "
-              "that address must be open to this host (pass --ip with the notebook's address toward it)",
-              file=sys.stderr, flush=True)
+        print(
+            f"workbench guard on {socket.gethostname()}: cannot reach the notebook at {address} ({exc}); "
+            "that address must be open to this host (pass --ip with the notebook's address toward it)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 3
     child = subprocess.Popen(cmd)
     host = socket.gethostname()
@@ -108,8 +112,15 @@ def main(argv: list[str]) -> int:
             except OSError:
                 pass
 
-    send(kind="hello", host=host, pid=child.pid, guard_pid=os.getpid(), slot=os.environ.get(ENV_SLOT),
-         slurm_procid=os.environ.get("SLURM_PROCID"), time=time.time())
+    send(
+        kind="hello",
+        host=host,
+        pid=child.pid,
+        guard_pid=os.getpid(),
+        slot=os.environ.get(ENV_SLOT),
+        slurm_procid=os.environ.get("SLURM_PROCID"),
+        time=time.time(),
+    )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # scancel / stop: pass it on
         signal.signal(sig, lambda s, _f: child.poll() is None and child.send_signal(s))
 
@@ -137,8 +148,11 @@ def main(argv: list[str]) -> int:
             break
     ending.set()
     if child.poll() is None:
-        print(f"workbench guard on {host}: the notebook at {address} is gone; ending rank pid {child.pid}",
-              file=sys.stderr, flush=True)
+        print(
+            f"workbench guard on {host}: the notebook at {address} is gone; ending rank pid {child.pid}",
+            file=sys.stderr,
+            flush=True,
+        )
     _end(child)
     _cancel_slurm_job()
     return 0

@@ -5,6 +5,7 @@ trainer knows nothing of checkpoints and checkpoints never reach into a trainer'
 internals. Listeners run on the thread named in each method; one that raises is reported
 by the trainer like a step hook.
 """
+
 from __future__ import annotations
 
 import threading

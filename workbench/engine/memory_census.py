@@ -33,6 +33,7 @@ gradients, then optimizer). Sizes are storage sizes (``untyped_storage().nbytes(
 padding and flat-buffer slack are included: this is what the rank holds, not what the
 model needs. Returns a plain dict (JSON-able); ``measured`` says what was measured when.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,13 @@ from torch import nn
 __all__ = ["census", "default_batch"]
 
 _DS_PARAM_ATTRS = ("bit16_groups_flat", "fp16_partitioned_groups_flat", "parallel_partitioned_bit16_groups")
-_DS_GRAD_ATTRS = ("averaged_gradients", "grads_in_partition", "ipg_buffer", "grad_partitions_flat_buffer",
-                  "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition")
+_DS_GRAD_ATTRS = (
+    "averaged_gradients",
+    "grads_in_partition",
+    "ipg_buffer",
+    "grad_partitions_flat_buffer",
+    "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
+)
 _DS_MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
 
 
@@ -215,9 +221,15 @@ def default_batch(prepared, batch_size: int = 8, step: int | None = None, seed: 
     cfg = model_config_of(prepared.unwrap())
     if cfg is None:
         raise ValueError("census needs a batch: the model carries no config (pass batch=(x, y))")
-    seq = getattr(cfg, "max_seq_len")
-    return batch_at(TextDataset(seq), batch_size, prepared.steps if step is None else step,
-                    dp_rank=prepared.dp_rank, dp_size=prepared.dp_size, seed=seed)
+    seq = cfg.max_seq_len
+    return batch_at(
+        TextDataset(seq),
+        batch_size,
+        prepared.steps if step is None else step,
+        dp_rank=prepared.dp_rank,
+        dp_size=prepared.dp_size,
+        seed=seed,
+    )
 
 
 def census(prepared=None, batch=None, *, batch_size: int = 8, count_comm: bool = True) -> dict:
@@ -341,22 +353,30 @@ def census(prepared=None, batch=None, *, batch_size: int = 8, count_comm: bool =
             "buffers": max(c.get("buffers"), buffers_peak[0]),
         },
         "sources": c.sources,
-        "gradient_moments": {"end_of_backward": end_of_backward.get("bytes"),
-                             "before_update": grads_at.get("bytes")},
+        "gradient_moments": {"end_of_backward": end_of_backward.get("bytes"), "before_update": grads_at.get("bytes")},
         "saved_tensor_packs": saved.calls,
         "saved_parameter_packs": saved.skipped_params,
-        "not_counted": ["DDP reducer bucket buffers (C++-owned; with gradient_as_bucket_view=False "
-                        "about one more copy of the gradients)"] if layout["strategy"] == "ddp" else [],
+        "not_counted": [
+            "DDP reducer bucket buffers (C++-owned; with gradient_as_bucket_view=False "
+            "about one more copy of the gradients)"
+        ]
+        if layout["strategy"] == "ddp"
+        else [],
         "comm": comm,
         "comm_notes": comm_notes,
         "measured": {
             "parameters": f"after training step {prepared.steps}: local parameter storage",
             "gradients": f"training step {prepared.steps}, {grads_when}",
             "optimizer": f"after training step {prepared.steps}: optimizer state and master copies",
-            "activations": (f"training step {prepared.steps}: storages saved for backward during forward+loss "
-                            f"on a local batch of shape {list(x.shape)}"),
+            "activations": (
+                f"training step {prepared.steps}: storages saved for backward during forward+loss "
+                f"on a local batch of shape {list(x.shape)}"
+            ),
             "buffers": "largest seen at the end of backward, before the update and after the step: communication buckets the strategy allocates whole (DeepSpeed ipg buckets)",
-            "comm": ("collectives launched during the step (workbench.engine.comm_timing)"
-                     if comm is not None else "not measured: comm_timing is not installed on this rank"),
+            "comm": (
+                "collectives launched during the step (workbench.engine.comm_timing)"
+                if comm is not None
+                else "not measured: comm_timing is not installed on this rank"
+            ),
         },
     }

@@ -12,6 +12,7 @@ Activation estimate for GPT-style models (Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models"): per layer about
 ``s*b*h*(34 + 5*a*s/h)`` bytes at 16-bit, doubled at fp32; elsewhere 0 unless given.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,7 +65,9 @@ def memory_breakdown(obj, optimizer=None, *, batch_shape=None, activation_bytes:
         "parameters": sum(_nbytes(p) for p in params),
         "gradients": sum(_nbytes(p.grad) for p in params if p.grad is not None),
         "optimizer state": 0,
-        "activations (estimate)": activation_bytes if activation_bytes is not None else activation_estimate(model, batch_shape),
+        "activations (estimate)": activation_bytes
+        if activation_bytes is not None
+        else activation_estimate(model, batch_shape),
     }
     if not out["gradients"]:  # before the first backward: they will take what the trainable parameters take
         out["gradients"] = sum(_nbytes(p) for p in params if p.requires_grad)
@@ -73,12 +76,20 @@ def memory_breakdown(obj, optimizer=None, *, batch_shape=None, activation_bytes:
             out["optimizer state"] += sum(_nbytes(v) for v in st.values())
         if not out["optimizer state"] and isinstance(inner, (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax)):
             out["optimizer state"] = 2 * out["parameters"]  # exp_avg + exp_avg_sq, not created yet
-    info = {"bytes": out, "strategy": strategy, "spec": spec.to_dict() if hasattr(spec, "to_dict") else {},
-            "world_size": _world(), "device": str(next((p.device for p in params), "cpu"))}
+    info = {
+        "bytes": out,
+        "strategy": strategy,
+        "spec": spec.to_dict() if hasattr(spec, "to_dict") else {},
+        "world_size": _world(),
+        "device": str(next((p.device for p in params), "cpu")),
+    }
     if torch.cuda.is_available() and info["device"].startswith("cuda"):
-        info["cuda"] = {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
-                        "peak": torch.cuda.max_memory_allocated(),
-                        "total": torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory}
+        info["cuda"] = {
+            "allocated": torch.cuda.memory_allocated(),
+            "reserved": torch.cuda.memory_reserved(),
+            "peak": torch.cuda.max_memory_allocated(),
+            "total": torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory,
+        }
     return info
 
 
@@ -94,32 +105,47 @@ def advice(info: dict) -> list[str]:
     strategy, spec, n = info.get("strategy", "none"), info.get("spec", {}) or {}, info.get("world_size", 1)
     order = sorted(b, key=b.get, reverse=True)
     tips: list[str] = []
-    sharded_params = (strategy in ("fsdp2", "fsdp2_tp") or (strategy == "pp" and (spec.get("dp_shard") or 1) > 1)
-                      or (strategy == "zero" and spec.get("zero_stage") == 3))
+    sharded_params = (
+        strategy in ("fsdp2", "fsdp2_tp")
+        or (strategy == "pp" and (spec.get("dp_shard") or 1) > 1)
+        or (strategy == "zero" and spec.get("zero_stage") == 3)
+    )
     sharded_opt = sharded_params or (strategy == "zero" and spec.get("zero_stage", 0) >= 1)
     for kind in order:
         if not b[kind]:
             continue
         if kind == "optimizer state":
             if not sharded_opt:
-                tips.append(f"shard the optimizer state over the {n} ranks: FSDP2 (`kind=fsdp2`) or ZeRO-1/2 "
-                            f"(`kind=zero zero_stage=2`): about {_fmt(b[kind] / max(n, 1))} per rank instead of {_fmt(b[kind])}")
+                tips.append(
+                    f"shard the optimizer state over the {n} ranks: FSDP2 (`kind=fsdp2`) or ZeRO-1/2 "
+                    f"(`kind=zero zero_stage=2`): about {_fmt(b[kind] / max(n, 1))} per rank instead of {_fmt(b[kind])}"
+                )
             else:
-                tips.append("optimizer state is already sharded: offload it to CPU (`cpu_offload=True`), add ranks, "
-                            "or use a lighter optimizer (SGD with momentum keeps one buffer instead of AdamW's two)")
+                tips.append(
+                    "optimizer state is already sharded: offload it to CPU (`cpu_offload=True`), add ranks, "
+                    "or use a lighter optimizer (SGD with momentum keeps one buffer instead of AdamW's two)"
+                )
         elif kind in ("parameters", "gradients"):
             if not sharded_params:
-                tips.append(f"shard parameters and gradients too: FSDP2 (`kind=fsdp2`) or ZeRO-3 (`kind=zero zero_stage=3`); "
-                            "tensor parallel (`kind=tp`) also splits activations")
+                tips.append(
+                    "shard parameters and gradients too: FSDP2 (`kind=fsdp2`) or ZeRO-3 (`kind=zero zero_stage=3`); "
+                    "tensor parallel (`kind=tp`) also splits activations"
+                )
             else:
-                tips.append("parameters are sharded already: bf16 parameters (`param_dtype=bf16`), CPU offload "
-                            "(`cpu_offload=True`) or more ranks")
+                tips.append(
+                    "parameters are sharded already: bf16 parameters (`param_dtype=bf16`), CPU offload "
+                    "(`cpu_offload=True`) or more ranks"
+                )
         elif kind == "activations (estimate)":
             if spec.get("activation_checkpointing", "none") == "none":
-                tips.append("activation checkpointing (`activation_checkpointing=full`, or `selective`): recompute "
-                            "block activations in backward instead of keeping them")
-            tips.append("a smaller micro-batch with gradient accumulation (`grad_accum=2`: same global batch, half the "
-                        "activations) or a shorter sequence")
+                tips.append(
+                    "activation checkpointing (`activation_checkpointing=full`, or `selective`): recompute "
+                    "block activations in backward instead of keeping them"
+                )
+            tips.append(
+                "a smaller micro-batch with gradient accumulation (`grad_accum=2`: same global batch, half the "
+                "activations) or a shorter sequence"
+            )
     seen, out = set(), []
     for t in tips:
         if t not in seen:
@@ -140,14 +166,18 @@ def format_report(info: dict, rank: int | None = None) -> str:
     b = info["bytes"]
     total = sum(b.values()) or 1
     who = f"rank {rank}" if rank is not None else "this rank"
-    lines = [f"out of memory on {who} ({info.get('device')}, strategy {info.get('strategy')}, "
-             f"{info.get('world_size')} ranks). What this rank holds:"]
+    lines = [
+        f"out of memory on {who} ({info.get('device')}, strategy {info.get('strategy')}, "
+        f"{info.get('world_size')} ranks). What this rank holds:"
+    ]
     for kind in sorted(b, key=b.get, reverse=True):
         lines.append(f"  {kind:<24} {_fmt(b[kind]):>11}  {100 * b[kind] / total:5.1f}%")
     if "cuda" in info:
         c = info["cuda"]
-        lines.append(f"  device: allocated {_fmt(c['allocated'])}, reserved {_fmt(c['reserved'])}, "
-                     f"peak {_fmt(c['peak'])} of {_fmt(c['total'])}")
+        lines.append(
+            f"  device: allocated {_fmt(c['allocated'])}, reserved {_fmt(c['reserved'])}, "
+            f"peak {_fmt(c['peak'])} of {_fmt(c['total'])}"
+        )
     top = max(b, key=b.get)
     lines.append(f"{top} dominated. What would help:")
     lines.extend(f"  - {t}" for t in advice(info))

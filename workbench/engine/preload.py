@@ -4,6 +4,7 @@ Imports torch first, then runs ipyparallel's engine. The engine would otherwise 
 while the controller writes its connection file and only then import torch (the longest
 step of a rank's start); this way the two overlap.
 """
+
 from __future__ import annotations
 
 import torch  # noqa: F401

@@ -10,6 +10,7 @@ trainer that is not running is started for exactly those steps (one more to arm)
 State per rank: at most one profile at a time; :func:`status` says how far it is;
 :func:`cancel` stops the profiler and removes the hook wherever it is.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,18 +43,31 @@ def arm(steps: int, out_dir: str) -> dict:
         raise ValueError(f"steps must be at least 1, got {steps}")
     t = trainer_mod.current()
     if t.state == "running" and t.target - t.step < steps + 1:
-        raise ValueError(f"rank {t.rank}: the trainer has {t.target - t.step} step(s) left of its run, fewer than "
-                         f"the {steps} to profile + 1 to arm: profile fewer steps, or after it finishes")
+        raise ValueError(
+            f"rank {t.rank}: the trainer has {t.target - t.step} step(s) left of its run, fewer than "
+            f"the {steps} to profile + 1 to arm: profile fewer steps, or after it finishes"
+        )
     with _LOCK:
         if _STATE and not _STATE.get("done"):
-            raise RuntimeError(f"rank {t.rank}: a profile is already under way ({_STATE['seen']}/{_STATE['steps']} "
-                               "steps): wait for it or cancel it")
+            raise RuntimeError(
+                f"rank {t.rank}: a profile is already under way ({_STATE['seen']}/{_STATE['steps']} "
+                "steps): wait for it or cancel it"
+            )
         rank = runtime.context().rank
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, f"rank{rank}.trace.json")
         _STATE.clear()
-        _STATE.update(steps=int(steps), seen=0, done=False, path=path, error=None, prof=None, trainer=t,
-                      started_step=None, armed_at=time.time())
+        _STATE.update(
+            steps=int(steps),
+            seen=0,
+            done=False,
+            path=path,
+            error=None,
+            prof=None,
+            trainer=t,
+            started_step=None,
+            armed_at=time.time(),
+        )
 
     def hook(record):
         with _LOCK:
@@ -69,9 +83,13 @@ def arm(steps: int, out_dir: str) -> dict:
                     path = st["path"]
                     # a schedule makes the profiler mark each step (ProfilerStep#k) and write
                     # the trace when the last active step ends
-                    prof = profile(activities=_activities(), record_shapes=False, with_stack=False,
-                                   schedule=schedule(wait=0, warmup=0, active=st["steps"], repeat=1),
-                                   on_trace_ready=lambda p: p.export_chrome_trace(path))
+                    prof = profile(
+                        activities=_activities(),
+                        record_shapes=False,
+                        with_stack=False,
+                        schedule=schedule(wait=0, warmup=0, active=st["steps"], repeat=1),
+                        on_trace_ready=lambda p: p.export_chrome_trace(path),
+                    )
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # "won't be using warmup": every step is wanted
                         prof.start()
@@ -116,10 +134,16 @@ def status() -> dict:
     with _LOCK:
         st = dict(_STATE)
     t = st.get("trainer")
-    return {"steps": st.get("steps"), "seen": st.get("seen", 0), "done": bool(st.get("done", not st)),
-            "path": st.get("path"), "error": st.get("error"), "started_step": st.get("started_step"),
-            "profiling": torch.autograd.profiler._is_profiler_enabled,
-            "trainer_state": t.state if t is not None else None}
+    return {
+        "steps": st.get("steps"),
+        "seen": st.get("seen", 0),
+        "done": bool(st.get("done", not st)),
+        "path": st.get("path"),
+        "error": st.get("error"),
+        "started_step": st.get("started_step"),
+        "profiling": torch.autograd.profiler._is_profiler_enabled,
+        "trainer_state": t.state if t is not None else None,
+    }
 
 
 def cancel() -> dict:
@@ -151,10 +175,10 @@ def read_trace() -> bytes:
 def profile_code(code: str, out_dir: str) -> dict:
     """Run ``code`` as a cell of this rank's namespace under ``torch.profiler`` (on this, the
     engine's thread), marked as one step; the trace goes to ``out_dir/rank{r}.trace.json``."""
-    import __main__
-
     import torch
     from torch.profiler import profile, record_function
+
+    import __main__
 
     from . import runtime
 

@@ -19,6 +19,7 @@ growing memory without limit. ``flush`` waits until everything queued is sent, w
 trainer calls at the end of a run. Each batch goes with an HMAC-SHA256 of its bytes
 under the rank set's key: the notebook drops (and counts) anything unsigned.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,7 +36,7 @@ BATCH = 1000
 IDLE_WAIT_S = 0.5  # an idle sender re-checks for close() this often
 BATCH_WINDOW_S = 0.1  # a woken sender gathers this long before it sends (flush cuts it short)
 
-_PUBLISHER: "Publisher | None" = None
+_PUBLISHER: Publisher | None = None
 
 
 class Publisher:
@@ -169,7 +170,7 @@ def connect(address: str, rank: int | None = None, key: bytes = b"") -> dict:
     return {"rank": rank, "address": address, "reused": False}
 
 
-def get() -> "Publisher | None":
+def get() -> Publisher | None:
     return _PUBLISHER
 
 

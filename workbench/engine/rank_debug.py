@@ -6,6 +6,7 @@ in a file of the rank set's state folder, and runs pdb on the one connection tha
 presents the token. The notebook side (``cluster.debugging``) relays pdb's output
 to the cell and the user's commands back.
 """
+
 from __future__ import annotations
 
 import os
@@ -95,8 +96,7 @@ def _attach() -> _SocketPdb | None:
 def _breakpoint(*args, **kwargs) -> None:
     debugger = _attach()
     if debugger is None:
-        print(f"rank {_RANK}: breakpoint() skipped, no notebook attached within {ACCEPT_S:g} s",
-              file=sys.stderr)
+        print(f"rank {_RANK}: breakpoint() skipped, no notebook attached within {ACCEPT_S:g} s", file=sys.stderr)
         return
     debugger.set_trace(sys._getframe(1))
 

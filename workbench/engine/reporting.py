@@ -4,6 +4,7 @@ A user who writes their training loop by hand gets the same dashboard and
 ``workbench.metrics()`` table with one call per step: the numbers they pass, plus this
 rank's memory, step time since the previous report and the collectives run since then.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,7 +41,10 @@ def report(step: int, loss: float | None = None, *, run: str | None = None, **me
         _STATE["warned"] = True
         import warnings
 
-        warnings.warn(f"rank {ctx.rank}: engine.report: no notebook is listening yet, so this step is not "
-                      "kept; ranks started with `%distrain start` are connected automatically", stacklevel=3)
+        warnings.warn(
+            f"rank {ctx.rank}: engine.report: no notebook is listening yet, so this step is not "
+            "kept; ranks started with `%distrain start` are connected automatically",
+            stacklevel=3,
+        )
     publisher.emit(event)
     return event

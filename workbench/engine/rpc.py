@@ -8,6 +8,7 @@ the notebook imports this module to build requests. The reply each request retur
 named in its docstring. Trainer flags (pause, start, set) go through
 :mod:`workbench.engine.control`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ def handle(request):
 @dataclass(frozen=True, kw_only=True)
 class SaveCheckpoint:
     """Reply: the save's info dict (name, step, path, blocked_s, ...)."""
+
     root: str
     tag: str | None = None
     async_: bool = False
@@ -36,6 +38,7 @@ class SaveCheckpoint:
 @dataclass(frozen=True, kw_only=True)
 class WaitForSave:
     """Reply: the background save's info once written, or None when none was running."""
+
     timeout: float | None = None
 
     def run(self) -> dict | None:
@@ -47,6 +50,7 @@ class WaitForSave:
 @dataclass(frozen=True, kw_only=True)
 class LoadCheckpoint:
     """Reply: the load's info dict, or ``{"damaged": [problem dicts]}``."""
+
     folder: str
     model_only: bool = False
 
@@ -59,6 +63,7 @@ class LoadCheckpoint:
 @dataclass(frozen=True, kw_only=True)
 class VerifyCheckpoint:
     """Reply: the problems every rank found (collective), as dicts of ``integrity.Problem``."""
+
     folder: str
 
     def run(self) -> list[dict]:
@@ -70,6 +75,7 @@ class VerifyCheckpoint:
 @dataclass(frozen=True, kw_only=True)
 class SetAutosave:
     """Install (``every``) or remove (``every=None``) the auto-save hook. Reply: None."""
+
     root: str | None = None
     every: int | None = None
     keep: int = 3
@@ -88,6 +94,7 @@ class SetAutosave:
 class StageAutosave:
     """Stage the installed hook on this rank's trainer at change ``version``. Reply: True when
     a trainer took it (then :class:`CommitTrainer`)."""
+
     version: int
 
     def run(self) -> bool:
@@ -99,6 +106,7 @@ class StageAutosave:
 @dataclass(frozen=True, kw_only=True)
 class CommitTrainer:
     """Commit a staged change on this rank's trainer. Reply: None."""
+
     version: int
 
     def run(self) -> None:
@@ -120,6 +128,7 @@ class NextVersion:
 @dataclass(frozen=True, kw_only=True)
 class ExportWeights:
     """Write one consolidated model file (``hf``: a Hugging Face folder). Reply: its info dict."""
+
     folder: str
     path: str
     dtype: str | None = None
@@ -139,6 +148,7 @@ class Profile:
     """``action``: arm (the next ``steps`` trainer steps into ``folder``), status, cancel, read
     (reply: the trace's bytes) or code (profile ``code`` in the rank's namespace). Reply: the
     profiler's state dict."""
+
     action: str
     steps: int = 0
     folder: str = ""
@@ -160,6 +170,7 @@ class Profile:
 @dataclass(frozen=True, kw_only=True)
 class RecentSteps:
     """Reply: the rank's last ``steps`` step records (of ``run``, default the latest)."""
+
     steps: int
     run_id: str | None = None
 
@@ -178,8 +189,10 @@ class PipelineRun:
 
         prepared = current_prepared()
         if not hasattr(prepared, "last_run"):
-            raise ValueError(f"the ranks' model is prepared with {prepared.layout['strategy']!r}, not pipeline "
-                             "parallel: `%distrain prepare pp` first")
+            raise ValueError(
+                f"the ranks' model is prepared with {prepared.layout['strategy']!r}, not pipeline "
+                "parallel: `%distrain prepare pp` first"
+            )
         return prepared.last_run
 
 
@@ -189,6 +202,7 @@ class ProbeModel:
     """On rank 0 before ``prepare``: are the variables there, and does the spec fit the world
     and the model (degrees, blocks, tensor-parallel plan, pipeline split)? Reply:
     ``{"missing": [names], "error": text or None}``."""
+
     model_name: str
     opt_name: str
     spec: dict
@@ -208,12 +222,15 @@ class ProbeModel:
             model = ns[self.model_name]
             already = getattr(model, "_workbench_prepared", None)
             if already:
-                error = (f"{self.model_name!r} was already prepared with {already!r} (its parameters were changed "
-                         "in place); build a fresh model (same seed) on the ranks for a new strategy")
+                error = (
+                    f"{self.model_name!r} was already prepared with {already!r} (its parameters were changed "
+                    "in place); build a fresh model (same seed) on the ranks for a new strategy"
+                )
             else:
                 try:
-                    s = StrategySpec.from_dict(self.spec).validate(self.world_size, model_config_of(model),
-                                                                   device_type=self.device_type)
+                    s = StrategySpec.from_dict(self.spec).validate(
+                        self.world_size, model_config_of(model), device_type=self.device_type
+                    )
                     if s.kind not in ("none", "zero"):
                         blocks = list(self.blocks) if self.blocks is not None else None
                         check_layout(model, s, self.world_size, ModelHints(blocks=blocks))
@@ -236,6 +253,7 @@ class Layout:
 class Census:
     """One census training step of the current Prepared (``%distrain plan --live``). Reply:
     the census dict plus the attention kernel seen and the model's config."""
+
     batch_size: int = 8
 
     def run(self) -> dict:

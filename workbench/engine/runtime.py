@@ -9,6 +9,7 @@ else has to read environment variables.
 Environment variables are set *before* torch is imported so that
 ``OMP_NUM_THREADS`` and ``CUDA_VISIBLE_DEVICES`` take effect.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,7 @@ import socket
 import sys
 import time
 
-_CONTEXT: "RankContext | None" = None
+_CONTEXT: RankContext | None = None
 _STACK_FILE = None
 
 
@@ -54,6 +55,7 @@ def identity(toward: str | None = None) -> dict:
     ``addr`` is this host's address on the route to ``toward`` (the notebook's address):
     the one other hosts reach this rank by, rank 0's becomes ``MASTER_ADDR``.
     """
+
     def first(*names):
         for var in names:
             if var in os.environ:
@@ -67,7 +69,9 @@ def identity(toward: str | None = None) -> dict:
             addr = s.getsockname()[0]
     slot = os.environ.get("WORKBENCH_HOST_SLOT")
     return {
-        "host": socket.gethostname(), "pid": os.getpid(), "addr": addr,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "addr": addr,
         "launcher_rank": first("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"),
         "launcher_local_rank": first("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"),
         "slot": int(slot) if slot and slot.isdigit() else None,

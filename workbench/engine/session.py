@@ -5,6 +5,7 @@ ranks" all need to find "the model on the ranks" without the user passing it to
 every command; this is the one place it is kept. Per process, never global across
 ranks (each rank has its own).
 """
+
 from __future__ import annotations
 
 _PREPARED = None

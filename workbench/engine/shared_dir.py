@@ -5,6 +5,7 @@ rank 0 (which writes the manifest) can read. The notebook asks rank 0 to leave a
 every rank to find it and leave its own, and rank 0 to find theirs
 (``workbench.notebook.cluster.shared_dir``). Plain files: nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import os

@@ -8,10 +8,11 @@ the version; the trainer agrees on the highest committed version with its step f
 runs every change up to it on its training thread, in order. Plain Python (no torch), so
 the notebook can import :func:`change_on_ranks`.
 """
+
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 Change = Callable[[object], None]  # fn(trainer), run on the training thread at the agreed step
 

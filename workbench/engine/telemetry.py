@@ -9,6 +9,7 @@ USS (and ``malloc_trim``, which returns freed heap to the OS so that RSS means
 something) runs at most every ``interval`` seconds (default 5): reading USS of a
 450 MB rank costs ~13 ms of CPU, which every 10 steps of a 100 ms step was a 1-3% tax.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -149,8 +150,7 @@ def flops_per_token(model) -> float | None:
     return training_flops_per_token(n)
 
 
-def throughput(tokens: int, samples: int, seconds: float, flops_tok: float | None,
-               peak: float | None) -> dict:
+def throughput(tokens: int, samples: int, seconds: float, flops_tok: float | None, peak: float | None) -> dict:
     """tps, samples/s and MFU of one step on one rank."""
     seconds = max(seconds, 1e-9)
     tps = tokens / seconds

@@ -21,6 +21,7 @@ all-reduces after backward compute ended). DDP's reducer gives durations, not st
 times: its span is placed to end where backward ended, its exposed part last.
 Ranks on one host share ``time.time()``; across hosts, steps are aligned by their clocks.
 """
+
 from __future__ import annotations
 
 import gc
@@ -57,8 +58,10 @@ def record(*, run: str, rank: int, step: int, t0: float, t1: float, phases, comm
     ``(name, start, end)``; ``comm``: ``(kind, start, end, blocking)`` (only those inside the
     step are kept); ``ddp``: ``(comm_s, exposed_s, rebuilt)`` of DDP's reducer for this step, or None."""
     wall_start = time.time() - (time.perf_counter() - t0)
-    spans = [{"name": name, "lane": "phase", "start": a - t0, "end": b - t0, "wait": name == "agreement"}
-             for name, a, b in phases]
+    spans = [
+        {"name": name, "lane": "phase", "start": a - t0, "end": b - t0, "wait": name == "agreement"}
+        for name, a, b in phases
+    ]
     for kind, a, b, blocking in comm:
         if a >= t0 and b <= t1:
             spans.append({"name": kind, "lane": "comm", "start": a - t0, "end": b - t0, "wait": bool(blocking)})
@@ -69,18 +72,42 @@ def record(*, run: str, rank: int, step: int, t0: float, t1: float, phases, comm
     if ddp is not None:
         ends = [s["end"] for s in spans if s["name"] == "backward"]
         if ddp[2]:
-            notes.append("DDP rebuilt its gradient buckets in this forward (a broadcast from C++, not seen): "
-                         "waiting in it shows as forward")
+            notes.append(
+                "DDP rebuilt its gradient buckets in this forward (a broadcast from C++, not seen): "
+                "waiting in it shows as forward"
+            )
         if ends:
             comm_s, exposed_s, _ = ddp
             end = ends[-1]
-            spans.append({"name": "all_reduce (DDP buckets)", "lane": "comm", "start": max(0.0, end - comm_s),
-                          "end": end - exposed_s, "wait": False})
+            spans.append(
+                {
+                    "name": "all_reduce (DDP buckets)",
+                    "lane": "comm",
+                    "start": max(0.0, end - comm_s),
+                    "end": end - exposed_s,
+                    "wait": False,
+                }
+            )
             if exposed_s > 0:
-                spans.append({"name": "all_reduce (DDP buckets)", "lane": "comm", "start": end - exposed_s,
-                              "end": end, "wait": True})
-    rec = {"version": TIMELINE_VERSION, "run": run, "rank": int(rank), "step": int(step),
-           "wall_start": wall_start, "duration": t1 - t0, "spans": spans, "notes": notes}
+                spans.append(
+                    {
+                        "name": "all_reduce (DDP buckets)",
+                        "lane": "comm",
+                        "start": end - exposed_s,
+                        "end": end,
+                        "wait": True,
+                    }
+                )
+    rec = {
+        "version": TIMELINE_VERSION,
+        "run": run,
+        "rank": int(rank),
+        "step": int(step),
+        "wall_start": wall_start,
+        "duration": t1 - t0,
+        "spans": spans,
+        "notes": notes,
+    }
     with _LOCK:
         _RECORDS.append(rec)
     return rec

@@ -33,6 +33,7 @@ The trainer announces itself, its steps and its state changes to the rank's
 :mod:`.listeners` (auto-save subscribes there); changes staged from the notebook go
 through :mod:`.staging`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,13 +48,29 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..shared import events
-from . import (agreement, batch_forms, comm_timing, data_sources, listeners, memory_report, publisher, runtime,
-               staging, telemetry, timeline)
+from . import (
+    agreement,
+    batch_forms,
+    comm_timing,
+    data_sources,
+    listeners,
+    memory_report,
+    publisher,
+    runtime,
+    staging,
+    telemetry,
+    timeline,
+)
 from .agreement import Flags
 
-REASONS = {0: "requested from the notebook", 1: "a step hook asked to pause", 2: "loss spike",
-           3: "non-finite loss or gradient", 4: "out of memory on a rank (its report is in its status)"}
-_CURRENT: "Trainer | None" = None
+REASONS = {
+    0: "requested from the notebook",
+    1: "a step hook asked to pause",
+    2: "loss spike",
+    3: "non-finite loss or gradient",
+    4: "out of memory on a rank (its report is in its status)",
+}
+_CURRENT: Trainer | None = None
 _LAST_RUN_MS = [0]  # rank 0: the last run id handed out, in ms
 
 
@@ -86,9 +103,22 @@ class Trainer:
     notebook ``%distrain train start --steps N``.
     """
 
-    def __init__(self, prepared=None, *, model=None, optimizer=None, data, loss_fn=None, step_fn=None,
-                 batch_size: int | None = None, shuffle: bool = True, seed: int = 0, collate_fn=None,
-                 config: TrainerConfig | None = None, **config_changes):
+    def __init__(
+        self,
+        prepared=None,
+        *,
+        model=None,
+        optimizer=None,
+        data,
+        loss_fn=None,
+        step_fn=None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        collate_fn=None,
+        config: TrainerConfig | None = None,
+        **config_changes,
+    ):
         ctx = runtime.context()
         self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
         self.config = replace(config or TrainerConfig(), **config_changes)
@@ -102,9 +132,18 @@ class Trainer:
         self.loss_fn = loss_fn
         self.step_fn = step_fn
         self._data = data
-        dp_rank, dp_size = (prepared.dp_rank, prepared.dp_size) if prepared is not None else (self.rank, self.world_size)
-        self._source = data_sources.make_source(data, batch_size=batch_size, dp_rank=dp_rank, dp_size=dp_size,
-                                                shuffle=shuffle, seed=seed, collate_fn=collate_fn)
+        dp_rank, dp_size = (
+            (prepared.dp_rank, prepared.dp_size) if prepared is not None else (self.rank, self.world_size)
+        )
+        self._source = data_sources.make_source(
+            data,
+            batch_size=batch_size,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            shuffle=shuffle,
+            seed=seed,
+            collate_fn=collate_fn,
+        )
         self.micro = 0  # micro-batches consumed by the completed steps: the data position
         # a context-parallel layout shards each batch's sequence in its own ``loss``: the
         # trainer's own step (clipping, accumulation, any batch form it takes) runs around it
@@ -112,13 +151,17 @@ class Trainer:
         self._whole_step = prepared is not None and prepared.own_train_step and not self._seq_loss
         self._form = batch_forms.form_of(self._source.peek(0), step_fn=step_fn, rank=self.rank)
         if self._whole_step and (self._form != batch_forms.PAIR or loss_fn is not None):
-            raise ValueError(f"rank {self.rank}: {type(prepared).__name__} runs its own train_step on (x, y) "
-                             f"batches with its own loss; this data gives {self._form} batches"
-                             f"{' and a loss_fn' if loss_fn is not None else ''}: lay the model out with a "
-                             "strategy whose step the trainer runs (ddp, fsdp2, tp, ...), or give (x, y) batches")
+            raise ValueError(
+                f"rank {self.rank}: {type(prepared).__name__} runs its own train_step on (x, y) "
+                f"batches with its own loss; this data gives {self._form} batches"
+                f"{' and a loss_fn' if loss_fn is not None else ''}: lay the model out with a "
+                "strategy whose step the trainer runs (ddp, fsdp2, tp, ...), or give (x, y) batches"
+            )
         if self._seq_loss and (loss_fn is not None or step_fn is not None):
-            raise ValueError(f"rank {self.rank}: a context-parallel layout computes the loss of its own sequence "
-                             "shard (token-weighted next-token cross entropy); drop loss_fn / step_fn, or use cp=1")
+            raise ValueError(
+                f"rank {self.rank}: a context-parallel layout computes the loss of its own sequence "
+                "shard (token-weighted next-token cross entropy); drop loss_fn / step_fn, or use cp=1"
+            )
         comm_timing.install()
         timeline.watch_gc()
         self.notes: list[str] = [f"data: {self._source.describe()}; batches {self._form}"]
@@ -126,16 +169,20 @@ class Trainer:
         if note:
             self.notes.append(note)
         if self._whole_step:
-            self.notes.append(f"{type(prepared).__name__} runs its own train_step: timed as one phase, "
-                              "no clipping or accumulation by the trainer")
+            self.notes.append(
+                f"{type(prepared).__name__} runs its own train_step: timed as one phase, "
+                "no clipping or accumulation by the trainer"
+            )
         if ctx.backend == "gloo" and prepared is not None and prepared.reduce_scatter:
-            self.notes.append("gloo has no real reduce-scatter: it runs as an all-reduce of the full "
-                              "buffer (gloo:all_reduce), so reduce_scatter time here is an all-reduce's")
+            self.notes.append(
+                "gloo has no real reduce-scatter: it runs as an all-reduce of the full "
+                "buffer (gloo:all_reduce), so reduce_scatter time here is an all-reduce's"
+            )
         self._channel = agreement.channel() if self.world_size > 1 else None
         self.run, generation = self._agree_run_id()
-        self._agreement = agreement.Agreement(self._channel, generation,
-                                              prepared.loss_group if prepared is not None else None,
-                                              self.world_size)
+        self._agreement = agreement.Agreement(
+            self._channel, generation, prepared.loss_group if prepared is not None else None, self.world_size
+        )
         self._agreed: Flags | None = None  # flags agreed inside the last step, for the next
         self._agreed_s = 0.0
         self.step = 0  # completed optimizer steps
@@ -230,11 +277,21 @@ class Trainer:
                 clean[key] = value
             elif all(key in g for g in groups):
                 old = groups[0][key]
-                clean[key] = tuple(value) if isinstance(old, tuple) else type(old)(value) if isinstance(old, (int, float)) and not isinstance(old, bool) else value
+                clean[key] = (
+                    tuple(value)
+                    if isinstance(old, tuple)
+                    else type(old)(value)
+                    if isinstance(old, (int, float)) and not isinstance(old, bool)
+                    else value
+                )
             else:
-                known = sorted({k for g in groups for k in g if k != "params"} | set(TrainerConfig.__dataclass_fields__))
-                raise KeyError(f"rank {self.rank}: {key!r} is not a hyperparameter of "
-                               f"{type(self.optimizer).__name__} or the trainer; known: {', '.join(known)}")
+                known = sorted(
+                    {k for g in groups for k in g if k != "params"} | set(TrainerConfig.__dataclass_fields__)
+                )
+                raise KeyError(
+                    f"rank {self.rank}: {key!r} is not a hyperparameter of "
+                    f"{type(self.optimizer).__name__} or the trainer; known: {', '.join(known)}"
+                )
         self._staging.stage(version, lambda tr: tr._set_hparams(clean))
         return clean
 
@@ -257,8 +314,13 @@ class Trainer:
             else:
                 for g in self.optimizer.param_groups:
                     g[key] = value
-        publisher.emit(events.log_event(run=self.run, rank=self.rank, text=f"step {self.step + 1}: set "
-                                        + ", ".join(f"{k}={v}" for k, v in hp.items())))
+        publisher.emit(
+            events.log_event(
+                run=self.run,
+                rank=self.rank,
+                text=f"step {self.step + 1}: set " + ", ".join(f"{k}={v}" for k, v in hp.items()),
+            )
+        )
 
     def set(self, **hparams) -> None:
         """Change hyperparameters at the next step (this rank's call; the notebook calls all)."""
@@ -277,8 +339,10 @@ class Trainer:
     def start(self, steps: int) -> dict:
         """Run ``steps`` more steps in the background; returns at once."""
         if self._thread is not None and self._thread.is_alive():
-            raise RuntimeError(f"rank {self.rank}: training is already {self.state} at step {self.step}: "
-                               "pause/resume/stop it, or wait for it to finish")
+            raise RuntimeError(
+                f"rank {self.rank}: training is already {self.state} at step {self.step}: "
+                "pause/resume/stop it, or wait for it to finish"
+            )
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         with self._lock:
@@ -315,8 +379,15 @@ class Trainer:
         return self.status()
 
     def status(self) -> dict:
-        return {"rank": self.rank, "run": self.run, "state": self.state, "step": self.step,
-                "target": self.target, "reason": self.reason, "notes": list(self.notes)}
+        return {
+            "rank": self.rank,
+            "run": self.run,
+            "state": self.state,
+            "step": self.step,
+            "target": self.target,
+            "reason": self.reason,
+            "notes": list(self.notes),
+        }
 
     def _set_state(self, state: str, reason: str = "") -> None:
         self.state, self.reason = state, reason
@@ -325,8 +396,13 @@ class Trainer:
 
     def _local_flags(self, hooks_due: int = 0) -> Flags:
         with self._lock:
-            return Flags(stop=self._flags["stop"], pause=self._flags["pause"], version=self._staging.committed,
-                         reason=self._flags["reason"], hooks_due=hooks_due)
+            return Flags(
+                stop=self._flags["stop"],
+                pause=self._flags["pause"],
+                version=self._staging.committed,
+                reason=self._flags["reason"],
+                hooks_due=hooks_due,
+            )
 
     def _agree(self) -> tuple[Flags, float]:
         """The flags to act on now: those agreed inside the last step, else agreed here."""
@@ -389,8 +465,9 @@ class Trainer:
         ``train start --step-timeout S`` then shows where each rank waits.
         """
         try:
-            with memory_report.explain_oom(self.prepared or self.model, self.optimizer,
-                                           batch_shape=lambda: self._batch_shape):
+            with memory_report.explain_oom(
+                self.prepared or self.model, self.optimizer, batch_shape=lambda: self._batch_shape
+            ):
                 self._one_step(control_s)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             if self.optimizer is not None:
@@ -406,8 +483,10 @@ class Trainer:
         batch = self._source.take(micro)
         form = batch_forms.form_of(batch, step_fn=self.step_fn, rank=self.rank)
         if form != self._form:
-            raise batch_forms.BadBatch(f"rank {self.rank}: micro-batch {micro} is a {form} batch "
-                                       f"({batch_forms.describe(batch)}), the first was a {self._form} one")
+            raise batch_forms.BadBatch(
+                f"rank {self.rank}: micro-batch {micro} is a {form} batch "
+                f"({batch_forms.describe(batch)}), the first was a {self._form} one"
+            )
         self._batch_shape = batch_forms.counts(batch)[2]
         return batch
 
@@ -429,8 +508,16 @@ class Trainer:
             compute = self.prepared.compute_loss
         else:
             from ..strategies.base import lm_loss as compute
-        return batch_forms.forward_loss(model, batch, self._form, loss_fn=self.loss_fn, compute_loss=compute,
-                                        step_fn=self.step_fn, rank=self.rank, autocast=autocast)
+        return batch_forms.forward_loss(
+            model,
+            batch,
+            self._form,
+            loss_fn=self.loss_fn,
+            compute_loss=compute,
+            step_fn=self.step_fn,
+            rank=self.rank,
+            autocast=autocast,
+        )
 
     def _one_step(self, control_s: float) -> None:
         clock = telemetry.PhaseClock(self._sync)
@@ -472,13 +559,27 @@ class Trainer:
                 ddp = self._ddp_watch.last if self._ddp_watch.record() else None
         t1 = time.perf_counter()
         seconds = t1 - t0
-        timeline.record(run=self.run, rank=self.rank, step=step, t0=t0, t1=t1, phases=clock.spans,
-                        comm=comm_timing.STATS.spans_since(spans_before), ddp=ddp)
+        timeline.record(
+            run=self.run,
+            rank=self.rank,
+            step=step,
+            t0=t0,
+            t1=t1,
+            phases=clock.spans,
+            comm=comm_timing.STATS.spans_since(spans_before),
+            ddp=ddp,
+        )
         if self._agreed is not None:  # agreed inside this step (with the loss): that is its cost
             control_s = self._agreed_s
         comm, blocking_s = comm_timing.CommStats.delta(comm_timing.STATS.snapshot(), comm_before)
-        metrics = {"loss": loss_global, "loss_local": loss_local, "lr": self.optimizer.param_groups[0].get("lr"),
-                   "grad_norm": grad_norm, "time_step_s": seconds, "time_control_s": control_s}
+        metrics = {
+            "loss": loss_global,
+            "loss_local": loss_local,
+            "lr": self.optimizer.param_groups[0].get("lr"),
+            "grad_norm": grad_norm,
+            "time_step_s": seconds,
+            "time_control_s": control_s,
+        }
         for phase in events.STEP_TIME_PHASES:
             metrics[f"time_{phase}_s"] = clock.seconds.get(phase, 0.0)
         metrics["time_comm_wait_s"] = blocking_s
@@ -487,11 +588,16 @@ class Trainer:
         self.last = {"step": step, **metrics}
         publisher.emit(events.step_event(run=self.run, rank=self.rank, step=step, metrics=metrics, comm=comm))
         if bad:
-            self.pause(f"non-finite loss ({loss_global}) or grad_norm ({grad_norm}) at step {step}: "
-                       "optimizer step skipped", code=3)
+            self.pause(
+                f"non-finite loss ({loss_global}) or grad_norm ({grad_norm}) at step {step}: optimizer step skipped",
+                code=3,
+            )
         elif spike:
-            self.pause(f"loss spike at step {step}: {loss_global:.4g} > {self.config.spike_factor} x median "
-                       f"{statistics.median(self.history):.4g} of the last {len(self.history)} steps", code=2)
+            self.pause(
+                f"loss spike at step {step}: {loss_global:.4g} > {self.config.spike_factor} x median "
+                f"{statistics.median(self.history):.4g} of the last {len(self.history)} steps",
+                code=2,
+            )
         for fn, every, _pauses in self.hooks:  # a snapshot: add/remove_hook replace the list
             if step % every == 0:
                 fn(dict(self.last))
@@ -601,6 +707,8 @@ def _module_no_sync(model):
 def current() -> Trainer:
     """This rank's latest trainer; a clear error where none was built."""
     if _CURRENT is None:
-        raise RuntimeError(f"rank {runtime.context().rank}: no trainer on this rank: build one in a %%distrain "
-                           "cell (Trainer(prepared, data=...)) or `%distrain train start --model tiny`")
+        raise RuntimeError(
+            f"rank {runtime.context().rank}: no trainer on this rank: build one in a %%distrain "
+            "cell (Trainer(prepared, data=...)) or `%distrain train start --model tiny`"
+        )
     return _CURRENT

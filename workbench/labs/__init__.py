@@ -5,6 +5,7 @@ under that name (``@workbench.labs.checker``) against the values the student's o
 measured; ``python -m workbench.labs.build`` (``make labs``) writes the student versions.
 Notebook side: never imports torch.
 """
+
 from __future__ import annotations
 
 from .checking import CheckFailed, check, checker, registered, verdict

@@ -7,6 +7,7 @@ blanked, outputs cleared, checks kept) and ``OUT/instructor/<lab>`` (solutions k
 outputs cleared). The output is deterministic: the same sources give the same bytes
 (sorted JSON keys, no timestamps), so rebuilding changes nothing.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,12 +6,13 @@ returns the text of a pass line or raises :class:`CheckFailed` with a hint that 
 is off. Checkers live one module per lab (``workbench/labs/lab_03.py``), imported on the
 first check that names them. Never imports torch.
 """
+
 from __future__ import annotations
 
 import importlib
 import inspect
 import re
-from typing import Callable
+from collections.abc import Callable
 
 NAME = re.compile(r"^(?P<lab>[a-z][a-z0-9_]*)\.(?P<answer>[A-Za-z_][A-Za-z0-9_]*)$")
 
@@ -39,8 +40,10 @@ def checker(name: str):
                 pass
         old = _checkers.get(name)
         if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"checker {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
-                             f"pick another name for {fn.__module__}.{fn.__qualname__}")
+            raise ValueError(
+                f"checker {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
+                f"pick another name for {fn.__module__}.{fn.__qualname__}"
+            )
         _checkers[name] = fn
         return fn
 
@@ -81,15 +84,16 @@ def verdict(name: str, value, /, **measured) -> str:
     fn = lookup(name)
     if value is Ellipsis:
         question = (inspect.getdoc(fn) or "").strip().splitlines()
-        raise CheckFailed(f"{name}: no answer yet: replace the `...`"
-                          + (f" ({question[0]})" if question else ""))
+        raise CheckFailed(f"{name}: no answer yet: replace the `...`" + (f" ({question[0]})" if question else ""))
     params = inspect.signature(fn)
     try:
         params.bind(value, **measured)
     except TypeError as exc:
         wanted = [p for p in list(params.parameters)[1:]]
-        raise TypeError(f"check({name!r}, value, ...): {exc}; this check takes "
-                        f"{', '.join(f'{p}=...' for p in wanted) or 'no measured values'}") from None
+        raise TypeError(
+            f"check({name!r}, value, ...): {exc}; this check takes "
+            f"{', '.join(f'{p}=...' for p in wanted) or 'no measured values'}"
+        ) from None
     text = fn(value, **measured)
     return f"check passed: {text}"
 

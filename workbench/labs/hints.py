@@ -4,10 +4,11 @@ Checkers call :func:`mismatch` with the mistakes a student is likely to make for
 answer (``(ratio, why)``: counted elements instead of bytes is a ratio of 1/4 for fp32);
 the generic ones (wrong sign, a factor of the world size, orders of magnitude) follow.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 Mistake = tuple[float, str]  # (student value / measured value, what the student likely did)
 
@@ -25,8 +26,16 @@ def number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def mismatch(value: float, expected: float, *, what: str, mistakes: Iterable[Mistake] = (),
-             world_size: int | None = None, rtol: float = 1e-2, atol: float = 0.0) -> str | None:
+def mismatch(
+    value: float,
+    expected: float,
+    *,
+    what: str,
+    mistakes: Iterable[Mistake] = (),
+    world_size: int | None = None,
+    rtol: float = 1e-2,
+    atol: float = 0.0,
+) -> str | None:
     """None when ``value`` matches ``expected`` (the measured value); otherwise a hint that
     names how far off it is and, where the ratio matches a known mistake, which one."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -46,18 +55,24 @@ def mismatch(value: float, expected: float, *, what: str, mistakes: Iterable[Mis
         found.append("the size is right, the sign is wrong")
     if world_size and world_size > 1:
         if close(ratio, world_size, rtol):
-            found.append(f"{world_size}x too large, a factor of the world size: you counted all "
-                         f"{world_size} ranks where one rank's share was asked (or did not divide by n)")
+            found.append(
+                f"{world_size}x too large, a factor of the world size: you counted all "
+                f"{world_size} ranks where one rank's share was asked (or did not divide by n)"
+            )
         if close(ratio, 1 / world_size, rtol):
-            found.append(f"{world_size}x too small, a factor of the world size: you counted one "
-                         f"rank's share where the total over the {world_size} ranks was asked")
+            found.append(
+                f"{world_size}x too small, a factor of the world size: you counted one "
+                f"rank's share where the total over the {world_size} ranks was asked"
+            )
     if found:  # ratios that coincide (2 ranks, 2 bytes) name every likely cause
         return f"{got}: " + "; or ".join(dict.fromkeys(found))
     mag = math.log10(abs(ratio))
     if abs(mag) >= 0.9:
         k = round(mag)
-        return (f"{got}: off by about 10^{abs(k)} ({'too large' if k > 0 else 'too small'}): "
-                f"check the units (bytes, KB, MB; per element or per tensor)")
+        return (
+            f"{got}: off by about 10^{abs(k)} ({'too large' if k > 0 else 'too small'}): "
+            f"check the units (bytes, KB, MB; per element or per tensor)"
+        )
     return f"{got}: {ratio:.3g}x the measured value"
 
 
@@ -82,8 +97,7 @@ def shape_mismatch(value, local: tuple, full: tuple, world_size: int, *, what: s
         return f"{what} is {len(local)}-D; your shape {got} has {len(got)} dims"
     split = [d for d in range(len(full)) if local[d] != full[d]]
     if got == full and split:
-        return (f"{what}: {got} is the whole (global) tensor; each of the {n} ranks holds 1/{n} "
-                f"of dim {split[0]}")
+        return f"{what}: {got} is the whole (global) tensor; each of the {n} ranks holds 1/{n} of dim {split[0]}"
     if got == tuple(reversed(local)):
         return f"{what}: {got} is transposed: nn.Linear stores its weight as [out_features, in_features]"
     wrong = [d for d in range(len(got)) if got[d] != full[d]]
@@ -91,6 +105,8 @@ def shape_mismatch(value, local: tuple, full: tuple, world_size: int, *, what: s
         return f"{what}: you divided dim {wrong[0]} by {n}, but the ranks split dim {split[0]}"
     for d in split:
         if got[d] * n * n == full[d] or got[d] == full[d] * n:
-            return (f"{what}: dim {d} is {got[d]}, off by a factor of the world size {n}: "
-                    f"it is {full[d]} split over {n} ranks")
+            return (
+                f"{what}: dim {d} is {got[d]}, off by a factor of the world size {n}: "
+                f"it is {full[d]} split over {n} ranks"
+            )
     return f"{what}: {got} is not what the ranks hold; the global shape is {full}, split over {n} ranks"

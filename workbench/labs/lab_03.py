@@ -1,4 +1,5 @@
 """Checks of lab 03 (tensor parallelism), against the layouts the ranks reported."""
+
 from __future__ import annotations
 
 import re
@@ -42,7 +43,8 @@ def w2_shard_dim(value, *, layouts: list[dict], tensor: str = W2) -> str:
             f"you sharded dim {value % ndim}, the weight's output features: that is column-parallel "
             f"(w1/w3, wq/wk/wv). w2 is row-parallel: it splits its INPUT features, and nn.Linear "
             f"stores its weight as [out, in], so the input features are dim {dim} "
-            f"(size {p['global_shape'][dim]} split over {n} ranks)")
+            f"(size {p['global_shape'][dim]} split over {n} ranks)"
+        )
     return f"w2 is Shard({dim}): row-parallel splits the input features of [out, in]"
 
 

@@ -1,4 +1,5 @@
 """Checks of lab 05 (precision and recomputation), against the planner's activation formula."""
+
 from __future__ import annotations
 
 from .checking import checker
@@ -10,10 +11,21 @@ def full_over_none(value, *, heads: int, seq_len: int, hidden: int, formula: dic
     """Full recomputation keeps what fraction of the activation bytes of no recomputation (planner formula)?"""
     want = formula["full"] / formula["none"]
     eager = 2 / (34 + 5 * heads * seq_len / hidden)
-    fail_if(mismatch(value, want, what="full / none", rtol=1e-3, mistakes=[
-        (1 / want / want, "inverted: full recomputation keeps LESS, so the ratio is below 1 (2sbh over 34sbh)"),
-        (eager / want, "you kept the 5as/h score-matrix term; the planner's default attention='flash' never "
-                       "stores the scores, so none is 34sbh"),
-        ((1 - want) / want, "that is the saving (1 - ratio); the question asks for the fraction kept"),
-    ]))
+    fail_if(
+        mismatch(
+            value,
+            want,
+            what="full / none",
+            rtol=1e-3,
+            mistakes=[
+                (1 / want / want, "inverted: full recomputation keeps LESS, so the ratio is below 1 (2sbh over 34sbh)"),
+                (
+                    eager / want,
+                    "you kept the 5as/h score-matrix term; the planner's default attention='flash' never "
+                    "stores the scores, so none is 34sbh",
+                ),
+                ((1 - want) / want, "that is the saving (1 - ratio); the question asks for the fraction kept"),
+            ],
+        )
+    )
     return f"full recomputation keeps {want:.4f} of none's activation bytes (2sbh / 34sbh)"

@@ -1,4 +1,5 @@
 """Checks of lab 07 (planning 70B on paper), against the planner."""
+
 from __future__ import annotations
 
 from .checking import CheckFailed, checker
@@ -11,12 +12,20 @@ GB = 1e9
 def ddp_gb(value, *, states_bytes: float) -> str:
     """How many GB of model states does each GPU hold under plain DDP?"""
     want = states_bytes / GB
-    fail_if(mismatch(value, want, what="DDP GB per GPU", rtol=1e-3, mistakes=[
-        (want / 16 / want, "that is the parameter count in billions; count 16 bytes per parameter"),
-        (2 / 16, "that is only the bf16 weights (2 bytes); Adam mixed precision holds 16 bytes per parameter"),
-        (1024 ** 3 / GB, "GiB vs GB: the labs use GB = 1e9 bytes"),
-        (GB / 1024 ** 3, "GiB vs GB: the labs use GB = 1e9 bytes"),
-    ]))
+    fail_if(
+        mismatch(
+            value,
+            want,
+            what="DDP GB per GPU",
+            rtol=1e-3,
+            mistakes=[
+                (want / 16 / want, "that is the parameter count in billions; count 16 bytes per parameter"),
+                (2 / 16, "that is only the bf16 weights (2 bytes); Adam mixed precision holds 16 bytes per parameter"),
+                (1024**3 / GB, "GiB vs GB: the labs use GB = 1e9 bytes"),
+                (GB / 1024**3, "GiB vs GB: the labs use GB = 1e9 bytes"),
+            ],
+        )
+    )
     return f"DDP holds {want:,.1f} GB per GPU"
 
 
@@ -27,20 +36,34 @@ def fits_on_h100(value, *, gb: float, memory_gb: float) -> str:
     if not isinstance(value, bool):
         raise CheckFailed(f"answer True or False, got {value!r}")
     if value != want:
-        raise CheckFailed(f"{gb:,.0f} GB against {memory_gb:,.0f} GB of HBM: compare the two; "
-                          f"{'it does not fit' if not want else 'it fits'}")
-    return "right: DDP alone cannot train 70B on any single accelerator in the catalogue" if not want \
+        raise CheckFailed(
+            f"{gb:,.0f} GB against {memory_gb:,.0f} GB of HBM: compare the two; "
+            f"{'it does not fit' if not want else 'it fits'}"
+        )
+    return (
+        "right: DDP alone cannot train 70B on any single accelerator in the catalogue"
+        if not want
         else f"{gb:,.0f} GB fits in {memory_gb:,.0f} GB"
+    )
 
 
 @checker("lab_07.zero3_gb")
 def zero3_gb(value, *, planner_bytes: float, ranks: int) -> str:
     """ZeRO-3 over 256 ranks: model states per GPU, in GB?"""
     want = planner_bytes / GB
-    fail_if(mismatch(value, want, what="ZeRO-3 GB per GPU", world_size=ranks, rtol=1e-3, mistakes=[
-        (12 / 16, "that shards only the 12 optimizer bytes (ZeRO-1); ZeRO-3 shards all 16"),
-        (1e3, "that is MB, not GB"),
-    ]))
+    fail_if(
+        mismatch(
+            value,
+            want,
+            what="ZeRO-3 GB per GPU",
+            world_size=ranks,
+            rtol=1e-3,
+            mistakes=[
+                (12 / 16, "that shards only the 12 optimizer bytes (ZeRO-1); ZeRO-3 shards all 16"),
+                (1e3, "that is MB, not GB"),
+            ],
+        )
+    )
     return f"ZeRO-3 model states per GPU: {want:.2f} GB"
 
 
@@ -48,11 +71,23 @@ def zero3_gb(value, *, planner_bytes: float, ranks: int) -> str:
 def selective_bytes(value, *, planner_bytes: float, tp: int, heads: int, seq_len: int, hidden: int) -> str:
     """Selective-recompute activation bytes per layer with sequence parallelism, by hand?"""
     want = planner_bytes
-    fail_if(mismatch(value, want, what="bytes per layer", world_size=tp, rtol=1e-9, mistakes=[
-        ((34 + 5 * heads * seq_len / hidden) / 34, "selective recomputation drops the 5as/h score term: 34sbh/t"),
-        (1 / 2, "the 34 already counts 16-bit bytes; do not divide by 2"),
-        (2, "the 34 already counts 16-bit bytes; do not multiply by 2"),
-    ]))
+    fail_if(
+        mismatch(
+            value,
+            want,
+            what="bytes per layer",
+            world_size=tp,
+            rtol=1e-9,
+            mistakes=[
+                (
+                    (34 + 5 * heads * seq_len / hidden) / 34,
+                    "selective recomputation drops the 5as/h score term: 34sbh/t",
+                ),
+                (1 / 2, "the 34 already counts 16-bit bytes; do not divide by 2"),
+                (2, "the 34 already counts 16-bit bytes; do not multiply by 2"),
+            ],
+        )
+    )
     return f"{want / 1e6:.1f} MB per layer (34sbh/t)"
 
 
@@ -63,10 +98,18 @@ def ddp_send_gb(value, *, ranks: int, grad_bytes: float) -> str:
 
     n = ranks
     want = ring_bytes("all_reduce", n, grad_bytes) / GB
-    fail_if(mismatch(value, want, what="GB sent per GPU", rtol=1e-9, mistakes=[
-        (2 * grad_bytes / GB / want, f"2B is the many-ranks limit; with n = {n} it is 2(n-1)/n x B"),
-        (grad_bytes / GB / want, "B is what each GPU holds; a ring all-reduce sends 2(n-1)/n x B"),
-        (2, "bf16 gradients are 2 bytes each, not 4"),
-        (1 / 2, "bf16 gradients are 2 bytes each: B = 2 bytes x 1e9 parameters"),
-    ]))
+    fail_if(
+        mismatch(
+            value,
+            want,
+            what="GB sent per GPU",
+            rtol=1e-9,
+            mistakes=[
+                (2 * grad_bytes / GB / want, f"2B is the many-ranks limit; with n = {n} it is 2(n-1)/n x B"),
+                (grad_bytes / GB / want, "B is what each GPU holds; a ring all-reduce sends 2(n-1)/n x B"),
+                (2, "bf16 gradients are 2 bytes each, not 4"),
+                (1 / 2, "bf16 gradients are 2 bytes each: B = 2 bytes x 1e9 parameters"),
+            ],
+        )
+    )
     return f"{want:.2f} GB per GPU per step"

@@ -1,4 +1,5 @@
 """Checks of lab 10 (a 3D layout end to end), against the groups and bytes measured on the ranks."""
+
 from __future__ import annotations
 
 from workbench.labs import CheckFailed, checker
@@ -16,16 +17,20 @@ def check_group(value, *, groups: dict, dim: str, world: int) -> None:
         return f"rank 0's {dim} group is {want}"
     for other, ranks in groups.items():
         if other != dim and got == sorted(ranks):
-            what = {"pp": "the pipeline group: stages pass activations (send/recv) there",
-                    "tp": "the tensor-parallel group: TP's all-reduces run there"}.get(other, f"the {other} group")
+            what = {
+                "pp": "the pipeline group: stages pass activations (send/recv) there",
+                "tp": "the tensor-parallel group: TP's all-reduces run there",
+            }.get(other, f"the {other} group")
             raise CheckFailed(f"{got} is {what}; the {dim} group is another dimension of the mesh")
     if got == list(range(world)):
-        raise CheckFailed(f"that is the whole world; a collective of one mesh dimension runs in a group of "
-                          f"{len(want)} ranks")
+        raise CheckFailed(
+            f"that is the whole world; a collective of one mesh dimension runs in a group of {len(want)} ranks"
+        )
     if 0 not in got:
         raise CheckFailed("rank 0 is in its own group")
-    raise CheckFailed(f"expected {len(want)} ranks of the {dim} dimension (row-major over the mesh "
-                      f"{list(groups)}), got {got}")
+    raise CheckFailed(
+        f"expected {len(want)} ranks of the {dim} dimension (row-major over the mesh {list(groups)}), got {got}"
+    )
 
 
 @checker("lab_10.param_bytes")
@@ -38,8 +43,9 @@ def check_param_bytes(value, *, measured: int, stage_bytes: int, pp: int, dp_sha
     if value == stage_bytes:
         raise CheckFailed(f"that is the whole stage; FSDP2 shards it over dp_shard={dp_shard} ranks")
     if value == stage_bytes // (pp * dp_shard) or value == stage_bytes / (pp * dp_shard):
-        raise CheckFailed(f"stage_bytes is already one stage's share: divide by dp_shard ({dp_shard}) only, "
-                          "not by pp x dp_shard")
+        raise CheckFailed(
+            f"stage_bytes is already one stage's share: divide by dp_shard ({dp_shard}) only, not by pp x dp_shard"
+        )
     if value * 4 == measured:
         raise CheckFailed("you counted parameters; each fp32 parameter is 4 bytes")
     raise CheckFailed(f"rank 0 holds {measured:,} bytes; your answer is {value:,}")

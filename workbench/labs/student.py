@@ -8,6 +8,7 @@ cell still runs and the check after it says what is missing; any other region be
 nbgrader's ``# YOUR CODE HERE`` and ``raise NotImplementedError("exercise: ...")``, the
 exercise text taken from the region's first line when that is a comment.
 """
+
 from __future__ import annotations
 
 import ast
@@ -48,7 +49,9 @@ def _regions(source: str, where: str) -> list[tuple[int, int]]:
         s = line.strip()
         if s == BEGIN:
             if start is not None:
-                raise LabFormatError(f"{where}: {BEGIN} at line {i + 1} inside another region (opened at line {start + 1})")
+                raise LabFormatError(
+                    f"{where}: {BEGIN} at line {i + 1} inside another region (opened at line {start + 1})"
+                )
             start = i
         elif s == END:
             if start is None:
@@ -56,8 +59,10 @@ def _regions(source: str, where: str) -> list[tuple[int, int]]:
             out.append((start, i))
             start = None
         elif BEGIN in line or END in line:
-            raise LabFormatError(f"{where}: line {i + 1} holds a solution marker beside other text; "
-                                 f"put {BEGIN!r} / {END!r} on lines of their own")
+            raise LabFormatError(
+                f"{where}: line {i + 1} holds a solution marker beside other text; "
+                f"put {BEGIN!r} / {END!r} on lines of their own"
+            )
     if start is not None:
         raise LabFormatError(f"{where}: {BEGIN} at line {start + 1} has no {END}")
     return out
@@ -104,7 +109,7 @@ def blank_cell(source: str, where: str) -> tuple[str, list[tuple[str, tuple[str,
     for start, end in regions:
         out.extend(lines[pos:start])
         indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
-        body = lines[start + 1:end]
+        body = lines[start + 1 : end]
         if not any(ln.strip() for ln in body):
             raise LabFormatError(f"{where}: the solution region at line {start + 1} is empty")
         names = _assigned_names("\n".join(body))
@@ -135,8 +140,9 @@ def validate(nb, name: str) -> None:
         has = BEGIN in cell.source or END in cell.source
         tagged = SOLUTION_TAG in tags(cell)
         if has and not tagged:
-            raise LabFormatError(f"{where}: has solution markers but is not tagged {SOLUTION_TAG!r} "
-                                 f"(add it to the cell's metadata.tags)")
+            raise LabFormatError(
+                f"{where}: has solution markers but is not tagged {SOLUTION_TAG!r} (add it to the cell's metadata.tags)"
+            )
         if tagged and cell.cell_type != "code":
             raise LabFormatError(f"{where}: only code cells can be tagged {SOLUTION_TAG!r}")
         if tagged:

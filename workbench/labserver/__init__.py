@@ -4,6 +4,7 @@ Enabled by ``etc/jupyter/jupyter_server_config.d/distrain-workbench.json`` insta
 package. It lists the rank sets this user's kernels started (from :mod:`workbench.notebook.registry`),
 acts on them and streams their events, all without going through the owning kernel.
 """
+
 from __future__ import annotations
 
 

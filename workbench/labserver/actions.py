@@ -5,6 +5,7 @@ answers with a faulthandler dump into the rank set's stack folder); trainer cont
 the ranks through the rank set's ipyparallel controller; stop ends the rank and controller
 pids and marks the registry entry, so the kernel's next ``%distrain`` call says what happened.
 """
+
 from __future__ import annotations
 
 import os
@@ -110,8 +111,10 @@ def trainer(monitor, entry: dict, action: str, ranks=None, timeout: float = 5.0)
     if action not in TRAINER_ACTIONS:
         raise ActionError(f"unknown trainer action {action!r}: use one of {', '.join(TRAINER_ACTIONS)}")
     eids = [r["engine_id"] for r in _selected(entry, ranks)]
-    code = ("import workbench.engine.control as _wb_control\n"
-            f"_wb_control.request({action!r}, 'requested from the JupyterLab sidebar')")
+    code = (
+        "import workbench.engine.control as _wb_control\n"
+        f"_wb_control.request({action!r}, 'requested from the JupyterLab sidebar')"
+    )
 
     def run(client):
         ar = client[eids].execute(code, block=False)
@@ -123,8 +126,10 @@ def trainer(monitor, entry: dict, action: str, ranks=None, timeout: float = 5.0)
 
     done = monitor.controllers.call(entry, run, timeout=timeout + 5)
     if done is None:
-        raise ActionError(f"the ranks are running a cell, so `trainer {action}` would wait behind it: "
-                          "interrupt the cell first, or use `%distrain train pause` in the notebook")
+        raise ActionError(
+            f"the ranks are running a cell, so `trainer {action}` would wait behind it: "
+            "interrupt the cell first, or use `%distrain train pause` in the notebook"
+        )
     return {"trainer": action, "ranks": [r["rank"] for r in _selected(entry, ranks)]}
 
 
@@ -153,5 +158,5 @@ def run_action(monitor, entry: dict, action: str, ranks=None) -> dict:
     if action == "stop":
         return stop(monitor, entry)
     if action.startswith("trainer-"):
-        return trainer(monitor, entry, action[len("trainer-"):], ranks)
+        return trainer(monitor, entry, action[len("trainer-") :], ranks)
     raise ActionError(f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")

@@ -5,6 +5,7 @@
 ``DELETE <base>/workbench/ranksets/<id>``              forget a stale entry
 ``WS   <base>/workbench/ranksets/<id>/events``         history so far, then live event batches
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -6,6 +6,7 @@ set's ipyparallel controller which ranks are busy, and keeps, per rank set, a re
 kernel's event-stream mirror (:mod:`workbench.notebook.stream.mirror`). None of this goes through
 the owning kernel, so it answers while that kernel runs a cell.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -84,8 +85,13 @@ class StreamReader:
                 self.events.append(e)
                 last = self.last.setdefault(e["rank"], {})
                 if e["kind"] == "step" and e.get("source") == "trainer":
-                    last.update(run=e["run"], step=e["step"], loss=e["metrics"].get("loss"),
-                                loss_local=e["metrics"].get("loss_local"), time=e["time"])
+                    last.update(
+                        run=e["run"],
+                        step=e["step"],
+                        loss=e["metrics"].get("loss"),
+                        loss_local=e["metrics"].get("loss_local"),
+                        time=e["time"],
+                    )
                 elif e["kind"] == "status":
                     last.update(run=e["run"], state=e["state"], reason=e.get("reason", ""))
             listeners = list(self.listeners)
@@ -114,24 +120,28 @@ class Controllers:
             if held is None or held[0] != entry["connection_file"]:
                 pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="workbench-lab-ipp")
                 held = self._clients[entry["id"]] = [entry["connection_file"], None, pool]
+
         def run():
             if held[1] is None:
                 import ipyparallel as ipp
 
                 held[1] = ipp.Client(entry["connection_file"], timeout=5)
             return fn(held[1])
+
         return held[2].submit(run).result(timeout)
 
     def forget(self, entry_id: str) -> None:
         with self._lock:
             held = self._clients.pop(entry_id, None)
         if held is not None:
+
             def close():
                 if held[1] is not None:
                     try:
                         held[1].close()
                     except Exception:
                         pass
+
             held[2].submit(close)
             held[2].shutdown(wait=False)
 
@@ -153,8 +163,7 @@ def gpu_usage() -> dict[int, dict] | None:
             util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
             for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 used = proc.usedGpuMemory
-                out[proc.pid] = {"device": i, "memory_mb": round(used / 2**20, 1) if used else None,
-                                 "util": util}
+                out[proc.pid] = {"device": i, "memory_mb": round(used / 2**20, 1) if used else None, "util": util}
     except Exception:
         return out
     finally:
@@ -239,8 +248,12 @@ class Monitor:
             row.update(state="?", exit="", memory_mb=None, gpu=None)
             t = last.get(r["rank"], {})
             row["trainer"] = {k: t.get(k) for k in ("run", "state", "step", "loss")}
-            row["straggler"] = bool(top is not None and "step" in t and top - t["step"] >= STRAGGLER_STEPS
-                                    and newest - t["time"] >= STRAGGLER_S)
+            row["straggler"] = bool(
+                top is not None
+                and "step" in t
+                and top - t["step"] >= STRAGGLER_STEPS
+                and newest - t["time"] >= STRAGGLER_S
+            )
             death = deaths.get(str(r["rank"]))
             if death:
                 row.update(state="dead", exit=death.get("exit", ""))
@@ -260,8 +273,21 @@ class Monitor:
             if stopped and row["state"] != "dead":
                 row["state"] = "ended"
             ranks.append(row)
-        out = {k: entry.get(k) for k in ("id", "kernel_id", "kernel_pid", "notebook", "launcher", "backend",
-                                         "world_size", "started", "host", "stopped_by")}
+        out = {
+            k: entry.get(k)
+            for k in (
+                "id",
+                "kernel_id",
+                "kernel_pid",
+                "notebook",
+                "launcher",
+                "backend",
+                "world_size",
+                "started",
+                "host",
+                "stopped_by",
+            )
+        }
         out["notebook_path"] = self._relative(entry.get("notebook"))
         out["stale"] = bool(entry.get("stale"))
         out["state"] = "stale" if out["stale"] else ("stopped" if stopped else "running")

@@ -3,6 +3,7 @@
 A config is also the schema of a widget form, so every field is a plain
 int/float/bool and nothing reads the environment.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -31,9 +32,7 @@ class GPTConfig:
         if (self.dim // self.n_heads) % 2:
             raise ValueError(f"head_dim={self.dim // self.n_heads} must be even for RoPE")
         if self.kv_heads < 1 or self.n_heads % self.kv_heads:
-            raise ValueError(
-                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.kv_heads}"
-            )
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.kv_heads}")
         if self.n_layers < 1:
             raise ValueError(f"n_layers={self.n_layers} must be >= 1")
 
@@ -53,7 +52,7 @@ class GPTConfig:
         h = int(8 * self.dim / 3)
         return 16 * ((h + 15) // 16)
 
-    def with_(self, **changes) -> "GPTConfig":
+    def with_(self, **changes) -> GPTConfig:
         """A copy with some fields changed (``cfg.with_(n_layers=4)``)."""
         return replace(self, **changes)
 
@@ -70,25 +69,25 @@ class GPTConfig:
 
     # Presets ---------------------------------------------------------------------------
     @classmethod
-    def tiny(cls, **kw) -> "GPTConfig":
+    def tiny(cls, **kw) -> GPTConfig:
         """~50k parameters: runs 20 steps in well under a second on one CPU core."""
         base = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
         return cls(**{**base, **kw})
 
     @classmethod
-    def small(cls, **kw) -> "GPTConfig":
+    def small(cls, **kw) -> GPTConfig:
         """~3M parameters: a few minutes of CPU training learns to spell English."""
         base = dict(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, max_seq_len=256)
         return cls(**{**base, **kw})
 
     @classmethod
-    def m100(cls, **kw) -> "GPTConfig":
+    def m100(cls, **kw) -> GPTConfig:
         """~100M parameters (GPT-2-small-like widths, Llama block)."""
         base = dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=3072, max_seq_len=1024)
         return cls(**{**base, **kw})
 
     @classmethod
-    def b1(cls, **kw) -> "GPTConfig":
+    def b1(cls, **kw) -> GPTConfig:
         """~1B parameters (Llama-3.2-1B-like widths with a byte vocabulary)."""
         base = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, max_seq_len=2048)
         return cls(**{**base, **kw})
@@ -117,7 +116,7 @@ class MoEConfig:
             raise ValueError(f"capacity_factor={self.capacity_factor} must be > 0")
 
     @classmethod
-    def tiny(cls, **kw) -> "MoEConfig":
+    def tiny(cls, **kw) -> MoEConfig:
         return cls(**{"gpt": GPTConfig.tiny(), "n_experts": 4, **kw})
 
     # Pass-through so code written against GPTConfig also reads an MoEConfig.

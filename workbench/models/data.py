@@ -7,16 +7,24 @@ is the same set of examples for every ``dp_size``, and rank ``r`` takes the ``r`
 contiguous slice of it, so concatenating the ranks' batches in rank order gives back the
 single-rank batch exactly.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib import resources
-from typing import Iterator
 
 import torch
 
 __all__ = [
-    "encode", "decode", "load_corpus", "corpus_files", "TextDataset", "SyntheticDataset",
-    "batch_at", "batches", "IGNORE_INDEX",
+    "encode",
+    "decode",
+    "load_corpus",
+    "corpus_files",
+    "TextDataset",
+    "SyntheticDataset",
+    "batch_at",
+    "batches",
+    "IGNORE_INDEX",
 ]
 
 IGNORE_INDEX = -100
@@ -143,8 +151,16 @@ def batch_at(dataset, batch_size: int, step: int, *, dp_rank: int = 0, dp_size: 
     return torch.stack(xs), torch.stack(ys)
 
 
-def batches(dataset, batch_size: int, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
-            *, steps: int | None = None, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batches(
+    dataset,
+    batch_size: int,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    seed: int = 0,
+    *,
+    steps: int | None = None,
+    start: int = 0,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Iterate :func:`batch_at` from ``start`` (``steps`` batches, or forever)."""
     step = start
     while steps is None or step < start + steps:

@@ -6,6 +6,7 @@ Layout follows torchtitan's Llama so the parallelism modules can act on it by na
 ``tok_embeddings`` / ``norm`` / ``output`` to ``None``; ``forward`` skips what is missing,
 so the same class serves every stage.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,7 +89,11 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_rep, dim=2)
             v = v.repeat_interleave(self.n_rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if self.attn_fn is None else self.attn_fn(self, q, k, v)
+        y = (
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if self.attn_fn is None
+            else self.attn_fn(self, q, k, v)
+        )
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -137,9 +142,7 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         # Non-persistent: recomputed, never checkpointed, never sharded.
-        self.register_buffer(
-            "rope", precompute_rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False
-        )
+        self.register_buffer("rope", precompute_rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False)
         # A constant every rank computes alike: DDP need not broadcast it from rank 0 before
         # every forward, which it does for any buffer (measured: 0.5-2 ms of a ~42 ms CPU step
         # of a small model on 2 gloo ranks). DDP reads this attribute of the module it wraps.
@@ -227,9 +230,7 @@ class GPT(nn.Module):
 
         plan: dict = {}
         if sp:
-            plan[prefix] = PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            )
+            plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan[prefix + ".w1"] = ColwiseParallel()
         plan[prefix + ".w3"] = ColwiseParallel()
         plan[prefix + ".w2"] = RowwiseParallel(output_layouts=Shard(1) if sp else Replicate())
@@ -249,7 +250,7 @@ class GPT(nn.Module):
             start += n
         return out
 
-    def keep_stage(self, stage: int, n_stages: int) -> "GPT":
+    def keep_stage(self, stage: int, n_stages: int) -> GPT:
         """Turn this model into pipeline stage ``stage`` in place (torchtitan style)."""
         owned = set(self.pipeline_split_points(n_stages)[stage])
         for key in list(self.layers.keys()):

@@ -1,4 +1,5 @@
 """A small MLP: the first model of the data-parallel lab."""
+
 from __future__ import annotations
 
 import torch
@@ -13,9 +14,7 @@ class MLP(nn.Module):
     def __init__(self, in_dim: int = 16, hidden: int = 64, out_dim: int = 4, n_hidden: int = 2):
         super().__init__()
         dims = [in_dim] + [hidden] * n_hidden
-        self.layers = nn.ModuleList(
-            nn.Sequential(nn.Linear(a, b), nn.GELU()) for a, b in zip(dims[:-1], dims[1:])
-        )
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(a, b), nn.GELU()) for a, b in zip(dims[:-1], dims[1:]))
         self.head = nn.Linear(dims[-1], out_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ References
 Here ``f_e`` counts all k assignments of each token (divided by k), so the loss is also 1
 at perfect balance for top-k.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,7 @@ def route(probs: torch.Tensor, top_k: int, capacity: int):
     for j in range(top_k):
         onehot = F.one_hot(idx[:, j], n_experts)  # [T, E]
         pos = (onehot.cumsum(0) - 1 + filled) * onehot  # queue position in chosen expert
-        keep[:, j] = (pos.sum(-1) < capacity)
+        keep[:, j] = pos.sum(-1) < capacity
         filled = filled + onehot.sum(0)
     return idx, gate, keep
 

@@ -5,6 +5,7 @@ or a plain Python cell: ``workbench.start(4)``, ``workbench.run("...")``,
 ``workbench.stop()``. Several named sets may run at once (``start(2, name="ddp")``,
 ``use("ddp")``); what one session keeps lives in its :class:`~.session.Session`.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -41,10 +42,15 @@ def current() -> RankSet:
             stop()
             raise NotRunning(f"the ranks were {note}; start them again with `%distrain start -n 2`")
     if rs is None or not rs.running:
-        what = f"the rank set {sess.name!r} is not running" if sess is not None and sess.name != DEFAULT \
+        what = (
+            f"the rank set {sess.name!r} is not running"
+            if sess is not None and sess.name != DEFAULT
             else "no ranks are running"
-        raise NotRunning(f"{what}: start them with `%distrain start -n 2` (or workbench.start(2))"
-                         + _others(sess.name if sess else None))
+        )
+        raise NotRunning(
+            f"{what}: start them with `%distrain start -n 2` (or workbench.start(2))"
+            + _others(sess.name if sess else None)
+        )
     return rs
 
 
@@ -75,11 +81,24 @@ def use(name: str) -> Session:
     return sess
 
 
-def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout: float = 300.0,
-          threads: int | None = None, launcher_options: dict | None = None,
-          profile_dir: str | None = None, sys_path: tuple[str, ...] = (), ip: str | None = None,
-          hosts: str | None = None, ssh_config: str | None = None, python: str | None = None,
-          slurm=None, progress=None, name: str | None = None) -> RankSet:
+def start(
+    n: int = 2,
+    *,
+    backend: str = "auto",
+    launcher: str = "local",
+    timeout: float = 300.0,
+    threads: int | None = None,
+    launcher_options: dict | None = None,
+    profile_dir: str | None = None,
+    sys_path: tuple[str, ...] = (),
+    ip: str | None = None,
+    hosts: str | None = None,
+    ssh_config: str | None = None,
+    python: str | None = None,
+    slurm=None,
+    progress=None,
+    name: str | None = None,
+) -> RankSet:
     """Start ``n`` ranks and initialise their process group (blocks until ready).
 
     ``name``: a session of its own beside the others (default: the current session's
@@ -90,12 +109,22 @@ def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout
     waits in the queue.
     """
     if name is not None and (not isinstance(name, str) or not name.isidentifier()):
-        raise ValueError(f"a session name is a word of letters, digits and _ (like ddp or fsdp_tp), "
-                         f"got {name!r}")
-    config = RankSetConfig(n=n, backend=backend, launcher=launcher, timeout=timeout, threads=threads,
-                           launcher_options=launcher_options or {}, profile_dir=profile_dir,
-                           sys_path=tuple(sys_path), ip=ip, hosts=hosts, ssh_config=ssh_config,
-                           python=python, slurm=slurm)
+        raise ValueError(f"a session name is a word of letters, digits and _ (like ddp or fsdp_tp), got {name!r}")
+    config = RankSetConfig(
+        n=n,
+        backend=backend,
+        launcher=launcher,
+        timeout=timeout,
+        threads=threads,
+        launcher_options=launcher_options or {},
+        profile_dir=profile_dir,
+        sys_path=tuple(sys_path),
+        ip=ip,
+        hosts=hosts,
+        ssh_config=ssh_config,
+        python=python,
+        slurm=slurm,
+    )
     config.validate()
     if name is None:
         taken = KERNEL.current()
@@ -103,12 +132,14 @@ def start(n: int = 2, *, backend: str = "auto", launcher: str = "local", timeout
         if taken is not None and taken.running:
             raise AlreadyRunning(
                 f"{taken.rankset.world_size} ranks are already running: use `%distrain restart -n {n}` "
-                "to replace them, `%distrain stop` first, or `--name NAME` for a second set beside them")
+                "to replace them, `%distrain stop` first, or `--name NAME` for a second set beside them"
+            )
     taken = KERNEL.by_name.get(name)
     if taken is not None and taken.running:
         raise AlreadyRunning(
             f"a rank set named {name!r} is already running ({taken.rankset.world_size} ranks): "
-            f"pick another --name, or `%distrain stop --name {name}` first")
+            f"pick another --name, or `%distrain stop --name {name}` first"
+        )
     sess = KERNEL.add(name)
     sess.own_folder = name != DEFAULT
     return _launch(sess, config, progress)
@@ -178,8 +209,16 @@ def status() -> list[dict]:
     return current().status()
 
 
-def run(code: str, ranks=None, timeout: float | None = None, *, display: bool = True,
-        stream: bool | None = None, grace: float = GRACE_S, on: str | None = None):
+def run(
+    code: str,
+    ranks=None,
+    timeout: float | None = None,
+    *,
+    display: bool = True,
+    stream: bool | None = None,
+    grace: float = GRACE_S,
+    on: str | None = None,
+):
     """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``).
 
     ``grace``: when a rank fails while others still run, the seconds they get to
@@ -196,8 +235,7 @@ def running_set(name: str) -> RankSet:
     """The running rank set of the session ``name`` (it stays not current)."""
     sess = KERNEL.get(name)
     if not sess.running:
-        raise NotRunning(f"the rank set {name!r} is not running: `%distrain start -n 2 --name {name}`"
-                         + _others(name))
+        raise NotRunning(f"the rank set {name!r} is not running: `%distrain start -n 2 --name {name}`" + _others(name))
     return sess.rankset
 
 

@@ -5,6 +5,7 @@ before IPython reads magics. Cells whose first line is a magic (``%distrain auto
 off``, ``%timeit``), a shell escape (``!ls``) or help (``?``) still run in the
 notebook, and ``%%local`` runs the rest of its cell there.
 """
+
 from __future__ import annotations
 
 AUTO_MAGIC = "distrain_auto"
@@ -18,7 +19,7 @@ def _to_ranks(lines: list[str]) -> list[str]:
         return lines
     head = first.lstrip()
     if head.startswith("%%local"):
-        rest = lines[lines.index(first) + 1:]
+        rest = lines[lines.index(first) + 1 :]
         return rest or ["\n"]
     if head.startswith(("%", "!", "?")):
         return lines

@@ -22,6 +22,7 @@ scheduler runs the lowered thread again (a priority inversion).
 Not ``SCHED_IDLE``: a helper must not starve when the ranks keep every core busy (the
 event queue would fill, the plots would freeze).
 """
+
 from __future__ import annotations
 
 import os

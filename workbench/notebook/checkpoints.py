@@ -3,6 +3,7 @@
 Every collective step runs on all ranks through :meth:`RankSet.apply`; pure file
 operations (list, delete, resolve) run here in the notebook.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -13,9 +14,27 @@ from ..engine import rpc
 from ..shared.checkpoint import catalog
 from ..shared.checkpoint.integrity import DamagedCheckpoint, Problem, describe_problems
 
-__all__ = ["save", "load", "list", "delete", "export", "wait", "autosave", "resume", "get_dir", "set_dir",
-           "describe_save", "describe_load", "rollback_hint", "verify", "describe_verify", "NoGoodCheckpoint",
-           "SaveFailed", "LoadFailed"]
+__all__ = [
+    "save",
+    "load",
+    "list",
+    "delete",
+    "export",
+    "wait",
+    "autosave",
+    "resume",
+    "get_dir",
+    "set_dir",
+    "describe_save",
+    "describe_load",
+    "rollback_hint",
+    "verify",
+    "describe_verify",
+    "NoGoodCheckpoint",
+    "SaveFailed",
+    "LoadFailed",
+]
+
 
 def _rs(rankset=None):
     if rankset is not None:
@@ -46,14 +65,19 @@ def set_dir(path: str) -> str:
     return sess.checkpoint_root
 
 
-def save(tag: str | None = None, *, async_: bool = False, root: str | None = None, with_optimizer: bool = True,
-         rankset=None) -> dict:
+def save(
+    tag: str | None = None, *, async_: bool = False, root: str | None = None, with_optimizer: bool = True, rankset=None
+) -> dict:
     """Checkpoint every rank's model, optimizer, step, data position and RNG into ``root``."""
     rs = _rs(rankset)
     from .cluster import shared_dir
 
     shared_dir.require(rs, get_dir(root))  # ranks on several hosts: a folder they all share
-    res = _storage_errors_once(rs.submit(rpc.handle, rpc.SaveCheckpoint(root=get_dir(root), tag=tag, async_=async_, with_optimizer=with_optimizer)))
+    res = _storage_errors_once(
+        rs.submit(
+            rpc.handle, rpc.SaveCheckpoint(root=get_dir(root), tag=tag, async_=async_, with_optimizer=with_optimizer)
+        )
+    )
     info = dict(res[0])
     info["blocked_s"] = max(r.get("blocked_s", 0.0) for r in res)
     return info
@@ -91,8 +115,14 @@ def _storage_errors_once(call) -> builtins.list:
         raise
 
 
-def load(which: str | int = "latest", *, root: str | None = None, model_only: bool = False, rankset=None,
-         skip_damaged: bool = False) -> dict:
+def load(
+    which: str | int = "latest",
+    *,
+    root: str | None = None,
+    model_only: bool = False,
+    rankset=None,
+    skip_damaged: bool = False,
+) -> dict:
     """Load ``latest``, a step or a tag into the live ranks (any world size / strategy).
 
     All or nothing: the ranks verify the files first and apply nothing unless every rank has
@@ -154,7 +184,9 @@ def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[dict]:
             f"{exc}\nThe load of {os.path.basename(folder)} did not complete. The checkpoint is applied only once "
             "every rank has read its part, so each surviving rank holds either its old state or the whole "
             "checkpoint, never a mix; but the ranks no longer form a group: a restart is needed "
-            "(`%distrain restart --resume`).", deaths=exc.deaths) from None
+            "(`%distrain restart --resume`).",
+            deaths=exc.deaths,
+        ) from None
 
 
 def _verify_on_ranks(rs, folder: str) -> builtins.list[Problem]:
@@ -173,16 +205,29 @@ def verify(which: str | int = "latest", *, root: str | None = None, rankset=None
     try:
         folder, m = catalog.resolve(root, which)
     except DamagedCheckpoint as exc:
-        return {"name": os.path.basename(exc.folder), "path": exc.folder, "problems": exc.problems,
-                "alternative": exc.alternative, "root": root}
+        return {
+            "name": os.path.basename(exc.folder),
+            "path": exc.folder,
+            "problems": exc.problems,
+            "alternative": exc.alternative,
+            "root": root,
+        }
     if rankset is not None or api.is_running():
         rs = _rs(rankset)
         problems, by = _verify_on_ranks(rs, folder), rs.world_size
     else:
         problems, by = catalog.verify_local(folder), 0
-    out = {"name": os.path.basename(folder), "path": folder, "problems": problems, "root": root,
-           "files": len(m.integrity or m.files), "bytes": m.bytes, "checksums": bool(m.integrity),
-           "ranks": by, "verify_s": time.perf_counter() - t0}
+    out = {
+        "name": os.path.basename(folder),
+        "path": folder,
+        "problems": problems,
+        "root": root,
+        "files": len(m.integrity or m.files),
+        "bytes": m.bytes,
+        "checksums": bool(m.integrity),
+        "ranks": by,
+        "verify_s": time.perf_counter() - t0,
+    }
     if problems:
         out["alternative"] = catalog.newest_good(root, exclude=(folder,))
     return out
@@ -190,12 +235,15 @@ def verify(which: str | int = "latest", *, root: str | None = None, rankset=None
 
 def describe_verify(info: dict) -> str:
     if info["problems"]:
-        return describe_problems(info["path"], info["problems"], alternative=info.get("alternative"),
-                                 root=info["root"]).replace(", nothing was loaded", "")
+        return describe_problems(
+            info["path"], info["problems"], alternative=info.get("alternative"), root=info["root"]
+        ).replace(", nothing was loaded", "")
     what = "sizes and checksums" if info["checksums"] else "sizes (saved without checksums)"
     where = f"by {info['ranks']} ranks" if info["ranks"] else "in the notebook (no ranks running)"
-    return (f"{info['name']}: good: {info['files']} files, {info['bytes'] / 2**20:.2f} MiB, {what} checked "
-            f"{where} in {info['verify_s']:.2f} s")
+    return (
+        f"{info['name']}: good: {info['files']} files, {info['bytes'] / 2**20:.2f} MiB, {what} checked "
+        f"{where} in {info['verify_s']:.2f} s"
+    )
 
 
 def list(root: str | None = None):  # noqa: A001 - the sub-command's name
@@ -219,8 +267,15 @@ def delete(which, *, root: str | None = None, keep: int | None = None, rankset=N
     return removed
 
 
-def export(path: str, which: str | int = "latest", *, root: str | None = None, dtype: str | None = None,
-           hf: bool = False, rankset=None) -> dict:
+def export(
+    path: str,
+    which: str | int = "latest",
+    *,
+    root: str | None = None,
+    dtype: str | None = None,
+    hf: bool = False,
+    rankset=None,
+) -> dict:
     """Write one consolidated ``.safetensors`` of the model (on rank 0 when ranks run); with
     ``hf=True`` a folder ``path`` that ``transformers``' ``from_pretrained`` loads (config.json +
     model.safetensors under the Hugging Face names), from a checkpoint of a transformers model."""
@@ -228,12 +283,18 @@ def export(path: str, which: str | int = "latest", *, root: str | None = None, d
 
     folder, m = catalog.resolve(get_dir(root), which)
     if hf and not m.model_config:
-        raise ValueError(f"checkpoint {m.name} keeps no Hugging Face config: the model saved was not a transformers "
-                         "model. Export plain safetensors instead: `%distrain ckpt export PATH.safetensors`")
+        raise ValueError(
+            f"checkpoint {m.name} keeps no Hugging Face config: the model saved was not a transformers "
+            "model. Export plain safetensors instead: `%distrain ckpt export PATH.safetensors`"
+        )
     path = os.path.abspath(path)
     if rankset is not None or api.is_running():
-        return _rs(rankset).apply(rpc.handle, rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf), ranks=[0])[0]
-    return rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf).run()  # no ranks: in this process (imports torch)
+        return _rs(rankset).apply(
+            rpc.handle, rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf), ranks=[0]
+        )[0]
+    return rpc.ExportWeights(
+        folder=folder, path=path, dtype=dtype, hf=hf
+    ).run()  # no ranks: in this process (imports torch)
 
 
 def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str | None = None, rankset=None):
@@ -255,8 +316,9 @@ def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str
     return sess.autosave
 
 
-def resume(setup=None, which: str | int = "latest", *, n: int | None = None, root: str | None = None,
-           **restart_options) -> dict:
+def resume(
+    setup=None, which: str | int = "latest", *, n: int | None = None, root: str | None = None, **restart_options
+) -> dict:
     """Restart the ranks (dead or alive), rebuild the model with ``setup``, load ``which``.
 
     ``setup``: code (str) run on every rank as a cell, or a function called here in the
@@ -266,14 +328,16 @@ def resume(setup=None, which: str | int = "latest", *, n: int | None = None, roo
     ``workbench.notebook.training.setup`` (``train start --model ...``) is repeated.
     ``restart_options``: ``backend=``, ``timeout=`` for :func:`workbench.notebook.api.restart`.
     """
-    from . import api, session, training
+    from . import api, training
 
     sess = api.session()
     setup = setup if setup is not None else sess.resume_setup or training.last_setup(sess)
     if setup is None:
-        raise ValueError("resume needs the setup that builds the model and calls checkpoint_hooks.track(...): "
-                         "workbench.notebook.checkpoints.resume(setup_code) or `%distrain ckpt resume --setup VAR` "
-                         "(or build the trainer with `%distrain train start --model tiny` first)")
+        raise ValueError(
+            "resume needs the setup that builds the model and calls checkpoint_hooks.track(...): "
+            "workbench.notebook.checkpoints.resume(setup_code) or `%distrain ckpt resume --setup VAR` "
+            "(or build the trainer with `%distrain train start --model tiny` first)"
+        )
     latest = which in (None, "", "latest")
     try:  # refuse before restarting when there is nothing to load
         catalog.resolve(get_dir(root), which)
@@ -297,15 +361,21 @@ def resume(setup=None, which: str | int = "latest", *, n: int | None = None, roo
 def describe_save(info: dict) -> str:
     where = info.get("path", "")
     if info.get("async") and "save_s" not in info:
-        return (f"saving {info['name']} (step {info['step']}) in the background; training was blocked "
-                f"{info['blocked_s'] * 1000:.0f} ms. It becomes `latest` when complete ({where})")
-    return f"saved {info['name']} (step {info['step']}) in {info.get('save_s', info.get('blocked_s', 0)):.2f} s to {where}"
+        return (
+            f"saving {info['name']} (step {info['step']}) in the background; training was blocked "
+            f"{info['blocked_s'] * 1000:.0f} ms. It becomes `latest` when complete ({where})"
+        )
+    return (
+        f"saved {info['name']} (step {info['step']}) in {info.get('save_s', info.get('blocked_s', 0)):.2f} s to {where}"
+    )
 
 
 def describe_load(info: dict) -> str:
-    text = (f"loaded {info['name']} (step {info['step']}, loss {info['loss']}) saved as {info['from_strategy']} on "
-            f"{info['from_world_size']} ranks into {info['strategy']} on {info['world_size']} ranks "
-            f"in {info['load_s']:.2f} s")
+    text = (
+        f"loaded {info['name']} (step {info['step']}, loss {info['loss']}) saved as {info['from_strategy']} on "
+        f"{info['from_world_size']} ranks into {info['strategy']} on {info['world_size']} ranks "
+        f"in {info['load_s']:.2f} s"
+    )
     if info.get("model_only"):
         text += " (model only: fresh optimizer)"
     if info.get("notes") or info.get("skipped"):
@@ -315,7 +385,9 @@ def describe_load(info: dict) -> str:
 
 def rollback_hint(step: int, loss, root: str | None = None) -> str:
     """The message shown when training pauses on a NaN/Inf/spiking loss."""
-    what = "NaN/Inf" if loss is None or (isinstance(loss, float) and not math.isfinite(loss)) else f"a spike ({loss:.4g})"
+    what = (
+        "NaN/Inf" if loss is None or (isinstance(loss, float) and not math.isfinite(loss)) else f"a spike ({loss:.4g})"
+    )
     root = get_dir(root)
     found = catalog.entries(root)
     skipped = []

@@ -15,6 +15,7 @@ notebook during the run are copied there too.
 Jupyter / IPython / ipyparallel state goes under ``.state/`` of the current folder
 unless ``IPYTHONDIR`` / ``JUPYTER_*`` are already set (the Makefile sets them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,13 @@ import shutil
 import sys
 import time
 
-STATE_VARS = (("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
-              ("JUPYTER_CONFIG_DIR", "jupyter/config"), ("JUPYTER_DATA_DIR", "jupyter/data"),
-              ("MPLCONFIGDIR", "mpl"))
+STATE_VARS = (
+    ("IPYTHONDIR", "ipython"),
+    ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
+    ("JUPYTER_CONFIG_DIR", "jupyter/config"),
+    ("JUPYTER_DATA_DIR", "jupyter/data"),
+    ("MPLCONFIGDIR", "mpl"),
+)
 _STARTED = re.compile(r"^(\d+) ranks up\b", re.M)
 
 
@@ -114,8 +119,9 @@ def cell_errors(nb) -> list[CellError]:
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 first = (cell.source.strip().splitlines() or [""])[0]
-                errors.append(CellError(index, number, output.get("ename", ""),
-                                        _plain(output.get("evalue", "")), first))
+                errors.append(
+                    CellError(index, number, output.get("ename", ""), _plain(output.get("evalue", "")), first)
+                )
                 break
     return errors
 
@@ -134,8 +140,14 @@ def ranks_started(nb) -> int:
     return total
 
 
-def run(notebook: str | os.PathLike, out: str | os.PathLike = "runs", *, timeout: float = 600,
-        kernel_name: str = "python3", startup_timeout: float = 120) -> DemoResult:
+def run(
+    notebook: str | os.PathLike,
+    out: str | os.PathLike = "runs",
+    *,
+    timeout: float = 600,
+    kernel_name: str = "python3",
+    startup_timeout: float = 120,
+) -> DemoResult:
     """Execute ``notebook``; write the executed copy and exports under ``out/<timestamp>/``."""
     import nbformat
     from nbclient import NotebookClient
@@ -146,9 +158,14 @@ def run(notebook: str | os.PathLike, out: str | os.PathLike = "runs", *, timeout
     nb = nbformat.read(notebook, as_version=4)
     cwd = notebook.parent
     os.environ["WORKBENCH_RUN_DIR"] = str(run_dir)  # the kernel inherits it
-    client = NotebookClient(nb, timeout=timeout, startup_timeout=startup_timeout,
-                            kernel_name=kernel_name, allow_errors=True,
-                            resources={"metadata": {"path": str(cwd)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        startup_timeout=startup_timeout,
+        kernel_name=kernel_name,
+        allow_errors=True,
+        resources={"metadata": {"path": str(cwd)}},
+    )
     failure = None
     t0, wall0 = time.perf_counter(), time.time() - 1
     kernel_log = run_dir / "kernel.log"  # the kernel process's own stdout/stderr
@@ -173,10 +190,16 @@ def run(notebook: str | os.PathLike, out: str | os.PathLike = "runs", *, timeout
     exports += [p for p in _html_files(run_dir, 0) if p not in exports]
     code = [c for c in nb.cells if c.cell_type == "code"]
     return DemoResult(
-        notebook=notebook, executed=executed, run_dir=run_dir,
+        notebook=notebook,
+        executed=executed,
+        run_dir=run_dir,
         cells_run=sum(1 for c in code if c.get("execution_count") is not None),
-        code_cells=len(code), seconds=seconds, ranks_started=ranks_started(nb),
-        errors=cell_errors(nb), exports=exports, failure=failure,
+        code_cells=len(code),
+        seconds=seconds,
+        ranks_started=ranks_started(nb),
+        errors=cell_errors(nb),
+        exports=exports,
+        failure=failure,
     )
 
 

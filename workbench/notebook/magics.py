@@ -1,11 +1,12 @@
 """``%distrain`` and ``%%distrain``: parse, then call the Python API (nothing else)."""
+
 from __future__ import annotations
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import api
 from ..shared.argtypes import non_negative_float, rank_selection, seconds
+from . import api
 from .auto_cells import AUTO_MAGIC, MARKER
 from .cluster.cell import GRACE_S
 from .commands import UsageError, dispatch
@@ -24,26 +25,35 @@ class DistrainMagics(Magics):
     @magic_arguments()
     @argument("--on", default=None, help="the named rank set to run on, without making it current")
     @argument("--ranks", type=rank_selection, default=None, help="ranks to run on: 0,2-3 or all (default all)")
-    @argument("--timeout", type=seconds, default=None,
-              help="seconds before the cell is reported stuck (default: no timeout)")
-    @argument("--grace", type=non_negative_float, default=None,
-              help="when a rank fails while others still run: seconds they get to finish "
-                   "before they are interrupted (default 3)")
-    @argument("--fail-fast", action="store_true",
-              help="interrupt the other ranks as soon as one fails")
-    @argument("--stream", action="store_true", default=None,
-              help="show output live as it arrives (default: in a kernel from the first line, "
-                   "regrouped per rank at the end; elsewhere after 3 s)")
-    @argument("--no-stream", dest="stream", action="store_false",
-              help="show output only at the end, grouped per rank")
+    @argument(
+        "--timeout", type=seconds, default=None, help="seconds before the cell is reported stuck (default: no timeout)"
+    )
+    @argument(
+        "--grace",
+        type=non_negative_float,
+        default=None,
+        help="when a rank fails while others still run: seconds they get to finish "
+        "before they are interrupted (default 3)",
+    )
+    @argument("--fail-fast", action="store_true", help="interrupt the other ranks as soon as one fails")
+    @argument(
+        "--stream",
+        action="store_true",
+        default=None,
+        help="show output live as it arrives (default: in a kernel from the first line, "
+        "regrouped per rank at the end; elsewhere after 3 s)",
+    )
+    @argument("--no-stream", dest="stream", action="store_false", help="show output only at the end, grouped per rank")
     @cell_magic("distrain")
     def distrain_cell(self, line: str, cell: str):
         """Run the cell on the ranks; variables persist per rank between cells."""
         try:
             args = parse_argstring(self.distrain_cell, line)
         except Exception as exc:  # UsageError from magic_arguments
-            raise UsageError(f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] "
-                             "[--grace S|--fail-fast] [--stream|--no-stream] [--on NAME]") from None
+            raise UsageError(
+                f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] "
+                "[--grace S|--fail-fast] [--stream|--no-stream] [--on NAME]"
+            ) from None
         if args.grace is not None and args.fail_fast:
             raise UsageError("--grace and --fail-fast contradict each other: give one of them")
         grace = 0.0 if args.fail_fast else (GRACE_S if args.grace is None else args.grace)

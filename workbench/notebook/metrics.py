@@ -5,6 +5,7 @@ a spreadsheet all group and pivot without reshaping; ``wide=True`` gives one row
 (step, rank) instead. Read from the notebook's event store, never from the ranks, so it
 works while training runs and after the ranks stopped.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -26,7 +27,9 @@ def metrics(run: str | None = "latest", *, wide: bool = False, store=None, sessi
     if sessions is not None:
         from .session import KERNEL
 
-        names = list(KERNEL.by_name) if sessions == "all" else [sessions] if isinstance(sessions, str) else list(sessions)
+        names = (
+            list(KERNEL.by_name) if sessions == "all" else [sessions] if isinstance(sessions, str) else list(sessions)
+        )
         frames = []
         for name in names:
             one = metrics(run, wide=wide, store=stream.last_store(name))

@@ -5,6 +5,7 @@ The ranks do the profiling (``workbench.engine.profiling``); this arms them, wai
 each rank's Chrome/Perfetto trace (``rank{r}.trace.json``, openable in ui.perfetto.dev or
 chrome://tracing) and reads them (``workbench.notebook.dashboard.profile_figure``).
 """
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,8 @@ import pathlib
 import time
 from dataclasses import dataclass
 
-from . import api
 from ..engine import rpc
+from . import api
 
 __all__ = ["Profile", "profile", "profile_cell"]
 
@@ -59,8 +60,11 @@ def profile(steps: int = 3, *, ranks=None, out: str | None = None, timeout: floa
         stuck = [r for r, s in zip(sel, states) if not s["done"] and s["trainer_state"] not in ("running", None)]
         if stuck or time.monotonic() > deadline:
             rs.apply(rpc.handle, rpc.Profile(action="cancel"), ranks=sel)
-            why = (f"the trainer stopped on rank(s) {stuck} before {steps} steps were profiled" if stuck
-                   else f"no trace after {timeout:.0f} s")
+            why = (
+                f"the trainer stopped on rank(s) {stuck} before {steps} steps were profiled"
+                if stuck
+                else f"no trace after {timeout:.0f} s"
+            )
             raise RuntimeError(f"profile cancelled: {why}; the profiler is stopped on every rank")
         time.sleep(0.2)
     return _gather(rs, sel, states, folder)
@@ -77,8 +81,10 @@ def profile_cell(code: str, *, ranks=None, out: str | None = None, rankset=None)
 
 
 def _folder(out: str | None) -> pathlib.Path:
-    folder = pathlib.Path(out or os.path.join(os.environ.get("WORKBENCH_RUN_DIR", "."), "profiles",
-                                              time.strftime("profile-%Y%m%d-%H%M%S"))).resolve()
+    folder = pathlib.Path(
+        out
+        or os.path.join(os.environ.get("WORKBENCH_RUN_DIR", "."), "profiles", time.strftime("profile-%Y%m%d-%H%M%S"))
+    ).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -97,5 +103,10 @@ def _gather(rs, sel, states, folder) -> Profile:
             path.write_bytes(rs.apply(rpc.handle, rpc.Profile(action="read"), ranks=[r])[0])
         files[r] = str(path)
     traces = {r: load_trace(p) for r, p in files.items()}
-    return Profile(folder=str(folder), files=files, summary=summary_table(traces), top_ops=top_ops(traces),
-                   figure=profile_figure(traces))
+    return Profile(
+        folder=str(folder),
+        files=files,
+        summary=summary_table(traces),
+        top_ops=top_ops(traces),
+        figure=profile_figure(traces),
+    )

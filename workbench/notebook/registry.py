@@ -8,6 +8,7 @@ server extension (:mod:`workbench.labserver`) reads these entries, so it can sho
 ranks while the owning kernel is busy. An entry whose kernel process is gone is stale: it is
 reported as such and cleaned. Never imports torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -152,8 +153,15 @@ def entry_for(rankset, *, stream_address: str | None = None, stream_key: str | N
     for rank, eid in enumerate(rankset.engine_ids):
         info = rankset.info[rank] if rank < len(rankset.info) else {}
         proc = rankset.procs[rank] if rank < len(rankset.procs) else None
-        ranks.append({"rank": rank, "engine_id": eid, "host": info.get("host", proc.host if proc else "?"),
-                      "pid": info.get("pid", proc.pid if proc else None), "device": info.get("device", "?")})
+        ranks.append(
+            {
+                "rank": rank,
+                "engine_id": eid,
+                "host": info.get("host", proc.host if proc else "?"),
+                "pid": info.get("pid", proc.pid if proc else None),
+                "device": info.get("device", "?"),
+            }
+        )
     return {
         "version": VERSION,
         "id": f"{os.getpid()}-{re.sub(r'[^A-Za-z0-9_.-]', '_', cid)}",

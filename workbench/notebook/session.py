@@ -6,6 +6,7 @@ checkpoints folder and hang reports. Several named sessions may run side by side
 (``%distrain start -n 2 --name ddp``); the API and magics act on the current one
 (``%distrain use NAME``), or on one named per call (``%%distrain --on NAME``).
 """
+
 from __future__ import annotations
 
 import os
@@ -86,8 +87,10 @@ class Sessions:
     def get(self, name: str) -> Session:
         if name not in self.by_name:
             have = ", ".join(self.by_name) or "none yet"
-            raise UnknownSession(f"there is no rank set named {name!r}; the sessions are: {have} "
-                                 f"(start one with `%distrain start -n 2 --name {name}`)")
+            raise UnknownSession(
+                f"there is no rank set named {name!r}; the sessions are: {have} "
+                f"(start one with `%distrain start -n 2 --name {name}`)"
+            )
         return self.by_name[name]
 
     def add(self, name: str) -> Session:

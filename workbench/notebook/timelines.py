@@ -3,10 +3,11 @@
 Pulls the ranks' step records (``workbench.engine.timeline``: spans the trainer already
 measures) and draws them (``workbench.notebook.dashboard.timeline_figure``).
 """
+
 from __future__ import annotations
 
-from . import api
 from ..engine import rpc
+from . import api
 
 __all__ = ["records", "timeline", "pipeline_runs", "pipeline_schedule"]
 
@@ -16,7 +17,11 @@ def records(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None)
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     rs = rankset if rankset is not None else api.current()
-    return [rec for per_rank in rs.apply(rpc.handle, rpc.RecentSteps(steps=int(steps), run_id=run), ranks=ranks) for rec in per_rank]
+    return [
+        rec
+        for per_rank in rs.apply(rpc.handle, rpc.RecentSteps(steps=int(steps), run_id=run), ranks=ranks)
+        for rec in per_rank
+    ]
 
 
 def timeline(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None):

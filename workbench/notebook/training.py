@@ -6,6 +6,7 @@ thread, so they return at once even mid-run. A hyperparameter change is two-phas
 staged (and checked) on every rank, then committed; the ranks' per-step MAX agreement
 then applies it at the same step everywhere, and a bad name changes nothing.
 """
+
 from __future__ import annotations
 
 from . import api, session, stream
@@ -70,8 +71,9 @@ def start(steps: int, *, step_timeout: float | None = None, rankset=None) -> str
     if step_timeout:
         from .watchdog import StepWatchdog
 
-        sess.watchdog = StepWatchdog(rs, store, run, step_timeout, mark=mark,
-                                     on_hang=lambda rep: _on_hang(sess, store, rep))
+        sess.watchdog = StepWatchdog(
+            rs, store, run, step_timeout, mark=mark, on_hang=lambda rep: _on_hang(sess, store, rep)
+        )
     return run
 
 
@@ -137,8 +139,9 @@ def states(run: str | None = None, *, rankset=None) -> dict[int, str]:
     return {r: e["state"] for r, e in sorted(store.run_state(run, sess.marks.get(run, 0)).items())}
 
 
-def wait(until=DONE_STATES, timeout: float = 120.0, *, run: str | None = None, step: int | None = None,
-         rankset=None) -> dict[int, str]:
+def wait(
+    until=DONE_STATES, timeout: float = 120.0, *, run: str | None = None, step: int | None = None, rankset=None
+) -> dict[int, str]:
     """Wait until every rank's stream reports a state in ``until`` (or reached ``step``).
 
     Works from the stream, not by asking the ranks, so it sees exactly what the
@@ -164,6 +167,8 @@ def wait(until=DONE_STATES, timeout: float = 120.0, *, run: str | None = None, s
         return len(st) == n and all(e["state"] in until for e in st.values())
 
     if not store.wait(done, timeout):
-        raise TimeoutError(f"training did not reach {step if step is not None else '/'.join(until)} within "
-                           f"{timeout} s; last states: {states(run, rankset=rs)}")
+        raise TimeoutError(
+            f"training did not reach {step if step is not None else '/'.join(until)} within "
+            f"{timeout} s; last states: {states(run, rankset=rs)}"
+        )
     return states(run, rankset=rs)

@@ -9,6 +9,7 @@ a rank whose training thread is anywhere else (a hook, the data loader, a lock) 
 one holding everybody up. Nothing is killed or paused. The report is printed, kept in
 the session's ``hangs`` (``workbench.session().hangs``) and put into the run's stream as a log event (rank -1).
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,8 +21,15 @@ from .cluster.diagnosis import collect_stacks, stack_lines, thread_blocks
 # frames of a training thread that waits for its peers: torch.distributed calls, the workbench's
 # timing wrappers, the ranks' per-step agreement (shared memory or gloo), and backward (where
 # DDP's reducer waits for gradients)
-_COLLECTIVE = ("/torch/distributed/", "comm_timing.py", "agreement.py", "in _agree", "in all_reduce_mean",
-               "in _average", "/torch/autograd/")
+_COLLECTIVE = (
+    "/torch/distributed/",
+    "comm_timing.py",
+    "agreement.py",
+    "in _agree",
+    "in all_reduce_mean",
+    "in _average",
+    "/torch/autograd/",
+)
 _TRAINER = "in _loop"
 
 
@@ -52,23 +60,41 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
         low = min(last.values()) if last else 0
         stuck = [r for r in waiting if last.get(r, 0) == low and len(set(last.values())) > 1]
     where = {r: _where(f) for r, (_, f) in kinds.items()}
-    lines = [f"training {run}: no step for {idle_s:.1f} s (step timeout {timeout:g} s); last step per rank: "
-             + ", ".join(f"{r}: {s}" for r, s in sorted(last.items())) + ". Where each rank's training thread is:"]
-    for r, (kind, frames) in sorted(kinds.items()):
-        label = {"collective": "waiting for the others in a collective", "stuck": "STUCK (not in a collective)",
-                 "gone": "no training thread"}[kind]
+    lines = [
+        f"training {run}: no step for {idle_s:.1f} s (step timeout {timeout:g} s); last step per rank: "
+        + ", ".join(f"{r}: {s}" for r, s in sorted(last.items()))
+        + ". Where each rank's training thread is:"
+    ]
+    for r, (kind, _frames) in sorted(kinds.items()):
+        label = {
+            "collective": "waiting for the others in a collective",
+            "stuck": "STUCK (not in a collective)",
+            "gone": "no training thread",
+        }[kind]
         lines.append(f"  [rank {r}] {label}: {where[r]}")
     for r in stuck:
         lines.extend(stack_lines(r, kinds[r][1][:12]))
     if stuck:
-        lines.append(f"rank(s) {', '.join(map(str, stuck))} hold the run up; nothing was stopped "
-                     "(`%distrain train stop` ends the run once they return, `%distrain restart --resume` "
-                     "starts over from the latest checkpoint)")
+        lines.append(
+            f"rank(s) {', '.join(map(str, stuck))} hold the run up; nothing was stopped "
+            "(`%distrain train stop` ends the run once they return, `%distrain restart --resume` "
+            "starts over from the latest checkpoint)"
+        )
     else:
-        lines.append("every rank waits in a collective: mismatched collectives or a lost peer; "
-                     "`%distrain where` shows every thread")
-    return {"run": run, "time": time.time(), "idle_s": idle_s, "stuck": stuck, "waiting": waiting,
-            "where": where, "stacks": stacks, "text": "\n".join(lines)}
+        lines.append(
+            "every rank waits in a collective: mismatched collectives or a lost peer; "
+            "`%distrain where` shows every thread"
+        )
+    return {
+        "run": run,
+        "time": time.time(),
+        "idle_s": idle_s,
+        "stuck": stuck,
+        "waiting": waiting,
+        "where": where,
+        "stacks": stacks,
+        "text": "\n".join(lines),
+    }
 
 
 def _where(frames: list[str]) -> str:
@@ -76,16 +102,14 @@ def _where(frames: list[str]) -> str:
     (the user's or the workbench's code) when that is another."""
     if not frames:
         return "?"
-    own = next((f for f in frames if "/torch/" not in f
-                and not ("/lib/python3" in f and "-packages/" not in f)), None)
+    own = next((f for f in frames if "/torch/" not in f and not ("/lib/python3" in f and "-packages/" not in f)), None)
     return frames[0] if own in (None, frames[0]) else f"{frames[0]} <- {own}"
 
 
 class StepWatchdog:
     """Watches ``run`` of ``rankset`` through ``store``; calls ``on_hang(report)`` once per stall."""
 
-    def __init__(self, rankset, store, run: str, timeout: float, *, mark: int = 0, on_hang=None,
-                 poll: float = 0.25):
+    def __init__(self, rankset, store, run: str, timeout: float, *, mark: int = 0, on_hang=None, poll: float = 0.25):
         if timeout <= 0:
             raise ValueError(f"step timeout must be positive, got {timeout}")
         self.rankset, self.store, self.run, self.timeout = rankset, store, run, float(timeout)
@@ -124,8 +148,12 @@ class StepWatchdog:
                     stacks = collect_stacks(self.rankset, list(range(n)))
                     rep = report(self.run, self.timeout, idle, steps, stacks)
                 except Exception as exc:  # the watchdog must not die with the diagnosis
-                    rep = {"run": self.run, "stuck": [], "text": f"training {self.run}: no step for {idle:.1f} s; "
-                           f"reading the ranks' stacks failed: {type(exc).__name__}: {exc}"}
+                    rep = {
+                        "run": self.run,
+                        "stuck": [],
+                        "text": f"training {self.run}: no step for {idle:.1f} s; "
+                        f"reading the ranks' stacks failed: {type(exc).__name__}: {exc}",
+                    }
                 self.reports.append(rep)
                 try:
                     self.on_hang(rep)

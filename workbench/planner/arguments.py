@@ -16,15 +16,17 @@ from .model_spec import ModelSpec
 from .recommend import default_global_batch
 from .report import Plan, plan
 
-USAGE = ("usage: %distrain plan --model 70b --hw h100 [--gpus N] [--tp N] [--pp N] [--dp N] "
-         "[--zero 0-3] [--cp N] [--ep N] [--microbatches M] [--mbs B] "
-         "[--schedule 1f1b|gpipe|interleaved] [--virtual-stages V] "
-         "[--stages balanced|7,8*14,7] [--precision bf16|fp32|fp16|fp8] [--fp8] "
-         "[--attention flash|eager] [--recompute none|selective|full] [--offload] "
-         "[--no-sp] [--seq-len S] [--tokens 1e12] [--price USD/h]")
+USAGE = (
+    "usage: %distrain plan --model 70b --hw h100 [--gpus N] [--tp N] [--pp N] [--dp N] "
+    "[--zero 0-3] [--cp N] [--ep N] [--microbatches M] [--mbs B] "
+    "[--schedule 1f1b|gpipe|interleaved] [--virtual-stages V] "
+    "[--stages balanced|7,8*14,7] [--precision bf16|fp32|fp16|fp8] [--fp8] "
+    "[--attention flash|eager] [--recompute none|selective|full] [--offload] "
+    "[--no-sp] [--seq-len S] [--tokens 1e12] [--price USD/h]"
+)
 
 
-def _stages(text: str) -> "tuple[int, ...] | str":
+def _stages(text: str) -> tuple[int, ...] | str:
     """'balanced', or counts per stage: '7,8*14,7' (N*K repeats N, K times)."""
     if text == "balanced":
         return text
@@ -34,8 +36,7 @@ def _stages(text: str) -> "tuple[int, ...] | str":
             value, _, times = part.strip().partition("*")
             counts += [int(value)] * (int(times) if times else 1)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'balanced' or layer counts like 7,8*14,7, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected 'balanced' or layer counts like 7,8*14,7, got {text!r}") from None
     return tuple(counts)
 
 
@@ -75,7 +76,7 @@ def _parser() -> _Parser:
     return p
 
 
-def plan_from_args(argv: "list[str] | str") -> Plan:
+def plan_from_args(argv: list[str] | str) -> Plan:
     """Parse magic arguments (a list, or one string split like a shell) into a Plan.
 
     --dp fills dp_shard when ZeRO is on and dp_replicate otherwise; if neither --dp
@@ -92,8 +93,7 @@ def plan_from_args(argv: "list[str] | str") -> Plan:
             raise ValueError(f"--fp8 and --precision {args.precision} disagree; give one")
         precision = "fp8" if args.fp8 else (args.precision or "bf16")
         if args.stages is not None and args.pp == 1:
-            raise ValueError("--stages says how layers split over pipeline stages; "
-                             "give --pp N (N >= 2) with it")
+            raise ValueError("--stages says how layers split over pipeline stages; give --pp N (N >= 2) with it")
         model = ModelSpec.preset(args.model, seq_len=args.seq_len)
         rep, shard = args.dp_replicate or 1, args.dp_shard or 1
         if args.dp is not None:
@@ -103,23 +103,32 @@ def plan_from_args(argv: "list[str] | str") -> Plan:
         elif args.gpus and not (args.dp_replicate or args.dp_shard):
             inner = args.tp * args.pp * args.cp
             if args.gpus % inner:
-                raise ValueError(f"--gpus {args.gpus} is not divisible by "
-                                 f"tp*pp*cp={inner}")
+                raise ValueError(f"--gpus {args.gpus} is not divisible by tp*pp*cp={inner}")
             dp = args.gpus // inner
             rep, shard = (1, dp) if zero else (dp, 1)
         virtual = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)
         micro = args.microbatches or _default_microbatches(model, rep * shard, args)
-        layout = PlanLayout(dp_replicate=rep, dp_shard=shard, zero_stage=zero, tp=args.tp,
-                            pp=args.pp, cp=args.cp, ep=args.ep, microbatches=micro,
-                            schedule=args.schedule, virtual_stages=virtual,
-                            precision=precision, recompute=args.recompute,
-                            optimizer_offload=args.offload, micro_batch_size=args.mbs,
-                            seq_parallel=not args.no_sp, attention=args.attention,
-                            stage_layers=args.stages)
+        layout = PlanLayout(
+            dp_replicate=rep,
+            dp_shard=shard,
+            zero_stage=zero,
+            tp=args.tp,
+            pp=args.pp,
+            cp=args.cp,
+            ep=args.ep,
+            microbatches=micro,
+            schedule=args.schedule,
+            virtual_stages=virtual,
+            precision=precision,
+            recompute=args.recompute,
+            optimizer_offload=args.offload,
+            micro_batch_size=args.mbs,
+            seq_parallel=not args.no_sp,
+            attention=args.attention,
+            stage_layers=args.stages,
+        )
         if args.gpus and layout.world_size != args.gpus:
-            raise ValueError(
-                f"--gpus {args.gpus} but the layout uses pp*dp*cp*tp = {layout.world_size}"
-            )
+            raise ValueError(f"--gpus {args.gpus} but the layout uses pp*dp*cp*tp = {layout.world_size}")
         return plan(model, layout, args.hw, tokens=args.tokens, price=args.price)
     except ValueError as err:
         raise ValueError(f"{err}. {USAGE}") from None

@@ -15,6 +15,7 @@ size, as in nccl-tests. The alpha-beta model (Hockney 1994; Thakur, Rabenseifner
 2005) prices a message of ``S`` bytes at ``t = alpha + S / beta_bw``: a fixed latency plus
 the bytes over a bandwidth.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,9 +54,9 @@ def busbw(collective: str, n: int, nbytes: float, seconds: float) -> float:
 class AlphaBeta:
     """``t(S) = alpha + S / bandwidth`` (seconds, bytes, bytes/s) and how well it fits."""
 
-    alpha: float        # seconds: the latency of an empty message
-    bandwidth: float    # bytes/s: 1 / the slope
-    r2: float           # coefficient of determination of the fit on the points given
+    alpha: float  # seconds: the latency of an empty message
+    bandwidth: float  # bytes/s: 1 / the slope
+    r2: float  # coefficient of determination of the fit on the points given
 
     def seconds(self, nbytes: float) -> float:
         return self.alpha + nbytes / self.bandwidth
@@ -77,8 +78,10 @@ def fit_alpha_beta(sizes: list[float], seconds: list[float]) -> AlphaBeta:
     slope = sxy / sxx
     alpha = my - slope * mx
     if slope <= 0:
-        raise ValueError(f"time does not grow with size (slope {slope:.3g} s/B): the run is "
-                         "dominated by noise; use larger sizes or more iterations")
+        raise ValueError(
+            f"time does not grow with size (slope {slope:.3g} s/B): the run is "
+            "dominated by noise; use larger sizes or more iterations"
+        )
     pred = [alpha + slope * x for x in sizes]
     ss_res = sum(wi * (y - p) ** 2 for wi, y, p in zip(w, seconds, pred))
     ss_tot = sum(wi * (y - my) ** 2 for wi, y in zip(w, seconds))

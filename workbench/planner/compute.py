@@ -20,16 +20,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .flops import (attention_flops_per_token, flops_per_token, layer_and_head_seconds,
-                    token_flops)
+from .flops import attention_flops_per_token, flops_per_token, layer_and_head_seconds, token_flops
 from .hardware import Hardware, load_hardware
 from .layout import PlanLayout
 from .model_spec import ModelSpec
 from .pipeline import assignment_bubble, rank_layers
 
-__all__ = ["DEFAULT_KERNEL_EFFICIENCY", "ComputeEstimate", "RunCost", "attention_flops_per_token",
-           "bubble_fraction", "estimate_compute", "flops_per_token", "implied_mfu",
-           "recompute_flops_per_token", "run_cost", "stage_imbalance", "training_days"]
+__all__ = [
+    "DEFAULT_KERNEL_EFFICIENCY",
+    "ComputeEstimate",
+    "RunCost",
+    "attention_flops_per_token",
+    "bubble_fraction",
+    "estimate_compute",
+    "flops_per_token",
+    "implied_mfu",
+    "recompute_flops_per_token",
+    "run_cost",
+    "stage_imbalance",
+    "training_days",
+]
 
 SECONDS_PER_DAY = 86_400
 # The one achievable fraction of the dense peak for every part and every run: what
@@ -55,8 +65,7 @@ def recompute_flops_per_token(model: ModelSpec, recompute: str) -> float:
     return 0.0
 
 
-def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b",
-                    virtual_stages: int = 1) -> float:
+def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1) -> float:
     """Pipeline idle time for even stages: (p-1)/m, or (p-1)/(m v) interleaved."""
     if pp <= 1:
         return 0.0
@@ -64,8 +73,7 @@ def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b",
     return (pp - 1) / (microbatches * v)
 
 
-def stage_imbalance(model: ModelSpec, layout: PlanLayout, layer_seconds: float,
-                    head_seconds: float) -> float:
+def stage_imbalance(model: ModelSpec, layout: PlanLayout, layer_seconds: float, head_seconds: float) -> float:
     """Busiest pipeline rank's work over the mean rank's, minus one (0 when even)."""
     if layout.pp <= 1:
         return 0.0
@@ -120,10 +128,14 @@ class ComputeEstimate:
         return getattr(self, f"{convention}_flops_per_step") / self.devices / self.step_seconds
 
 
-def estimate_compute(model: ModelSpec, layout: PlanLayout, hardware: Hardware,
-                     exposed_comm_seconds: float = 0.0,
-                     kernel_efficiency: float = DEFAULT_KERNEL_EFFICIENCY,
-                     offload_seconds: float = 0.0) -> ComputeEstimate:
+def estimate_compute(
+    model: ModelSpec,
+    layout: PlanLayout,
+    hardware: Hardware,
+    exposed_comm_seconds: float = 0.0,
+    kernel_efficiency: float = DEFAULT_KERNEL_EFFICIENCY,
+    offload_seconds: float = 0.0,
+) -> ComputeEstimate:
     """Step time and MFU of one optimizer step of dp * m * mbs sequences."""
     tokens = layout.dp * layout.microbatches * layout.micro_batch_size * model.seq_len
     per_token = token_flops(model, layout)
@@ -142,16 +154,31 @@ def estimate_compute(model: ModelSpec, layout: PlanLayout, hardware: Hardware,
     model_flops = per_token.model * tokens
     mfu = model_flops / (step * world * peak)
     return ComputeEstimate(
-        tokens, model_flops, per_token.hardware * tokens, compute, bubble, compute * bubble,
-        exposed_comm_seconds, step, mfu, tokens / step, kernel_efficiency,
-        imbalance=imbalance, matmul_seconds=matmul_s, attention_seconds=attention_s,
-        offload_seconds=offload_seconds, published_flops_per_step=per_token.published * tokens,
+        tokens,
+        model_flops,
+        per_token.hardware * tokens,
+        compute,
+        bubble,
+        compute * bubble,
+        exposed_comm_seconds,
+        step,
+        mfu,
+        tokens / step,
+        kernel_efficiency,
+        imbalance=imbalance,
+        matmul_seconds=matmul_s,
+        attention_seconds=attention_s,
+        offload_seconds=offload_seconds,
+        published_flops_per_step=per_token.published * tokens,
         published_hardware_flops_per_step=per_token.published_hardware * tokens,
-        peak_flops=peak, devices=world)
+        peak_flops=peak,
+        devices=world,
+    )
 
 
-def offload_seconds(optimizer_params: float, host_link_bytes_per_s: float,
-                    param_bytes: int = 2, grad_bytes: int = 2) -> float:
+def offload_seconds(
+    optimizer_params: float, host_link_bytes_per_s: float, param_bytes: int = 2, grad_bytes: int = 2
+) -> float:
     """ZeRO-Offload per step: gradients down, updated parameters up over the host link,
     and the CPU Adam update of this rank's optimizer shard (Ren et al. 2021)."""
     if optimizer_params <= 0:
@@ -161,16 +188,18 @@ def offload_seconds(optimizer_params: float, host_link_bytes_per_s: float,
 
 
 # ------------------------------------------------------------------ budget and cost
-def training_days(model: ModelSpec, tokens: float, gpus: int, hardware: "Hardware | str",
-                  mfu: float, precision: str = "bf16") -> float:
+def training_days(
+    model: ModelSpec, tokens: float, gpus: int, hardware: Hardware | str, mfu: float, precision: str = "bf16"
+) -> float:
     """Days to train on `tokens`: tokens * FLOPs/token / (gpus * peak * MFU)."""
     hw = load_hardware(hardware)
     throughput = gpus * hw.peak_flops(precision) * mfu
     return tokens * flops_per_token(model) / throughput / SECONDS_PER_DAY
 
 
-def implied_mfu(model: ModelSpec, tokens: float, gpus: int, hardware: "Hardware | str",
-                days: float, precision: str = "bf16") -> float:
+def implied_mfu(
+    model: ModelSpec, tokens: float, gpus: int, hardware: Hardware | str, days: float, precision: str = "bf16"
+) -> float:
     """The MFU a quoted (gpus, days) for a token budget assumes (inverse of the above)."""
     hw = load_hardware(hardware)
     available = gpus * hw.peak_flops(precision) * days * SECONDS_PER_DAY
@@ -187,18 +216,27 @@ class RunCost:
     usd_range: tuple[float, float] | None = None
 
     def __str__(self) -> str:
-        text = (f"{self.gpus} GPUs x {self.days:.1f} days = {self.gpu_hours:,.0f} GPU-hours"
-                f" x {self.price_per_hour:g} USD/h = {self.usd / 1e6:.3f}M USD")
+        text = (
+            f"{self.gpus} GPUs x {self.days:.1f} days = {self.gpu_hours:,.0f} GPU-hours"
+            f" x {self.price_per_hour:g} USD/h = {self.usd / 1e6:.3f}M USD"
+        )
         if self.usd_range:
             low, high = self.usd_range
             text += f" (range {low / 1e6:.3f}-{high / 1e6:.3f}M)"
         return text
 
 
-def run_cost(gpus: int, days: float | None = None, price: float | None = None, *,
-             model: ModelSpec | None = None, tokens: float | None = None,
-             hardware: "Hardware | str | None" = None, mfu: float | None = None,
-             precision: str = "bf16") -> RunCost:
+def run_cost(
+    gpus: int,
+    days: float | None = None,
+    price: float | None = None,
+    *,
+    model: ModelSpec | None = None,
+    tokens: float | None = None,
+    hardware: Hardware | str | None = None,
+    mfu: float | None = None,
+    precision: str = "bf16",
+) -> RunCost:
     """GPU-hours and USD of a run: gpus * days * 24 * price.
 
     Give `days` directly, or leave it None and give model, tokens, hardware and mfu to
@@ -207,8 +245,7 @@ def run_cost(gpus: int, days: float | None = None, price: float | None = None, *
     """
     hw = load_hardware(hardware) if hardware is not None else None
     if days is None:
-        missing = [k for k, v in dict(model=model, tokens=tokens, hardware=hw, mfu=mfu).items()
-                   if v is None]
+        missing = [k for k, v in dict(model=model, tokens=tokens, hardware=hw, mfu=mfu).items() if v is None]
         if missing:
             raise ValueError(f"run_cost: give days, or derive them with {', '.join(missing)}")
         days = training_days(model, tokens, gpus, hw, mfu, precision)

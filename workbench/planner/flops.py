@@ -35,10 +35,10 @@ from .model_spec import ModelSpec
 class TokenFlops:
     """FLOPs per trained token, split by the peak they run at."""
 
-    matmul: float       # parameter matmuls (fp8 peak under fp8, else the precision's)
-    attention: float    # scores and their backward (bf16 peak, also under fp8)
-    model: float        # the planner's model FLOPs (its MFU numerator)
-    published: float    # 6N + 12 L h s (PaLM appendix B)
+    matmul: float  # parameter matmuls (fp8 peak under fp8, else the precision's)
+    attention: float  # scores and their backward (bf16 peak, also under fp8)
+    model: float  # the planner's model FLOPs (its MFU numerator)
+    published: float  # 6N + 12 L h s (PaLM appendix B)
     published_hardware: float  # the same with recompute counted (Narayanan et al. 2021)
 
     @property
@@ -67,8 +67,7 @@ def flops_per_token(model: ModelSpec, include_attention: bool = True) -> float:
 def matmul_params_per_layer(model: ModelSpec) -> float:
     """Active parameters of one layer that multiply activations (norm weights excluded)."""
     router = model.hidden * model.experts if model.is_moe else 0
-    return (model.attention_params_per_layer() + model.top_k * model.mlp_params_per_expert()
-            + router)
+    return model.attention_params_per_layer() + model.top_k * model.mlp_params_per_expert() + router
 
 
 def head_params(model: ModelSpec) -> float:
@@ -109,20 +108,26 @@ def token_flops(model: ModelSpec, layout: PlanLayout) -> TokenFlops:
         published_hw = published + 4 * lhs
     else:
         published_hw = published
-    return TokenFlops(matmul=matmul, attention=attention,
-                      model=6 * nm + 6 * model.layers * model.hidden * model.seq_len,
-                      published=published, published_hardware=published_hw)
+    return TokenFlops(
+        matmul=matmul,
+        attention=attention,
+        model=6 * nm + 6 * model.layers * model.hidden * model.seq_len,
+        published=published,
+        published_hardware=published_hw,
+    )
 
 
-def layer_and_head_seconds(model: ModelSpec, layout: PlanLayout, matmul_rate: float,
-                           attention_rate: float) -> tuple[float, float]:
+def layer_and_head_seconds(
+    model: ModelSpec, layout: PlanLayout, matmul_rate: float, attention_rate: float
+) -> tuple[float, float]:
     """Seconds per token of one layer and of the output head at the given FLOP rates."""
     recompute_matmul = 8 if layout.recompute == "full" else 6
     forward, total = attention_hardware_per_layer(model, layout.attention)
-    attention = total + (forward if layout.recompute == "full" or
-                         (layout.recompute == "selective" and layout.attention == "eager")
-                         else 0)
-    layer = (recompute_matmul * matmul_params_per_layer(model) / matmul_rate
-             + attention / attention_rate)
+    attention = total + (
+        forward
+        if layout.recompute == "full" or (layout.recompute == "selective" and layout.attention == "eager")
+        else 0
+    )
+    layer = recompute_matmul * matmul_params_per_layer(model) / matmul_rate + attention / attention_rate
     head = 6 * head_params(model) / matmul_rate
     return layer, head

@@ -84,7 +84,7 @@ def _load_catalogue() -> dict[str, Hardware]:
 HARDWARE: dict[str, Hardware] = _load_catalogue()
 
 
-def load_hardware(name: "str | Hardware") -> Hardware:
+def load_hardware(name: str | Hardware) -> Hardware:
     """Look up hardware by key or alias, case-insensitively ("h100", "H100-SXM", "v5p").
 
     A `Hardware` passes through unchanged, so functions can accept either.

@@ -56,11 +56,20 @@ class PlanLayout:
     micro_batch_size: int = 1
     seq_parallel: bool = True
     attention: str = "flash"
-    stage_layers: "tuple[int, ...] | str | None" = None
+    stage_layers: tuple[int, ...] | str | None = None
 
     def __post_init__(self) -> None:
-        for field in ("dp_replicate", "dp_shard", "tp", "pp", "microbatches", "cp", "ep",
-                      "micro_batch_size", "virtual_stages"):
+        for field in (
+            "dp_replicate",
+            "dp_shard",
+            "tp",
+            "pp",
+            "microbatches",
+            "cp",
+            "ep",
+            "micro_batch_size",
+            "virtual_stages",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"PlanLayout.{field}={value!r}: must be an int >= 1")
@@ -81,8 +90,7 @@ class PlanLayout:
                     "(model chunks per pipeline rank); use virtual_stages=2 or schedule='1f1b'"
                 )
             if self.pp < 2:
-                raise ValueError("PlanLayout: schedule='interleaved' needs pp >= 2; "
-                                 "use schedule='1f1b' with pp=1")
+                raise ValueError("PlanLayout: schedule='interleaved' needs pp >= 2; use schedule='1f1b' with pp=1")
             if self.microbatches % self.pp:
                 raise ValueError(
                     f"PlanLayout: interleaved 1F1B needs microbatches divisible by pp "
@@ -155,7 +163,7 @@ class PlanLayout:
     def stride(self, dim: str) -> int:
         """Distance in global rank between neighbours along `dim` (product of inner sizes)."""
         index = MESH_DIM_NAMES.index(dim)
-        return prod(self.mesh_shape()[index + 1:])
+        return prod(self.mesh_shape()[index + 1 :])
 
     def describe(self) -> str:
         parts = [f"{n}={s}" for n, s in zip(MESH_DIM_NAMES, self.mesh_shape()) if s > 1]
@@ -164,12 +172,10 @@ class PlanLayout:
         if self.zero_stage:
             parts.append(f"zero{self.zero_stage}")
         if self.pp > 1:
-            sched = self.schedule + (f"(v={self.virtual_stages})"
-                                     if self.schedule == "interleaved" else "")
+            sched = self.schedule + (f"(v={self.virtual_stages})" if self.schedule == "interleaved" else "")
             parts.append(f"{sched} m={self.microbatches}")
         if self.pp > 1 and self.stage_layers is not None:
-            parts.append("stages=" + ("balanced" if self.stage_layers == "balanced" else
-                                      _fold(self.stage_layers)))
+            parts.append("stages=" + ("balanced" if self.stage_layers == "balanced" else _fold(self.stage_layers)))
         if self.recompute != "none":
             parts.append(f"recompute={self.recompute}")
         if self.optimizer_offload:
@@ -190,8 +196,9 @@ class PlanLayout:
                 "(kv heads are split, or replicated when tp > kv_heads)"
             )
         if model.ffn % self.tp:
-            raise ValueError(f"tp={self.tp} does not divide ffn={model.ffn}; "
-                             f"use tp in {_divisors(model.ffn, limit=64)}")
+            raise ValueError(
+                f"tp={self.tp} does not divide ffn={model.ffn}; use tp in {_divisors(model.ffn, limit=64)}"
+            )
         if self.pp > model.layers:
             raise ValueError(
                 f"pp={self.pp} exceeds layers={model.layers}: every pipeline stage needs "
@@ -204,15 +211,14 @@ class PlanLayout:
                 f"{model.layers}, or stage_layers='balanced'"
             )
         if model.seq_len % self.cp:
-            raise ValueError(f"cp={self.cp} does not divide seq_len={model.seq_len}; "
-                             "context parallelism splits each sequence evenly")
+            raise ValueError(
+                f"cp={self.cp} does not divide seq_len={model.seq_len}; context parallelism splits each sequence evenly"
+            )
         if self.ep > 1 and not model.is_moe:
-            raise ValueError(f"ep={self.ep} needs a mixture-of-experts model "
-                             "(experts > 1); use ep=1 for a dense model")
+            raise ValueError(f"ep={self.ep} needs a mixture-of-experts model (experts > 1); use ep=1 for a dense model")
         if self.ep > 1 and model.experts % self.ep:
             raise ValueError(
-                f"ep={self.ep} does not divide experts={model.experts}; "
-                f"use ep in {_divisors(model.experts)}"
+                f"ep={self.ep} does not divide experts={model.experts}; use ep in {_divisors(model.experts)}"
             )
 
     def layers_per_stage(self, model: ModelSpec) -> int:
@@ -226,26 +232,29 @@ class PlanLayout:
         if given is None or given == "balanced":
             return
         if isinstance(given, str):
-            raise ValueError(f"PlanLayout.stage_layers={given!r}: give layer counts per "
-                             "stage (a tuple of ints), 'balanced', or None")
+            raise ValueError(
+                f"PlanLayout.stage_layers={given!r}: give layer counts per stage (a tuple of ints), 'balanced', or None"
+            )
         counts = tuple(given)
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
             raise ValueError(f"PlanLayout.stage_layers={list(counts)}: counts must be ints >= 0")
         if self.pp == 1:
-            raise ValueError("PlanLayout.stage_layers needs pp >= 2 (it says how the layers "
-                             "are split over pipeline stages)")
+            raise ValueError(
+                "PlanLayout.stage_layers needs pp >= 2 (it says how the layers are split over pipeline stages)"
+            )
         chunks = self.pp * self.virtual_stages
         if len(counts) not in (self.pp, chunks):
             raise ValueError(
                 f"PlanLayout.stage_layers has {len(counts)} entries: give one per pipeline "
-                f"rank ({self.pp})" + (f" or one per model chunk ({chunks})"
-                                       if chunks != self.pp else "")
+                f"rank ({self.pp})" + (f" or one per model chunk ({chunks})" if chunks != self.pp else "")
             )
-        per_rank = [sum(counts[r::self.pp]) for r in range(self.pp)]
+        per_rank = [sum(counts[r :: self.pp]) for r in range(self.pp)]
         if min(per_rank) < 1:
-            raise ValueError(f"PlanLayout.stage_layers={list(counts)} leaves pipeline rank "
-                             f"{per_rank.index(0)} without a transformer layer; give every "
-                             "rank at least one")
+            raise ValueError(
+                f"PlanLayout.stage_layers={list(counts)} leaves pipeline rank "
+                f"{per_rank.index(0)} without a transformer layer; give every "
+                "rank at least one"
+            )
         object.__setattr__(self, "stage_layers", counts)
 
 

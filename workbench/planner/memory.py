@@ -55,13 +55,23 @@ from .layout import PlanLayout
 from .model_spec import ModelSpec
 from .pipeline import in_flight_layers, rank_layers
 
-__all__ = ["STATE_BYTES", "MemoryBreakdown", "activation_bytes_per_layer", "fmt_bytes",
-           "fp8_weight_bytes", "in_flight_layers", "logits_bytes", "memory_per_rank",
-           "model_state_bytes", "params_on_stage", "state_bytes_per_param",
-           "total_model_state_bytes"]
+__all__ = [
+    "STATE_BYTES",
+    "MemoryBreakdown",
+    "activation_bytes_per_layer",
+    "fmt_bytes",
+    "fp8_weight_bytes",
+    "in_flight_layers",
+    "logits_bytes",
+    "memory_per_rank",
+    "model_state_bytes",
+    "params_on_stage",
+    "state_bytes_per_param",
+    "total_model_state_bytes",
+]
 
 FP8_SAVED_LINEAR_INPUTS = 14  # of the 34 s*b*h: kept in fp8 (1 byte) instead of 16-bit
-FP8_WEIGHT_COPY_BYTES = 2     # fp8 weight + its transpose, per layer matmul parameter
+FP8_WEIGHT_COPY_BYTES = 2  # fp8 weight + its transpose, per layer matmul parameter
 
 # bytes per parameter: (parameters, gradients, optimizer states) -- ZeRO paper 3.1
 STATE_BYTES = {
@@ -99,9 +109,13 @@ class MemoryBreakdown:
         return self.model_states + self.activations + self.logits + self.fp8_weights
 
     def parts(self) -> dict[str, float]:
-        out = {"parameters": self.parameters, "gradients": self.gradients,
-               "optimizer": self.optimizer, "activations": self.activations,
-               "logits": self.logits}
+        out = {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "logits": self.logits,
+        }
         if self.fp8_weights:
             out["fp8 weights"] = self.fp8_weights
         return out
@@ -175,8 +189,7 @@ def params_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[f
     return layers * (attention + small) + embed, layers * expert
 
 
-def model_state_bytes(model: ModelSpec, layout: PlanLayout, stage: int
-                      ) -> tuple[float, float, float, float]:
+def model_state_bytes(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer, offloaded) bytes for one rank of `stage`."""
     dense, expert = params_on_stage(model, layout, stage)
     p_bytes, g_bytes, o_bytes = STATE_BYTES[layout.precision]
@@ -203,8 +216,10 @@ def fp8_weight_bytes(model: ModelSpec, layout: PlanLayout, stage: int) -> float:
     """Transformer Engine's cached fp8 weight copies (weight and transpose) on `stage`."""
     if layout.precision != "fp8" or layout.zero_stage == 3:
         return 0.0
-    matmul = (model.attention_params_per_layer() / layout.tp
-              + model.mlp_params_per_expert() * model.experts / layout.tp / layout.ep)
+    matmul = (
+        model.attention_params_per_layer() / layout.tp
+        + model.mlp_params_per_expert() * model.experts / layout.tp / layout.ep
+    )
     return FP8_WEIGHT_COPY_BYTES * matmul * rank_layers(model, layout)[stage]
 
 
@@ -217,8 +232,9 @@ def memory_per_rank(model: ModelSpec, layout: PlanLayout) -> MemoryBreakdown:
         params, grads, optim, offloaded = model_state_bytes(model, layout, stage)
         acts = per_layer * in_flight_layers(model, layout, stage)
         logits = logits_bytes(model, layout) if stage == layout.pp - 1 else 0.0
-        candidate = MemoryBreakdown(params, grads, optim, acts, logits, stage, offloaded,
-                                    fp8_weight_bytes(model, layout, stage))
+        candidate = MemoryBreakdown(
+            params, grads, optim, acts, logits, stage, offloaded, fp8_weight_bytes(model, layout, stage)
+        )
         if best is None or candidate.total > best.total:
             best = candidate
     assert best is not None

@@ -52,8 +52,7 @@ class ModelSpec:
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len",
-                      "experts", "top_k"):
+        for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "experts", "top_k"):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ModelSpec.{field} must be a positive int, got {value!r}")
@@ -69,8 +68,7 @@ class ModelSpec:
             )
         if self.top_k > self.experts:
             raise ValueError(
-                f"ModelSpec: top_k={self.top_k} exceeds experts={self.experts}; "
-                f"use top_k <= {self.experts}"
+                f"ModelSpec: top_k={self.top_k} exceeds experts={self.experts}; use top_k <= {self.experts}"
             )
 
     # ----------------------------------------------------------------- shape helpers
@@ -106,12 +104,13 @@ class ModelSpec:
         embedding = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         total = self.layers * per_layer + embedding + self.hidden
         active = self.layers * active_layer + embedding + self.hidden
-        return ParamCount(total=total, active=active, embedding=embedding,
-                          per_layer=per_layer, expert_per_layer=self.experts * expert)
+        return ParamCount(
+            total=total, active=active, embedding=embedding, per_layer=per_layer, expert_per_layer=self.experts * expert
+        )
 
     # ----------------------------------------------------------------------- presets
     @classmethod
-    def llama(cls, size: str, *, seq_len: int | None = None) -> "ModelSpec":
+    def llama(cls, size: str, *, seq_len: int | None = None) -> ModelSpec:
         """Llama 3 / 3.1 shapes from the Meta model cards ("8b", "70b", "405b")."""
         key = size.lower().removeprefix("llama").removeprefix("-").removeprefix("3")
         key = key.removeprefix(".1").removeprefix("-")
@@ -123,7 +122,7 @@ class ModelSpec:
         return cls(name=f"llama3-{key}", **shape)
 
     @classmethod
-    def preset(cls, name: str, *, seq_len: int | None = None) -> "ModelSpec":
+    def preset(cls, name: str, *, seq_len: int | None = None) -> ModelSpec:
         """Any preset by name: "8b", "70b", "405b", "llama3-70b", "mixtral-8x7b"."""
         key = name.lower()
         if key in _OTHER:
@@ -143,16 +142,14 @@ def _near_divisor(n: int, k: int) -> int:
 
 
 _LLAMA = {
-    "8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256,
-               seq_len=8192),
-    "70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256,
-                seq_len=8192),
-    "405b": dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256,
-                 seq_len=8192),
+    "8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192),
+    "70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, seq_len=8192),
+    "405b": dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256, seq_len=8192),
 }
 
 _OTHER = {
     # Mixtral 8x7B (Jiang et al. 2024): 46.7B total, 12.9B active.
-    "mixtral-8x7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
-                         vocab=32000, seq_len=4096, experts=8, top_k=2),
+    "mixtral-8x7b": dict(
+        layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, seq_len=4096, experts=8, top_k=2
+    ),
 }

@@ -34,10 +34,10 @@ from .model_spec import ModelSpec
 # importing it here would make a cycle.
 
 EMBEDDING_WEIGHT = 1  # torchtitan generate_llm_fqn_per_model_part(input_weight=1)
-HEAD_WEIGHT = 1       # ... (output_weight=1): norm + output projection + loss
+HEAD_WEIGHT = 1  # ... (output_weight=1): norm + output projection + loss
 
 
-def chunk_layers(model: ModelSpec, layout: "PlanLayout") -> tuple[int, ...]:
+def chunk_layers(model: ModelSpec, layout: PlanLayout) -> tuple[int, ...]:
     """Transformer layers of each model chunk, in pipeline order (pp * v entries)."""
     p, v = layout.pp, layout.virtual_stages
     chunks = p * v
@@ -74,14 +74,14 @@ def balanced_layers(layers: int, chunks: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def rank_layers(model: ModelSpec, layout: "PlanLayout") -> tuple[int, ...]:
+def rank_layers(model: ModelSpec, layout: PlanLayout) -> tuple[int, ...]:
     """Transformer layers held by each pipeline rank (its chunks summed)."""
     chunks = chunk_layers(model, layout)
     p = layout.pp
     return tuple(sum(chunks[r::p]) for r in range(p))
 
 
-def in_flight_layers(model: ModelSpec, layout: "PlanLayout", stage: int = 0) -> float:
+def in_flight_layers(model: ModelSpec, layout: PlanLayout, stage: int = 0) -> float:
     """Layers' worth of activations pipeline rank `stage` holds at its peak."""
     p, m, v = layout.pp, layout.microbatches, layout.virtual_stages
     per_rank = rank_layers(model, layout)
@@ -105,7 +105,7 @@ def in_flight_layers(model: ModelSpec, layout: "PlanLayout", stage: int = 0) -> 
     return held
 
 
-def assignment_bubble(model: ModelSpec, layout: "PlanLayout") -> float:
+def assignment_bubble(model: ModelSpec, layout: PlanLayout) -> float:
     """Fill and drain idle time of the busiest rank as a fraction of its busy time."""
     if layout.pp <= 1:
         return 0.0
@@ -115,7 +115,7 @@ def assignment_bubble(model: ModelSpec, layout: "PlanLayout") -> float:
     return (sum(per_rank) - busiest) / (v * layout.microbatches * busiest)
 
 
-def describe_stages(model: ModelSpec, layout: "PlanLayout") -> str:
+def describe_stages(model: ModelSpec, layout: PlanLayout) -> str:
     """'7, 8 x 14, 7' (runs of equal counts folded), per pipeline rank."""
     counts = rank_layers(model, layout)
     parts: list[str] = []

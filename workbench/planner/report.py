@@ -10,13 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .communication import CommBreakdown, communication_per_step
-from .compute import (DEFAULT_KERNEL_EFFICIENCY, ComputeEstimate, RunCost, estimate_compute,
-                      offload_seconds, run_cost)
+from .compute import DEFAULT_KERNEL_EFFICIENCY, ComputeEstimate, RunCost, estimate_compute, offload_seconds, run_cost
 from .flops import token_flops
 from .hardware import Hardware, load_hardware
 from .layout import PlanLayout
-from .memory import (STATE_BYTES, MemoryBreakdown, activation_bytes_per_layer, fmt_bytes,
-                     memory_per_rank)
+from .memory import STATE_BYTES, MemoryBreakdown, activation_bytes_per_layer, fmt_bytes, memory_per_rank
 from .model_spec import ModelSpec
 from .pipeline import describe_stages, in_flight_layers
 
@@ -51,10 +49,8 @@ class Plan:
         rows.append(("memory", "total", self.memory.total / 1e9, "GB/GPU"))
         rows.append(("memory", "capacity", self.hardware.memory_gb, "GB/GPU"))
         for item in self.comm.items:
-            rows.append(("comm", f"{item.collective} ({item.group})", item.bytes / 1e9,
-                         "GB/step/GPU"))
-            rows.append(("comm_time", f"{item.collective} ({item.group})", item.seconds,
-                         "s/step"))
+            rows.append(("comm", f"{item.collective} ({item.group})", item.bytes / 1e9, "GB/step/GPU"))
+            rows.append(("comm_time", f"{item.collective} ({item.group})", item.seconds, "s/step"))
         c = self.compute
         rows += [
             ("compute", "tokens per step", c.tokens_per_step, "tokens"),
@@ -69,33 +65,36 @@ class Plan:
             ("compute", "tokens/s", c.tokens_per_second, "tokens/s"),
         ]
         if self.cost is not None:
-            rows += [("cost", "days", self.cost.days, "days"),
-                     ("cost", "GPU-hours", self.cost.gpu_hours, "GPU-h"),
-                     ("cost", "cost", self.cost.usd, "USD")]
+            rows += [
+                ("cost", "days", self.cost.days, "days"),
+                ("cost", "GPU-hours", self.cost.gpu_hours, "GPU-h"),
+                ("cost", "cost", self.cost.usd, "USD"),
+            ]
         return pd.DataFrame(rows, columns=["section", "item", "value", "unit"])
 
     def summary(self) -> str:
-        m, c, hw, layout = self.memory, self.compute, self.hardware, self.layout
+        m, hw, layout = self.memory, self.hardware, self.layout
         state = "fits" if self.fits else "DOES NOT FIT"
         lines = [
-            f"plan: {self.model.name} ({self.model.params().total / 1e9:.1f}B params) on "
-            f"{self.gpus} x {hw.name}",
+            f"plan: {self.model.name} ({self.model.params().total / 1e9:.1f}B params) on {self.gpus} x {hw.name}",
             f"layout: {layout.describe()}  [{layout.precision}]  attention: {layout.attention}",
         ]
         if layout.pp > 1:
             lines.append(f"layers per pipeline rank: {describe_stages(self.model, layout)}")
-        lines.append(f"memory per GPU (stage {m.stage}): {fmt_bytes(m.total)} of "
-                     f"{hw.memory_gb:g} GB (90% usable) -> {state}")
-        lines += [f"  {part:<12}{fmt_bytes(v):>10}{self._why_memory(part)}"
-                  for part, v in m.parts().items() if v]
+        lines.append(
+            f"memory per GPU (stage {m.stage}): {fmt_bytes(m.total)} of {hw.memory_gb:g} GB (90% usable) -> {state}"
+        )
+        lines += [f"  {part:<12}{fmt_bytes(v):>10}{self._why_memory(part)}" for part, v in m.parts().items() if v]
         if m.cpu_offload:
             lines.append(f"  {'(cpu)':<12}{fmt_bytes(m.cpu_offload):>10} optimizer offloaded")
         lines.append(f"comm per step per GPU: {fmt_bytes(self.comm.total_bytes)}")
         for i in self.comm.items:
             where = "intra-node" if i.intra_node else "inter-node"
-            lines.append(f"  {i.collective:<15}{i.group:<13}{fmt_bytes(i.bytes):>10}"
-                         f"  {i.seconds * 1e3:8.1f} ms  {where}"
-                         f"{'' if i.overlappable else '  (blocking)'}")
+            lines.append(
+                f"  {i.collective:<15}{i.group:<13}{fmt_bytes(i.bytes):>10}"
+                f"  {i.seconds * 1e3:8.1f} ms  {where}"
+                f"{'' if i.overlappable else '  (blocking)'}"
+            )
         lines += self._compute_lines()
         if self.cost is not None:
             lines.append(f"cost: {self.cost}")
@@ -112,18 +111,23 @@ class Plan:
             elif layout.attention == "eager" and layout.recompute == "none":
                 formula = "sbh(34 + 5as/h), scores stored (eager)"
             else:
-                formula = "34sbh, no s x s scores (" + (
-                    "flash" if layout.attention == "flash" else "selective recompute") + ")"
+                formula = (
+                    "34sbh, no s x s scores ("
+                    + ("flash" if layout.attention == "flash" else "selective recompute")
+                    + ")"
+                )
             if layout.precision == "fp8" and layout.recompute != "full":
                 formula += ", linear inputs in fp8 (34 -> 27)"
-            return (f" = {fmt_bytes(per_layer)}/layer [{formula}] x {held:g} layers in "
-                    f"flight ({layout.schedule})")
+            return f" = {fmt_bytes(per_layer)}/layer [{formula}] x {held:g} layers in flight ({layout.schedule})"
         if part in ("parameters", "gradients", "optimizer"):
             index = ("parameters", "gradients", "optimizer").index(part)
             nbytes = STATE_BYTES[layout.precision][index]
             zero_from = (3, 2, 1)[index]
-            split = (f" / {layout.shard_degree} ZeRO-{layout.zero_stage}"
-                     if layout.zero_stage >= zero_from and layout.shard_degree > 1 else "")
+            split = (
+                f" / {layout.shard_degree} ZeRO-{layout.zero_stage}"
+                if layout.zero_stage >= zero_from and layout.shard_degree > 1
+                else ""
+            )
             return f" = {nbytes} B/param{split}"
         if part == "logits":
             return " fp32 logits for the loss (last stage)"
@@ -147,7 +151,8 @@ class Plan:
             + f" = {c.compute_seconds:.2f} s",
             f"bubble: {c.bubble:.1%} of compute ({layout.schedule}, pp={layout.pp}, "
             f"m={layout.microbatches}"
-            + (f", v={layout.virtual_stages}" if layout.schedule == "interleaved" else "") + ")",
+            + (f", v={layout.virtual_stages}" if layout.schedule == "interleaved" else "")
+            + ")",
             f"step: {c.step_seconds:.2f} s = compute {c.compute_seconds:.2f} s "
             f"+ bubble {c.bubble_seconds:.2f} s + exposed comm {c.exposed_comm_seconds:.2f} s"
             + (f" + offload {c.offload_seconds:.2f} s" if c.offload_seconds else ""),
@@ -164,9 +169,15 @@ class Plan:
         return self.summary()
 
 
-def plan(model: ModelSpec, layout: PlanLayout, hardware: "Hardware | str",
-         tokens: float | None = None, price: float | None = None, *,
-         kernel_efficiency: float = DEFAULT_KERNEL_EFFICIENCY) -> Plan:
+def plan(
+    model: ModelSpec,
+    layout: PlanLayout,
+    hardware: Hardware | str,
+    tokens: float | None = None,
+    price: float | None = None,
+    *,
+    kernel_efficiency: float = DEFAULT_KERNEL_EFFICIENCY,
+) -> Plan:
     """Estimate memory, communication, step time, MFU and (with tokens) cost.
 
     The run's days come from the ESTIMATED throughput of this layout; `price` is USD per
@@ -187,24 +198,30 @@ def plan(model: ModelSpec, layout: PlanLayout, hardware: "Hardware | str",
     if tokens is not None:
         days = tokens / compute.tokens_per_second / 86_400
         cost = run_cost(layout.world_size, days, price, hardware=hw)
-    return Plan(model, layout, hw, memory, comm, compute, tokens, cost,
-                tuple(_warnings(model, layout, hw, memory)))
+    return Plan(model, layout, hw, memory, comm, compute, tokens, cost, tuple(_warnings(model, layout, hw, memory)))
 
 
-def _warnings(model: ModelSpec, layout: PlanLayout, hw: Hardware,
-              memory: MemoryBreakdown) -> list[str]:
+def _warnings(model: ModelSpec, layout: PlanLayout, hw: Hardware, memory: MemoryBreakdown) -> list[str]:
     out = []
     if not memory.fits(hw):
-        out.append(f"needs {fmt_bytes(memory.total)} per GPU but {hw.key} has "
-                   f"{hw.memory_gb:g} GB (90% usable): raise zero_stage, tp or pp, "
-                   "or turn on recompute")
+        out.append(
+            f"needs {fmt_bytes(memory.total)} per GPU but {hw.key} has "
+            f"{hw.memory_gb:g} GB (90% usable): raise zero_stage, tp or pp, "
+            "or turn on recompute"
+        )
     if layout.tp > hw.devices_per_node:
-        out.append(f"tp={layout.tp} spans nodes ({hw.devices_per_node} per node): TP "
-                   "all-reduces would cross the slow inter-node links")
+        out.append(
+            f"tp={layout.tp} spans nodes ({hw.devices_per_node} per node): TP "
+            "all-reduces would cross the slow inter-node links"
+        )
     if layout.pp > 1 and layout.microbatches < layout.pp:
-        out.append(f"microbatches={layout.microbatches} < pp={layout.pp}: the bubble "
-                   f"is {(layout.pp - 1) / layout.microbatches:.0%}; use m >= 4*pp")
+        out.append(
+            f"microbatches={layout.microbatches} < pp={layout.pp}: the bubble "
+            f"is {(layout.pp - 1) / layout.microbatches:.0%}; use m >= 4*pp"
+        )
     if layout.zero_stage == 3 and layout.pp > 1:
-        out.append("ZeRO-3 with pipeline parallelism re-gathers parameters every "
-                   "micro-batch; ZeRO-1 is the usual partner of PP")
+        out.append(
+            "ZeRO-3 with pipeline parallelism re-gathers parameters every "
+            "micro-batch; ZeRO-1 is the usual partner of PP"
+        )
     return out

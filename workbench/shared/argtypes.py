@@ -10,8 +10,16 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["int_at_least", "positive_int", "non_negative_int", "positive_float", "non_negative_float",
-           "seconds", "rank_selection", "MODEL_SIZES"]
+__all__ = [
+    "int_at_least",
+    "positive_int",
+    "non_negative_int",
+    "positive_float",
+    "non_negative_float",
+    "seconds",
+    "rank_selection",
+    "MODEL_SIZES",
+]
 
 # The teaching GPT's presets (workbench.engine.control.build_default), smallest first.
 MODEL_SIZES = ("tiny", "small")
@@ -87,8 +95,7 @@ def seconds(text: str) -> float:
 def rank_selection(text: str) -> str:
     """``all``, ``2``, ``0,2`` or ``1-3``: the form is checked here, the range by the rank set."""
     if not _RANKS.match(text):
-        raise argparse.ArgumentTypeError(
-            f"expected ranks like 'all', 2, 0,2 or 1-3, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected ranks like 'all', 2, 0,2 or 1-3, got {text!r}")
     return text.strip()
 
 

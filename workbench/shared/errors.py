@@ -1,4 +1,5 @@
 """Exceptions raised on the notebook side; each says what happened and what to do next."""
+
 from __future__ import annotations
 
 

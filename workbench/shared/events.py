@@ -18,6 +18,7 @@ and ``time`` (wall clock of the rank, seconds since the epoch):
   ``finished``, ``error``) at ``step``, with a human ``reason``.
 - ``log``: a line of text worth showing in the status line.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,12 +84,26 @@ def number(value):
     return value
 
 
-def step_event(*, run: str, rank: int, step: int, metrics: dict, comm: dict | None = None,
-               source: str = "trainer", t: float | None = None) -> dict:
+def step_event(
+    *,
+    run: str,
+    rank: int,
+    step: int,
+    metrics: dict,
+    comm: dict | None = None,
+    source: str = "trainer",
+    t: float | None = None,
+) -> dict:
     """One step record of one rank."""
     return {
-        "v": SCHEMA_VERSION, "kind": "step", "run": run, "rank": int(rank), "seq": _next_seq(run, rank),
-        "time": time.time() if t is None else t, "step": int(step), "source": source,
+        "v": SCHEMA_VERSION,
+        "kind": "step",
+        "run": run,
+        "rank": int(rank),
+        "seq": _next_seq(run, rank),
+        "time": time.time() if t is None else t,
+        "step": int(step),
+        "source": source,
         "metrics": {k: _clean(v) for k, v in metrics.items()},
         "comm": {k: {f: _clean(x) for f, x in d.items()} for k, d in (comm or {}).items()},
     }
@@ -97,14 +112,29 @@ def step_event(*, run: str, rank: int, step: int, metrics: dict, comm: dict | No
 def status_event(*, run: str, rank: int, state: str, step: int, reason: str = "") -> dict:
     if state not in STATES:
         raise SchemaError(f"unknown trainer state {state!r}: one of {', '.join(STATES)}")
-    return {"v": SCHEMA_VERSION, "kind": "status", "run": run, "rank": int(rank),
-            "seq": _next_seq(run, rank), "time": time.time(), "state": state, "step": int(step),
-            "reason": reason}
+    return {
+        "v": SCHEMA_VERSION,
+        "kind": "status",
+        "run": run,
+        "rank": int(rank),
+        "seq": _next_seq(run, rank),
+        "time": time.time(),
+        "state": state,
+        "step": int(step),
+        "reason": reason,
+    }
 
 
 def log_event(*, run: str, rank: int, text: str) -> dict:
-    return {"v": SCHEMA_VERSION, "kind": "log", "run": run, "rank": int(rank), "seq": _next_seq(run, rank),
-            "time": time.time(), "text": text}
+    return {
+        "v": SCHEMA_VERSION,
+        "kind": "log",
+        "run": run,
+        "rank": int(rank),
+        "seq": _next_seq(run, rank),
+        "time": time.time(),
+        "text": text,
+    }
 
 
 def encode(events: list[dict]) -> bytes:

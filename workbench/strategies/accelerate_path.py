@@ -9,6 +9,7 @@ switch so a previous Accelerator's plugin or mixed precision never leaks into th
 Accelerate never initialises the process group here: it finds the one the workbench
 runtime created (``torch.distributed.is_initialized()``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,14 @@ import torch.distributed as dist
 from .base import TORCH_DTYPES, Context, Prepared, PrepareError, all_reduce_mean
 from .layout import describe_params, make_layout
 
-__all__ = ["reset_accelerate_state", "ACCELERATE_ENV", "ACCELERATE_KINDS", "choose_path", "accelerate_prepare", "AcceleratePrepared"]
+__all__ = [
+    "reset_accelerate_state",
+    "ACCELERATE_ENV",
+    "ACCELERATE_KINDS",
+    "choose_path",
+    "accelerate_prepare",
+    "AcceleratePrepared",
+]
 
 ACCELERATE_KINDS = ("ddp", "fsdp2", "zero")
 
@@ -146,9 +154,27 @@ def accelerate_prepare(model, optimizer, ctx: Context) -> Prepared:
     pmodel, popt = accelerator.prepare(model, opt)
     inner = accelerator.unwrap_model(pmodel)
     ctx.notes.append(f"Accelerate {s.kind} ({accelerator.distributed_type}), mixed_precision={s.param_dtype}")
-    layout = make_layout(strategy=s.kind, path="accelerate", mesh_shape=(ctx.world_size,), dim_names=("dp",),
-                         rank=ctx.rank, world_size=ctx.world_size, params=describe_params(inner, 1),
-                         notes=ctx.notes, dp_rank=ctx.rank, dp_size=ctx.world_size)
-    return AcceleratePrepared(accelerator=accelerator, model=pmodel, optimizer=popt, layout=layout, spec=s,
-                              ctx=ctx, loss_group=dist.group.WORLD, dp_rank=ctx.rank, dp_size=ctx.world_size,
-                              inner=inner)
+    layout = make_layout(
+        strategy=s.kind,
+        path="accelerate",
+        mesh_shape=(ctx.world_size,),
+        dim_names=("dp",),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        params=describe_params(inner, 1),
+        notes=ctx.notes,
+        dp_rank=ctx.rank,
+        dp_size=ctx.world_size,
+    )
+    return AcceleratePrepared(
+        accelerator=accelerator,
+        model=pmodel,
+        optimizer=popt,
+        layout=layout,
+        spec=s,
+        ctx=ctx,
+        loss_group=dist.group.WORLD,
+        dp_rank=ctx.rank,
+        dp_size=ctx.world_size,
+        inner=inner,
+    )

@@ -5,11 +5,13 @@ registry maps ``StrategySpec.kind`` to it. What a strategy can do is part of the
 ``Prepared`` contract, declared by its class (``own_train_step``, ``reduce_scatter``,
 ``engine_state``, ``no_sync()``), so the trainer and checkpoints never guess it from names.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +20,19 @@ from torch import nn
 from .spec import SpecError, StrategySpec
 
 __all__ = [
-    "Strategy", "register", "get_strategy", "registered", "Prepared", "Context", "ModelHints",
-    "PrepareError", "lm_loss", "build_optimizer", "factory_from_optimizer", "check_optimizer_matches", "TORCH_DTYPES",
+    "Strategy",
+    "register",
+    "get_strategy",
+    "registered",
+    "Prepared",
+    "Context",
+    "ModelHints",
+    "PrepareError",
+    "lm_loss",
+    "build_optimizer",
+    "factory_from_optimizer",
+    "check_optimizer_matches",
+    "TORCH_DTYPES",
 ]
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -59,8 +72,9 @@ class Context:
 class Strategy(Protocol):
     kind: str
 
-    def apply(self, model: nn.Module, optimizer: OptimizerFactory | torch.optim.Optimizer, ctx: Context) -> "Prepared":
-        ...
+    def apply(
+        self, model: nn.Module, optimizer: OptimizerFactory | torch.optim.Optimizer, ctx: Context
+    ) -> Prepared: ...
 
 
 _REGISTRY: dict[str, Strategy] = {}
@@ -120,7 +134,9 @@ def build_optimizer(model: nn.Module, optimizer, notes: list[str]) -> torch.opti
         return factory(params)
     if callable(optimizer):
         return optimizer(params)
-    raise PrepareError(f"optimizer must be a torch.optim.Optimizer or a factory params -> optimizer, got {type(optimizer).__name__}")
+    raise PrepareError(
+        f"optimizer must be a torch.optim.Optimizer or a factory params -> optimizer, got {type(optimizer).__name__}"
+    )
 
 
 def check_optimizer_matches(model: nn.Module, optimizer: torch.optim.Optimizer, *, where: str = "") -> None:
@@ -181,9 +197,21 @@ class Prepared:
     engine_state: ClassVar[bool] = False
     shards_sequence: ClassVar[bool] = False
 
-    def __init__(self, *, model: nn.Module, optimizer, layout: dict, spec: StrategySpec,
-                 ctx: Context, mesh=None, loss_group=None, dp_rank: int = 0, dp_size: int = 1,
-                 inner: nn.Module | None = None, autocast_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer,
+        layout: dict,
+        spec: StrategySpec,
+        ctx: Context,
+        mesh=None,
+        loss_group=None,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        inner: nn.Module | None = None,
+        autocast_dtype: torch.dtype | None = None,
+    ):
         self.model = model
         self.optimizer = optimizer
         self.layout = layout
@@ -259,6 +287,8 @@ class Prepared:
 
     def __repr__(self) -> str:
         m = self.layout["mesh"]
-        return (f"Prepared({self.layout['strategy']} via {self.path}, mesh {m['dim_names']}={m['shape']}, "
-                f"rank {self.layout['rank']}/{self.layout['world_size']}, "
-                f"{self.layout['param_bytes_local']}/{self.layout['param_bytes_global']} param bytes local/global)")
+        return (
+            f"Prepared({self.layout['strategy']} via {self.path}, mesh {m['dim_names']}={m['shape']}, "
+            f"rank {self.layout['rank']}/{self.layout['world_size']}, "
+            f"{self.layout['param_bytes_local']}/{self.layout['param_bytes_global']} param bytes local/global)"
+        )

@@ -6,20 +6,28 @@ else the model's Hugging Face ``_no_split_modules``, else the largest ``ModuleLi
 When none is found the caller gets a :class:`PrepareError` naming the model's largest
 submodules: wrapping only the root would all-gather the whole model for every forward.
 """
+
 from __future__ import annotations
 
 import fnmatch
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
 
 from torch import nn
 
 from .base import PrepareError
 
-__all__ = ["Blocks", "BlocksArg", "find_blocks", "apply_activation_checkpointing", "apply_compile", "largest_submodules"]
+__all__ = [
+    "Blocks",
+    "BlocksArg",
+    "find_blocks",
+    "apply_activation_checkpointing",
+    "apply_compile",
+    "largest_submodules",
+]
 
-BlocksArg = Union[None, str, Sequence[str], Callable]
+BlocksArg = None | str | Sequence[str] | Callable
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,13 @@ def _outermost(found: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]
 
 def _predicate(pred: Callable) -> Callable[[str, nn.Module], bool]:
     try:
-        n_args = len([p for p in inspect.signature(pred).parameters.values()
-                      if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+        n_args = len(
+            [
+                p
+                for p in inspect.signature(pred).parameters.values()
+                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
+        )
     except (TypeError, ValueError):
         n_args = 1
     return (lambda name, m: bool(pred(name, m))) if n_args >= 2 else (lambda name, m: bool(pred(m)))
@@ -78,18 +91,23 @@ def _from_arg(model: nn.Module, blocks: BlocksArg) -> Blocks:
     else:
         wanted = [blocks] if isinstance(blocks, str) else list(blocks)
         if not wanted or not all(isinstance(w, str) for w in wanted):
-            raise PrepareError(f"blocks={blocks!r}: give class names, module paths (globs like 'layers.*'), "
-                               "or a predicate module -> bool")
-        found = [(n, m) for n, m in mods
-                 if any(type(m).__name__ == w or n == w or fnmatch.fnmatchcase(n, w) for w in wanted)]
+            raise PrepareError(
+                f"blocks={blocks!r}: give class names, module paths (globs like 'layers.*'), "
+                "or a predicate module -> bool"
+            )
+        found = [
+            (n, m) for n, m in mods if any(type(m).__name__ == w or n == w or fnmatch.fnmatchcase(n, w) for w in wanted)
+        ]
         what = f"blocks={wanted!r}"
     found = _outermost(found)
     if not found or (len(found) == 1 and found[0][1] is model):
         classes = sorted({type(m).__name__ for _, m in mods})
-        raise PrepareError(f"{what} matches no submodule of {type(model).__name__}; its classes are "
-                           f"{', '.join(classes[:12])}{' ...' if len(classes) > 12 else ''} and its largest "
-                           f"submodules {'; '.join(largest_submodules(model))}. Pass class names (blocks=['MyBlock']), "
-                           "module paths (blocks=['encoder.layers.*']) or a predicate (blocks=lambda m: ...)")
+        raise PrepareError(
+            f"{what} matches no submodule of {type(model).__name__}; its classes are "
+            f"{', '.join(classes[:12])}{' ...' if len(classes) > 12 else ''} and its largest "
+            f"submodules {'; '.join(largest_submodules(model))}. Pass class names (blocks=['MyBlock']), "
+            "module paths (blocks=['encoder.layers.*']) or a predicate (blocks=lambda m: ...)"
+        )
     names = [n for n, _ in found]
     return Blocks(tuple(names), tuple(m for _, m in found), "blocks=", _container_of(names))
 
@@ -136,7 +154,8 @@ def find_blocks(model: nn.Module, blocks: BlocksArg = None, *, purpose: str = "F
             "_no_split_modules, and no ModuleList/ModuleDict/Sequential of repeated modules of one class. "
             f"Its largest submodules: {'; '.join(largest_submodules(model)) or '(none)'}. "
             "Pass blocks= to prepare: class names (blocks=['MyBlock']), module paths "
-            "(blocks=['encoder', 'decoder']) or a predicate (blocks=lambda m: isinstance(m, MyBlock))")
+            "(blocks=['encoder', 'decoder']) or a predicate (blocks=lambda m: isinstance(m, MyBlock))"
+        )
     return found
 
 

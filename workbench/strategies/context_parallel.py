@@ -29,6 +29,7 @@ shard's global positions) and transformers models whose attention goes through
 ``ALL_ATTENTION_FUNCTIONS`` (an implementation ``"workbench_cp"`` registered there;
 ``position_ids`` give rotary the global positions). Anything else is refused.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -41,7 +42,16 @@ from torch import nn
 from .base import PrepareError, all_reduce_mean
 from .fsdp2 import FSDP2Prepared
 
-__all__ = ["CPState", "zigzag_index", "ring_attention", "check_cp_model", "apply_cp", "guard_direct_calls", "HF_IMPL", "CPPrepared"]
+__all__ = [
+    "CPState",
+    "zigzag_index",
+    "ring_attention",
+    "check_cp_model",
+    "apply_cp",
+    "guard_direct_calls",
+    "HF_IMPL",
+    "CPPrepared",
+]
 
 HF_IMPL = "workbench_cp"
 _MASKED = -1e30  # finite: a fully masked row of one block gets weight exp(-1e30 - lse) = 0, never NaN
@@ -50,7 +60,9 @@ _MASKED = -1e30  # finite: a fully masked row of one block gets weight exp(-1e30
 def zigzag_index(seq: int, cp: int, rank: int) -> torch.Tensor:
     """Global positions cp rank ``rank`` holds: chunks ``rank`` and ``2cp-1-rank`` of ``2cp``."""
     c = seq // (2 * cp)
-    return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c)])
+    return torch.cat(
+        [torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c)]
+    )
 
 
 @dataclass
@@ -66,9 +78,11 @@ class CPState:
 
 def _refuse_direct(st: CPState) -> None:
     if not st.active:
-        raise PrepareError(f"this model is laid out with cp={st.size}: each rank holds a shard of the sequence, so "
-                           "call it through the prepared object (prepared.train_step(batch) / prepared.loss(batch)), "
-                           "which shards the batch and passes the positions, not model(x)")
+        raise PrepareError(
+            f"this model is laid out with cp={st.size}: each rank holds a shard of the sequence, so "
+            "call it through the prepared object (prepared.train_step(batch) / prepared.loss(batch)), "
+            "which shards the batch and passes the positions, not model(x)"
+        )
 
 
 def guard_direct_calls(model: nn.Module, st: CPState) -> None:
@@ -109,7 +123,9 @@ def _attend_block(q, k, v, pos_q, pos_k, scale):
     return torch.matmul(torch.exp(s - lse), v), lse
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st: CPState, scale: float | None = None) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, st: CPState, scale: float | None = None
+) -> torch.Tensor:
     """Causal attention of this rank's zig-zag shard ``q, k, v [b, h, s_local, d]`` (same
     heads) over the whole sequence of the cp group; fp32 inside, ``q``'s dtype out."""
     _refuse_direct(st)
@@ -160,12 +176,14 @@ def check_cp_model(model: nn.Module, cp: int) -> str:
         "cannot here: supported are models whose attention modules have an attn_fn hook and whose forward takes "
         "positions= (workbench.models.GPT), and transformers models whose attention goes through "
         "ALL_ATTENTION_FUNCTIONS and whose forward takes position_ids (Llama family and most recent ones); "
-        "use dp_shard / tp for this model, or cp=1")
+        "use dp_shard / tp for this model, or cp=1"
+    )
 
 
 def _cp_attention_gpt(st: CPState):
     def attn(module, q, k, v):
         return ring_attention(q, k, v, st)
+
     return attn
 
 
@@ -174,7 +192,9 @@ def _hf_cp_attention(module, query, key, value, attention_mask, scaling=None, dr
     group; returns ``[b, s, heads, d]`` as transformers' own functions do."""
     st: CPState = module._workbench_cp
     if dropout:
-        raise PrepareError(f"attention dropout={dropout} with context parallel is not supported; set attention_dropout=0")
+        raise PrepareError(
+            f"attention dropout={dropout} with context parallel is not supported; set attention_dropout=0"
+        )
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
@@ -203,9 +223,11 @@ def apply_cp(model: nn.Module, kind: str, group, notes: list[str]) -> CPState:
             c = getattr(sub, "config", None)
             if c is not None and hasattr(c, "_attn_implementation"):
                 c._attn_implementation = HF_IMPL
-    notes.append(f"context parallel over {st.size} ranks: sequence in 2x{st.size} zig-zag chunks, ring attention "
-                 f"(K/V sent round the ring, log-sum-exp merge) in {len(mods)} attention modules; "
-                 "parameters sharded over dp_shard x cp")
+    notes.append(
+        f"context parallel over {st.size} ranks: sequence in 2x{st.size} zig-zag chunks, ring attention "
+        f"(K/V sent round the ring, log-sum-exp merge) in {len(mods)} attention modules; "
+        "parameters sharded over dp_shard x cp"
+    )
     return st
 
 
@@ -228,12 +250,16 @@ class CPPrepared(FSDP2Prepared):
         if isinstance(batch, dict):
             unknown = set(batch) - {"input_ids", "labels", "attention_mask"}
             if "input_ids" not in batch or "labels" not in batch or unknown:
-                raise PrepareError(f"a cp={self.cp_state.size} step takes (x, y) or a dict with input_ids and labels; "
-                                   f"got keys {sorted(batch)}")
+                raise PrepareError(
+                    f"a cp={self.cp_state.size} step takes (x, y) or a dict with input_ids and labels; "
+                    f"got keys {sorted(batch)}"
+                )
             am = batch.get("attention_mask")
             if am is not None and not bool(torch.as_tensor(am).all()):
-                raise PrepareError("attention_mask with padding is not supported with context parallel; pack "
-                                   "sequences without padding (or mark padded labels -100 and drop attention_mask)")
+                raise PrepareError(
+                    "attention_mask with padding is not supported with context parallel; pack "
+                    "sequences without padding (or mark padded labels -100 and drop attention_mask)"
+                )
             labels = batch["labels"]
             y = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
             return batch["input_ids"], y
@@ -246,9 +272,11 @@ class CPPrepared(FSDP2Prepared):
         x, y = (t.to(self.device) for t in self._pair(batch))
         seq = x.shape[1]
         if seq % (2 * st.size):
-            raise PrepareError(f"sequence length {seq} does not split into 2 x cp = {2 * st.size} equal chunks "
-                               f"(zig-zag load balance); use a sequence length divisible by {2 * st.size}, "
-                               f"e.g. {seq - seq % (2 * st.size) or 2 * st.size}")
+            raise PrepareError(
+                f"sequence length {seq} does not split into 2 x cp = {2 * st.size} equal chunks "
+                f"(zig-zag load balance); use a sequence length divisible by {2 * st.size}, "
+                f"e.g. {seq - seq % (2 * st.size) or 2 * st.size}"
+            )
         idx = zigzag_index(seq, st.size, st.rank).to(self.device)
         xl, yl = x[:, idx], y[:, idx]
         st.active = True

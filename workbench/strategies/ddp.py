@@ -8,12 +8,13 @@ Naive form, for teaching (what DDP does, minus bucketing and overlap)::
         dist.all_reduce(p.grad); p.grad /= world_size
     optimizer.step()
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .base import Context, Prepared, TORCH_DTYPES, build_optimizer, register
+from .base import TORCH_DTYPES, Context, Prepared, build_optimizer, register
 from .layout import describe_params, make_layout
 
 __all__ = ["apply_ddp", "NoStrategy"]
@@ -46,8 +47,23 @@ class NoStrategy:
         opt = build_optimizer(model, optimizer, ctx.notes)
         if ctx.world_size > 1:
             ctx.notes.append(f"no parallelism: {ctx.world_size} independent copies, losses not averaged")
-        layout = make_layout(strategy=self.kind, path="native", mesh_shape=(ctx.world_size,), dim_names=("dp",),
-                             rank=ctx.rank, world_size=ctx.world_size, params=describe_params(model, 1),
-                             notes=ctx.notes, dp_rank=0, dp_size=1)
-        return Prepared(model=model, optimizer=opt, layout=layout, spec=s, ctx=ctx,
-                        autocast_dtype=None if s.param_dtype == "fp32" else TORCH_DTYPES[s.param_dtype])
+        layout = make_layout(
+            strategy=self.kind,
+            path="native",
+            mesh_shape=(ctx.world_size,),
+            dim_names=("dp",),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            params=describe_params(model, 1),
+            notes=ctx.notes,
+            dp_rank=0,
+            dp_size=1,
+        )
+        return Prepared(
+            model=model,
+            optimizer=opt,
+            layout=layout,
+            spec=s,
+            ctx=ctx,
+            autocast_dtype=None if s.param_dtype == "fp32" else TORCH_DTYPES[s.param_dtype],
+        )

@@ -15,6 +15,7 @@ Naive form, for teaching (one block)::
     g_full = grad(...); g_shard = reduce_scatter(g_full) / world
     optimizer.step()                          # on the shard only
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .base import PrepareError, TORCH_DTYPES, Prepared, check_optimizer_matches
+from .base import TORCH_DTYPES, Prepared, PrepareError, check_optimizer_matches
 
 __all__ = ["apply_fsdp", "FSDP2Prepared", "broadcast_from_rank0", "fsdp_no_sync"]
 
@@ -49,8 +50,12 @@ def apply_fsdp(model: nn.Module, blocks: list[nn.Module], mesh, spec, notes: lis
     )
     offload = CPUOffloadPolicy() if spec.cpu_offload else OffloadPolicy()
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=spec.reshard_after_forward, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mesh=mesh, reshard_after_forward=spec.reshard_after_forward, mp_policy=mp, offload_policy=offload)
+        fully_shard(
+            block, mesh=mesh, reshard_after_forward=spec.reshard_after_forward, mp_policy=mp, offload_policy=offload
+        )
+    fully_shard(
+        model, mesh=mesh, reshard_after_forward=spec.reshard_after_forward, mp_policy=mp, offload_policy=offload
+    )
     hsdp = mesh.ndim == 2
     notes.append(
         f"fully_shard on {len(blocks)} blocks + root"
@@ -97,4 +102,6 @@ class FSDP2Prepared(Prepared):
         self.reshard()
         check_optimizer_matches(self.model, self.optimizer, where=f"rank {self.layout['rank']}: ")
         if not all(isinstance(p, DTensor) for p in self.model.parameters()):
-            raise PrepareError(f"rank {self.layout['rank']}: FSDP2 parameters are not sharded after reshard(); re-run prepare()")
+            raise PrepareError(
+                f"rank {self.layout['rank']}: FSDP2 parameters are not sharded after reshard(); re-run prepare()"
+            )

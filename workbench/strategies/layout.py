@@ -22,6 +22,7 @@ several runs), or ``{"kind": "flat", "runs": [[start, stop]]}`` for a range of t
 flattened tensor (DeepSpeed ZeRO-3 partitions). ``partial`` marks a ``Partial`` placement:
 the right shape, but a partial sum.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,8 +83,9 @@ def _dtensor_indices(p) -> list:
     for mesh_dim, pl in enumerate(p.placements):
         if not isinstance(pl, (Shard, _StridedShard)):
             continue
-        size, offsets = _get_shard_size_and_offsets(sizes[pl.dim], mesh.size(mesh_dim), coord[mesh_dim], pl,
-                                                    index[pl.dim], shape[pl.dim], False)
+        size, offsets = _get_shard_size_and_offsets(
+            sizes[pl.dim], mesh.size(mesh_dim), coord[mesh_dim], pl, index[pl.dim], shape[pl.dim], False
+        )
         sizes[pl.dim] = size
         index[pl.dim] = offsets[:size] if size else torch.arange(0)
     return index
@@ -101,8 +103,10 @@ def holdings(p: torch.Tensor) -> dict:
         index = _dtensor_indices(p)
         local = tuple(p.to_local().shape)
         if tuple(len(i) for i in index) != local:
-            raise RuntimeError(f"index lists {[len(i) for i in index]} disagree with the local shape {local} "
-                               f"of a DTensor with placements {p.placements}")
+            raise RuntimeError(
+                f"index lists {[len(i) for i in index]} disagree with the local shape {local} "
+                f"of a DTensor with placements {p.placements}"
+            )
         partial = any(pl.is_partial() for pl in p.placements)
         return {"kind": "grid", "runs": [index_runs(i) for i in index], "partial": partial}
     if hasattr(p, "ds_tensor"):  # DeepSpeed ZeRO-3: rank k of the partition group holds flat slot k
@@ -148,8 +152,9 @@ def _param_entry(name: str, p: torch.Tensor, mesh_ndim: int, default_placement: 
     }
 
 
-def describe_params(model: nn.Module, mesh_ndim: int, default_placement: str = "Replicate()",
-                    dim_names: tuple[str, ...] | None = None) -> list[dict]:
+def describe_params(
+    model: nn.Module, mesh_ndim: int, default_placement: str = "Replicate()", dim_names: tuple[str, ...] | None = None
+) -> list[dict]:
     """One entry per parameter; with ``dim_names`` (the layout's mesh), placements are
     matched to them by the DTensor mesh's own dim names (a flattened ``dp_shard_cp`` dim
     counts for both ``dp_shard`` and ``cp``: sharding over the flattened dim is the same as
@@ -168,9 +173,20 @@ def describe_params(model: nn.Module, mesh_ndim: int, default_placement: str = "
     return out
 
 
-def make_layout(*, strategy: str, path: str, mesh_shape, dim_names, rank: int, world_size: int,
-                params: list[dict], notes: list[str], dp_rank: int, dp_size: int,
-                param_bytes_global: int | None = None) -> dict:
+def make_layout(
+    *,
+    strategy: str,
+    path: str,
+    mesh_shape,
+    dim_names,
+    rank: int,
+    world_size: int,
+    params: list[dict],
+    notes: list[str],
+    dp_rank: int,
+    dp_size: int,
+    param_bytes_global: int | None = None,
+) -> dict:
     local = sum(p["local_bytes"] for p in params)
     glob = sum(p["global_bytes"] for p in params) if param_bytes_global is None else param_bytes_global
     return {

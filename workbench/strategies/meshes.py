@@ -1,4 +1,5 @@
 """Device meshes for the strategies, built over the EXISTING default process group."""
+
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh

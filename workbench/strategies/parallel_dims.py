@@ -5,6 +5,7 @@ Pure logic (no torch): the notebook checks a layout here before any rank changes
 degree may be ``-1``, "the rest of the world". ``ep`` (expert parallel) borrows ranks
 from ``dp_shard x cp`` as in torchtitan, so it is not part of the product.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,17 @@ class ParallelDims:
     world_size: int
 
     @classmethod
-    def build(cls, world_size: int, *, dp_replicate: int = 1, dp_shard: int = -1, cp: int = 1, tp: int = 1,
-              pp: int = 1, ep: int = 1) -> "ParallelDims":
+    def build(
+        cls,
+        world_size: int,
+        *,
+        dp_replicate: int = 1,
+        dp_shard: int = -1,
+        cp: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        ep: int = 1,
+    ) -> ParallelDims:
         """Resolve the one ``-1`` degree to what the others leave; raise :class:`DimsError`
         naming sizes that fit when the product is not ``world_size``."""
         given = dict(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp)
@@ -48,8 +58,10 @@ class ParallelDims:
                 raise DimsError(f"{name}={v!r} must be a positive integer, or -1 for the rest of the world")
         fill = [n for n, v in given.items() if v == -1]
         if len(fill) > 1:
-            raise DimsError(f"only one degree may be -1 (the rest of the world), got {', '.join(f'{n}=-1' for n in fill)}; "
-                            f"give all but one as numbers")
+            raise DimsError(
+                f"only one degree may be -1 (the rest of the world), got {', '.join(f'{n}=-1' for n in fill)}; "
+                f"give all but one as numbers"
+            )
         fixed = {n: v for n, v in given.items() if v != -1}
         prod = math.prod(fixed.values())
         if fill:
@@ -57,19 +69,22 @@ class ParallelDims:
             if world_size % prod:
                 big = [n for n, v in fixed.items() if v > 1]
                 what = " x ".join(f"{n}={fixed[n]}" for n in big)
-                raise DimsError(f"{what} does not divide world_size={world_size}; "
-                                f"{_suggest(world_size, big, name)}")
+                raise DimsError(f"{what} does not divide world_size={world_size}; {_suggest(world_size, big, name)}")
             given[name] = world_size // prod
         elif prod != world_size:
             big = [n for n, v in fixed.items() if v > 1] or ["dp_shard"]
             what = " x ".join(f"{n}={fixed[n]}" for n in big)
             rest = "dp_shard" if "dp_shard" not in big else None
-            raise DimsError(f"{what} = {prod} ranks, but the world has {world_size}; "
-                            f"{_suggest(world_size, big[:1], rest or big[-1])}")
+            raise DimsError(
+                f"{what} = {prod} ranks, but the world has {world_size}; "
+                f"{_suggest(world_size, big[:1], rest or big[-1])}"
+            )
         dims = cls(world_size=world_size, ep=ep, **given)
         if ep > 1 and (dims.dp_shard * dims.cp) % ep:
-            raise DimsError(f"ep={ep} must divide dp_shard x cp = {dims.dp_shard * dims.cp} "
-                            f"(experts are spread over the data-parallel shards)")
+            raise DimsError(
+                f"ep={ep} must divide dp_shard x cp = {dims.dp_shard * dims.cp} "
+                f"(experts are spread over the data-parallel shards)"
+            )
         return dims
 
     # ------------------------------------------------------------------ *_enabled views

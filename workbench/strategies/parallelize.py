@@ -16,17 +16,26 @@ TP before FSDP so FSDP shards the TP-sharded DTensors again (2-D); AC and compil
 block forwards FSDP's per-block hooks then surround. :func:`check_layout` runs every check
 that depends on the model (blocks, plan, split) before any rank changes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
-from .base import TORCH_DTYPES, Context, ModelHints, Prepared, PrepareError, build_optimizer, check_optimizer_matches, register
-from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls
+from .base import (
+    TORCH_DTYPES,
+    Context,
+    ModelHints,
+    Prepared,
+    PrepareError,
+    build_optimizer,
+    check_optimizer_matches,
+    register,
+)
 from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_blocks
+from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls
 from .ddp import apply_ddp
 from .fsdp2 import FSDP2Prepared, apply_fsdp, broadcast_from_rank0
 from .layout import describe_params, make_layout
@@ -54,7 +63,7 @@ def _uses_fsdp(s: StrategySpec, world: int) -> bool:
     return d.fsdp_enabled or s.kind in ("fsdp2", "fsdp2_tp")
 
 
-def check_layout(model: nn.Module, s: StrategySpec, world: int, hints: ModelHints = ModelHints()) -> LayoutCheck:
+def check_layout(model: nn.Module, s: StrategySpec, world: int, hints: ModelHints = ModelHints()) -> LayoutCheck:  # noqa: B008 (frozen)
     """Every model-dependent check, pure (no communication): raise :class:`PrepareError`
     with one message, leaving the model as it was."""
     d = s.dims(world)
@@ -87,10 +96,12 @@ def apply_pipeline(model, mesh, check: LayoutCheck, ctx: Context) -> tuple[int, 
     owned = list(check.stages[stage_idx])
     keep_stage(model, stage_idx, owned, last=stage_idx == n - 1)
     names, mods = stage_blocks(model)
-    ctx.notes.append(f"pipeline stage {stage_idx}/{n} owns blocks {owned}"
-                     + (" + embedding" if stage_idx == 0 else "")
-                     + (" + norm/output" if stage_idx == n - 1 else "")
-                     + f"; schedule {ctx.spec.pp_schedule}, {ctx.spec.microbatches} microbatches")
+    ctx.notes.append(
+        f"pipeline stage {stage_idx}/{n} owns blocks {owned}"
+        + (" + embedding" if stage_idx == 0 else "")
+        + (" + norm/output" if stage_idx == n - 1 else "")
+        + f"; schedule {ctx.spec.pp_schedule}, {ctx.spec.microbatches} microbatches"
+    )
     return stage_idx, Blocks(tuple(names), tuple(mods), "pipeline stage", None)
 
 
@@ -134,28 +145,31 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     check = check_layout(model, s, ctx.world_size, ctx.hints)
     shape, names = d.mesh_dims(PRESET_DIMS[s.kind])
     mesh = make_mesh(ctx, shape, names)
-    ctx.notes.append(f"degrees {d.describe()}; order: pipeline, tp, cp, activation checkpointing, compile, data parallel")
+    ctx.notes.append(
+        f"degrees {d.describe()}; order: pipeline, tp, cp, activation checkpointing, compile, data parallel"
+    )
     broadcast_from_rank0(model)
     total_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     blocks = check.blocks
     stage_idx = None
-    if "pp" in names:                                             # 1. pipeline split
+    if "pp" in names:  # 1. pipeline split
         stage_idx, blocks = apply_pipeline(model, mesh, check, ctx)
-    if "tp" in names:                                             # 2. tensor parallel
-        plan = resolve_tp_plan(model, d.tp, tp_plan=ctx.hints.tp_plan, sequence_parallel=s.sequence_parallel,
-                               stage=stage_idx is not None)
+    if "tp" in names:  # 2. tensor parallel
+        plan = resolve_tp_plan(
+            model, d.tp, tp_plan=ctx.hints.tp_plan, sequence_parallel=s.sequence_parallel, stage=stage_idx is not None
+        )
         apply_tp(model, mesh["tp"], plan, ctx.notes)
     cp_state = None
-    if "cp" in names:                                             # 3. context parallel
+    if "cp" in names:  # 3. context parallel
         cp_kind = check_cp_model(model, d.cp)
         cp_state = apply_cp(model, cp_kind, mesh.get_group("cp"), ctx.notes)
-    if blocks is not None:                                        # 4./5. per block
+    if blocks is not None:  # 4./5. per block
         ctx.notes.append(f"blocks: {blocks.describe()}")
         apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
         if s.compile:
             apply_compile(blocks, ctx.notes)
     wrapped, prepared_cls = model, Prepared
-    if _uses_fsdp(s, ctx.world_size):                             # 6. data parallel
+    if _uses_fsdp(s, ctx.world_size):  # 6. data parallel
         apply_fsdp(model, list(blocks.modules), _fsdp_mesh(mesh, names), s, ctx.notes)
         prepared_cls = FSDP2Prepared
     elif "dp_replicate" in names:
@@ -166,21 +180,47 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     opt = build_optimizer(wrapped, optimizer, ctx.notes)
     check_optimizer_matches(model, opt, where=f"rank {ctx.rank}: ")
     dp_rank, dp_size = dp_coords(mesh, ("dp_replicate", "dp_shard"))
-    layout = make_layout(strategy=s.kind, path="native", mesh_shape=mesh.shape, dim_names=names,
-                         rank=ctx.rank, world_size=ctx.world_size, params=_params(model, names, stage_idx),
-                         notes=ctx.notes, dp_rank=dp_rank, dp_size=dp_size,
-                         param_bytes_global=total_bytes if stage_idx is not None else None)
+    layout = make_layout(
+        strategy=s.kind,
+        path="native",
+        mesh_shape=mesh.shape,
+        dim_names=names,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        params=_params(model, names, stage_idx),
+        notes=ctx.notes,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        param_bytes_global=total_bytes if stage_idx is not None else None,
+    )
     layout["degrees"] = d.as_dict()
     layout["blocks"] = list(blocks.names) if blocks is not None else []
     autocast = None if s.param_dtype == "fp32" or prepared_cls is FSDP2Prepared else TORCH_DTYPES[s.param_dtype]
-    common = dict(model=wrapped, optimizer=opt, layout=layout, spec=s, ctx=ctx, mesh=mesh,
-                  loss_group=_dp_group(mesh, names), dp_rank=dp_rank, dp_size=dp_size, inner=model,
-                  autocast_dtype=autocast)
+    common = dict(
+        model=wrapped,
+        optimizer=opt,
+        layout=layout,
+        spec=s,
+        ctx=ctx,
+        mesh=mesh,
+        loss_group=_dp_group(mesh, names),
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        inner=model,
+        autocast_dtype=autocast,
+    )
     if stage_idx is not None:
         pp_group = mesh.get_group("pp")
         last_rank = dist.get_global_rank(pp_group, d.pp - 1) if d.pp > 1 else ctx.rank
-        return PipelinePrepared(schedule=schedule, stage_idx=stage_idx, n_stages=d.pp, pp_group=pp_group,
-                                last_rank=last_rank, sharded=prepared_cls is FSDP2Prepared, **common)
+        return PipelinePrepared(
+            schedule=schedule,
+            stage_idx=stage_idx,
+            n_stages=d.pp,
+            pp_group=pp_group,
+            last_rank=last_rank,
+            sharded=prepared_cls is FSDP2Prepared,
+            **common,
+        )
     if cp_state is not None:
         guard_direct_calls(model, cp_state)
         return CPPrepared(cp_state=cp_state, cp_kind=cp_kind, **common)

@@ -14,6 +14,7 @@ Schedules: GPipe (Huang et al. 2019) runs all microbatch forwards, then all back
 1F1B (PipeDream-Flush, Narayanan et al. 2021) interleaves them so at most ``pp``
 microbatches of activations are alive. Both compute the same gradients.
 """
+
 from __future__ import annotations
 
 import time
@@ -56,15 +57,17 @@ def split_points(keys: list[str], n_stages: int, boundaries: list[int] | None = 
     if boundaries is not None:
         cuts = list(boundaries)
         if len(cuts) != n_stages - 1 or cuts != sorted(set(cuts)) or not all(0 < c < n for c in cuts):
-            raise PrepareError(f"pp_boundaries={cuts!r}: give {n_stages - 1} increasing block indices in 1..{n - 1} "
-                               f"(where stages 1..{n_stages - 1} start), e.g. {[n * (i + 1) // n_stages for i in range(n_stages - 1)]}")
+            raise PrepareError(
+                f"pp_boundaries={cuts!r}: give {n_stages - 1} increasing block indices in 1..{n - 1} "
+                f"(where stages 1..{n_stages - 1} start), e.g. {[n * (i + 1) // n_stages for i in range(n_stages - 1)]}"
+            )
         edges = [0] + cuts + [n]
-        return [keys[edges[i]:edges[i + 1]] for i in range(n_stages)]
+        return [keys[edges[i] : edges[i + 1]] for i in range(n_stages)]
     base, extra = divmod(n, n_stages)
     out, start = [], 0
     for s in range(n_stages):
         k = base + (1 if s < extra else 0)
-        out.append(keys[start:start + k])
+        out.append(keys[start : start + k])
         start += k
     return out
 
@@ -90,15 +93,20 @@ def check_splittable(model: nn.Module, pp: int, boundaries=None) -> list[list[st
             f"pipeline parallel cannot split {type(model).__name__}: it needs a decoder whose forward is "
             "embedding -> blocks -> norm -> head. Supported: models with keep_stage(stage, n_stages) "
             "(see workbench.models.GPT) and transformers causal LMs of the Llama family (model.embed_tokens, "
-            "model.layers, model.norm, model.rotary_emb, lm_head); use dp_shard/tp instead for this model")
+            "model.layers, model.norm, model.rotary_emb, lm_head); use dp_shard/tp instead for this model"
+        )
     cfg = model.config
     if getattr(cfg, "tie_word_embeddings", False) and pp > 1:
-        raise PrepareError("tie_word_embeddings=True across pipeline stages is not supported (the tied weight "
-                           "would live on the first and last stage); use a config with tie_word_embeddings=False")
+        raise PrepareError(
+            "tie_word_embeddings=True across pipeline stages is not supported (the tied weight "
+            "would live on the first and last stage); use a config with tie_word_embeddings=False"
+        )
     impl = getattr(cfg, "_attn_implementation", "eager")
     if impl not in ("eager", "sdpa"):
-        raise PrepareError(f"pipeline stages pass an explicit causal mask, which attn_implementation={impl!r} "
-                           "does not take; load the model with attn_implementation='sdpa' or 'eager'")
+        raise PrepareError(
+            f"pipeline stages pass an explicit causal mask, which attn_implementation={impl!r} "
+            "does not take; load the model with attn_implementation='sdpa' or 'eager'"
+        )
     return split_points([str(i) for i in range(len(parts[1]))], pp, boundaries)
 
 
@@ -170,7 +178,9 @@ class PipelinePrepared(Prepared):
 
     own_train_step = True  # the schedule runs forward and backward
 
-    def __init__(self, *, schedule, stage_idx: int, n_stages: int, pp_group, last_rank: int, sharded: bool = False, **kw):
+    def __init__(
+        self, *, schedule, stage_idx: int, n_stages: int, pp_group, last_rank: int, sharded: bool = False, **kw
+    ):
         super().__init__(**kw)
         self.schedule = schedule
         self.stage_idx, self.n_stages = stage_idx, n_stages
@@ -192,6 +202,7 @@ class PipelinePrepared(Prepared):
             finally:
                 if self._blocks is not None:
                     self._blocks.append([kind, int(chunk_id), t0, time.perf_counter()])
+
         return timed
 
     @property
@@ -215,7 +226,9 @@ class PipelinePrepared(Prepared):
         x, y = (t.to(self.device) for t in batch)
         mb = self.spec.microbatches
         if x.shape[0] % mb:
-            raise PrepareError(f"batch of {x.shape[0]} does not split into pp_microbatches={mb}; use a batch size that is a multiple of {mb}")
+            raise PrepareError(
+                f"batch of {x.shape[0]} does not split into pp_microbatches={mb}; use a batch size that is a multiple of {mb}"
+            )
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
@@ -230,14 +243,19 @@ class PipelinePrepared(Prepared):
             else:
                 self.schedule.step()
         blocks, self._blocks = self._blocks, None
-        self.last_run = {"stage": self.stage_idx, "n_stages": self.n_stages, "schedule": self.spec.pp_schedule,
-                         "microbatches": mb, "wall_start": wall, "duration": time.perf_counter() - t0,
-                         "torch_order": schedule_order(self.schedule, self.stage_idx),
-                         "blocks": [[k, i, a - t0, b - t0] for k, i, a, b in blocks]}
+        self.last_run = {
+            "stage": self.stage_idx,
+            "n_stages": self.n_stages,
+            "schedule": self.spec.pp_schedule,
+            "microbatches": mb,
+            "wall_start": wall,
+            "duration": time.perf_counter() - t0,
+            "torch_order": schedule_order(self.schedule, self.stage_idx),
+            "blocks": [[k, i, a - t0, b - t0] for k, i, a, b in blocks],
+        }
         self.optimizer.step()
         self.steps += 1
         loss = torch.stack([l.detach().float() for l in losses]).mean() if losses else torch.zeros(())
         if self.n_stages > 1:
             dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
         return float(all_reduce_mean(loss, self.loss_group))
-

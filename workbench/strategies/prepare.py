@@ -5,6 +5,7 @@ device — nothing has touched the model or the process group yet, so a bad spec
 ranks exactly as they were; (2) reset Accelerate's process-wide state; (3) move the model
 to the device and hand it to the registered strategy (or the Accelerate path on CUDA).
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,17 @@ def _default_mesh_device() -> str:
     return mesh_device_for(dist.get_backend() if dist.is_available() and dist.is_initialized() else None)
 
 
-def prepare(model: nn.Module, optimizer, spec: StrategySpec | str, *, mesh_device: str | None = None,
-            loss_fn=lm_loss, blocks=None, tp_plan: dict | None = None, pp_boundaries=None) -> Prepared:
+def prepare(
+    model: nn.Module,
+    optimizer,
+    spec: StrategySpec | str,
+    *,
+    mesh_device: str | None = None,
+    loss_fn=lm_loss,
+    blocks=None,
+    tp_plan: dict | None = None,
+    pp_boundaries=None,
+) -> Prepared:
     """Shard ``model`` on this rank according to ``spec`` and build its optimizer.
 
     ``optimizer`` is preferably a factory ``lambda params: torch.optim.AdamW(params, lr=...)``,
@@ -69,25 +79,40 @@ def prepare(model: nn.Module, optimizer, spec: StrategySpec | str, *, mesh_devic
     if mesh_device == "cuda" and not torch.cuda.is_available():
         raise SpecError("mesh_device='cuda' but CUDA is not available on this rank; use mesh_device='cpu'")
     if not has_pg and spec.kind != "none":
-        raise PrepareError(f"kind={spec.kind!r} needs the default process group; start ranks with "
-                           "'%distrain start' (or torch.distributed.init_process_group) first")
+        raise PrepareError(
+            f"kind={spec.kind!r} needs the default process group; start ranks with "
+            "'%distrain start' (or torch.distributed.init_process_group) first"
+        )
     if getattr(model, "_workbench_prepared", None):
-        raise PrepareError(f"this model was already prepared with {model._workbench_prepared!r}; its "
-                           "parameters are changed in place. Build a fresh model (same seed) for a new strategy.")
-    hints = ModelHints(blocks=blocks, tp_plan=tp_plan,
-                       pp_boundaries=tuple(pp_boundaries) if pp_boundaries is not None else None)
+        raise PrepareError(
+            f"this model was already prepared with {model._workbench_prepared!r}; its "
+            "parameters are changed in place. Build a fresh model (same seed) for a new strategy."
+        )
+    hints = ModelHints(
+        blocks=blocks, tp_plan=tp_plan, pp_boundaries=tuple(pp_boundaries) if pp_boundaries is not None else None
+    )
     if resolved.kind in ("none", "zero"):
         if tp_plan is not None or pp_boundaries is not None:
-            raise PrepareError(f"tp_plan / pp_boundaries given, but kind={resolved.kind!r} has no tp or pp; "
-                               "use e.g. 'fsdp2 tp=2' or 'pp=2 dp_shard=2', or drop them")
+            raise PrepareError(
+                f"tp_plan / pp_boundaries given, but kind={resolved.kind!r} has no tp or pp; "
+                "use e.g. 'fsdp2 tp=2' or 'pp=2 dp_shard=2', or drop them"
+            )
     else:
         check_layout(model, resolved, world, hints)  # model checks, still before anything changes
     reset_accelerate_state()
     device = torch.device("cuda", torch.cuda.current_device()) if mesh_device == "cuda" else torch.device("cpu")
     model.to(device)
     path, reason = choose_path(resolved, mesh_device)
-    ctx = Context(spec=resolved, rank=rank, world_size=world, device=device, mesh_device=mesh_device,
-                  loss_fn=loss_fn, notes=[f"path {path}: {reason}"], hints=hints)
+    ctx = Context(
+        spec=resolved,
+        rank=rank,
+        world_size=world,
+        device=device,
+        mesh_device=mesh_device,
+        loss_fn=loss_fn,
+        notes=[f"path {path}: {reason}"],
+        hints=hints,
+    )
     if path == "accelerate":
         prepared = accelerate_prepare(model, optimizer, ctx)
     else:

@@ -5,6 +5,7 @@ size and model before any rank is touched, and ranks validate it again in ``prep
 ``validate`` raises ``SpecError`` with one message naming what is wrong and what would
 work instead.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -20,8 +21,13 @@ __all__ = ["StrategySpec", "SpecError", "spec_from_args", "KINDS", "MeshPlan", "
 # of the degrees actually enabled (e.g. "fsdp2 tp=2" -> "fsdp2_tp", "pp dp_shard=2" -> "pp").
 KINDS = ("none", "ddp", "fsdp2", "zero", "tp", "pp", "fsdp2_tp")
 # Mesh dimensions a preset keeps even at size 1 (a 1-rank world still has a named mesh).
-PRESET_DIMS = {"ddp": ("dp_replicate",), "fsdp2": ("dp_shard",), "tp": ("tp",), "pp": ("pp",),
-               "fsdp2_tp": ("dp_shard", "tp")}
+PRESET_DIMS = {
+    "ddp": ("dp_replicate",),
+    "fsdp2": ("dp_shard",),
+    "tp": ("tp",),
+    "pp": ("pp",),
+    "fsdp2_tp": ("dp_shard", "tp"),
+}
 DTYPES = ("fp32", "bf16", "fp16")
 AC_MODES = ("none", "full", "selective")
 SCHEDULES = ("gpipe", "1f1b")
@@ -83,18 +89,18 @@ class StrategySpec:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def parse(cls, text: str) -> "StrategySpec":
+    def parse(cls, text: str) -> StrategySpec:
         """``StrategySpec.parse("fsdp2 tp=2 dtype=bf16")``; also accepts ``--tp 2`` style."""
         return spec_from_args(shlex.split(text))
 
-    def with_(self, **changes) -> "StrategySpec":
+    def with_(self, **changes) -> StrategySpec:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StrategySpec":
+    def from_dict(cls, d: dict[str, Any]) -> StrategySpec:
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
         if unknown:
@@ -110,7 +116,7 @@ class StrategySpec:
     def reduce(self) -> str:
         return self.reduce_dtype or "fp32"
 
-    def resolve(self, world_size: int) -> "StrategySpec":
+    def resolve(self, world_size: int) -> StrategySpec:
         """A copy with every size made explicit for ``world_size`` (``validate`` first)."""
         return _resolve(self, world_size)
 
@@ -126,7 +132,7 @@ class StrategySpec:
         shape, names = s.dims(world_size).mesh_dims(PRESET_DIMS[s.kind])
         return MeshPlan(shape, names)
 
-    def validate(self, world_size: int, model_config=None, device_type: str = "cpu") -> "StrategySpec":
+    def validate(self, world_size: int, model_config=None, device_type: str = "cpu") -> StrategySpec:
         """Raise :class:`SpecError` if this spec cannot run; return the resolved spec."""
         _check_values(self)
         s = _resolve(self, world_size)
@@ -173,29 +179,43 @@ def _check_values(s: StrategySpec) -> None:
         raise SpecError(f"pp_microbatches={s.pp_microbatches} must be >= 1")
     if s.cp not in (1,):
         if s.kind in ("none", "zero", "ddp"):
-            raise SpecError(f"kind={s.kind!r} with cp={s.cp}: context parallel shards the parameters over dp_shard x cp "
-                            f"(FSDP2, as torchtitan does); use 'fsdp2 cp={s.cp}' (or 'cp={s.cp}', 'fsdp2 cp={s.cp} tp=2')")
+            raise SpecError(
+                f"kind={s.kind!r} with cp={s.cp}: context parallel shards the parameters over dp_shard x cp "
+                f"(FSDP2, as torchtitan does); use 'fsdp2 cp={s.cp}' (or 'cp={s.cp}', 'fsdp2 cp={s.cp} tp=2')"
+            )
         if s.kind == "pp" or s.pp not in (1,):
-            raise SpecError(f"cp={s.cp} with pipeline parallel is not supported here (a stage does not carry the "
-                            "sequence positions); use cp with dp_shard / tp, or pp without cp")
+            raise SpecError(
+                f"cp={s.cp} with pipeline parallel is not supported here (a stage does not carry the "
+                "sequence positions); use cp with dp_shard / tp, or pp without cp"
+            )
         if s.compile or s.activation_checkpointing != "none":
-            raise SpecError(f"cp={s.cp} with {'compile' if s.compile else 'activation checkpointing'} is not supported "
-                            "here (ring attention sends inside the blocks); drop it, or use cp=1")
+            raise SpecError(
+                f"cp={s.cp} with {'compile' if s.compile else 'activation checkpointing'} is not supported "
+                "here (ring attention sends inside the blocks); drop it, or use cp=1"
+            )
     if s.ep != 1:
-        raise SpecError(f"ep={s.ep}: expert parallel is applied to MoE models with "
-                        "workbench.models.expert_parallel(model), not by prepare; use ep=1")
+        raise SpecError(
+            f"ep={s.ep}: expert parallel is applied to MoE models with "
+            "workbench.models.expert_parallel(model), not by prepare; use ep=1"
+        )
     on = lambda n: getattr(s, n) not in (1,)  # noqa: E731  (set by the user: >1 or -1)
     if s.kind in ("none", "ddp", "zero"):
         for name in ("tp", "pp"):
             if on(name):
-                raise SpecError(f"kind={s.kind!r} has no {name} dimension but {name}={getattr(s, name)}; "
-                                f"use {'fsdp2 tp=N' if name == 'tp' else 'pp=N dp_shard=M'} (degrees combine), or drop {name}")
+                raise SpecError(
+                    f"kind={s.kind!r} has no {name} dimension but {name}={getattr(s, name)}; "
+                    f"use {'fsdp2 tp=N' if name == 'tp' else 'pp=N dp_shard=M'} (degrees combine), or drop {name}"
+                )
     if s.kind in ("none", "zero") and s.dp_replicate != 1:
-        raise SpecError(f"kind={s.kind!r} has no dp_replicate dimension but dp_replicate={s.dp_replicate}; "
-                        "use hsdp / 'fsdp2 dp_replicate=R', or drop dp_replicate")
+        raise SpecError(
+            f"kind={s.kind!r} has no dp_replicate dimension but dp_replicate={s.dp_replicate}; "
+            "use hsdp / 'fsdp2 dp_replicate=R', or drop dp_replicate"
+        )
     if s.kind == "ddp" and s.dp_shard not in (-1, 1):
-        raise SpecError(f"kind='ddp' replicates over every rank, but dp_shard={s.dp_shard}; "
-                        "use 'fsdp2' (or 'hsdp' with dp_replicate) to shard, or drop dp_shard")
+        raise SpecError(
+            f"kind='ddp' replicates over every rank, but dp_shard={s.dp_shard}; "
+            "use 'fsdp2' (or 'hsdp' with dp_replicate) to shard, or drop dp_shard"
+        )
     if s.compile and (s.kind == "pp" or s.pp not in (1,)):
         raise SpecError("compile=True with pipeline parallel is not supported here; set compile=False")
     if s.compile and s.kind == "zero":
@@ -233,7 +253,9 @@ def _label(kind: str, d: ParallelDims) -> str:
     if d.pp > 1:
         return "pp"
     if d.tp > 1:
-        return "fsdp2_tp" if (d.dp_shard > 1 or d.dp_replicate > 1 or d.cp > 1 or kind in ("fsdp2", "fsdp2_tp")) else "tp"
+        return (
+            "fsdp2_tp" if (d.dp_shard > 1 or d.dp_replicate > 1 or d.cp > 1 or kind in ("fsdp2", "fsdp2_tp")) else "tp"
+        )
     if d.dp_shard > 1 or d.cp > 1:
         return "fsdp2"
     if d.dp_replicate > 1:
@@ -248,7 +270,9 @@ def _resolve(s: StrategySpec, world: int) -> StrategySpec:
     if k in ("none", "zero"):
         dp = world if s.dp_shard == -1 else s.dp_shard
         if dp != world:
-            raise SpecError(f"kind={k!r} with dp_shard={s.dp_shard} needs {s.dp_shard} ranks but the world has {world}; use dp_shard=-1 (all {world} ranks)")
+            raise SpecError(
+                f"kind={k!r} with dp_shard={s.dp_shard} needs {s.dp_shard} ranks but the world has {world}; use dp_shard=-1 (all {world} ranks)"
+            )
         return replace(s, dp_shard=dp)
     req = _requested(s)
     try:
@@ -256,15 +280,22 @@ def _resolve(s: StrategySpec, world: int) -> StrategySpec:
     except DimsError as e:
         alone = k in ("tp", "pp") and all(v in (1, -1) for n, v in req.items() if n != k)
         if alone and req[k] > 1:
-            raise SpecError(f"kind={k!r} uses all ranks for {'tensor parallel' if k == 'tp' else 'pipeline stages'}: "
-                            f"{k}={req[k]} != world_size={world}; use {k}={world}"
-                            + (f", or give the rest to data parallel: '{k}={req[k]} dp_shard={world // req[k]}'"
-                               if world % req[k] == 0 else "")) from None
+            raise SpecError(
+                f"kind={k!r} uses all ranks for {'tensor parallel' if k == 'tp' else 'pipeline stages'}: "
+                f"{k}={req[k]} != world_size={world}; use {k}={world}"
+                + (
+                    f", or give the rest to data parallel: '{k}={req[k]} dp_shard={world // req[k]}'"
+                    if world % req[k] == 0
+                    else ""
+                )
+            ) from None
         raise SpecError(str(e)) from None
     if d.dp_replicate > 1 and d.dp_shard == 1 and (d.tp > 1 or d.pp > 1):
-        raise SpecError(f"dp_replicate={d.dp_replicate} with {'tp' if d.tp > 1 else 'pp'}: plain replication (DDP) does "
-                        f"not compose with other degrees here; use dp_shard={d.dp_replicate} (FSDP2) instead, "
-                        "or hsdp (dp_replicate=R dp_shard=S)")
+        raise SpecError(
+            f"dp_replicate={d.dp_replicate} with {'tp' if d.tp > 1 else 'pp'}: plain replication (DDP) does "
+            f"not compose with other degrees here; use dp_shard={d.dp_replicate} (FSDP2) instead, "
+            "or hsdp (dp_replicate=R dp_shard=S)"
+        )
     return replace(s, kind=_label(k, d), **{n: getattr(d, n) for n in DEGREE_FIELDS})
 
 
@@ -274,15 +305,25 @@ def _check_device(s: StrategySpec, device: str) -> None:
     if device == "cpu":
         for name in ("param_dtype", "reduce_dtype"):
             if getattr(s, name) == "fp16":
-                raise SpecError(f"{name}='fp16' is not supported on CPU (gloo, no fp16 kernels for training); use 'bf16' or 'fp32'")
+                raise SpecError(
+                    f"{name}='fp16' is not supported on CPU (gloo, no fp16 kernels for training); use 'bf16' or 'fp32'"
+                )
         if s.cpu_offload:
-            raise SpecError("cpu_offload=True on a CPU device: parameters and optimizer state already live in host memory; set cpu_offload=False (offload needs CUDA)")
+            raise SpecError(
+                "cpu_offload=True on a CPU device: parameters and optimizer state already live in host memory; set cpu_offload=False (offload needs CUDA)"
+            )
         if s.via == "accelerate":
-            raise SpecError("via='accelerate' needs CUDA ranks here; on CPU use via='auto' or 'native' (the same strategy through torch.distributed)")
+            raise SpecError(
+                "via='accelerate' needs CUDA ranks here; on CPU use via='auto' or 'native' (the same strategy through torch.distributed)"
+            )
         if s.kind == "zero" and s.param_dtype != "fp32":
-            raise SpecError(f"DeepSpeed ZeRO with param_dtype={s.param_dtype!r} on CPU is not supported here; use param_dtype='fp32' or kind='fsdp2'")
+            raise SpecError(
+                f"DeepSpeed ZeRO with param_dtype={s.param_dtype!r} on CPU is not supported here; use param_dtype='fp32' or kind='fsdp2'"
+            )
     if (s.kind in ("ddp", "tp", "pp", "none") or s.pp > 1) and s.reduce not in ("fp32",):
-        raise SpecError(f"reduce_dtype={s.reduce_dtype!r} with kind={s.kind!r}: gradients are reduced in fp32 (param_dtype sets autocast only); use kind='fsdp2' for low-precision reduction")
+        raise SpecError(
+            f"reduce_dtype={s.reduce_dtype!r} with kind={s.kind!r}: gradients are reduced in fp32 (param_dtype sets autocast only); use kind='fsdp2' for low-precision reduction"
+        )
 
 
 def _check_model(s: StrategySpec, cfg) -> None:
@@ -290,40 +331,75 @@ def _check_model(s: StrategySpec, cfg) -> None:
     is_moe = hasattr(cfg, "n_experts")
     if s.tp > 1:
         heads, kv = gcfg.n_heads, gcfg.kv_heads
-        bad = [f"{n}={v}" for n, v in (("n_heads", heads), ("n_kv_heads", kv), ("ffn hidden", gcfg.hidden_dim), ("vocab", gcfg.vocab)) if v % s.tp]
+        bad = [
+            f"{n}={v}"
+            for n, v in (("n_heads", heads), ("n_kv_heads", kv), ("ffn hidden", gcfg.hidden_dim), ("vocab", gcfg.vocab))
+            if v % s.tp
+        ]
         if bad:
             from math import gcd
+
             ok = [t for t in _divisors(gcd(gcd(heads, kv), gcd(gcfg.hidden_dim, gcfg.vocab))) if t > 1]
-            raise SpecError(f"tp={s.tp} does not divide {', '.join(bad)}; tensor parallel splits whole heads, so use tp in {ok or [1]}")
+            raise SpecError(
+                f"tp={s.tp} does not divide {', '.join(bad)}; tensor parallel splits whole heads, so use tp in {ok or [1]}"
+            )
         if s.sequence_parallel and gcfg.max_seq_len % s.tp:
-            raise SpecError(f"sequence_parallel with tp={s.tp} needs max_seq_len={gcfg.max_seq_len} divisible by {s.tp}; set sequence_parallel=False")
+            raise SpecError(
+                f"sequence_parallel with tp={s.tp} needs max_seq_len={gcfg.max_seq_len} divisible by {s.tp}; set sequence_parallel=False"
+            )
         if is_moe and s.sequence_parallel:
-            raise SpecError("MoE blocks with tensor parallel need sequence_parallel=False (experts are replicated across tp ranks)")
+            raise SpecError(
+                "MoE blocks with tensor parallel need sequence_parallel=False (experts are replicated across tp ranks)"
+            )
         if gcfg.tie_embeddings:
-            raise SpecError("tie_embeddings=True with tensor parallel is not supported; use a config with tie_embeddings=False")
+            raise SpecError(
+                "tie_embeddings=True with tensor parallel is not supported; use a config with tie_embeddings=False"
+            )
     if s.pp > 1 or s.kind == "pp":
         if s.pp > gcfg.n_layers:
-            raise SpecError(f"pp={s.pp} pipeline stages for n_layers={gcfg.n_layers}: each stage needs a layer; use pp <= {gcfg.n_layers} (or a deeper model)")
+            raise SpecError(
+                f"pp={s.pp} pipeline stages for n_layers={gcfg.n_layers}: each stage needs a layer; use pp <= {gcfg.n_layers} (or a deeper model)"
+            )
         if gcfg.tie_embeddings and s.pp > 1:
-            raise SpecError("tie_embeddings=True across pipeline stages is not supported (the tied weight would live on two stages)")
+            raise SpecError(
+                "tie_embeddings=True across pipeline stages is not supported (the tied weight would live on two stages)"
+            )
         if is_moe:
-            raise SpecError("MoE models with pipeline parallel are not supported here (the auxiliary loss would not reach the last stage)")
+            raise SpecError(
+                "MoE models with pipeline parallel are not supported here (the auxiliary loss would not reach the last stage)"
+            )
 
 
 # ---------------------------------------------------------------------- argv parsing
 ALIASES = {
-    "dtype": "param_dtype", "precision": "param_dtype", "reduce": "reduce_dtype",
-    "ac": "activation_checkpointing", "checkpointing": "activation_checkpointing",
-    "mb": "pp_microbatches", "microbatches": "pp_microbatches", "schedule": "pp_schedule",
-    "stage": "zero_stage", "offload": "cpu_offload", "sp": "sequence_parallel",
-    "reshard": "reshard_after_forward", "dp": "dp_shard", "replicate": "dp_replicate",
+    "dtype": "param_dtype",
+    "precision": "param_dtype",
+    "reduce": "reduce_dtype",
+    "ac": "activation_checkpointing",
+    "checkpointing": "activation_checkpointing",
+    "mb": "pp_microbatches",
+    "microbatches": "pp_microbatches",
+    "schedule": "pp_schedule",
+    "stage": "zero_stage",
+    "offload": "cpu_offload",
+    "sp": "sequence_parallel",
+    "reshard": "reshard_after_forward",
+    "dp": "dp_shard",
+    "replicate": "dp_replicate",
     "shard": "dp_shard",
 }
 KIND_ALIASES = {
-    "fsdp": ("fsdp2", {}), "2d": ("fsdp2_tp", {}), "fsdp_tp": ("fsdp2_tp", {}),
-    "deepspeed": ("zero", {}), "zero1": ("zero", {"zero_stage": 1}), "zero2": ("zero", {"zero_stage": 2}),
-    "zero3": ("zero", {"zero_stage": 3}), "zero0": ("zero", {"zero_stage": 0}),
-    "pipeline": ("pp", {}), "tensor": ("tp", {}), "single": ("none", {}),
+    "fsdp": ("fsdp2", {}),
+    "2d": ("fsdp2_tp", {}),
+    "fsdp_tp": ("fsdp2_tp", {}),
+    "deepspeed": ("zero", {}),
+    "zero1": ("zero", {"zero_stage": 1}),
+    "zero2": ("zero", {"zero_stage": 2}),
+    "zero3": ("zero", {"zero_stage": 3}),
+    "zero0": ("zero", {"zero_stage": 0}),
+    "pipeline": ("pp", {}),
+    "tensor": ("tp", {}),
+    "single": ("none", {}),
     "hsdp": ("fsdp2", {"dp_replicate": 2}),  # replicate over 2 groups, shard within each
 }
 TRUE, FALSE = ("1", "true", "yes", "on", "y"), ("0", "false", "no", "off", "n")

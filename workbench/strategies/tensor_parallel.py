@@ -17,6 +17,7 @@ Naive form, for teaching (one MLP)::
     h_local = silu(x @ W1[:, mine]) * (x @ W3[:, mine])   # column split: no comm
     y = all_reduce(h_local @ W2[mine, :])                 # row split: one all-reduce
 """
+
 from __future__ import annotations
 
 import difflib
@@ -47,7 +48,7 @@ class TPPlan:
     """A plan expanded to concrete module names, with where it came from."""
 
     entries: dict  # module name -> ParallelStyle
-    source: str    # "tp_plan=", "model.tp_plan()", "transformers tp_plan"
+    source: str  # "tp_plan=", "model.tp_plan()", "transformers tp_plan"
     sequence_parallel: bool
 
 
@@ -69,9 +70,11 @@ def _style(name: str, raw):
     if key == "sequence_parallel":
         return SequenceParallel()
     near = difflib.get_close_matches(key, list(STYLES), n=1)
-    raise PrepareError(f"tensor-parallel style {raw!r} for {name!r} is not supported"
-                       f"{f' (did you mean {near[0]!r}?)' if near else ''}; use one of {sorted(STYLES)} "
-                       "or a torch.distributed.tensor.parallel ParallelStyle")
+    raise PrepareError(
+        f"tensor-parallel style {raw!r} for {name!r} is not supported"
+        f"{f' (did you mean {near[0]!r}?)' if near else ''}; use one of {sorted(STYLES)} "
+        "or a torch.distributed.tensor.parallel ParallelStyle"
+    )
 
 
 def _expand(model: nn.Module, patterns: dict, source: str, missing_ok: bool = False) -> dict:
@@ -80,15 +83,20 @@ def _expand(model: nn.Module, patterns: dict, source: str, missing_ok: bool = Fa
     out: dict = {}
     for pat, raw in patterns.items():
         parts = pat.split(".")
-        hits = [n for n in names if len(n.split(".")) == len(parts)
-                and all(fnmatch.fnmatchcase(a, b) for a, b in zip(n.split("."), parts))]
+        hits = [
+            n
+            for n in names
+            if len(n.split(".")) == len(parts) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(n.split("."), parts))
+        ]
         if not hits and missing_ok:
             continue
         if not hits:
             near = difflib.get_close_matches(pat, names, n=3)
-            raise PrepareError(f"{source} names {pat!r}, which matches no module of {type(model).__name__}"
-                               f"{f' (closest: {near})' if near else ''}; module names look like "
-                               f"{names[:4]} (use '*' for one path segment, e.g. 'layers.*.attn.q_proj')")
+            raise PrepareError(
+                f"{source} names {pat!r}, which matches no module of {type(model).__name__}"
+                f"{f' (closest: {near})' if near else ''}; module names look like "
+                f"{names[:4]} (use '*' for one path segment, e.g. 'layers.*.attn.q_proj')"
+            )
         for n in hits:
             out[n] = _style(n, raw)
     return out
@@ -103,16 +111,23 @@ def _check_shapes(model: nn.Module, entries: dict, tp: int) -> None:
         if not isinstance(style, (ColwiseParallel, RowwiseParallel)):
             continue
         if not isinstance(m, (nn.Linear, nn.Embedding)):
-            raise PrepareError(f"tensor parallel {type(style).__name__} on {name!r} ({type(m).__name__}): torch's "
-                               "column/row styles shard nn.Linear and nn.Embedding only; leave it out of the plan")
+            raise PrepareError(
+                f"tensor parallel {type(style).__name__} on {name!r} ({type(m).__name__}): torch's "
+                "column/row styles shard nn.Linear and nn.Embedding only; leave it out of the plan"
+            )
         w = m.weight
         # Linear weight [out, in]: colwise shards out (dim 0), rowwise shards in (dim 1).
         # Embedding weight [vocab, dim]: rowwise shards vocab (dim 0), colwise shards dim (dim 1).
-        dim = (0 if isinstance(style, ColwiseParallel) else 1) if isinstance(m, nn.Linear) else \
-              (0 if isinstance(style, RowwiseParallel) else 1)
+        dim = (
+            (0 if isinstance(style, ColwiseParallel) else 1)
+            if isinstance(m, nn.Linear)
+            else (0 if isinstance(style, RowwiseParallel) else 1)
+        )
         if w.shape[dim] % tp:
-            raise PrepareError(f"tp={tp} does not divide {name}.weight dim {dim} of size {w.shape[dim]} "
-                               f"({type(style).__name__}); use tp in {[t for t in range(2, w.shape[dim] + 1) if w.shape[dim] % t == 0][:6]}")
+            raise PrepareError(
+                f"tp={tp} does not divide {name}.weight dim {dim} of size {w.shape[dim]} "
+                f"({type(style).__name__}); use tp in {[t for t in range(2, w.shape[dim] + 1) if w.shape[dim] % t == 0][:6]}"
+            )
 
 
 def _check_hf_config(model: nn.Module, tp: int) -> None:
@@ -120,8 +135,10 @@ def _check_hf_config(model: nn.Module, tp: int) -> None:
     cfg = getattr(model, "config", None)
     if cfg is None:
         return
-    sizes = {k: getattr(cfg, k, None) for k in ("num_attention_heads", "num_key_value_heads",
-                                                 "intermediate_size", "vocab_size")}
+    sizes = {
+        k: getattr(cfg, k, None)
+        for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+    }
     sizes = {k: v for k, v in sizes.items() if isinstance(v, int) and v > 0}
     bad = [f"{k}={v}" for k, v in sizes.items() if v % tp]
     if bad:
@@ -129,15 +146,19 @@ def _check_hf_config(model: nn.Module, tp: int) -> None:
         for v in sizes.values():
             g = gcd(g, v)
         ok = [t for t in range(2, g + 1) if g % t == 0]
-        raise PrepareError(f"tp={tp} does not divide {', '.join(bad)}; tensor parallel splits whole heads, "
-                           f"so use tp in {ok or [1]}")
+        raise PrepareError(
+            f"tp={tp} does not divide {', '.join(bad)}; tensor parallel splits whole heads, so use tp in {ok or [1]}"
+        )
     if getattr(cfg, "tie_word_embeddings", False):
-        raise PrepareError("tie_word_embeddings=True with tensor parallel is not supported (the embedding is "
-                           "sharded by vocab, the head by output); use a config with tie_word_embeddings=False")
+        raise PrepareError(
+            "tie_word_embeddings=True with tensor parallel is not supported (the embedding is "
+            "sharded by vocab, the head by output); use a config with tie_word_embeddings=False"
+        )
 
 
-def resolve_tp_plan(model: nn.Module, tp: int, *, tp_plan: dict | None = None, sequence_parallel: bool = True,
-                    stage: bool = False) -> TPPlan:
+def resolve_tp_plan(
+    model: nn.Module, tp: int, *, tp_plan: dict | None = None, sequence_parallel: bool = True, stage: bool = False
+) -> TPPlan:
     """The plan to apply, expanded and checked; raise :class:`PrepareError` naming what to supply.
 
     ``stage=True``: the model is one pipeline stage, so entries for modules other stages
@@ -146,12 +167,16 @@ def resolve_tp_plan(model: nn.Module, tp: int, *, tp_plan: dict | None = None, s
     _check_hf_config(model, tp)  # heads split whole whichever plan splits them
     if tp_plan is not None:
         if not isinstance(tp_plan, dict) or not tp_plan:
-            raise PrepareError(f"tp_plan={tp_plan!r}: give a dict of module patterns to styles, e.g. "
-                               "{'layers.*.attn.q_proj': 'colwise', 'layers.*.attn.o_proj': 'rowwise'}")
+            raise PrepareError(
+                f"tp_plan={tp_plan!r}: give a dict of module patterns to styles, e.g. "
+                "{'layers.*.attn.q_proj': 'colwise', 'layers.*.attn.o_proj': 'rowwise'}"
+            )
         plan = TPPlan(_expand(model, tp_plan, "tp_plan=", stage), "tp_plan=", False)
     elif callable(own):
         raw = own(sequence_parallel=sequence_parallel)
-        plan = TPPlan(_expand(model, raw, f"{type(model).__name__}.tp_plan()", stage), "model.tp_plan()", sequence_parallel)
+        plan = TPPlan(
+            _expand(model, raw, f"{type(model).__name__}.tp_plan()", stage), "model.tp_plan()", sequence_parallel
+        )
     elif isinstance(own, dict) and own:
         plan = TPPlan(_expand(model, own, "the model's transformers tp_plan", stage), "transformers tp_plan", False)
     else:
@@ -159,7 +184,8 @@ def resolve_tp_plan(model: nn.Module, tp: int, *, tp_plan: dict | None = None, s
             f"{type(model).__name__} has no tensor-parallel plan: pass tp_plan= to prepare (a dict of module "
             "patterns to 'colwise'/'rowwise'/..., e.g. {'blocks.*.attn.qkv': 'colwise', 'blocks.*.attn.proj': "
             "'rowwise'}), or give the model a tp_plan(sequence_parallel) method (see workbench.models.GPT.tp_plan); "
-            "transformers models carry one in base_model_tp_plan")
+            "transformers models carry one in base_model_tp_plan"
+        )
     _check_shapes(model, plan.entries, tp)
     return plan
 
@@ -168,8 +194,12 @@ def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, notes: list[str]) -> nn.Mo
     from torch.distributed.tensor.parallel import parallelize_module
 
     parallelize_module(model, tp_mesh, plan.entries)
-    sp = ("sequence_parallel=True" if plan.sequence_parallel else
-          "sequence_parallel=False" if plan.source == "model.tp_plan()" else
-          "no sequence parallel (the plan has no sequence-parallel entries)")
+    sp = (
+        "sequence_parallel=True"
+        if plan.sequence_parallel
+        else "sequence_parallel=False"
+        if plan.source == "model.tp_plan()"
+        else "no sequence parallel (the plan has no sequence-parallel entries)"
+    )
     notes.append(f"tensor parallel over {tp_mesh.size()} rank(s): {len(plan.entries)} modules from {plan.source}; {sp}")
     return model

@@ -9,6 +9,7 @@ cached): ``DS_ACCELERATOR`` if set, else it probes for CUDA and friends and fall
 because the default process group already exists, ``deepspeed.comm.init_distributed``
 wraps it (``TorchBackend``) instead of creating one. The engine reads ``LOCAL_RANK``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,10 @@ def import_deepspeed(device_type: str):
         raise PrepareError("kind='zero' needs DeepSpeed: pip install 'distrain-workbench[deepspeed]'") from e
     got = get_accelerator().device_name()
     if not got.startswith(want):
-        raise PrepareError(f"DeepSpeed's accelerator on this rank is {got!r} but the mesh device is {device_type!r}; "
-                           f"it is chosen once per process: restart the ranks with DS_ACCELERATOR={want}")
+        raise PrepareError(
+            f"DeepSpeed's accelerator on this rank is {got!r} but the mesh device is {device_type!r}; "
+            f"it is chosen once per process: restart the ranks with DS_ACCELERATOR={want}"
+        )
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     if want == "cpu":
         # TorchBackend JIT-compiles a shared-memory all-reduce kernel (~100 s, needs a C++
@@ -126,17 +129,38 @@ class ZeroStrategy:
             apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
         if isinstance(optimizer, torch.optim.Optimizer):
             optimizer = factory_from_optimizer(optimizer)
-        engine, opt, _, _ = ds.initialize(model=model, optimizer=optimizer,
-                                          config=deepspeed_config(s, world_size=ctx.world_size,
-                                                                 n_params=sum(p.numel() for p in model.parameters())),
-                                          dist_init_required=False)
-        ctx.notes.append(f"DeepSpeed ZeRO stage {s.zero_stage} over {ctx.world_size} rank(s) "
-                         f"({['plain DP', 'optimizer state', 'optimizer state + gradients', 'optimizer state + gradients + parameters'][s.zero_stage]} partitioned)")
+        engine, opt, _, _ = ds.initialize(
+            model=model,
+            optimizer=optimizer,
+            config=deepspeed_config(s, world_size=ctx.world_size, n_params=sum(p.numel() for p in model.parameters())),
+            dist_init_required=False,
+        )
+        ctx.notes.append(
+            f"DeepSpeed ZeRO stage {s.zero_stage} over {ctx.world_size} rank(s) "
+            f"({['plain DP', 'optimizer state', 'optimizer state + gradients', 'optimizer state + gradients + parameters'][s.zero_stage]} partitioned)"
+        )
         if s.cpu_offload:
             ctx.notes.append("optimizer state offloaded to CPU")
-        layout = make_layout(strategy=self.kind, path="deepspeed", mesh_shape=(ctx.world_size,), dim_names=("dp",),
-                             rank=ctx.rank, world_size=ctx.world_size, params=describe_params(engine.module, 1),
-                             notes=ctx.notes, dp_rank=ctx.rank, dp_size=ctx.world_size)
-        return DeepSpeedPrepared(model=engine, optimizer=opt, layout=layout, spec=s, ctx=ctx,
-                                 loss_group=dist.group.WORLD, dp_rank=ctx.rank, dp_size=ctx.world_size,
-                                 inner=engine.module)
+        layout = make_layout(
+            strategy=self.kind,
+            path="deepspeed",
+            mesh_shape=(ctx.world_size,),
+            dim_names=("dp",),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            params=describe_params(engine.module, 1),
+            notes=ctx.notes,
+            dp_rank=ctx.rank,
+            dp_size=ctx.world_size,
+        )
+        return DeepSpeedPrepared(
+            model=engine,
+            optimizer=opt,
+            layout=layout,
+            spec=s,
+            ctx=ctx,
+            loss_group=dist.group.WORLD,
+            dp_rank=ctx.rank,
+            dp_size=ctx.world_size,
+            inner=engine.module,
+        )

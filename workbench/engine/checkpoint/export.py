@@ -12,6 +12,7 @@ manifest's step, strategy and world size go into the file's string metadata.
 a ``transformers`` model are the Hugging Face names. Any layout, any world size: DCP
 reassembles the global tensors first.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,9 @@ import os
 import torch
 
 from ...shared.checkpoint import integrity
+from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
 from ...shared.checkpoint.manifest import read_manifest
 from .safety import read_metadata_file
-
-from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
 
 __all__ = ["export_safetensors", "export_hf"]
 
@@ -47,7 +47,7 @@ def _read_model(folder: str, dtype: str | None) -> dict:
             want[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
     if not want:
         raise ValueError(f"{folder} holds no model tensors")
-    state = {"model": {k[len("model."):]: v for k, v in want.items()}}
+    state = {"model": {k[len("model.") :]: v for k, v in want.items()}}
     with _quiet_single_process():
         dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), no_dist=True)
     tensors = state["model"]
@@ -65,11 +65,25 @@ def export_safetensors(folder: str, path: str, *, dtype: str | None = None) -> d
     path = os.path.abspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".partial"
-    save_file(tensors, tmp, metadata={"format": "pt", "step": str(manifest.step), "strategy": manifest.strategy,
-                                       "world_size": str(manifest.world_size), "source": os.path.basename(folder)})
+    save_file(
+        tensors,
+        tmp,
+        metadata={
+            "format": "pt",
+            "step": str(manifest.step),
+            "strategy": manifest.strategy,
+            "world_size": str(manifest.world_size),
+            "source": os.path.basename(folder),
+        },
+    )
     os.replace(tmp, path)
-    return {"path": path, "tensors": len(tensors), "params": sum(v.numel() for v in tensors.values()),
-            "bytes": os.path.getsize(path), "step": manifest.step}
+    return {
+        "path": path,
+        "tensors": len(tensors),
+        "params": sum(v.numel() for v in tensors.values()),
+        "bytes": os.path.getsize(path),
+        "step": manifest.step,
+    }
 
 
 def _config_for(manifest, config) -> dict:
@@ -79,7 +93,8 @@ def _config_for(manifest, config) -> dict:
             raise ValueError(
                 f"checkpoint {manifest.name} keeps no Hugging Face config (the model saved was not a transformers "
                 "model): pass config= (a transformers config, a dict or the path of a config.json), or export plain "
-                "safetensors with `%distrain ckpt export PATH.safetensors`")
+                "safetensors with `%distrain ckpt export PATH.safetensors`"
+            )
         return dict(manifest.model_config)
     if isinstance(config, (str, os.PathLike)):
         path = os.path.join(config, "config.json") if os.path.isdir(config) else config
@@ -89,11 +104,14 @@ def _config_for(manifest, config) -> dict:
         return dict(config)
     if hasattr(config, "to_json_string"):
         return json.loads(config.to_json_string(use_diff=False))
-    raise TypeError(f"config= must be a transformers config, a dict or a path to config.json, got {type(config).__name__}")
+    raise TypeError(
+        f"config= must be a transformers config, a dict or a path to config.json, got {type(config).__name__}"
+    )
 
 
-def export_hf(folder: str, out_dir: str, *, dtype: str | None = None, config=None,
-              max_shard_bytes: int | None = None) -> dict:
+def export_hf(
+    folder: str, out_dir: str, *, dtype: str | None = None, config=None, max_shard_bytes: int | None = None
+) -> dict:
     """Write ``folder``'s model as a Hugging Face folder ``out_dir`` (config.json + safetensors)."""
     from safetensors.torch import save_file
 
@@ -107,11 +125,19 @@ def export_hf(folder: str, out_dir: str, *, dtype: str | None = None, config=Non
             cfg[key] = name
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
     os.makedirs(out_dir, exist_ok=True)
-    meta = {"format": "pt", "step": str(manifest.step), "strategy": manifest.strategy,
-            "world_size": str(manifest.world_size), "source": os.path.basename(folder)}
+    meta = {
+        "format": "pt",
+        "step": str(manifest.step),
+        "strategy": manifest.strategy,
+        "world_size": str(manifest.world_size),
+        "source": os.path.basename(folder),
+    }
     shards = _shards(tensors, max_shard_bytes)
-    names = (["model.safetensors"] if len(shards) == 1 else
-             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     for name, part in zip(names, shards):
         tmp = os.path.join(out_dir, name + ".partial")
         save_file(part, tmp, metadata=meta)
@@ -119,15 +145,21 @@ def export_hf(folder: str, out_dir: str, *, dtype: str | None = None, config=Non
     index = os.path.join(out_dir, "model.safetensors.index.json")
     if len(shards) > 1:
         weight_map = {k: n for n, part in zip(names, shards) for k in part}
-        _write_json(index, {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
-                            "weight_map": weight_map})
+        _write_json(
+            index, {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map}
+        )
     elif os.path.exists(index):  # an earlier sharded export here would shadow the new file
         os.remove(index)
     _write_json(os.path.join(out_dir, "config.json"), cfg)
-    return {"path": out_dir, "files": names, "tensors": len(tensors),
-            "params": sum(v.numel() for v in tensors.values()),
-            "bytes": sum(os.path.getsize(os.path.join(out_dir, n)) for n in names), "step": manifest.step,
-            "architectures": cfg.get("architectures")}
+    return {
+        "path": out_dir,
+        "files": names,
+        "tensors": len(tensors),
+        "params": sum(v.numel() for v in tensors.values()),
+        "bytes": sum(os.path.getsize(os.path.join(out_dir, n)) for n in names),
+        "step": manifest.step,
+        "architectures": cfg.get("architectures"),
+    }
 
 
 def _shards(tensors: dict, max_bytes: int | None) -> list[dict]:

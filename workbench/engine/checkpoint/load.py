@@ -14,6 +14,7 @@ the model untouched. Tensors are read into staging storage of their own (one mor
 this rank's model and optimizer state, on the device they live on) and applied only when
 every rank has read its part: a failed load never leaves a mix of old and new state.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,12 @@ import time
 import torch
 
 from ...shared.checkpoint import integrity
-from . import save as _save
 from ...shared.checkpoint.integrity import DamagedCheckpoint, Problem
 from ...shared.checkpoint.manifest import Manifest, read_manifest
+from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
+from . import save as _save
 from .safety import IncompatibleCheckpoint, compare, mismatch_message, read_metadata_file
 from .state import Target, apply_state, capture, merge_optimizer, set_rng_state, split_optimizer
-
-from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
 
 __all__ = ["load", "verify", "check_compatible", "DRILL", "LoadFailed"]
 
@@ -49,8 +49,9 @@ def _gather_keys(keys: set[str], pg) -> set[str]:
     return set().union(*(set(o) for o in out))
 
 
-def check_compatible(manifest: Manifest, msd: dict, otensors: dict, *, pg=None, with_optimizer: bool = True,
-                     optimizer: str | None = None) -> None:
+def check_compatible(
+    manifest: Manifest, msd: dict, otensors: dict, *, pg=None, with_optimizer: bool = True, optimizer: str | None = None
+) -> None:
     """Raise :class:`IncompatibleCheckpoint` naming missing/unexpected/mis-shaped tensors."""
     wanted = {k: list(v.shape) for k, v in msd.items() if isinstance(v, torch.Tensor)}
     saved = {k: v[0] for k, v in manifest.model_tensors.items()}
@@ -65,10 +66,13 @@ def check_compatible(manifest: Manifest, msd: dict, otensors: dict, *, pg=None, 
         if optimizer and manifest.optimizer and optimizer != manifest.optimizer:
             raise IncompatibleCheckpoint(
                 f"the checkpoint holds {manifest.optimizer} state but this model's optimizer is {optimizer}: "
-                "use the same optimizer class, or load with --model-only (model_only=True) for a fresh optimizer")
+                "use the same optimizer class, or load with --model-only (model_only=True) for a fresh optimizer"
+            )
         if not manifest.has_optimizer and otensors:
-            raise IncompatibleCheckpoint("the checkpoint has no optimizer state: load it with model_only=True "
-                                         "(`%distrain ckpt load ... --model-only`) to start a fresh optimizer")
+            raise IncompatibleCheckpoint(
+                "the checkpoint has no optimizer state: load it with model_only=True "
+                "(`%distrain ckpt load ... --model-only`) to start a fresh optimizer"
+            )
         owanted = {k: list(v.shape) for k, v in otensors.items()}
         osaved = {k: v[0] for k, v in manifest.optim_tensors.items()}
         ounion = _gather_keys(set(owanted), pg)
@@ -173,8 +177,14 @@ def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: 
     msd, osd = capture(target, with_optimizer=with_opt)
     otensors, _ = split_optimizer(osd)
     opt = getattr(target.optimizer, "optimizer", target.optimizer)
-    check_compatible(manifest, msd, otensors, pg=pg, with_optimizer=with_opt,
-                     optimizer=type(opt).__name__ if opt is not None and not target.is_deepspeed else None)
+    check_compatible(
+        manifest,
+        msd,
+        otensors,
+        pg=pg,
+        with_optimizer=with_opt,
+        optimizer=type(opt).__name__ if opt is not None and not target.is_deepspeed else None,
+    )
     state = {"model": _staging(msd)}  # the live tensors are never written by DCP
     if with_opt and otensors:
         state["optim"] = _staging(otensors)
@@ -183,11 +193,18 @@ def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: 
 
     try:
         with _quiet_single_process():
-            dcp.load(state, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(), process_group=pg,
-                     no_dist=dist is None)
+            dcp.load(
+                state,
+                storage_reader=SafeReader(folder),
+                planner=SafeLoadPlanner(),
+                process_group=pg,
+                no_dist=dist is None,
+            )
     except CheckpointException as exc:  # raised alike on every rank: one line, not torch's tracebacks
-        raise LoadFailed(f"reading {os.path.basename(folder)} failed ({_save._dcp_failure(exc, 'read')}); nothing was "
-                         "applied: every rank's model, optimizer, step and RNG are as they were") from None
+        raise LoadFailed(
+            f"reading {os.path.basename(folder)} failed ({_save._dcp_failure(exc, 'read')}); nothing was "
+            "applied: every rank's model, optimizer, step and RNG are as they were"
+        ) from None
     if DRILL.get("before_apply"):
         time.sleep(DRILL["before_apply"])
     if not _agree(True, pg):  # pragma: no cover - a rank that failed raised in dcp.load on every rank
@@ -203,11 +220,26 @@ def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: 
         if rank_state is not None:
             set_rng_state(rank_state.get("rng", {}))
             if world != manifest.world_size:
-                notes.append(f"RNG: rank {rank} took saved rank {rank}'s state (world size {manifest.world_size} -> {world})")
+                notes.append(
+                    f"RNG: rank {rank} took saved rank {rank}'s state (world size {manifest.world_size} -> {world})"
+                )
         else:
-            notes.append(f"RNG: the checkpoint has no state for rank {rank} (saved on {manifest.world_size} ranks); "
-                         "this rank keeps its current RNG")
-    return {"name": manifest.name, "step": manifest.step, "loss": manifest.loss, "path": folder,
-            "from_world_size": manifest.world_size, "from_strategy": manifest.strategy,
-            "world_size": world, "strategy": target.strategy, "model_only": not with_opt,
-            "load_s": time.perf_counter() - t0, "verify_s": verify_s, "staging_bytes": staging_bytes, "notes": notes}
+            notes.append(
+                f"RNG: the checkpoint has no state for rank {rank} (saved on {manifest.world_size} ranks); "
+                "this rank keeps its current RNG"
+            )
+    return {
+        "name": manifest.name,
+        "step": manifest.step,
+        "loss": manifest.loss,
+        "path": folder,
+        "from_world_size": manifest.world_size,
+        "from_strategy": manifest.strategy,
+        "world_size": world,
+        "strategy": target.strategy,
+        "model_only": not with_opt,
+        "load_s": time.perf_counter() - t0,
+        "verify_s": verify_s,
+        "staging_bytes": staging_bytes,
+        "notes": notes,
+    }

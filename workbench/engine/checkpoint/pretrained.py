@@ -18,6 +18,7 @@ anything is written: the model is left as it was.
 :func:`model_config` is what a checkpoint keeps of a ``transformers`` model so that
 :func:`workbench.engine.checkpoint.export.export_hf` can write a folder ``from_pretrained`` loads.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ def _inner(model):
     """The user's module under DDP / DeepSpeed / ``Prepared`` wrappers."""
     if hasattr(model, "unwrap") and callable(model.unwrap) and hasattr(model, "layout"):
         return model.unwrap()
-    while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return model
 
@@ -79,8 +80,9 @@ def _index(folder: str) -> dict[str, str]:
     """key -> the .safetensors file of ``folder`` holding it."""
     folder = os.path.abspath(os.path.expanduser(folder))
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{folder} is not a folder: give the folder save_pretrained wrote "
-                                "(with config.json and model.safetensors)")
+        raise FileNotFoundError(
+            f"{folder} is not a folder: give the folder save_pretrained wrote (with config.json and model.safetensors)"
+        )
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index, encoding="utf-8") as fh:
@@ -92,16 +94,21 @@ def _index(folder: str) -> dict[str, str]:
         with safe_open(single, "pt") as f:
             return {k: single for k in f.keys()}
     present = sorted(os.listdir(folder))[:10]
-    raise FileNotFoundError(f"{folder} has no model.safetensors (or its index); it holds {present}. Only "
-                            "safetensors are read (never pickles): save with save_pretrained(..., "
-                            "safe_serialization=True)")
+    raise FileNotFoundError(
+        f"{folder} has no model.safetensors (or its index); it holds {present}. Only "
+        "safetensors are read (never pickles): save with save_pretrained(..., "
+        "safe_serialization=True)"
+    )
 
 
 def _match(names, keys: set, prefix: str) -> tuple[dict, list]:
     found, missing = {}, []
     for n in names:
-        for k in (n, n[len(prefix) + 1:] if prefix and n.startswith(prefix + ".") else None,
-                  f"{prefix}.{n}" if prefix else None):
+        for k in (
+            n,
+            n[len(prefix) + 1 :] if prefix and n.startswith(prefix + ".") else None,
+            f"{prefix}.{n}" if prefix else None,
+        ):
             if k is not None and k in keys:
                 found[n] = k
                 break
@@ -134,10 +141,9 @@ def load_pretrained(folder: str, model) -> dict:
     defaults to this rank's current one). Returns what was read: tensors, bytes read
     here, bytes held here, keys the model does not use.
     """
+    import torch.distributed as dist
     from safetensors import safe_open
     from torch.distributed.tensor import DTensor, distribute_tensor
-
-    import torch.distributed as dist
 
     if hasattr(model, "reshard") and hasattr(model, "layout"):
         model.reshard()  # FSDP2: parameters back to their shards before writing into them
@@ -148,6 +154,7 @@ def load_pretrained(folder: str, model) -> dict:
     found, missing = _match(list(params), set(where), prefix)
     handles: dict = {}
     try:
+
         def handle(key):
             path = where[key]
             if path not in handles:
@@ -165,13 +172,17 @@ def load_pretrained(folder: str, model) -> dict:
         if missing or shapes:
             parts = []
             if missing:
-                parts.append(f"{len(missing)} tensors of the model are not in the folder: {', '.join(missing[:8])}"
-                             + (" ..." if len(missing) > 8 else ""))
+                parts.append(
+                    f"{len(missing)} tensors of the model are not in the folder: {', '.join(missing[:8])}"
+                    + (" ..." if len(missing) > 8 else "")
+                )
             if shapes:
                 parts.append(f"{len(shapes)} have other shapes: {'; '.join(shapes[:6])}")
-            raise PretrainedMismatch(f"rank {rank}: {folder} does not fit this model ({'; '.join(parts)}); nothing "
-                                     "was loaded. Build the model from the folder's config.json "
-                                     "(AutoConfig.from_pretrained(folder)) before laying it out")
+            raise PretrainedMismatch(
+                f"rank {rank}: {folder} does not fit this model ({'; '.join(parts)}); nothing "
+                "was loaded. Build the model from the folder's config.json "
+                "(AutoConfig.from_pretrained(folder)) before laying it out"
+            )
         read = 0
         for n, k in found.items():
             t = params[n]
@@ -183,13 +194,19 @@ def load_pretrained(folder: str, model) -> dict:
                 data = sl(k)[box[0]]
             else:  # not a box of the global tensor: read it whole, cut locally (no communication)
                 full = sl(k)[:]
-                data = distribute_tensor(full.to(local.device, t.dtype), t.device_mesh, t.placements,
-                                         src_data_rank=None).to_local()
+                data = distribute_tensor(
+                    full.to(local.device, t.dtype), t.device_mesh, t.placements, src_data_rank=None
+                ).to_local()
             read += data.numel() * data.element_size()
             local.copy_(data.to(local.dtype).reshape(local.shape))
     finally:
         handles.clear()
     used = set(found.values())
     local_bytes = sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in params.values())
-    return {"rank": rank, "tensors": len(found), "bytes_read": read, "bytes_held": local_bytes,
-            "unexpected": sorted(k for k in where if k not in used)}
+    return {
+        "rank": rank,
+        "tensors": len(found),
+        "bytes_read": read,
+        "bytes_held": local_bytes,
+        "unexpected": sorted(k for k in where if k not in used),
+    }

@@ -16,24 +16,45 @@ Tensor payloads are read by DCP with ``torch.load(weights_only=True)``.
 
 :func:`compare` names the tensors whose keys or shapes do not match the model.
 """
+
 from __future__ import annotations
 
 import io
 import pickle
 
-__all__ = ["UnsafeCheckpoint", "IncompatibleCheckpoint", "MetadataUnpickler", "safe_load_metadata",
-           "check_metadata", "compare", "mismatch_message"]
+__all__ = [
+    "UnsafeCheckpoint",
+    "IncompatibleCheckpoint",
+    "MetadataUnpickler",
+    "safe_load_metadata",
+    "check_metadata",
+    "compare",
+    "mismatch_message",
+]
 
 _DCP_META = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
-    (_DCP_META, n) for n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                             "TensorProperties", "StorageMeta", "MetadataIndex", "_MEM_FORMAT_ENCODING")
+    (_DCP_META, n)
+    for n in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "MetadataIndex",
+        "_MEM_FORMAT_ENCODING",
+    )
 } | {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
-    ("pathlib", "PureWindowsPath"), ("pathlib._local", "PosixPath"), ("pathlib._local", "WindowsPath"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("pathlib._local", "PosixPath"),
+    ("pathlib._local", "WindowsPath"),
     ("collections", "OrderedDict"),
 }
 
@@ -70,7 +91,9 @@ def safe_load_metadata(data: bytes):
     except UnsafeCheckpoint:
         raise
     except Exception as exc:
-        raise UnsafeCheckpoint(f"the checkpoint's .metadata could not be read safely: {type(exc).__name__}: {exc}") from None
+        raise UnsafeCheckpoint(
+            f"the checkpoint's .metadata could not be read safely: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(meta, Metadata):
         raise UnsafeCheckpoint(f"the checkpoint's .metadata holds a {type(meta).__name__}, not DCP Metadata")
     return meta
@@ -141,8 +164,9 @@ def compare(saved: dict, wanted: dict) -> tuple[list[str], list[str], list[tuple
     """(missing, unexpected, shape mismatches) between ``saved`` and ``wanted``: key -> shape."""
     missing = sorted(k for k in wanted if k not in saved)
     unexpected = sorted(k for k in saved if k not in wanted)
-    shapes = sorted((k, list(saved[k]), list(wanted[k])) for k in wanted
-                    if k in saved and list(saved[k]) != list(wanted[k]))
+    shapes = sorted(
+        (k, list(saved[k]), list(wanted[k])) for k in wanted if k in saved and list(saved[k]) != list(wanted[k])
+    )
     return missing, unexpected, shapes
 
 
@@ -161,5 +185,8 @@ def mismatch_message(what: str, missing, unexpected, shapes, *, limit: int = 8) 
         parts.append("missing from the checkpoint " + cut(missing))
     if unexpected:
         parts.append("in the checkpoint but not in the model " + cut(unexpected))
-    return (f"the checkpoint does not fit this {what}: " + "; ".join(parts)
-            + " -- build the same model (config) that was saved, or load into a matching one")
+    return (
+        f"the checkpoint does not fit this {what}: "
+        + "; ".join(parts)
+        + " -- build the same model (config) that was saved, or load into a matching one"
+    )

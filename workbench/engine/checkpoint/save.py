@@ -20,6 +20,7 @@ collectives run on a process group of their own (gloo), so they do not interleav
 with training's collectives. A new save or a load first waits for the one in flight
 (:func:`wait`): two saves never race.
 """
+
 from __future__ import annotations
 
 import errno
@@ -36,13 +37,22 @@ import torch
 
 from ...shared.checkpoint import catalog, integrity
 from ...shared.checkpoint.manifest import MANIFEST, Manifest, check_tag, fsync_dir, step_name, write_json_atomic
+from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
 from .pretrained import model_config
 from .state import Target, capture, rng_state, split_optimizer, tensor_shapes
 
-from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
-
-__all__ = ["save", "wait", "pending", "ckpt_group", "DRILL", "SaveError", "StorageError", "rank_file",
-           "estimate_bytes", "CHECKSUM"]
+__all__ = [
+    "save",
+    "wait",
+    "pending",
+    "ckpt_group",
+    "DRILL",
+    "SaveError",
+    "StorageError",
+    "rank_file",
+    "estimate_bytes",
+    "CHECKSUM",
+]
 
 # Fault drills: seconds to pause at a point of the save, so a test can kill a rank (or fill a disk) there.
 DRILL: dict[str, float] = {"after_parts": 0.0, "before_write": 0.0}
@@ -138,8 +148,9 @@ def _stage_tensor(key: str, v: torch.Tensor) -> torch.Tensor:
     local = v.to_local() if isinstance(v, DTensor) else v
     buf = _STAGE_CACHE.get(key)
     if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
-        buf = torch.empty(local.shape, dtype=local.dtype, device="cpu",
-                          pin_memory=local.is_cuda and torch.cuda.is_available())
+        buf = torch.empty(
+            local.shape, dtype=local.dtype, device="cpu", pin_memory=local.is_cuda and torch.cuda.is_available()
+        )
         _STAGE_CACHE[key] = buf
     buf.copy_(local.detach(), non_blocking=local.is_cuda)
     if isinstance(v, DTensor):
@@ -147,8 +158,17 @@ def _stage_tensor(key: str, v: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def save(target: Target, root: str, *, tag: str | None = None, async_: bool = False, auto: bool = False,
-         keep: int | None = None, with_optimizer: bool = True, report=None) -> dict:
+def save(
+    target: Target,
+    root: str,
+    *,
+    tag: str | None = None,
+    async_: bool = False,
+    auto: bool = False,
+    keep: int | None = None,
+    with_optimizer: bool = True,
+    report=None,
+) -> dict:
     """Save ``target`` under ``root`` (collective: call on every rank).
 
     Returns ``{"name", "step", "blocked_s", ...}``; for ``async_`` the write continues in
@@ -177,16 +197,26 @@ def save(target: Target, root: str, *, tag: str | None = None, async_: bool = Fa
         state = {"model": msd}
         if otensors:
             state["optim"] = otensors
-        rank_info = {"rank": rank, "world_size": world, "step": target.state.step, "data": target.state.data,
-                     "rng": rng_state()}
+        rank_info = {
+            "rank": rank,
+            "world_size": world,
+            "step": target.state.step,
+            "data": target.state.data,
+            "rng": rng_state(),
+        }
         _preflight(state, rank_info, root, tmp, name, made, pg, rank)
     except BaseException as exc:
         if rank == 0 and not isinstance(exc, StorageError):  # (a StorageError removed it already)
             shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(exc, StorageError) or report is None:
             raise
-        info = {"name": name, "step": int(target.state.step), "failed": str(exc), "path": root,
-                "blocked_s": time.perf_counter() - t0}
+        info = {
+            "name": name,
+            "step": int(target.state.step),
+            "failed": str(exc),
+            "path": root,
+            "blocked_s": time.perf_counter() - t0,
+        }
         report(info)
         return info
     if async_:
@@ -194,12 +224,27 @@ def save(target: Target, root: str, *, tag: str | None = None, async_: bool = Fa
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the non-blocking device-to-host copies are done
     manifest = Manifest(
-        name=name, tag=tag, step=int(target.state.step), time=0.0, world_size=world, strategy=target.strategy,
-        spec=target.spec, mesh=target.mesh, loss=target.state.loss, data=dict(target.state.data or {}),
-        auto=auto, async_save=async_, has_optimizer=bool(otensors),
-        optimizer=type(getattr(target.optimizer, "optimizer", target.optimizer)).__name__ if target.optimizer is not None else None,
-        model_tensors=tensor_shapes(msd), optim_tensors=tensor_shapes(otensors), optim_values=ovalues,
-        rank_files=[rank_file(r) for r in range(world)], torch_version=torch.__version__,
+        name=name,
+        tag=tag,
+        step=int(target.state.step),
+        time=0.0,
+        world_size=world,
+        strategy=target.strategy,
+        spec=target.spec,
+        mesh=target.mesh,
+        loss=target.state.loss,
+        data=dict(target.state.data or {}),
+        auto=auto,
+        async_save=async_,
+        has_optimizer=bool(otensors),
+        optimizer=type(getattr(target.optimizer, "optimizer", target.optimizer)).__name__
+        if target.optimizer is not None
+        else None,
+        model_tensors=tensor_shapes(msd),
+        optim_tensors=tensor_shapes(otensors),
+        optim_values=ovalues,
+        rank_files=[rank_file(r) for r in range(world)],
+        torch_version=torch.__version__,
         model_config=model_config(target.model),
     )
     blocked = time.perf_counter() - t0
@@ -281,8 +326,10 @@ def _preflight(state, rank_info, root, tmp, name, made, pg, rank) -> None:
     free space. Any failure raises the same :class:`StorageError` on every rank."""
     err = made
     if err is None and not os.path.isdir(tmp):
-        err = (f"rank {rank} does not see the folder rank 0 just made ({tmp}): {root} is not shared by all "
-               "ranks; checkpoints need one folder every rank can reach (a shared filesystem): `--dir PATH`")
+        err = (
+            f"rank {rank} does not see the folder rank 0 just made ({tmp}): {root} is not shared by all "
+            "ranks; checkpoints need one folder every rank can reach (a shared filesystem): `--dir PATH`"
+        )
     if err is None:
         try:
             with open(os.path.join(tmp, rank_file(rank)), "w", encoding="utf-8") as fh:
@@ -303,9 +350,11 @@ def _preflight(state, rank_info, root, tmp, name, made, pg, rank) -> None:
     if not errors:
         for r in reports:
             if r["free"] is not None and r["free"] < need:
-                errors.append(f"it needs about {need / 2**20:,.2f} MiB but {root} has {r['free'] / 2**20:,.2f} MiB "
-                              f"free (seen by rank {r['rank']}): refused before writing; free some space "
-                              "(`%distrain ckpt delete ...`) or save elsewhere (`--dir PATH`)")
+                errors.append(
+                    f"it needs about {need / 2**20:,.2f} MiB but {root} has {r['free'] / 2**20:,.2f} MiB "
+                    f"free (seen by rank {r['rank']}): refused before writing; free some space "
+                    "(`%distrain ckpt delete ...`) or save elsewhere (`--dir PATH`)"
+                )
                 break
     if errors:
         if rank == 0:
@@ -319,8 +368,9 @@ def _failure_text(name: str, root: str, cause: str) -> str:
     except OSError:
         found = []
     latest = os.path.basename(found[-1][0]) if found else None
-    return (f"checkpoint {name!r} was not saved: {cause}. Nothing of it was left in {root}; `latest` is "
-            + (f"still {latest}" if latest else "unchanged (there is none)"))
+    return f"checkpoint {name!r} was not saved: {cause}. Nothing of it was left in {root}; `latest` is " + (
+        f"still {latest}" if latest else "unchanged (there is none)"
+    )
 
 
 def _all_gather(obj, pg) -> list:
@@ -391,8 +441,13 @@ def _write_and_commit(state, root, tmp, name, manifest: Manifest, pg, rank, keep
         msg = box[0]
     if msg:
         raise StorageError(msg)
-    info = {"name": name, "step": manifest.step, "path": final, "async": manifest.async_save,
-            "save_s": time.perf_counter() - t0}
+    info = {
+        "name": name,
+        "step": manifest.step,
+        "path": final,
+        "async": manifest.async_save,
+        "save_s": time.perf_counter() - t0,
+    }
     if rank == 0 and keep:
         try:
             info["removed"] = catalog.apply_retention(root, keep, protect=final)

@@ -16,6 +16,7 @@ their ``safe_set_*`` twins), which gather full per-parameter tensors under every
 stage; they are stored under the same keys as the torch path, so a DeepSpeed checkpoint
 loads into DDP/FSDP2 and back, at any world size.
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,8 +25,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["TrainState", "Target", "target_from_prepared", "capture", "split_optimizer", "merge_optimizer",
-           "rng_state", "set_rng_state", "tensor_shapes"]
+__all__ = [
+    "TrainState",
+    "Target",
+    "target_from_prepared",
+    "capture",
+    "split_optimizer",
+    "merge_optimizer",
+    "rng_state",
+    "set_rng_state",
+    "tensor_shapes",
+]
 
 
 @dataclass
@@ -61,10 +71,15 @@ def target_from_prepared(prepared, state: TrainState | None = None) -> Target:
     """A :class:`Target` for a ``workbench.strategies.Prepared``."""
     layout = getattr(prepared, "layout", {}) or {}
     spec = getattr(prepared, "spec", None)
-    return Target(model=prepared.model, optimizer=prepared.optimizer, state=state or TrainState(),
-                  strategy=layout.get("strategy", getattr(spec, "kind", "none")),
-                  spec=spec.to_dict() if hasattr(spec, "to_dict") else {},
-                  mesh=layout.get("mesh", {}), engine_state=bool(getattr(prepared, "engine_state", False)))
+    return Target(
+        model=prepared.model,
+        optimizer=prepared.optimizer,
+        state=state or TrainState(),
+        strategy=layout.get("strategy", getattr(spec, "kind", "none")),
+        spec=spec.to_dict() if hasattr(spec, "to_dict") else {},
+        mesh=layout.get("mesh", {}),
+        engine_state=bool(getattr(prepared, "engine_state", False)),
+    )
 
 
 def _opts():
@@ -113,8 +128,10 @@ def _jsonable(key, v):
         return v
     if isinstance(v, (list, tuple)):
         return [_jsonable(key, x) for x in v]
-    raise TypeError(f"optimizer entry {key!r} holds a {type(v).__name__}; only numbers, strings, lists and "
-                    "tensors can be checkpointed without pickles")
+    raise TypeError(
+        f"optimizer entry {key!r} holds a {type(v).__name__}; only numbers, strings, lists and "
+        "tensors can be checkpointed without pickles"
+    )
 
 
 def merge_optimizer(template: dict, tensors: dict, values: dict) -> dict:
@@ -130,7 +147,9 @@ def merge_optimizer(template: dict, tensors: dict, values: dict) -> dict:
 
 def tensor_shapes(sd: dict) -> dict:
     """key -> [global shape, dtype] (DTensor shapes are global)."""
-    return {k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    return {
+        k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in sd.items() if isinstance(v, torch.Tensor)
+    }
 
 
 # ------------------------------------------------------------------------------ RNG (JSON)

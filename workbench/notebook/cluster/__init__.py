@@ -1,4 +1,5 @@
 """Notebook side: start, run on, watch and stop persistent rank processes."""
+
 from ...shared.errors import (
     AlreadyRunning,
     CellTimeout,

@@ -7,14 +7,15 @@ output is also shown live from the first line, then regrouped when the cell ends
 output for good (``stream=True`` from the start, ``stream=False`` never). A rank that
 fails while others still run is shown at once (see ``stragglers``).
 """
+
 from __future__ import annotations
 
 import sys
 import time
 
+from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
 from . import debugging, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
-from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
 from .health import death_message
 from .live import LIVE_POLL_S, LiveOutput, in_kernel, tag
 from .ranges import format_ranks
@@ -23,8 +24,16 @@ STREAM_AFTER_S = 3.0  # where output cannot be regrouped (no kernel): live after
 GRACE_S = stragglers.GRACE_S
 
 
-def run_cell(rankset, code: str, ranks=None, timeout: float | None = None, *, display: bool = True,
-             stream: bool | None = None, grace: float = GRACE_S):
+def run_cell(
+    rankset,
+    code: str,
+    ranks=None,
+    timeout: float | None = None,
+    *,
+    display: bool = True,
+    stream: bool | None = None,
+    grace: float = GRACE_S,
+):
     """Run ``code`` on ``ranks``; show output; raise naming the rank on failure.
 
     Returns the :class:`RankCall`. No timeout unless one is given; on timeout the
@@ -114,8 +123,10 @@ def _show_failures(call, live: LiveOutput, ranks: list[int]) -> None:
 
 
 def timeout_message(timeout, stuck: list[int], stacks: dict[int, str]) -> str:
-    lines = [f"the cell is still running after {timeout} s on ranks {format_ranks(stuck)} "
-             "(left running; `%distrain stop` or Ctrl-C / interrupt to end it). Where each rank is:"]
+    lines = [
+        f"the cell is still running after {timeout} s on ranks {format_ranks(stuck)} "
+        "(left running; `%distrain stop` or Ctrl-C / interrupt to end it). Where each rank is:"
+    ]
     for rank, stack in stacks.items():
         lines.append(f"  [rank {rank}] {where(stack)}")
     for rank, stack in stacks.items():
@@ -140,8 +151,8 @@ def show(call, printed=None, skip=()) -> None:
     displays, results = call.per_rank("outputs"), call.per_rank("execute_result")
     failures = call.failures()
     for i, rank in enumerate(call.ranks):
-        out = (outs[i] or "")[printed[i][0]:]
-        err = (errs[i] or "")[printed[i][1]:]
+        out = (outs[i] or "")[printed[i][0] :]
+        err = (errs[i] or "")[printed[i][1] :]
         if out:
             sys.stdout.write(tag(rank, out))
             sys.stdout.flush()

@@ -4,6 +4,7 @@ A rank that stops in pdb announces a loopback port and a token in the rank set's
 state folder; the cell that is running attaches, shows pdb's output and asks for
 each command with ``input()`` (in a notebook: the kernel's input box).
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,7 @@ def attach(rankset, rank: int, others: list[int] = (), timeout: float = 60.0) ->
     with open(path) as fh:
         port, token = fh.read().split()
     waiting = f"; {ranks_phrase(list(others))} still running (waiting)" if others else ""
-    print(f"[rank {rank}] stopped in pdb{waiting}. Commands go to rank {rank}; "
-          "`c` continues, `q` quits", flush=True)
+    print(f"[rank {rank}] stopped in pdb{waiting}. Commands go to rank {rank}; `c` continues, `q` quits", flush=True)
     prompt = f"(Pdb rank {rank}) "
     with socket.create_connection(("127.0.0.1", int(port))) as conn:
         conn.sendall(f"{token}\n".encode())

@@ -5,6 +5,7 @@ Every rank registers ``faulthandler`` on SIGUSR1 at bootstrap (see
 collective still answers. A rank stopped with SIGSTOP cannot answer; it is reported
 by its process state instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,16 @@ def collect_stacks(rankset, ranks: list[int], wait: float = 1.0) -> dict[int, st
     return dict(sorted(out.items()))
 
 
-_PLUMBING = ("/ipykernel/", "/tornado/", "/asyncio/", "<frozen runpy>", "/ipyparallel/",
-             "/IPython/core/", "/traitlets/", "/threading.py")
+_PLUMBING = (
+    "/ipykernel/",
+    "/tornado/",
+    "/asyncio/",
+    "<frozen runpy>",
+    "/ipyparallel/",
+    "/IPython/core/",
+    "/traitlets/",
+    "/threading.py",
+)
 
 
 def thread_blocks(stack: str) -> list[list[str]]:

@@ -4,6 +4,7 @@ NCCL needs one GPU per rank: two ranks on one GPU fail inside the first collecti
 long after start-up. Deciding here, from the visible GPU count alone, lets the
 refusal come before any process is started.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

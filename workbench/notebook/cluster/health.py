@@ -7,6 +7,7 @@ moment the process ends, so a death is known at once and a run costs no wake-ups
 train on); elsewhere it polls every 0.25 s. Ranks on other hosts are watched through
 ipyparallel's heartbeat (the controller drops an engine after ~1.5 s of silence).
 """
+
 from __future__ import annotations
 
 import os
@@ -197,8 +198,14 @@ class Watcher:
             known = self.deaths.get(rank)
             if known is None or (known["exit_code"] is None and exit_code is not None):
                 p = self.procs[rank]
-                self.deaths[rank] = {"rank": rank, "host": p.host, "pid": p.pid, "exit_code": exit_code,
-                                     "exit": reason, "time": known["time"] if known else time.time()}
+                self.deaths[rank] = {
+                    "rank": rank,
+                    "host": p.host,
+                    "pid": p.pid,
+                    "exit_code": exit_code,
+                    "exit": reason,
+                    "time": known["time"] if known else time.time(),
+                }
                 self._tell(self.deaths[rank])
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ that make them behave on a shared, small machine (a fast heartbeat so that a dea
 rank is noticed in about a second; ``--oversubscribe`` for MPI when there are more
 ranks than cores).
 """
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ whose HMAC does not match the rank set's key is dropped and counted. The noteboo
 writes: when this process dies the kernel closes every connection, and the guards end
 their ranks.
 """
+
 from __future__ import annotations
 
 import socket

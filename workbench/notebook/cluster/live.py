@@ -8,6 +8,7 @@ emptied when the cell ends, when the output is shown again grouped per rank: eve
 line ends up once, in rank order. Where there is no display to update (a terminal, a
 script) live lines are printed for good and the end shows only what is left.
 """
+
 from __future__ import annotations
 
 import sys
@@ -53,7 +54,7 @@ class LiveOutput:
             for j, text in enumerate((outs[i] or "", errs[i] or "")):
                 # a line still being rewritten with carriage returns (a tqdm bar): the
                 # client keeps only its latest state, shown live and replaced in place
-                tail = text[text.rfind("\n") + 1:].strip("\r")
+                tail = text[text.rfind("\n") + 1 :].strip("\r")
                 if tail:
                     tails.append(f"[rank {rank}] {tail}")
                 seen = self._taken[i][j] if self.regroup else self.printed[i][j]
@@ -81,7 +82,7 @@ class LiveOutput:
         outs, errs = self.call.per_rank("stdout"), self.call.per_rank("stderr")
         rank = self.call.ranks[index]
         for j, (text, stream) in enumerate(((outs[index] or "", sys.stdout), (errs[index] or "", sys.stderr))):
-            rest = text[self.printed[index][j]:]
+            rest = text[self.printed[index][j] :]
             if rest:
                 stream.write(tag(rank, rest))
                 stream.flush()

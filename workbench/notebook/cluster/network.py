@@ -5,6 +5,7 @@ hosts: ``--ip`` if given, else the address of this host's interface toward the f
 remote host (the kernel's route lookup: a UDP ``connect`` sends no packet). Never
 ``0.0.0.0`` by default, and never loopback while any rank is remote.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -28,8 +29,9 @@ def check_ip(ip: str) -> str:
     try:
         ipaddress.ip_address(ip)
     except ValueError:
-        raise AddressError(f"--ip {ip!r} is not an IP address: give one of this host's addresses "
-                           f"({', '.join(local_addresses())})") from None
+        raise AddressError(
+            f"--ip {ip!r} is not an IP address: give one of this host's addresses ({', '.join(local_addresses())})"
+        ) from None
     if ip in ("0.0.0.0", "::"):
         return ip  # asked for explicitly: every interface
     if ip not in local_addresses():
@@ -40,8 +42,7 @@ def check_ip(ip: str) -> str:
 def local_addresses() -> list[str]:
     import psutil
 
-    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-                   if a.family == socket.AF_INET})
+    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET})
 
 
 def toward(host: str) -> str:
@@ -78,8 +79,10 @@ def listen_address(ip: str | None, remote_hosts: list[str]) -> str:
     if ip:
         ip = check_ip(ip)
         if remote_hosts and is_loopback(ip):
-            raise AddressError(f"--ip {ip} is loopback, which ranks on {', '.join(remote_hosts)} cannot reach: "
-                               f"give this host's address toward them (one of {', '.join(local_addresses())})")
+            raise AddressError(
+                f"--ip {ip} is loopback, which ranks on {', '.join(remote_hosts)} cannot reach: "
+                f"give this host's address toward them (one of {', '.join(local_addresses())})"
+            )
         return ip
     if not remote_hosts:
         return "127.0.0.1"

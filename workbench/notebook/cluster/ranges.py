@@ -1,4 +1,5 @@
 """Parsing of rank selections such as ``0,2-3`` or ``all``."""
+
 from __future__ import annotations
 
 from ...shared.errors import BadRanks
@@ -37,10 +38,7 @@ def parse_ranks(text: str | None, world_size: int) -> list[int]:
             ) from None
     bad = sorted(r for r in ranks if r < 0 or r >= world_size)
     if bad:
-        raise BadRanks(
-            f"rank(s) {', '.join(map(str, bad))} do not exist: this rank set has ranks "
-            f"0..{world_size - 1}"
-        )
+        raise BadRanks(f"rank(s) {', '.join(map(str, bad))} do not exist: this rank set has ranks 0..{world_size - 1}")
     if not ranks:
         raise BadRanks(f"no ranks selected by {text!r}: use 'all' or ranks 0..{world_size - 1}")
     return sorted(ranks)

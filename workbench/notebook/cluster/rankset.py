@@ -5,6 +5,7 @@ them stable ranks 0..N-1, bootstraps ``torch.distributed`` on each, runs code an
 functions on all or some of them, and stops exactly the processes it started.
 It never imports torch in the notebook process.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,10 +16,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ...shared.errors import Interrupted, NotRunning, RankDied, RankFailure
 from .. import background
 from . import health, launchers, network, slurm, ssh
 from .gpu_plan import plan_gpus
-from ...shared.errors import Interrupted, NotRunning, RankDied, RankFailure
 from .ranges import parse_ranks
 
 
@@ -27,6 +28,7 @@ def _is_ssh(engine_set) -> bool:
     from ipyparallel.cluster.launcher import SSHEngineSetLauncher
 
     return isinstance(engine_set, SSHEngineSetLauncher)
+
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -61,7 +63,9 @@ class RankSetConfig:
             raise ValueError(f"--ssh-config {self.ssh_config}: no such file")
         if self.slurm is not None:
             if self.launcher != "slurm":
-                raise ValueError("--nodes/--gpus-per-node/--partition/--time/--account/--sbatch go with --launcher slurm")
+                raise ValueError(
+                    "--nodes/--gpus-per-node/--partition/--time/--account/--sbatch go with --launcher slurm"
+                )
             self.slurm.validate()
             if self.slurm.nodes and self.slurm.nodes > self.n:
                 raise ValueError(f"--nodes {self.slurm.nodes} is more nodes than ranks (-n {self.n})")
@@ -69,21 +73,22 @@ class RankSetConfig:
             slots = ssh.parse_hosts(self.hosts)
             total = sum(s.n for s in slots)
             if total != self.n:
-                raise ValueError(f"--hosts {self.hosts} holds {total} ranks but -n is {self.n}: "
-                                 f"give -n {total} or leave -n out")
+                raise ValueError(
+                    f"--hosts {self.hosts} holds {total} ranks but -n is {self.n}: give -n {total} or leave -n out"
+                )
         if self.launcher == "ssh" and self.hosts is None and not self.launcher_options:
             raise ValueError("--launcher ssh needs --hosts, e.g. --hosts node1:2,node2:2")
         if self.ip is not None and self.launcher not in ("ssh", "slurm"):
-            raise ValueError(f"--ip goes with --launcher ssh or slurm (with --launcher {self.launcher} the "
-                             "ranks reach the controller on 127.0.0.1)")
+            raise ValueError(
+                f"--ip goes with --launcher ssh or slurm (with --launcher {self.launcher} the "
+                "ranks reach the controller on 127.0.0.1)"
+            )
         if self.ip is not None:
             network.check_ip(self.ip)
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend {self.backend!r} is not known: use one of {', '.join(BACKENDS)}")
         if self.launcher not in launchers.LAUNCHERS:
-            raise ValueError(
-                f"--launcher {self.launcher!r} is not known: use one of {', '.join(launchers.LAUNCHERS)}"
-            )
+            raise ValueError(f"--launcher {self.launcher!r} is not known: use one of {', '.join(launchers.LAUNCHERS)}")
         if not self.timeout or self.timeout <= 0:
             raise ValueError(f"--timeout must be a positive number of seconds, got {self.timeout!r}")
         if self.threads is not None and self.threads < 1:
@@ -126,8 +131,7 @@ class RankSet:
 
     # ------------------------------------------------------------------ start
     @classmethod
-    def start(cls, config: RankSetConfig | None = None, *, progress=None, on_created=None,
-              **kwargs) -> "RankSet":
+    def start(cls, config: RankSetConfig | None = None, *, progress=None, on_created=None, **kwargs) -> RankSet:
         """Start engines, assign ranks and initialise the process group on every rank.
 
         ``progress(line)`` gets live lines while starting (a queued Slurm job);
@@ -193,8 +197,12 @@ class RankSet:
             os.makedirs(self.state_dir(), exist_ok=True)
             script = os.path.join(self.state_dir(), "slurm_engines.sbatch")
             esid = self.cluster.start_engines_sync(
-                cfg.n, batch_template=slurm.batch_template(request, cfg.n), batch_file_name=script,
-                engine_cmd=ssh.engine_cmd(python), environment=env)
+                cfg.n,
+                batch_template=slurm.batch_template(request, cfg.n),
+                batch_file_name=script,
+                engine_cmd=ssh.engine_cmd(python),
+                environment=env,
+            )
             self.job_id = self.cluster.engines[esid].job_id
             self.client = self.cluster.connect_client_sync()
             self._await_slurm()
@@ -208,9 +216,15 @@ class RankSet:
                     self.cluster.engine_launcher_class = "ssh"
                     opts = ssh.ssh_options(cfg.ssh_config)
                     self.cluster.start_engines_sync(
-                        slot.n, engines={slot.host: slot.n}, ssh_args=opts, scp_args=opts, remote_python=python,
-                        engine_cmd=ssh.engine_cmd(python), environment=env,
-                        remote_profile_dir=os.path.join(self.cluster.profile_dir, "remote", str(i)))
+                        slot.n,
+                        engines={slot.host: slot.n},
+                        ssh_args=opts,
+                        scp_args=opts,
+                        remote_python=python,
+                        engine_cmd=ssh.engine_cmd(python),
+                        environment=env,
+                        remote_profile_dir=os.path.join(self.cluster.profile_dir, "remote", str(i)),
+                    )
             self.started_pids.extend(self._launcher_pids())
             self.client = self.cluster.connect_client_sync()
             self._await_engines(time.monotonic() + self._register_s(), [s.host for s in slots if not s.local])
@@ -218,7 +232,6 @@ class RankSet:
 
     def _await_slurm(self) -> None:
         """Wait for the job's allocation (showing it live), then for its engines."""
-        cfg = self.config
         shown = None
         while True:
             if self._cancel.is_set():
@@ -230,8 +243,10 @@ class RankSet:
                     self.progress(line)
                     shown = line
                 if slurm.hopeless(js):
-                    raise slurm.SlurmError(f"Slurm job {self.job_id} can never run: {js.reason}; it was cancelled. "
-                                           "Ask for what the partition holds (sinfo shows it)")
+                    raise slurm.SlurmError(
+                        f"Slurm job {self.job_id} can never run: {js.reason}; it was cancelled. "
+                        "Ask for what the partition holds (sinfo shows it)"
+                    )
                 time.sleep(0.5)
                 continue
             if js.state in ("RUNNING", "CONFIGURING", "COMPLETING") and js.nodes:
@@ -241,12 +256,14 @@ class RankSet:
                 if away and network.is_loopback(self.listen_ip):
                     raise network.AddressError(
                         f"Slurm gave nodes {', '.join(away)}, which cannot reach this notebook at {self.listen_ip}: "
-                        "pass --ip with this host's address toward them")
+                        "pass --ip with this host's address toward them"
+                    )
                 self.progress(f"job {self.job_id} running on {', '.join(js.nodes)}")
                 break
             if js.state not in ("RUNNING", "CONFIGURING"):
-                raise slurm.SlurmError(f"Slurm job {self.job_id} ended ({js.state}) before its ranks came up"
-                                       + self._slurm_output())
+                raise slurm.SlurmError(
+                    f"Slurm job {self.job_id} ended ({js.state}) before its ranks came up" + self._slurm_output()
+                )
             time.sleep(0.2)
         self._await_engines(time.monotonic() + self._register_s(), list(self.nodes))
 
@@ -279,7 +296,8 @@ class RankSet:
                     f"did not reach the controller at {url} (lifeline {self.lifeline.address if self.lifeline else '-'}, "
                     f"reached from: {', '.join(said) or 'no host'}): the notebook's address {self.listen_ip} and "
                     "its ports must be open to them; choose the interface with --ip"
-                    + (self._slurm_output() if self.job_id else ""))
+                    + (self._slurm_output() if self.job_id else "")
+                )
 
     def _register_s(self) -> float:
         """How long engines may take to register once started (each imports torch first)."""
@@ -289,7 +307,9 @@ class RankSet:
         try:
             import json
 
-            path = os.path.join(self.cluster.profile_dir, "security", f"ipcontroller-{self.cluster.cluster_id}-engine.json")
+            path = os.path.join(
+                self.cluster.profile_dir, "security", f"ipcontroller-{self.cluster.cluster_id}-engine.json"
+            )
             with open(path) as f:
                 info = json.load(f)
             return f"{info.get('interface', 'tcp://' + self.listen_ip)}:{info.get('registration', '?')}"
@@ -358,8 +378,10 @@ class RankSet:
         idents = self.client[ids].apply_async(runtime.identity, self.listen_ip).get(timeout=60)
         order = sorted(
             range(len(ids)),
-            key=lambda i: (idents[i]["slot"] if idents[i]["slot"] is not None else 0,
-                           idents[i]["launcher_rank"] if idents[i]["launcher_rank"] is not None else ids[i]),
+            key=lambda i: (
+                idents[i]["slot"] if idents[i]["slot"] is not None else 0,
+                idents[i]["launcher_rank"] if idents[i]["launcher_rank"] is not None else ids[i],
+            ),
         )
         self.engine_ids = [ids[i] for i in order]
         idents = [idents[i] for i in order]
@@ -404,9 +426,7 @@ class RankSet:
             pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
         self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]
         lprocs = self._launcher_procs()
-        self.procs = [
-            health.RankProcess(r, d["host"], d["pid"], lprocs.get(d["pid"])) for r, d in enumerate(idents)
-        ]
+        self.procs = [health.RankProcess(r, d["host"], d["pid"], lprocs.get(d["pid"])) for r, d in enumerate(idents)]
         local_pids = [p.pid for p in self.procs if p.local]
         self.started_pids = sorted(set(self.started_pids) | set(health.process_tree(local_pids)))
         self.watcher = health.Watcher(self.procs)
@@ -466,7 +486,7 @@ class RankSet:
         return parse_ranks(ranks, self.world_size)
 
     # -------------------------------------------------------------- running
-    def submit(self, fn, *args, ranks=None, **kwargs) -> "RankCall":
+    def submit(self, fn, *args, ranks=None, **kwargs) -> RankCall:
         """Run ``fn(*args, **kwargs)`` on the ranks without waiting."""
         sel = self.select(ranks)
         try:
@@ -482,13 +502,13 @@ class RankSet:
         """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
         return self.submit(fn, *args, ranks=ranks, **kwargs).result(timeout=timeout)
 
-    def execute_async(self, code: str, ranks=None) -> "RankCall":
+    def execute_async(self, code: str, ranks=None) -> RankCall:
         """Run a code string on the ranks (as a cell) without waiting."""
         sel = self.select(ranks)
         ar = self.view(sel).execute(code, silent=False, block=False)
         return RankCall(self, sel, ar)
 
-    def execute(self, code: str, ranks=None, timeout: float | None = None) -> "RankCall":
+    def execute(self, code: str, ranks=None, timeout: float | None = None) -> RankCall:
         """Run a code string on the ranks and wait; raises on a failure (naming ranks)."""
         call = self.execute_async(code, ranks)
         call.result(timeout=timeout)
@@ -555,17 +575,19 @@ class RankSet:
                 q = queues.get(eid, {}) if isinstance(queues, dict) else {}
                 state = "busy" if (q.get("queue", 0) or q.get("tasks", 0)) else "idle"
             rss = proc.rss() if proc is not None and rank not in deaths else None
-            rows.append({
-                "rank": rank,
-                "host": info.get("host", proc.host if proc else "?"),
-                "pid": info.get("pid", proc.pid if proc else None),
-                "device": info.get("device", "?"),
-                "backend": info.get("backend", "?"),
-                "memory_mb": round(rss / 2**20, 1) if rss else None,
-                "state": state,
-                "exit": deaths[rank]["exit"] if rank in deaths else "",
-                **({"nccl": info["nccl"]} if info.get("nccl") else {}),  # NCCL ranks: version and NCCL_* env
-            })
+            rows.append(
+                {
+                    "rank": rank,
+                    "host": info.get("host", proc.host if proc else "?"),
+                    "pid": info.get("pid", proc.pid if proc else None),
+                    "device": info.get("device", "?"),
+                    "backend": info.get("backend", "?"),
+                    "memory_mb": round(rss / 2**20, 1) if rss else None,
+                    "state": state,
+                    "exit": deaths[rank]["exit"] if rank in deaths else "",
+                    **({"nccl": info["nccl"]} if info.get("nccl") else {}),  # NCCL ranks: version and NCCL_* env
+                }
+            )
         return rows
 
     # ----------------------------------------------------------------- stop

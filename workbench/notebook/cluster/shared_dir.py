@@ -3,6 +3,7 @@
 Ranks on one host always share their folders; for a rank set over several hosts
 (Slurm, SSH) the check costs three short calls on the ranks, run at each save.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -20,13 +21,17 @@ def require(rankset, folder: str) -> None:
 
     token = secrets.token_hex(8)
     rankset.apply(rank_side.leave_token, folder, token, ranks=[0])
-    answers = [rankset.apply(rank_side.see_and_answer, folder, token, r, ranks=[r])[0]
-               for r in range(rankset.world_size)]
+    answers = [
+        rankset.apply(rank_side.see_and_answer, folder, token, r, ranks=[r])[0] for r in range(rankset.world_size)
+    ]
     seen = set(rankset.apply(rank_side.collect, folder, token, rankset.world_size, ranks=[0])[0])
     bad = [a for a in answers if not a["sees"] or a["rank"] not in seen]
     if bad:
-        where = "; ".join(f"rank {a['rank']} (host {a['host']}) "
-                          f"{a['error'] or 'writes where rank 0 does not read'}" for a in bad)
-        raise NotShared(f"checkpoint folder {folder} is not shared by every host: {where}. Give a folder "
-                        "every host mounts (the shared file system): workbench.ckpt.save(root=...) "
-                        "or %distrain ckpt save --dir ...")
+        where = "; ".join(
+            f"rank {a['rank']} (host {a['host']}) {a['error'] or 'writes where rank 0 does not read'}" for a in bad
+        )
+        raise NotShared(
+            f"checkpoint folder {folder} is not shared by every host: {where}. Give a folder "
+            "every host mounts (the shared file system): workbench.ckpt.save(root=...) "
+            "or %distrain ckpt save --dir ..."
+        )

@@ -6,6 +6,7 @@ the workbench writes the whole script itself: every option the user gave becomes
 ``queued: job N PENDING (Reason)``; a reason that can never clear (the request exceeds
 what the partition holds) ends the start with Slurm's own words, the job cancelled.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,9 +18,18 @@ from dataclasses import dataclass
 # Pending reasons that no amount of waiting resolves: the request exceeds what the
 # partition, account or QOS allows (Slurm's reason codes).
 NEVER_RUNS = {
-    "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
-    "AccountNotAllowed", "InvalidAccount", "InvalidQOS", "QOSNotAllowed", "PartitionDown",
-    "PartitionInactive", "JobHeldAdmin", "DependencyNeverSatisfied",
+    "PartitionConfig",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "BadConstraints",
+    "AccountNotAllowed",
+    "InvalidAccount",
+    "InvalidQOS",
+    "QOSNotAllowed",
+    "PartitionDown",
+    "PartitionInactive",
+    "JobHeldAdmin",
+    "DependencyNeverSatisfied",
 }
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 
@@ -48,7 +58,7 @@ class SlurmRequest:
             raise ValueError(f"--time {self.time!r} is not a Slurm time: use minutes, H:MM:SS or D-HH:MM:SS")
         for opt in self.sbatch:
             if not opt.startswith("-"):
-                raise ValueError(f"--sbatch takes sbatch options such as \"--constraint=h100\"; {opt!r} is not one")
+                raise ValueError(f'--sbatch takes sbatch options such as "--constraint=h100"; {opt!r} is not one')
 
     def lines(self, n: int) -> list[str]:
         """The ``#SBATCH`` lines of this request for ``n`` ranks."""
@@ -75,16 +85,18 @@ def parse_sbatch(text: str | None) -> tuple[str, ...]:
 def batch_template(request: SlurmRequest, n: int) -> str:
     """The whole batch script (ipyparallel fills ``{program_and_args}`` and the rest)."""
     lines = [line.replace("{", "{{").replace("}", "}}") for line in request.lines(n)]
-    return "\n".join([
-        "#!/bin/sh",
-        "#SBATCH --export=ALL",
-        "#SBATCH --job-name=workbench-{cluster_id}",
-        "#SBATCH --output={output_file}",
-        *lines,
-        # one task per rank; the guard (workbench.engine.guard) wraps each engine
-        "srun --kill-on-bad-exit=0 {program_and_args}",
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/sh",
+            "#SBATCH --export=ALL",
+            "#SBATCH --job-name=workbench-{cluster_id}",
+            "#SBATCH --output={output_file}",
+            *lines,
+            # one task per rank; the guard (workbench.engine.guard) wraps each engine
+            "srun --kill-on-bad-exit=0 {program_and_args}",
+            "",
+        ]
+    )
 
 
 def launcher_class():

@@ -5,6 +5,7 @@ local engines; every other host gets ipyparallel's SSH engine launcher, one engi
 per host, each engine wrapped by the rank guard (``workbench.engine.guard``) so that its
 death is reported with host and exit status and it ends when the notebook is gone.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,10 +50,12 @@ def is_this_host(host: str) -> bool:
 
 def guard_cmd(python: str) -> list[str]:
     """Run the guard from the installed package without importing the package itself first."""
-    code = ("import importlib.util,os,runpy,sys;"
-            "p=importlib.util.find_spec('workbench').submodule_search_locations[0];"
-            "sys.argv[0]=os.path.join(p,'engine','guard.py');"
-            "runpy.run_path(sys.argv[0],run_name='__main__')")
+    code = (
+        "import importlib.util,os,runpy,sys;"
+        "p=importlib.util.find_spec('workbench').submodule_search_locations[0];"
+        "sys.argv[0]=os.path.join(p,'engine','guard.py');"
+        "runpy.run_path(sys.argv[0],run_name='__main__')"
+    )
     return [python, "-c", code]
 
 

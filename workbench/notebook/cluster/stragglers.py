@@ -7,6 +7,7 @@ connections of the ranks that are done makes its collective raise at once. The
 process group is then broken on every rank, so a new one is initialised in place:
 the ranks keep their variables.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,12 +35,14 @@ class Release:
 def notice(failed: list[int], running: list[int], grace: float) -> str:
     """The line shown as soon as a rank fails while others still run."""
     them = "it" if len(running) == 1 else "them"
-    then = (f"interrupting {them} now (--fail-fast)" if grace <= 0
-            else f"interrupting {them} in {grace:g} s unless done (--grace S to wait longer, "
-                 "--fail-fast for at once)")
-    return (f"{ranks_phrase(failed)} failed; {ranks_phrase(running)} still running — likely waiting in a "
-            f"collective; {then}")
-
+    then = (
+        f"interrupting {them} now (--fail-fast)"
+        if grace <= 0
+        else f"interrupting {them} in {grace:g} s unless done (--grace S to wait longer, --fail-fast for at once)"
+    )
+    return (
+        f"{ranks_phrase(failed)} failed; {ranks_phrase(running)} still running — likely waiting in a collective; {then}"
+    )
 
 
 def release(rankset, call) -> Release:
@@ -75,8 +78,7 @@ def release(rankset, call) -> Release:
             rejoined = True
         except Exception as exc:  # the ranks stay as they are; the message says what to do
             note = f"re-initialising it failed ({type(exc).__name__}: {exc})"
-    return Release(waiting=waiting, stacks=stacks, left_group=bool(left), rejoined=rejoined,
-                   stuck=stuck, note=note)
+    return Release(waiting=waiting, stacks=stacks, left_group=bool(left), rejoined=rejoined, stuck=stuck, note=note)
 
 
 def failure_message(first: list[int], failures: dict, rel: Release, grace: float) -> str:
@@ -99,17 +101,20 @@ def failure_message(first: list[int], failures: dict, rel: Release, grace: float
         lines.append(
             f"{ranks_phrase(rel.stuck)} could not be freed: closing the group on the other ranks did not "
             "end the collective it waits in, and a rank interrupted inside a gloo collective cannot "
-            "continue it, so `%distrain restart` is needed to use the ranks again")
+            "continue it, so `%distrain restart` is needed to use the ranks again"
+        )
     elif rel.rejoined:
         lines.append(
             "the process group was re-initialised: a rank interrupted inside a gloo collective "
             "cannot continue it, so the old group was closed on every rank. The ranks kept their "
             "variables; anything built on the old group (DDP/FSDP wrappers, new_group subgroups) "
-            "must be built again, or `%distrain restart` for a clean start")
+            "must be built again, or `%distrain restart` for a clean start"
+        )
     elif rel.left_group:
         lines.append(
             "the process group is broken (a rank interrupted inside a collective cannot continue "
-            f"it) and {rel.note or 're-initialising it failed'}: `%distrain restart` is needed")
+            f"it) and {rel.note or 're-initialising it failed'}: `%distrain restart` is needed"
+        )
     else:
         lines.append("they were not inside a collective: the process group is usable as it is")
     return "\n".join(lines)

@@ -6,13 +6,13 @@ Sub-commands with several actions (``ckpt save|load|...``) have one parser per a
 so each action accepts only its own flags. Values are checked by :mod:`workbench.shared.argtypes`. A bad argument raises :class:`UsageError` with one line of what was wrong
 and the usage, and nothing is run.
 """
+
 from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ...shared.errors import WorkbenchError
 
@@ -62,8 +62,14 @@ class Command:
 COMMANDS: dict[str, Command] = {}
 
 
-def command(name: str, help: str, build: Callable[[CommandParser], None] | None = None, *,
-            raw: bool = False, actions: Mapping[str, tuple[str, Callable | None]] | None = None):
+def command(
+    name: str,
+    help: str,
+    build: Callable[[CommandParser], None] | None = None,
+    *,
+    raw: bool = False,
+    actions: Mapping[str, tuple[str, Callable | None]] | None = None,
+):
     """Register ``handler(args, shell)`` as ``%distrain NAME``; ``build`` adds its arguments.
 
     With ``actions`` (``{"save": (help, build), ...}``) each action gets a parser of its
@@ -97,8 +103,10 @@ def usage() -> str:
 
 def action_usage(cmd: Command) -> str:
     """``%distrain ckpt -h``: each action: its usage line, then what it does."""
-    lines = [f"usage: %distrain {cmd.name} {{{'|'.join(cmd.actions)}}} ...  "
-             f"(`%distrain {cmd.name} ACTION -h` for one)", f"  {cmd.help}"]
+    lines = [
+        f"usage: %distrain {cmd.name} {{{'|'.join(cmd.actions)}}} ...  (`%distrain {cmd.name} ACTION -h` for one)",
+        f"  {cmd.help}",
+    ]
     for p in cmd.actions.values():
         lines += [f"  {p.one_line_usage().removeprefix('%distrain ')}", f"      {p.description}"]
     return "\n".join(lines)
@@ -143,14 +151,15 @@ def dispatch(line: str, shell=None):
     if cmd.actions:
         if not rest or rest[0] in ("-h", "--help", "help"):
             if not rest:
-                raise UsageError(f"`%distrain {name}` needs an action: {', '.join(cmd.actions)} "
-                                 f"(`%distrain {name} -h` says what each does)")
+                raise UsageError(
+                    f"`%distrain {name}` needs an action: {', '.join(cmd.actions)} "
+                    f"(`%distrain {name} -h` says what each does)"
+                )
             print(action_usage(cmd))
             return None
         action, rest = rest[0], rest[1:]
         if action not in cmd.actions:
-            raise UsageError(f"unknown action {action!r} for `%distrain {name}`: use one of "
-                             f"{', '.join(cmd.actions)}")
+            raise UsageError(f"unknown action {action!r} for `%distrain {name}`: use one of {', '.join(cmd.actions)}")
         parser = cmd.actions[action]
         if rest in (["-h"], ["--help"]):
             print(parser.format_help())

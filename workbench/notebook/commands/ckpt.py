@@ -4,6 +4,7 @@ Thin: parse, then call :mod:`workbench.notebook.checkpoints`, which users may ca
 Each action has a parser of its own (:data:`ACTIONS`): a flag of another action is
 refused naming the actions that take it (a flag that would be ignored is never accepted).
 """
+
 from __future__ import annotations
 
 from ...shared.argtypes import positive_int
@@ -47,8 +48,9 @@ def _export_args(p) -> None:
     _which(p)
     _dir(p)
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="cast floats")
-    p.add_argument("--hf", action="store_true",
-                   help="a Hugging Face folder (config.json + model.safetensors) for from_pretrained")
+    p.add_argument(
+        "--hf", action="store_true", help="a Hugging Face folder (config.json + model.safetensors) for from_pretrained"
+    )
 
 
 def _dir_args(p) -> None:
@@ -67,9 +69,12 @@ def _resume_args(p) -> None:
     _which(p)
     _dir(p)
     p.add_argument("-n", type=positive_int, default=None, help="number of ranks after the restart")
-    p.add_argument("--setup", default=None,
-                   help="notebook variable holding the setup code (a str run on every rank) "
-                        "that builds the model and calls checkpoint_hooks.track(...)")
+    p.add_argument(
+        "--setup",
+        default=None,
+        help="notebook variable holding the setup code (a str run on every rank) "
+        "that builds the model and calls checkpoint_hooks.track(...)",
+    )
 
 
 ACTIONS = {
@@ -86,8 +91,11 @@ ACTIONS = {
 }
 
 
-@command("ckpt", "distributed checkpoints: save | list | load | verify | delete | export | wait | dir | "
-                 "autosave | resume", actions=ACTIONS)
+@command(
+    "ckpt",
+    "distributed checkpoints: save | list | load | verify | delete | export | wait | dir | autosave | resume",
+    actions=ACTIONS,
+)
 def _ckpt(args, shell):
     from .. import checkpoints as ck
 
@@ -114,9 +122,15 @@ def _ckpt(args, shell):
         return None
     if a == "export":
         info = ck.export(args.path, args.which, root=args.dir, dtype=args.dtype, hf=args.hf)
-        what = f" as a Hugging Face {info['architectures'][0] if info.get('architectures') else ''} folder" if args.hf else ""
-        print(f"exported {info['tensors']} tensors ({info['params']:,} parameters, step {info['step']}){what} "
-              f"to {info['path']} ({info['bytes'] / 2**20:.1f} MiB)")
+        what = (
+            f" as a Hugging Face {info['architectures'][0] if info.get('architectures') else ''} folder"
+            if args.hf
+            else ""
+        )
+        print(
+            f"exported {info['tensors']} tensors ({info['params']:,} parameters, step {info['step']}){what} "
+            f"to {info['path']} ({info['bytes'] / 2**20:.1f} MiB)"
+        )
         return None
     if a == "wait":
         info = ck.wait()
@@ -129,16 +143,19 @@ def _ckpt(args, shell):
     if a == "autosave":
         if args.off:
             if args.every or args.keep or args.sync or args.dir:
-                raise UsageError("`ckpt autosave --off` takes no other flag "
-                                 "(--every/--keep/--sync/--dir set up an auto-save)")
+                raise UsageError(
+                    "`ckpt autosave --off` takes no other flag (--every/--keep/--sync/--dir set up an auto-save)"
+                )
             ck.autosave(None)
             print("auto-save off")
             return None
         if args.every is None:
             raise UsageError("usage: %distrain ckpt autosave --every N [--keep K] [--sync] [--dir D] | --off")
         ck.autosave(args.every, keep=args.keep or 3, async_=not args.sync, root=args.dir)
-        print(f"auto-save every {args.every} steps, keeping the newest {args.keep or 3} "
-              f"({'sync' if args.sync else 'async'}) in {ck.get_dir(args.dir)}")
+        print(
+            f"auto-save every {args.every} steps, keeping the newest {args.keep or 3} "
+            f"({'sync' if args.sync else 'async'}) in {ck.get_dir(args.dir)}"
+        )
         return None
     if a == "resume":
         info = ck.resume(setup=setup_from(args.setup, shell), which=args.which, n=args.n, root=args.dir)

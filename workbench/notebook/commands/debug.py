@@ -1,9 +1,10 @@
 """``%distrain debug --rank N``: pdb, post-mortem, on the last exception a rank raised."""
+
 from __future__ import annotations
 
+from ...shared.argtypes import non_negative_int
 from .. import api
 from ..cluster import debugging
-from ...shared.argtypes import non_negative_int
 from . import UsageError, command
 
 
@@ -19,8 +20,10 @@ def _debug(args, shell):
     if not 0 <= args.rank < rs.world_size:
         raise UsageError(f"--rank {args.rank} does not exist: the ranks are 0-{rs.world_size - 1}")
     if not rs.procs[args.rank].local:
-        raise UsageError(f"rank {args.rank} runs on another host: the debugger attaches over "
-                         "loopback only, so it works for ranks on this host")
+        raise UsageError(
+            f"rank {args.rank} runs on another host: the debugger attaches over "
+            "loopback only, so it works for ranks on this host"
+        )
     call = rs.submit(rank_debug.post_mortem, ranks=[args.rank])
     attached = False
     while not call.ar.ready():

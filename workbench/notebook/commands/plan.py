@@ -8,12 +8,17 @@ the "predicted vs measured" DataFrame is the cell's result
 (``workbench.notebook.plan_live.plan_live``; draw it with
 ``workbench.notebook.dashboard.plan_figure.predicted_vs_measured_figure``).
 """
+
 from __future__ import annotations
 
 from . import UsageError, command
 
 
-@command("plan", "predict memory, communication, step time and cost (no args: the ranks' model, measured over one training step)", raw=True)
+@command(
+    "plan",
+    "predict memory, communication, step time and cost (no args: the ranks' model, measured over one training step)",
+    raw=True,
+)
 def _plan(argv: list[str], shell):
     if not argv:
         from ..plan_live import plan_live

@@ -5,30 +5,37 @@ model's config, fetched from rank 0) before any rank changes, then runs
 ``engine.prepare`` on every rank and rebinds the ranks' ``model`` and ``optimizer``
 variables to the wrapped ones.
 """
+
 from __future__ import annotations
 
 import re
 
-from .. import api
 from ...engine import rpc
-from ...shared.errors import WorkbenchError
 from ...shared.argtypes import positive_int
+from ...shared.errors import WorkbenchError
+from .. import api
 from . import UsageError, command
 
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 
 
 def _prepare_args(p) -> None:
-    p.add_argument("spec", nargs="*", help="a preset (ddp | fsdp2 | hsdp | tp | pp | zero) and/or degrees "
-                                         "(dp_replicate=, dp_shard=, tp=, pp=; one may be -1), then options: "
-                                         "'fsdp2 tp=2', 'pp=2 dp_shard=2', 'zero stage=3', 'fsdp2 dtype=bf16 "
-                                         "cpu_offload=true', 'ddp compile'")
+    p.add_argument(
+        "spec",
+        nargs="*",
+        help="a preset (ddp | fsdp2 | hsdp | tp | pp | zero) and/or degrees "
+        "(dp_replicate=, dp_shard=, tp=, pp=; one may be -1), then options: "
+        "'fsdp2 tp=2', 'pp=2 dp_shard=2', 'zero stage=3', 'fsdp2 dtype=bf16 "
+        "cpu_offload=true', 'ddp compile'",
+    )
     p.unknown_hint = "strategy options go as key=value after the kind: dtype=fp16, cpu_offload=true, compile"
-    p.add_argument("--blocks", default=None,
-                   help="comma-separated block class names or module paths (default: found in the model)")
+    p.add_argument(
+        "--blocks", default=None, help="comma-separated block class names or module paths (default: found in the model)"
+    )
     p.add_argument("--model", default="model", help="rank variable holding the model (default: model)")
-    p.add_argument("--optimizer", default="optimizer",
-                   help="rank variable holding an optimizer or a factory params -> optimizer")
+    p.add_argument(
+        "--optimizer", default="optimizer", help="rank variable holding an optimizer or a factory params -> optimizer"
+    )
 
 
 @command("prepare", "lay the ranks' model out with a parallelism strategy", _prepare_args)
@@ -51,12 +58,23 @@ def _prepare(args, shell):
     # Validate on rank 0 (it has the model's config; the notebook need not import torch)
     # before any rank changes: a bad spec leaves every rank exactly as it was.
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()] if args.blocks else None
-    probe = rs.apply(rpc.handle, rpc.ProbeModel(model_name=model_name, opt_name=opt_name, spec=spec.to_dict(),
-                                         world_size=rs.world_size, device_type=device_type,
-                                         blocks=tuple(blocks) if blocks else None), ranks=[0])[0]
+    probe = rs.apply(
+        rpc.handle,
+        rpc.ProbeModel(
+            model_name=model_name,
+            opt_name=opt_name,
+            spec=spec.to_dict(),
+            world_size=rs.world_size,
+            device_type=device_type,
+            blocks=tuple(blocks) if blocks else None,
+        ),
+        ranks=[0],
+    )[0]
     if probe["missing"]:
-        raise UsageError(f"no variable {' or '.join(probe['missing'])} on rank 0: build the model and "
-                         f"optimizer (or a factory `lambda params: ...`) in a %%distrain cell first")
+        raise UsageError(
+            f"no variable {' or '.join(probe['missing'])} on rank 0: build the model and "
+            f"optimizer (or a factory `lambda params: ...`) in a %%distrain cell first"
+        )
     if probe["error"]:
         raise WorkbenchError(f"{probe['error']} (nothing was changed on the ranks)")
     rs.push({"_workbench_spec": spec})
@@ -80,8 +98,10 @@ def layout_summary(layouts: list[dict]) -> str:
     lay = layouts[0]
     mesh = " x ".join(f"{n}={s}" for n, s in zip(lay["mesh"]["dim_names"], lay["mesh"]["shape"]))
     held = ", ".join(f"rank {l['rank']} {l['param_bytes_local'] / 2**20:.2f} MiB" for l in layouts)
-    lines = [f"{lay['strategy']} via the {lay['path']} path on mesh {mesh}; parameter bytes held: {held} "
-             f"(whole model {lay['param_bytes_global'] / 2**20:.2f} MiB)"]
+    lines = [
+        f"{lay['strategy']} via the {lay['path']} path on mesh {mesh}; parameter bytes held: {held} "
+        f"(whole model {lay['param_bytes_global'] / 2**20:.2f} MiB)"
+    ]
     if lay.get("degrees"):
         on = [f"{n}={v}" for n, v in lay["degrees"].items() if v > 1]
         lines.append(f"  degrees: {' x '.join(on) or 'one rank'}")

@@ -1,10 +1,11 @@
 """``%distrain start|stop|status|restart|push|pull``: the rank set's life cycle."""
+
 from __future__ import annotations
 
+from ...shared.argtypes import positive_int, rank_selection, seconds
 from .. import api, auto_cells
 from ..cluster.launchers import LAUNCHERS
 from ..cluster.rankset import BACKENDS
-from ...shared.argtypes import positive_int, rank_selection, seconds
 from . import UsageError, command
 
 
@@ -25,8 +26,11 @@ def _start_args(p) -> None:
     p.add_argument("--time", default=None, help="slurm: time limit (H:MM:SS)")
     p.add_argument("--account", default=None, help="slurm: account")
     p.add_argument("--sbatch", default=None, help='slurm: more sbatch options, e.g. "--constraint=h100"')
-    p.add_argument("--name", default=None,
-                   help="a named set beside the others (`%%distrain use NAME` switches; default: the current one)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="a named set beside the others (`%%distrain use NAME` switches; default: the current one)",
+    )
 
 
 _SLURM_FLAGS = ("nodes", "gpus_per_node", "partition", "time", "account", "sbatch")
@@ -41,8 +45,14 @@ def _slurm_request(args):
         raise UsageError(f"{flags} go with --launcher slurm")
     from ..cluster.slurm import SlurmRequest, parse_sbatch
 
-    return SlurmRequest(nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
-                        time=args.time, account=args.account, sbatch=parse_sbatch(args.sbatch))
+    return SlurmRequest(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        partition=args.partition,
+        time=args.time,
+        account=args.account,
+        sbatch=parse_sbatch(args.sbatch),
+    )
 
 
 def _rank_count(args) -> int:
@@ -60,16 +70,29 @@ def _rank_count(args) -> int:
 @command("start", "start N ranks and initialise their process group", _start_args)
 def _start(args, shell):
     try:
-        rs = api.start(_rank_count(args), backend=args.backend, launcher=args.launcher, timeout=args.timeout,
-                       threads=args.threads, ip=args.ip, hosts=args.hosts, ssh_config=args.ssh_config,
-                       python=args.python, slurm=_slurm_request(args), progress=_live_line(), name=args.name)
+        rs = api.start(
+            _rank_count(args),
+            backend=args.backend,
+            launcher=args.launcher,
+            timeout=args.timeout,
+            threads=args.threads,
+            ip=args.ip,
+            hosts=args.hosts,
+            ssh_config=args.ssh_config,
+            python=args.python,
+            slurm=_slurm_request(args),
+            progress=_live_line(),
+            name=args.name,
+        )
     except ValueError as exc:  # bad settings: one line, nothing started
         raise UsageError(str(exc)) from None
     backend = rs.info[0]["backend"] if rs.info else args.backend
     where = rs.allocation()
     named = f"{args.name!r}: " if args.name else ""
-    print(f"{named}{rs.world_size} ranks up ({backend}, {args.launcher} launcher{', ' + where if where else ''}) "
-          f"in {rs.start_seconds:.1f} s")
+    print(
+        f"{named}{rs.world_size} ranks up ({backend}, {args.launcher} launcher{', ' + where if where else ''}) "
+        f"in {rs.start_seconds:.1f} s"
+    )
     if args.auto:
         auto_cells.turn_on(shell)
         print(AUTO_ON)
@@ -77,6 +100,7 @@ def _start(args, shell):
 
 def _live_line():
     """Print each progress line as it comes (a queued job's state shows while the cell waits)."""
+
     def show(line: str) -> None:
         print(line, flush=True)
 
@@ -104,7 +128,9 @@ def _auto(args, shell):
 
 
 def _stop_args(p) -> None:
-    p.add_argument("--name", default=None, help="the named set to stop (default: the current one); the others keep running")
+    p.add_argument(
+        "--name", default=None, help="the named set to stop (default: the current one); the others keep running"
+    )
 
 
 @command("stop", "stop the ranks (every process they started)", _stop_args)
@@ -140,8 +166,9 @@ def _restart(args, shell):
         from .. import checkpoints as ck
         from .ckpt import setup_from
 
-        info = ck.resume(setup=setup_from(args.setup, shell), n=args.n, root=args.dir, backend=args.backend,
-                         timeout=args.timeout)
+        info = ck.resume(
+            setup=setup_from(args.setup, shell), n=args.n, root=args.dir, backend=args.backend, timeout=args.timeout
+        )
         print(f"{info['restarted']} ranks up again; {ck.describe_load(info)}")
         return None
     if args.setup or args.dir:
@@ -158,8 +185,10 @@ def _status(args, shell):
         print(where)
     dead = [r for r in rows if r["state"] == "dead"]
     if dead:
-        print("; ".join(f"rank {r['rank']} (host {r['host']}, pid {r['pid']}) {r['exit']}" for r in dead)
-              + " -- `%distrain restart` brings the rank set back")
+        print(
+            "; ".join(f"rank {r['rank']} (host {r['host']}, pid {r['pid']}) {r['exit']}" for r in dead)
+            + " -- `%distrain restart` brings the rank set back"
+        )
     import pandas as pd
 
     return pd.DataFrame(rows).set_index("rank")

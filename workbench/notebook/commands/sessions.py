@@ -1,4 +1,5 @@
 """``%distrain use NAME`` and ``%distrain sessions``: several named rank sets in one kernel."""
+
 from __future__ import annotations
 
 from .. import api, session

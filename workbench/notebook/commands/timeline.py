@@ -1,4 +1,5 @@
 """``%distrain timeline``: when each rank computed and waited inside the last steps."""
+
 from __future__ import annotations
 
 from ...shared.argtypes import positive_int, rank_selection, seconds
@@ -6,14 +7,17 @@ from . import UsageError, command
 
 
 def _timeline_args(p) -> None:
-    p.add_argument("--steps", type=positive_int, default=5, help="how many of the latest steps (default 5, at most 200)")
+    p.add_argument(
+        "--steps", type=positive_int, default=5, help="how many of the latest steps (default 5, at most 200)"
+    )
     p.add_argument("--ranks", type=rank_selection, default=None, help="ranks to show: 0,2-3 or all (default all)")
     p.add_argument("--run", default=None, help="this run (default: the latest)")
     p.add_argument("--table", action="store_true", help="a table per rank and step instead of the chart")
 
 
-@command("timeline", "Gantt chart of the last steps per rank: phases, collectives, waiting, the straggler",
-         _timeline_args)
+@command(
+    "timeline", "Gantt chart of the last steps per rank: phases, collectives, waiting, the straggler", _timeline_args
+)
 def _timeline(args, shell):
     from .. import api, timelines
     from ..dashboard.timeline_figure import timeline_figure, timeline_table
@@ -23,15 +27,16 @@ def _timeline(args, shell):
     api.current().select(args.ranks)  # a bad selection is refused before anything runs
     recs = timelines.records(args.steps, ranks=args.ranks, run=args.run)
     if not recs:
-        raise UsageError("no steps recorded on the ranks yet: train a few steps first "
-                         "(`%distrain train start --steps 5`)")
+        raise UsageError(
+            "no steps recorded on the ranks yet: train a few steps first (`%distrain train start --steps 5`)"
+        )
     return timeline_table(recs) if args.table else timeline_figure(recs)
 
 
 @command("pipeline", "the latest pipeline step as it ran: micro-batch x stage blocks beside the bubble formula")
 def _pipeline(args, shell):
-    from .. import timelines
     from ...shared.errors import WorkbenchError
+    from .. import timelines
 
     try:
         return timelines.pipeline_schedule()
@@ -46,15 +51,21 @@ def _profile_args(p) -> None:
     p.add_argument("--ranks", type=rank_selection, default=None, help="ranks to profile: 0,2-3 or all (default all)")
     p.add_argument("--out", default=None, help="folder for the traces (default profiles/profile-<time>)")
     p.add_argument("--timeout", type=seconds, default=300.0, help="seconds to wait for the traces (default 300)")
-    p.add_argument("--code", default=None, help="profile this code on the ranks instead of trainer steps "
-                                              "(run in their namespaces, as %%%%distrain would)")
+    p.add_argument(
+        "--code",
+        default=None,
+        help="profile this code on the ranks instead of trainer steps (run in their namespaces, as %%%%distrain would)",
+    )
 
 
-@command("profile", "torch.profiler on the ranks for N steps of their trainer: traces, summary, merged timeline",
-         _profile_args)
+@command(
+    "profile",
+    "torch.profiler on the ranks for N steps of their trainer: traces, summary, merged timeline",
+    _profile_args,
+)
 def _profile(args, shell):
-    from .. import api, profiles
     from ...shared.errors import WorkbenchError
+    from .. import api, profiles
 
     if not 1 <= args.steps <= 100:
         raise UsageError(f"--steps must be between 1 and 100, got {args.steps}")

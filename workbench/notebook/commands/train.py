@@ -3,27 +3,50 @@
 Thin: parse, then call :mod:`workbench.notebook.training` / :mod:`workbench.dashboard`, which
 users may call from Python just the same.
 """
+
 from __future__ import annotations
 
 import ast
 
-from .. import api, training
 from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds
+from .. import api, training
 from . import UsageError, command
+
 
 def _start_args(p) -> None:
     p.add_argument("--steps", type=positive_int, default=100, help="how many more steps (default 100)")
-    p.add_argument("--model", choices=MODEL_SIZES, default=None,
-                   help="build the teaching trainer (a GPT of this size on bundled text) first")
+    p.add_argument(
+        "--model",
+        choices=MODEL_SIZES,
+        default=None,
+        help="build the teaching trainer (a GPT of this size on bundled text) first",
+    )
     p.add_argument("--strategy", default=None, help="strategy spec for the teaching trainer (default ddp); builds it")
-    p.add_argument("--batch-size", type=positive_int, default=None,
-                   help="global batch size of the teaching trainer (default 8); with --model/--strategy")
-    p.add_argument("--lr", type=positive_float, default=None,
-                   help="learning rate (default 1e-3 when building; else set on the ranks' trainer)")
-    p.add_argument("--grad-accum", type=positive_int, default=None,
-                   help="micro-batches per step (default 1 when building; else set on the ranks' trainer)")
-    p.add_argument("--step-timeout", type=seconds, default=None, metavar="S",
-                   help="after S s without a step, show which ranks are stuck and where")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="global batch size of the teaching trainer (default 8); with --model/--strategy",
+    )
+    p.add_argument(
+        "--lr",
+        type=positive_float,
+        default=None,
+        help="learning rate (default 1e-3 when building; else set on the ranks' trainer)",
+    )
+    p.add_argument(
+        "--grad-accum",
+        type=positive_int,
+        default=None,
+        help="micro-batches per step (default 1 when building; else set on the ranks' trainer)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=seconds,
+        default=None,
+        metavar="S",
+        help="after S s without a step, show which ranks are stuck and where",
+    )
     p.add_argument("--no-dashboard", action="store_true", help="do not open the dashboard")
 
 
@@ -65,14 +88,19 @@ def parse_pairs(values: list[str]) -> dict:
     return out
 
 
-@command("train", "train on the ranks: start --steps N | pause | resume | stop | set lr=3e-4 | status | wait",
-         actions=ACTIONS)
+@command(
+    "train",
+    "train on the ranks: start --steps N | pause | resume | stop | set lr=3e-4 | status | wait",
+    actions=ACTIONS,
+)
 def _train(args, shell):
     if args.action == "start":
         return _start(args)
     if args.action == "set":
         applied = training.set(**parse_pairs(args.values))
-        print("from the next step or the one after, on every rank: " + ", ".join(f"{k}={v}" for k, v in applied.items()))
+        print(
+            "from the next step or the one after, on every rank: " + ", ".join(f"{k}={v}" for k, v in applied.items())
+        )
         return None
     if args.action in ("pause", "resume", "stop"):
         getattr(training, args.action)()
@@ -92,21 +120,32 @@ def _start(args):
     build = args.model is not None or args.strategy is not None
     changes = {k: v for k, v in (("lr", args.lr), ("grad_accum", args.grad_accum)) if v is not None}
     if build:
-        training.setup(args.strategy or "ddp", model=args.model or "tiny", batch_size=args.batch_size or 8,
-                       lr=args.lr or 1e-3, grad_accum=args.grad_accum or 1)
+        training.setup(
+            args.strategy or "ddp",
+            model=args.model or "tiny",
+            batch_size=args.batch_size or 8,
+            lr=args.lr or 1e-3,
+            grad_accum=args.grad_accum or 1,
+        )
     else:
         if args.batch_size is not None:
-            raise UsageError("--batch-size sizes the teaching trainer that --model/--strategy build; a trainer "
-                             "already on the ranks draws its batches from its own data: add --model tiny to "
-                             "rebuild, or change the batch in your setup code; nothing was done")
+            raise UsageError(
+                "--batch-size sizes the teaching trainer that --model/--strategy build; a trainer "
+                "already on the ranks draws its batches from its own data: add --model tiny to "
+                "rebuild, or change the batch in your setup code; nothing was done"
+            )
         states = {s["state"] for s in training.status()} if changes else set()
         given = ", ".join("--" + k.replace("_", "-") for k in changes)
         if "none" in states:
-            raise UsageError(f"{given} change the trainer on the ranks, and there is none yet: add --model tiny "
-                             "(builds the teaching GPT) or build a Trainer in a %%distrain cell; nothing was done")
+            raise UsageError(
+                f"{given} change the trainer on the ranks, and there is none yet: add --model tiny "
+                "(builds the teaching GPT) or build a Trainer in a %%distrain cell; nothing was done"
+            )
         if states & {"running", "paused"}:
-            raise UsageError(f"training is already {'/'.join(sorted(states & {'running', 'paused'}))}, so {given} "
-                             "would not start a run: `%distrain train set lr=...` changes it live; nothing was done")
+            raise UsageError(
+                f"training is already {'/'.join(sorted(states & {'running', 'paused'}))}, so {given} "
+                "would not start a run: `%distrain train set lr=...` changes it live; nothing was done"
+            )
         if changes:
             training.set(**changes)
     run = training.start(args.steps, step_timeout=args.step_timeout)

@@ -4,6 +4,7 @@ Uses the faulthandler stacks of :mod:`workbench.notebook.cluster.diagnosis` (SIG
 answers while ranks are busy or blocked in a collective; a SIGSTOPped or dead rank is
 reported by its process state.
 """
+
 from __future__ import annotations
 
 from ...shared.argtypes import rank_selection, seconds

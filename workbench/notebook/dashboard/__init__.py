@@ -8,6 +8,7 @@ every ``interval`` seconds and only when new events arrived, so plotting costs t
 ranks nothing (they only PUSH to a socket) and the kernel little. Calling it again
 re-shows the same live dashboard; ``export_html(path)`` writes a standalone page.
 """
+
 from __future__ import annotations
 
 import html
@@ -24,8 +25,10 @@ from .widget import view_busy
 __all__ = ["Dashboard", "dashboard"]
 
 _FAILED = "<span class='wb-redraw-failed' style='color:#c33'>"
-MOVED = ("<i class='wb-dashboard-moved'>the live dashboard moved to where it was opened last "
-         "(<code>%distrain dashboard</code> shows it again)</i>")
+MOVED = (
+    "<i class='wb-dashboard-moved'>the live dashboard moved to where it was opened last "
+    "(<code>%distrain dashboard</code> shows it again)</i>"
+)
 
 
 def _import_heavy() -> None:
@@ -36,10 +39,10 @@ def _import_heavy() -> None:
     the thread would meet a half-initialized module ("partially initialized module
     'pandas' has no attribute 'Series'").
     """
+    import ipywidgets  # noqa: F401
     import numpy  # noqa: F401
     import pandas  # noqa: F401
     import plotly.graph_objects  # noqa: F401
-    import ipywidgets  # noqa: F401
 
 
 class Dashboard:
@@ -144,21 +147,39 @@ class Dashboard:
         reasons = {e["reason"] for e in states.values() if e["reason"] and e["state"] in ("paused", "error", "stopped")}
         loss, mfu, lr = (s.last(run, m, min(last)) if last else None for m in ("loss", "mfu", "lr"))
         total_tps = sum(v for r in last if (v := s.last(run, "tps", r)) is not None)
-        parts = [f"<b>{html.escape(run)}</b>", f"step {max(last.values()) if last else 0}",
-                 f"<b>{html.escape(state_text)}</b>", f"{len(last)} ranks",
-                 f"loss {loss:.4g}" if loss is not None else "loss -", f"lr {lr:.3g}" if lr is not None else "lr -",
-                 f"{total_tps:,.0f} tokens/s", f"mfu {mfu:.1%}" if mfu is not None else "mfu n/a (no device peak: CPU)",
-                 f"lag {s.lag_s:.2f} s", f"events {s.received}", f"gaps {s.gaps}, duplicates {s.duplicates}"
-                 + (f", rollbacks {s.rollbacks}" if s.rollbacks else "")]
+        parts = [
+            f"<b>{html.escape(run)}</b>",
+            f"step {max(last.values()) if last else 0}",
+            f"<b>{html.escape(state_text)}</b>",
+            f"{len(last)} ranks",
+            f"loss {loss:.4g}" if loss is not None else "loss -",
+            f"lr {lr:.3g}" if lr is not None else "lr -",
+            f"{total_tps:,.0f} tokens/s",
+            f"mfu {mfu:.1%}" if mfu is not None else "mfu n/a (no device peak: CPU)",
+            f"lag {s.lag_s:.2f} s",
+            f"events {s.received}",
+            f"gaps {s.gaps}, duplicates {s.duplicates}" + (f", rollbacks {s.rollbacks}" if s.rollbacks else ""),
+        ]
         line = " · ".join(parts)
         if reasons:
             line += "<br><span style='color:#c60'>" + html.escape("; ".join(sorted(reasons))[:500]) + "</span>"
-        paused_on_loss = [e for e in states.values() if e["state"] == "paused"
-                          and any(w in (e["reason"] or "") for w in ("non-finite", "spike"))]
+        paused_on_loss = [
+            e
+            for e in states.values()
+            if e["state"] == "paused" and any(w in (e["reason"] or "") for w in ("non-finite", "spike"))
+        ]
         if paused_on_loss:
-            line += "<br><span class='wb-rollback-hint' style='color:#c60'>" \
-                + html.escape(self.rollback_hint(run, max(e["step"] or 0 for e in paused_on_loss),
-                                             spike=all("spike" in e["reason"] for e in paused_on_loss))) + "</span>"
+            line += (
+                "<br><span class='wb-rollback-hint' style='color:#c60'>"
+                + html.escape(
+                    self.rollback_hint(
+                        run,
+                        max(e["step"] or 0 for e in paused_on_loss),
+                        spike=all("spike" in e["reason"] for e in paused_on_loss),
+                    )
+                )
+                + "</span>"
+            )
         failed = autosave_failure(s, run)
         if failed:
             line += "<br><span style='color:#c00'>" + html.escape(failed[:600]) + "</span>"
@@ -195,10 +216,10 @@ class Dashboard:
     @property
     def timeline(self):
         """The step-timeline panel (per-rank Gantt chart of the last steps, drawn on demand)."""
-        self.widget
+        _ = self.widget  # builds the panels, the timeline among them
         return self._timeline
 
-    def show(self) -> "Dashboard":
+    def show(self) -> Dashboard:
         """Show the dashboard here; where it was shown before, a line says it moved.
 
         One live copy at a time: every copy in the page redraws on every edit, and a copy
@@ -235,11 +256,11 @@ class Dashboard:
             figures.draw(static, figures.lines_for(self.store, run))
         plot = static.to_html(include_plotlyjs=True, full_html=False)
         status = self.status_line(run) if run else "no run yet"
-        page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>distrain workbench: "
-                f"{html.escape(run or '')}</title></head><body style='font-family:sans-serif'>"
-                f"<h2>distrain workbench</h2><p>{status}</p>"
-                + plot
-                + "</body></html>")
+        page = (
+            "<!DOCTYPE html><html><head><meta charset='utf-8'><title>distrain workbench: "
+            f"{html.escape(run or '')}</title></head><body style='font-family:sans-serif'>"
+            f"<h2>distrain workbench</h2><p>{status}</p>" + plot + "</body></html>"
+        )
         with open(path, "w", encoding="utf-8") as f:
             f.write(page)
         return str(path)

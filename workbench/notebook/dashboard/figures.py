@@ -21,6 +21,7 @@ restyles the traces made in advance (each message carries every changed line who
 message a view missed is made good by the next) and :func:`sync` re-assigns the full state
 so views made later (a re-display) start from the current data.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,13 @@ def figure_layout() -> dict:
     from plotly.subplots import make_subplots
 
     rows = -(-len(PANELS) // COLUMNS)
-    grid = make_subplots(rows=rows, cols=COLUMNS, subplot_titles=[p.title for p in PANELS],
-                         horizontal_spacing=0.09, vertical_spacing=0.11)
+    grid = make_subplots(
+        rows=rows,
+        cols=COLUMNS,
+        subplot_titles=[p.title for p in PANELS],
+        horizontal_spacing=0.09,
+        vertical_spacing=0.11,
+    )
     layout = grid.layout.to_plotly_json()
     for ann in layout.get("annotations", []):
         ann["font"] = {"size": 13}
@@ -87,10 +93,21 @@ def figure_layout() -> dict:
         layout[y_name]["title"] = {"text": p.yaxis, "font": {"size": 11}}
         x0, x1 = layout[x_name]["domain"]
         y0, y1 = layout[y_name]["domain"]
-        layout[axes["legend"]] = {"x": x1, "y": y1, "xanchor": "right", "yanchor": "top",
-                                  "bgcolor": "rgba(255,255,255,0.7)", "font": {"size": 9}}
-    layout.update(height=rows * ROW_HEIGHT + 60, margin=dict(l=60, r=20, t=40, b=40),
-                  template="plotly_white", barmode="stack", showlegend=True)
+        layout[axes["legend"]] = {
+            "x": x1,
+            "y": y1,
+            "xanchor": "right",
+            "yanchor": "top",
+            "bgcolor": "rgba(255,255,255,0.7)",
+            "font": {"size": 9},
+        }
+    layout.update(
+        height=rows * ROW_HEIGHT + 60,
+        margin=dict(l=60, r=20, t=40, b=40),
+        template="plotly_white",
+        barmode="stack",
+        showlegend=True,
+    )
     return layout
 
 
@@ -100,11 +117,13 @@ def expected_traces(ranks) -> dict[str, list[tuple]]:
     (Collective kinds are not known in advance: those traces are added when they appear.)
     """
     per_rank = [(f"rank {r}", {"width": 1}) for r in ranks]
-    return {"loss": [*per_rank, ("mean", {"width": 3, "color": "black"})],
-            "throughput": [(f"rank {r}", {}) for r in ranks],
-            "memory": [(f"rank {r}", {}) for r in ranks],
-            "step_time": [(phase, {"bar": True}) for phase in (*STEP_TIME_PHASES, "control")],
-            "grad_norm": [("grad_norm", {"width": 2})]}
+    return {
+        "loss": [*per_rank, ("mean", {"width": 3, "color": "black"})],
+        "throughput": [(f"rank {r}", {}) for r in ranks],
+        "memory": [(f"rank {r}", {}) for r in ranks],
+        "step_time": [(phase, {"bar": True}) for phase in (*STEP_TIME_PHASES, "control")],
+        "grad_norm": [("grad_norm", {"width": 2})],
+    }
 
 
 def _trace(panel: str, name, xs, ys, style):
@@ -157,6 +176,7 @@ def lines_for(store, run: str) -> dict[str, list[tuple]]:
     validates a list element by element and sends it as JSON (~15 ms a redraw of 2 ranks
     at a few hundred steps, growing with the run), an array goes as a binary buffer.
     """
+
     def line(metric, r):
         return store.arrays(run, metric, r)
 
@@ -276,5 +296,3 @@ def draw(fig, lines: dict[str, list[tuple]]) -> bool:
 def _lock(fig):
     lock = getattr(fig, "_edit_lock", None)
     return lock if lock is not None else contextlib.nullcontext()
-
-

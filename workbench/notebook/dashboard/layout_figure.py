@@ -14,6 +14,7 @@ Both draw what each rank reported holding (the layout's ``holds``: global index 
 asked of the DTensor / DeepSpeed partition on the rank), never placement arithmetic
 redone here, which gets strided FSDP x TP shards wrong.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,6 +22,7 @@ import re
 from fractions import Fraction
 
 import pandas as pd
+
 
 def layout_table(layouts: list[dict]) -> pd.DataFrame:
     """One row per (tensor, rank): placements, shapes, bytes, fraction held, and how
@@ -36,16 +38,18 @@ def layout_table(layouts: list[dict]) -> pd.DataFrame:
                 how = "whole"
             else:
                 how = "shard" if len(blocks) <= 1 else f"{len(blocks)} blocks"
-            rows.append({
-                "tensor": p["name"],
-                "rank": lay["rank"],
-                "placements": ", ".join(p["placements"]),
-                "global_shape": tuple(p["global_shape"]),
-                "local_shape": tuple(p["local_shape"]),
-                "local_bytes": p["local_bytes"],
-                "fraction": fraction,
-                "holding": how,
-            })
+            rows.append(
+                {
+                    "tensor": p["name"],
+                    "rank": lay["rank"],
+                    "placements": ", ".join(p["placements"]),
+                    "global_shape": tuple(p["global_shape"]),
+                    "local_shape": tuple(p["local_shape"]),
+                    "local_bytes": p["local_bytes"],
+                    "fraction": fraction,
+                    "holding": how,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -73,22 +77,37 @@ def layout_figure(layouts: list[dict], *, max_tensors: int = 24, match: str | No
     for name in names:
         cell.append([_cell_label(sub.loc[(name, r)]) if (name, r) in sub.index else "" for r in ranks])
         z.append([float(sub.loc[(name, r), "fraction"]) if (name, r) in sub.index else 0.0 for r in ranks])
-        text.append([
-            f"{name}<br>rank {r}: {sub.loc[(name, r), 'local_shape']} of {sub.loc[(name, r), 'global_shape']}"
-            f" ({sub.loc[(name, r), 'holding']}, {100 * sub.loc[(name, r), 'fraction']:.1f}%)"
-            f"<br>{sub.loc[(name, r), 'placements']}" if (name, r) in sub.index else f"{name}<br>rank {r}: not held"
-            for r in ranks
-        ])
+        text.append(
+            [
+                f"{name}<br>rank {r}: {sub.loc[(name, r), 'local_shape']} of {sub.loc[(name, r), 'global_shape']}"
+                f" ({sub.loc[(name, r), 'holding']}, {100 * sub.loc[(name, r), 'fraction']:.1f}%)"
+                f"<br>{sub.loc[(name, r), 'placements']}"
+                if (name, r) in sub.index
+                else f"{name}<br>rank {r}: not held"
+                for r in ranks
+            ]
+        )
     lay0 = layouts[0]
     mesh = " x ".join(f"{n}={s}" for n, s in zip(lay0["mesh"]["dim_names"], lay0["mesh"]["shape"]))
-    fig = go.Figure(go.Heatmap(
-        z=z, x=[f"rank {r}" for r in ranks], y=names, hovertext=text, hoverinfo="text",
-        text=cell, texttemplate="%{text}",
-        zmin=0, zmax=1, colorscale="Blues", colorbar={"title": "share held"},
-    ))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"rank {r}" for r in ranks],
+            y=names,
+            hovertext=text,
+            hoverinfo="text",
+            text=cell,
+            texttemplate="%{text}",
+            zmin=0,
+            zmax=1,
+            colorscale="Blues",
+            colorbar={"title": "share held"},
+        )
+    )
     fig.update_layout(
         title=f"{lay0['strategy']} ({lay0['path']} path) on mesh {mesh}: share of each tensor per rank",
-        yaxis={"autorange": "reversed"}, height=max(300, 22 * len(names) + 120),
+        yaxis={"autorange": "reversed"},
+        height=max(300, 22 * len(names) + 120),
         margin={"l": 10, "r": 10, "t": 50, "b": 10},
     )
     return fig
@@ -159,8 +178,10 @@ def held_blocks(param: dict) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     names: a strided shard comes back as the several blocks it is."""
     holds = param.get("holds")
     if holds is None:
-        raise ValueError(f"{param['name']}: this layout does not say what each rank holds (made by an older "
-                         "workbench); prepare the model again to draw it")
+        raise ValueError(
+            f"{param['name']}: this layout does not say what each rank holds (made by an older "
+            "workbench); prepare the model again to draw it"
+        )
     shape = list(param["global_shape"])
     rows, cols = grid_shape(shape)
     if holds["kind"] == "flat":
@@ -194,8 +215,12 @@ def tensor_blocks(layouts: list[dict], name: str) -> tuple[list[int], list[str],
 
 
 def _partial_ranks(layouts: list[dict], name: str) -> set[int]:
-    return {lay["rank"] for lay in layouts for p in lay["params"]
-            if p["name"] == name and (p.get("holds") or {}).get("partial")}
+    return {
+        lay["rank"]
+        for lay in layouts
+        for p in lay["params"]
+        if p["name"] == name and (p.get("holds") or {}).get("partial")
+    }
 
 
 def tensor_figure(layouts: list[dict], name: str):
@@ -212,14 +237,32 @@ def tensor_figure(layouts: list[dict], name: str):
         label = "ranks " + ",".join(map(str, sorted(ranks))) if len(ranks) > 1 else f"rank {ranks[0]}"
         if partial & set(ranks):
             label += " (partial sum)"
-        fig.add_shape(type="rect", x0=cspan[0], x1=cspan[1], y0=rspan[0], y1=rspan[1],
-                      fillcolor=palette[i % len(palette)], opacity=0.75, line={"color": "white", "width": 2})
-        fig.add_annotation(x=(cspan[0] + cspan[1]) / 2, y=(rspan[0] + rspan[1]) / 2, text=label,
-                           showarrow=False, font={"color": "white"})
+        fig.add_shape(
+            type="rect",
+            x0=cspan[0],
+            x1=cspan[1],
+            y0=rspan[0],
+            y1=rspan[1],
+            fillcolor=palette[i % len(palette)],
+            opacity=0.75,
+            line={"color": "white", "width": 2},
+        )
+        fig.add_annotation(
+            x=(cspan[0] + cspan[1]) / 2,
+            y=(rspan[0] + rspan[1]) / 2,
+            text=label,
+            showarrow=False,
+            font={"color": "white"},
+        )
     split = sorted(r for r, n in per_rank.items() if n > 1)
-    fig.update_xaxes(range=[0, cols], title=("dim 1" if len(shape) == 2 else "dims 1.. flattened") if len(shape) > 1 else "")
+    fig.update_xaxes(
+        range=[0, cols], title=("dim 1" if len(shape) == 2 else "dims 1.. flattened") if len(shape) > 1 else ""
+    )
     fig.update_yaxes(range=[rows, 0], title="dim 0")
     note = f"<br><sub>non-contiguous: rank(s) {', '.join(map(str, split))} hold several blocks</sub>" if split else ""
-    fig.update_layout(title=f"{name} {tuple(shape)}: {', '.join(placements)}{note}",
-                      height=420, margin={"l": 10, "r": 10, "t": 50, "b": 10})
+    fig.update_layout(
+        title=f"{name} {tuple(shape)}: {', '.join(placements)}{note}",
+        height=420,
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+    )
     return fig

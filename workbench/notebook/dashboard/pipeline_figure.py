@@ -13,10 +13,18 @@ beside the bubble three ways, as lab 04 computes it:
   stages are equal), and lab 04's replay of the measured blocks (each stage's mean F and
   B time, every op starting when its stage is free and its input has arrived).
 """
+
 from __future__ import annotations
 
-__all__ = ["schedule_order", "measured_bubble", "formula_bubble", "staged_bubble", "replayed_bubble", "drawn_order",
-           "schedule_figure"]
+__all__ = [
+    "schedule_order",
+    "measured_bubble",
+    "formula_bubble",
+    "staged_bubble",
+    "replayed_bubble",
+    "drawn_order",
+    "schedule_figure",
+]
 
 COLORS = {"F": "#4C78A8", "B": "#F58518"}
 
@@ -127,19 +135,33 @@ def schedule_figure(runs: list[dict]):
                 x.append((e - s) * 1e3)
                 y.append(f"stage {r['stage']}")
                 text.append(f"{k}{i}")
-        fig.add_bar(name={"F": "forward", "B": "backward"}[kind], orientation="h", x=x, base=base, y=y, text=text,
-                    textposition="inside", insidetextanchor="middle", marker_color=COLORS[kind],
-                    hovertext=[f"{t}: {d:.2f} ms" for t, d in zip(text, x)], hoverinfo="text")
+        fig.add_bar(
+            name={"F": "forward", "B": "backward"}[kind],
+            orientation="h",
+            x=x,
+            base=base,
+            y=y,
+            text=text,
+            textposition="inside",
+            insidetextanchor="middle",
+            marker_color=COLORS[kind],
+            hovertext=[f"{t}: {d:.2f} ms" for t, d in zip(text, x)],
+            hoverinfo="text",
+        )
     per_stage = measured_bubble(runs)
     mean = sum(per_stage) / len(per_stage)
     fig.update_layout(
-        title=(f"{name} as it ran, p={p} stages, m={m} micro-batches: bubble {replayed_bubble(runs):.2f} "
-               f"(lab 04's replay of the measured blocks)<br><sub>formula (p-1)/(m+p-1) = "
-               f"{formula_bubble(p, m):.2f}; for the stages as they ran {staged_bubble(runs):.2f}; "
-               f"wall clock {mean:.2f} (stages {', '.join(f'{b:.2f}' for b in per_stage)}), sends, "
-               f"receives and a busy machine included</sub>"),
-        barmode="overlay", xaxis={"title": "ms from the step's first block"},
+        title=(
+            f"{name} as it ran, p={p} stages, m={m} micro-batches: bubble {replayed_bubble(runs):.2f} "
+            f"(lab 04's replay of the measured blocks)<br><sub>formula (p-1)/(m+p-1) = "
+            f"{formula_bubble(p, m):.2f}; for the stages as they ran {staged_bubble(runs):.2f}; "
+            f"wall clock {mean:.2f} (stages {', '.join(f'{b:.2f}' for b in per_stage)}), sends, "
+            f"receives and a busy machine included</sub>"
+        ),
+        barmode="overlay",
+        xaxis={"title": "ms from the step's first block"},
         yaxis={"categoryorder": "array", "categoryarray": [f"stage {s}" for s in range(p)], "autorange": "reversed"},
-        height=max(220, 60 * p + 140), margin={"l": 10, "r": 10, "t": 70, "b": 10},
+        height=max(220, 60 * p + 140),
+        margin={"l": 10, "r": 10, "t": 70, "b": 10},
     )
     return fig

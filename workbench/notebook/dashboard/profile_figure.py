@@ -14,6 +14,7 @@ last one's end, on the thread that ran them):
 Holistic Trace Analysis does this for GPU traces (it reads kernels per stream); CPU-rank
 traces have no kernels, so the workbench counts from the CPU ops itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -108,19 +109,29 @@ def self_times(trace: dict) -> pd.DataFrame:
 def rank_summary(trace: dict) -> dict:
     """Window, communication, compute and idle milliseconds, the top op by self time."""
     t0, t1, tid = window(trace)
-    ops = [e for e in _ops(trace) if e.get("cat") in ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset")
-           and e["ts"] < t1 and e["ts"] + e["dur"] > t0]
+    ops = [
+        e
+        for e in _ops(trace)
+        if e.get("cat") in ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset") and e["ts"] < t1 and e["ts"] + e["dur"] > t0
+    ]
     clip = [(max(e["ts"], t0), min(e["ts"] + e["dur"], t1), e) for e in ops]
     comm = [(a, b) for a, b, e in clip if is_comm(e["name"])]
-    compute = [(a, b) for a, b, e in clip if not is_comm(e["name"]) and (e.get("tid") == tid or e.get("cat") == "kernel")]
+    compute = [
+        (a, b) for a, b, e in clip if not is_comm(e["name"]) and (e.get("tid") == tid or e.get("cat") == "kernel")
+    ]
     comm_us = _length(_union(comm))
     compute_us = _minus(compute, comm)
     steps = sum(1 for e in _ops(trace) if str(e.get("name", "")).startswith("ProfilerStep#"))
     top = self_times(trace)
-    return {"steps": steps, "window_ms": (t1 - t0) / 1e3, "compute_ms": compute_us / 1e3, "comm_ms": comm_us / 1e3,
-            "idle_ms": max(0.0, (t1 - t0) - compute_us - comm_us) / 1e3,
-            "top_op": top["op"].iloc[0] if len(top) else None,
-            "top_op_self_ms": float(top["self_ms"].iloc[0]) if len(top) else 0.0}
+    return {
+        "steps": steps,
+        "window_ms": (t1 - t0) / 1e3,
+        "compute_ms": compute_us / 1e3,
+        "comm_ms": comm_us / 1e3,
+        "idle_ms": max(0.0, (t1 - t0) - compute_us - comm_us) / 1e3,
+        "top_op": top["op"].iloc[0] if len(top) else None,
+        "top_op_self_ms": float(top["self_ms"].iloc[0]) if len(top) else 0.0,
+    }
 
 
 def summary_table(traces: dict[int, dict]) -> pd.DataFrame:
@@ -134,8 +145,13 @@ def top_ops(traces: dict[int, dict], n: int = 10) -> pd.DataFrame:
     df = pd.concat(frames) if frames else pd.DataFrame()
     if df.empty:
         return df
-    agg = df.groupby("op").agg(calls=("calls", "sum"), self_ms=("self_ms", "sum"), total_ms=("total_ms", "sum"),
-                               comm=("comm", "first"), ranks=("rank", "nunique"))
+    agg = df.groupby("op").agg(
+        calls=("calls", "sum"),
+        self_ms=("self_ms", "sum"),
+        total_ms=("total_ms", "sum"),
+        comm=("comm", "first"),
+        ranks=("rank", "nunique"),
+    )
     agg["self_share"] = agg["self_ms"] / agg["self_ms"].sum()
     return agg.sort_values("self_ms", ascending=False).head(n).reset_index()
 
@@ -168,10 +184,22 @@ def profile_figure(traces: dict[int, dict], max_bars: int = 3000):
     fig = go.Figure()
     colors = {"step": "#BAB0AC", "compute": "#4C78A8", "communication": "#E45756"}
     for key, (x, base, y, text) in groups.items():
-        fig.add_bar(name=key, orientation="h", x=x[:max_bars], base=base[:max_bars], y=y[:max_bars],
-                    hovertext=text[:max_bars], hoverinfo="text", marker_color=colors[key])
-    fig.update_layout(title="torch.profiler, merged per rank: profiled steps and outermost ops",
-                      barmode="overlay", xaxis={"title": "ms from the first profiled step"},
-                      yaxis={"categoryorder": "array", "categoryarray": lanes, "autorange": "reversed"},
-                      height=max(260, 40 * len(lanes) + 120), margin={"l": 10, "r": 10, "t": 50, "b": 10})
+        fig.add_bar(
+            name=key,
+            orientation="h",
+            x=x[:max_bars],
+            base=base[:max_bars],
+            y=y[:max_bars],
+            hovertext=text[:max_bars],
+            hoverinfo="text",
+            marker_color=colors[key],
+        )
+    fig.update_layout(
+        title="torch.profiler, merged per rank: profiled steps and outermost ops",
+        barmode="overlay",
+        xaxis={"title": "ms from the first profiled step"},
+        yaxis={"categoryorder": "array", "categoryarray": lanes, "autorange": "reversed"},
+        height=max(260, 40 * len(lanes) + 120),
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+    )
     return fig

@@ -7,13 +7,21 @@ hatched where the rank sat blocked in them). The straggler of a step is the rank
 waited least: in a synchronous step the others wait for it in the first collective
 they share with it, so their waiting is its lateness.
 """
+
 from __future__ import annotations
 
 import pandas as pd
 
-PHASE_COLORS = {"data": "#72B7B2", "forward": "#4C78A8", "backward": "#F58518", "optimizer": "#54A24B",
-                "agreement": "#BAB0AC", "setup": "#D4A6C8", "telemetry": "#DDDDDD",
-                "zero_grad": "#9ECAE9"}
+PHASE_COLORS = {
+    "data": "#72B7B2",
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "optimizer": "#54A24B",
+    "agreement": "#BAB0AC",
+    "setup": "#D4A6C8",
+    "telemetry": "#DDDDDD",
+    "zero_grad": "#9ECAE9",
+}
 COMM_COLORS = ["#E45756", "#B279A2", "#FF9DA6", "#9D755D", "#EECA3B", "#79706E"]
 
 
@@ -71,8 +79,9 @@ def timeline_figure(records: list[dict]):
     import plotly.graph_objects as go
 
     if not records:
-        raise ValueError("no steps recorded on the ranks yet: train a few steps (`%distrain train start "
-                         "--steps 5`) and ask again")
+        raise ValueError(
+            "no steps recorded on the ranks yet: train a few steps (`%distrain train start --steps 5`) and ask again"
+        )
     origin = min(r["wall_start"] for r in records)
     ranks = sorted({r["rank"] for r in records})
     lanes = [lane for r in ranks for lane in (f"rank {r}", f"rank {r} comm")]
@@ -84,32 +93,53 @@ def timeline_figure(records: list[dict]):
             lane = f"rank {rec['rank']}" if s["lane"] == "phase" else f"rank {rec['rank']} comm"
             if s["lane"] == "comm" and s["name"] not in comm_kinds:
                 comm_kinds.append(s["name"])
-            b = bars.setdefault((s["name"], s["lane"] == "comm" and s["wait"]),
-                                {"x": [], "base": [], "y": [], "text": []})
+            b = bars.setdefault(
+                (s["name"], s["lane"] == "comm" and s["wait"]), {"x": [], "base": [], "y": [], "text": []}
+            )
             b["base"].append(t0 + s["start"] * 1e3)
             b["x"].append((s["end"] - s["start"]) * 1e3)
             b["y"].append(lane)
-            b["text"].append(f"rank {rec['rank']} step {rec['step']}: {s['name']}"
-                             f"{' (blocked)' if s['wait'] else ''} {(s['end'] - s['start']) * 1e3:.2f} ms")
+            b["text"].append(
+                f"rank {rec['rank']} step {rec['step']}: {s['name']}"
+                f"{' (blocked)' if s['wait'] else ''} {(s['end'] - s['start']) * 1e3:.2f} ms"
+            )
     fig = go.Figure()
     for (name, blocked), b in bars.items():
-        color = PHASE_COLORS.get(name) or COMM_COLORS[comm_kinds.index(name) % len(COMM_COLORS)] \
-            if name in comm_kinds else PHASE_COLORS.get(name, "#888888")
-        fig.add_trace(go.Bar(
-            name=f"{name}{' (blocked)' if blocked else ''}", orientation="h", x=b["x"], base=b["base"], y=b["y"],
-            hovertext=b["text"], hoverinfo="text", marker={"color": color, "line": {"width": 0},
-                                                           "pattern": {"shape": "/" if blocked else ""}},
-        ))
+        color = (
+            PHASE_COLORS.get(name) or COMM_COLORS[comm_kinds.index(name) % len(COMM_COLORS)]
+            if name in comm_kinds
+            else PHASE_COLORS.get(name, "#888888")
+        )
+        fig.add_trace(
+            go.Bar(
+                name=f"{name}{' (blocked)' if blocked else ''}",
+                orientation="h",
+                x=b["x"],
+                base=b["base"],
+                y=b["y"],
+                hovertext=b["text"],
+                hoverinfo="text",
+                marker={"color": color, "line": {"width": 0}, "pattern": {"shape": "/" if blocked else ""}},
+            )
+        )
     for rec in records:  # step boundaries, so a late start is visible
         t0 = (rec["wall_start"] - origin) * 1e3
-        fig.add_shape(type="rect", x0=t0, x1=t0 + rec["duration"] * 1e3, y0=lanes.index(f"rank {rec['rank']}") - 0.45,
-                      y1=lanes.index(f"rank {rec['rank']}") + 0.45, line={"color": "#333", "width": 1})
+        fig.add_shape(
+            type="rect",
+            x0=t0,
+            x1=t0 + rec["duration"] * 1e3,
+            y0=lanes.index(f"rank {rec['rank']}") - 0.45,
+            y1=lanes.index(f"rank {rec['rank']}") + 0.45,
+            line={"color": "#333", "width": 1},
+        )
     late = stragglers(records)
     if late:
         counts = pd.Series(list(late.values())).value_counts()
         unjudged = len({r["step"] for r in records}) - len(late)
-        title = (f"straggler: rank {counts.index[0]} in {counts.iloc[0]}/{len(late)} steps (the rank the others "
-                 f"wait for){f'; {unjudged} step(s) not judged, see below' if unjudged else ''}")
+        title = (
+            f"straggler: rank {counts.index[0]} in {counts.iloc[0]}/{len(late)} steps (the rank the others "
+            f"wait for){f'; {unjudged} step(s) not judged, see below' if unjudged else ''}"
+        )
     else:
         title = "per-rank step timeline"
     steps = sorted({r["step"] for r in records})
@@ -119,12 +149,17 @@ def timeline_figure(records: list[dict]):
             notes.setdefault(note, []).append((rec["step"], rec["rank"]))
     sub = "".join(
         f"<br><sub>step {', '.join(map(str, sorted({s for s, _ in where})))}, "
-        f"rank {', '.join(map(str, sorted({r for _, r in where})))}: {note}</sub>" for note, where in notes.items())
+        f"rank {', '.join(map(str, sorted({r for _, r in where})))}: {note}</sub>"
+        for note, where in notes.items()
+    )
     fig.update_layout(
-        title=f"steps {steps[0]}-{steps[-1]}: {title}{sub}", barmode="overlay", bargap=0.25,
+        title=f"steps {steps[0]}-{steps[-1]}: {title}{sub}",
+        barmode="overlay",
+        bargap=0.25,
         xaxis={"title": "ms from the first step's start"},
         yaxis={"categoryorder": "array", "categoryarray": lanes, "autorange": "reversed"},
-        height=max(260, 48 * len(lanes) + 120), margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        height=max(260, 48 * len(lanes) + 120),
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
         legend={"orientation": "h", "y": -0.2},
     )
     return fig

@@ -3,6 +3,7 @@
 Pulling the ranks' records is an ``apply`` on every rank, so the panel does it when asked
 (its button, or :meth:`TimelinePanel.refresh`), never on the dashboard's redraw thread.
 """
+
 from __future__ import annotations
 
 import html
@@ -17,8 +18,9 @@ class TimelinePanel:
         import plotly.graph_objects as go
 
         self._rankset = rankset_getter
-        self.steps = w.BoundedIntText(value=steps, min=1, max=200, description="last steps",
-                                      layout=w.Layout(width="160px"))
+        self.steps = w.BoundedIntText(
+            value=steps, min=1, max=200, description="last steps", layout=w.Layout(width="160px")
+        )
         self.button = w.Button(description="draw step timeline", icon="bars", layout=w.Layout(width="170px"))
         self.message = w.HTML(value="<i>per-rank phases and collectives of the last steps: press to draw</i>")
         self.figure = go.FigureWidget()
@@ -35,8 +37,9 @@ class TimelinePanel:
                 return False
             fig = timeline_figure(recs)
         except Exception as exc:  # a click's exception would vanish into the kernel log
-            self.message.value = (f"<span style='color:#c33'>{html.escape(type(exc).__name__)}: "
-                                  f"{html.escape(str(exc))}</span>")
+            self.message.value = (
+                f"<span style='color:#c33'>{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</span>"
+            )
             return False
         with self.figure.batch_update():
             self.figure.data = []

@@ -32,6 +32,7 @@ importing the dashboard does not import plotly):
   whose listeners anywidget removes with the view. Where plotly's bundle does not have
   the expected shape, plotly's module is used unchanged.
 """
+
 from __future__ import annotations
 
 import re
@@ -76,7 +77,7 @@ def fixed_esm(source: str) -> str | None:
     inner = default[0].split()[0]
     rest = [n for n in names if n is not default[0]]
     export = f"export{{{','.join(rest)}}};" if rest else ""
-    return source[:last.start()] + export + _DEFAULT_EXPORT % {"inner": inner} + source[last.end():]
+    return source[: last.start()] + export + _DEFAULT_EXPORT % {"inner": inner} + source[last.end() :]
 
 
 def widget_class():
@@ -118,8 +119,12 @@ def widget_class():
             with self._edit_lock:  # never while figures.draw is sending edits
                 return go.FigureWidget.set_state(self, sync_data)
 
-        body.update(__init__=__init__, open=open, set_state=set_state,
-                    __doc__="plotly's FigureWidget, fixed for live redraws (see workbench.notebook.dashboard.widget)")
+        body.update(
+            __init__=__init__,
+            open=open,
+            set_state=set_state,
+            __doc__="plotly's FigureWidget, fixed for live redraws (see workbench.notebook.dashboard.widget)",
+        )
         _WIDGET_CLASS[0] = type("LiveFigureWidget", (go.FigureWidget,), body)
     return _WIDGET_CLASS[0]
 

@@ -4,6 +4,7 @@ A collector is attached when ranks start (``api.on("started")``) or, for rank se
 started some other way, the first time anything asks for it; it is closed when the
 ranks stop. Never imports torch.
 """
+
 from __future__ import annotations
 
 import socket
@@ -30,8 +31,7 @@ def attach(rankset) -> Collector:
 
     local = _all_local(rankset)
     ip = getattr(rankset, "listen_ip", "127.0.0.1")
-    collector = Collector(local_only=local, bind_ip=None if local else ip,
-                          key=getattr(rankset, "secret", None))
+    collector = Collector(local_only=local, bind_ip=None if local else ip, key=getattr(rankset, "secret", None))
     try:
         rankset.apply(publisher.connect, collector.address, key=collector.key, timeout=60)
     except BaseException:

@@ -10,6 +10,7 @@ Every message carries an HMAC-SHA256 of its bytes under the rank set's key (ship
 the ranks through ipyparallel's own signed channel): a message without a valid one is
 dropped and counted in ``rejected``, never shown. One HMAC per batch, not per event.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,14 @@ from .store import EventStore
 
 
 class Collector:
-    def __init__(self, store: EventStore | None = None, *, local_only: bool = True, bind_ip: str | None = None,
-                 key: bytes | None = None):
+    def __init__(
+        self,
+        store: EventStore | None = None,
+        *,
+        local_only: bool = True,
+        bind_ip: str | None = None,
+        key: bytes | None = None,
+    ):
         import zmq
 
         self.store = store or EventStore()

@@ -8,6 +8,7 @@ subscriber gets the history first, then every later batch, in order, on the same
 so a pane opened after the run started shows the run so far. All of this runs off the
 kernel's main thread: it keeps going while a cell runs.
 """
+
 from __future__ import annotations
 
 import os

@@ -14,6 +14,7 @@ checkpoint's step. The run as it now stands is what ``metrics()`` and the plots 
 rank's rows and plotted points from that step on are moved to ``superseded`` (kept, for
 a look at what was rolled back) and ``rollbacks`` is counted.
 """
+
 from __future__ import annotations
 
 import threading
@@ -152,11 +153,14 @@ class EventStore:
         if e["source"] == "trainer":
             self._trainer_step[(e["run"], e["rank"])] = e["step"]
         flat = events.flat_metrics(e)
-        self.rows.append({"run": e["run"], "rank": e["rank"], "step": e["step"], "time": e["time"],
-                          "source": e["source"], **flat})
+        self.rows.append(
+            {"run": e["run"], "rank": e["rank"], "step": e["step"], "time": e["time"], "source": e["source"], **flat}
+        )
         self._n_rows += 1
         run, rank, step = e["run"], e["rank"], e["step"]
-        self.last_step[(run, rank)] = step if e["source"] == "trainer" else max(step, self.last_step.get((run, rank), 0))
+        self.last_step[(run, rank)] = (
+            step if e["source"] == "trainer" else max(step, self.last_step.get((run, rank), 0))
+        )
         for name, value in flat.items():
             if value is None:
                 continue

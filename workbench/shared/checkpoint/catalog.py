@@ -7,6 +7,7 @@ holds checkpoint files but no valid manifest (deleted, half-copied) is a *damage
 checkpoint: :func:`resolve` refuses it by name, or as ``latest`` when it is the newest,
 rather than silently loading an older one.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,21 @@ from . import integrity
 from .integrity import DamagedCheckpoint
 from .manifest import MANIFEST, OLD_MARK, TMP_MARK, Manifest, ManifestError, is_temp, read_manifest
 
-__all__ = ["DEFAULT_DIR", "default_dir", "set_default_dir", "entries", "resolve", "list_checkpoints",
-           "delete", "apply_retention", "clean_temp", "NoCheckpoint", "damaged_folders", "newest_good", "status"]
+__all__ = [
+    "DEFAULT_DIR",
+    "default_dir",
+    "set_default_dir",
+    "entries",
+    "resolve",
+    "list_checkpoints",
+    "delete",
+    "apply_retention",
+    "clean_temp",
+    "NoCheckpoint",
+    "damaged_folders",
+    "newest_good",
+    "status",
+]
 
 DEFAULT_DIR = "checkpoints"
 _default: str | None = None
@@ -63,8 +77,9 @@ def _looks_like_checkpoint(folder: str) -> bool:
         names = os.listdir(folder)
     except OSError:
         return False
-    return any(n == ".metadata" or n.endswith(".distcp") or (n.startswith("rank-") and n.endswith(".json"))
-               for n in names)
+    return any(
+        n == ".metadata" or n.endswith(".distcp") or (n.startswith("rank-") and n.endswith(".json")) for n in names
+    )
 
 
 def damaged_folders(root: str) -> list[tuple[str, float, integrity.Problem]]:
@@ -139,8 +154,17 @@ def status(folder: str, *, checksums: bool = True) -> str:
         problems = integrity.verify_folder(folder)
     else:
         p = integrity.manifest_problem(folder)
-        problems = [p] if p else integrity.check_files(folder, {k: [v[0] if isinstance(v, list) else v, None]
-                                                               for k, v in integrity.table(read_manifest(folder)).items()})
+        problems = (
+            [p]
+            if p
+            else integrity.check_files(
+                folder,
+                {
+                    k: [v[0] if isinstance(v, list) else v, None]
+                    for k, v in integrity.table(read_manifest(folder)).items()
+                },
+            )
+        )
     if problems:
         return "DAMAGED: " + "; ".join(p.text() for p in problems[:3])
     return "good" if checksums else "sizes ok"
@@ -157,19 +181,39 @@ def list_checkpoints(root: str, *, checksums: bool = True):
     good_latest = None
     for folder, m in found:
         st = status(folder, checksums=checksums)
-        rows.append({
-            "name": os.path.basename(folder), "step": m.step,
-            "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.time)), "_t": m.time,
-            "world_size": m.world_size, "strategy": m.strategy, "loss": m.loss,
-            "size_mb": round(m.bytes / 2**20, 3), "tag": m.tag or "", "auto": m.auto, "status": st,
-        })
+        rows.append(
+            {
+                "name": os.path.basename(folder),
+                "step": m.step,
+                "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.time)),
+                "_t": m.time,
+                "world_size": m.world_size,
+                "strategy": m.strategy,
+                "loss": m.loss,
+                "size_mb": round(m.bytes / 2**20, 3),
+                "tag": m.tag or "",
+                "auto": m.auto,
+                "status": st,
+            }
+        )
         if not st.startswith("DAMAGED"):
             good_latest = rows[-1]["name"]
     for folder, t, p in damaged_folders(root):
-        rows.append({"name": os.path.basename(folder), "step": None,
-                     "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)), "_t": t, "world_size": None,
-                     "strategy": None, "loss": None, "size_mb": None, "tag": "", "auto": False,
-                     "status": "DAMAGED: " + p.text()})
+        rows.append(
+            {
+                "name": os.path.basename(folder),
+                "step": None,
+                "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)),
+                "_t": t,
+                "world_size": None,
+                "strategy": None,
+                "loss": None,
+                "size_mb": None,
+                "tag": "",
+                "auto": False,
+                "status": "DAMAGED: " + p.text(),
+            }
+        )
     rows.sort(key=lambda r: r.pop("_t"))
     for r in rows:
         r["latest"] = r["name"] == good_latest

@@ -18,6 +18,7 @@ Results are remembered per file by (path, size, mtime, ctime, expected checksum)
 checkpoint is read once per process however often it is listed or retained; writing to
 a file changes its ctime, which no user can set back.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,17 @@ import re
 import zlib
 from dataclasses import asdict, dataclass
 
-__all__ = ["ALGO", "DamagedCheckpoint", "Problem", "checksum", "record", "reader_rank", "check_files",
-           "verify_folder", "describe_problems"]
+__all__ = [
+    "ALGO",
+    "DamagedCheckpoint",
+    "Problem",
+    "checksum",
+    "record",
+    "reader_rank",
+    "check_files",
+    "verify_folder",
+    "describe_problems",
+]
 
 try:
     import xxhash as _xxhash
@@ -55,9 +65,14 @@ class Problem:
         return f"{self.file} (read by rank {self.rank}) is {self._what()}" + (f": {self.detail}" if self.detail else "")
 
     def _what(self) -> str:
-        return {"missing": "missing", "truncated": "truncated", "too long": "longer than saved",
-                "checksum": "corrupt (checksum mismatch)", "unreadable": "unreadable",
-                "manifest": "missing or invalid"}.get(self.what, self.what)
+        return {
+            "missing": "missing",
+            "truncated": "truncated",
+            "too long": "longer than saved",
+            "checksum": "corrupt (checksum mismatch)",
+            "unreadable": "unreadable",
+            "manifest": "missing or invalid",
+        }.get(self.what, self.what)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,14 +81,16 @@ class Problem:
 class DamagedCheckpoint(RuntimeError):
     """A checkpoint whose files are missing, truncated or corrupt; nothing of it was loaded."""
 
-    def __init__(self, folder: str, problems: list[Problem], *, alternative: str | None = None,
-                 root: str | None = None):
+    def __init__(
+        self, folder: str, problems: list[Problem], *, alternative: str | None = None, root: str | None = None
+    ):
         self.folder, self.problems, self.alternative = folder, list(problems), alternative
         super().__init__(describe_problems(folder, self.problems, alternative=alternative, root=root))
 
 
-def describe_problems(folder: str, problems: list[Problem], *, alternative: str | None = None,
-                      root: str | None = None) -> str:
+def describe_problems(
+    folder: str, problems: list[Problem], *, alternative: str | None = None, root: str | None = None
+) -> str:
     name = os.path.basename(folder.rstrip("/"))
     shown = "; ".join(p.text() for p in problems[:6]) + (f"; (+{len(problems) - 6} more)" if len(problems) > 6 else "")
     text = f"checkpoint {name} is damaged, nothing was loaded: {shown}."
@@ -133,7 +150,11 @@ def _check_one(folder: str, name: str, rec, rank: int) -> Problem | None:
         return None
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, expected)
     if key in _MEMO:
-        return None if _MEMO[key] else Problem(name, rank, "checksum", f"{expected.split(':')[0]} differs from the saved one")
+        return (
+            None
+            if _MEMO[key]
+            else Problem(name, rank, "checksum", f"{expected.split(':')[0]} differs from the saved one")
+        )
     try:
         got = checksum(path, expected.split(":", 1)[0])
     except OSError as exc:

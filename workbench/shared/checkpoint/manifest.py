@@ -7,6 +7,7 @@ writes the manifest last, fsyncs it, then renames the whole
 folder from ``NAME.tmp-TOKEN`` to ``NAME``: a folder without a valid manifest, or
 still named ``*.tmp-*``, is not a checkpoint. Pure Python (no torch).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,18 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
-__all__ = ["MANIFEST", "MANIFEST_VERSION", "Manifest", "ManifestError", "read_manifest", "write_json_atomic",
-           "fsync_dir", "step_name", "is_temp", "TMP_MARK"]
+__all__ = [
+    "MANIFEST",
+    "MANIFEST_VERSION",
+    "Manifest",
+    "ManifestError",
+    "read_manifest",
+    "write_json_atomic",
+    "fsync_dir",
+    "step_name",
+    "is_temp",
+    "TMP_MARK",
+]
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -63,7 +74,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Manifest":
+    def from_dict(cls, d: dict) -> Manifest:
         if not isinstance(d, dict):
             raise ManifestError("manifest.json does not hold a JSON object")
         v = d.get("version")
