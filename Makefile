@@ -49,7 +49,8 @@ demo: $(BIN)/.installed | $(STATE)
 # test file still at the top of tests/ in one more), each with rank sets of its own, so that
 # no group inherits another's ranks; every group runs, and the target fails if any group failed.
 TEST_GROUPS := tests/unit tests/gpu tests/notebooks "$(wildcard tests/ranks/test_[a-f]*.py)" \
-	"$(wildcard tests/ranks/test_[g-p]*.py)" "$(wildcard tests/ranks/test_[q-z]*.py)" \
+	"$(wildcard tests/ranks/test_[g-k]*.py)" "$(wildcard tests/ranks/test_l*.py)" \
+	"$(wildcard tests/ranks/test_[m-p]*.py)" "$(wildcard tests/ranks/test_[q-z]*.py)" \
 	"$(wildcard tests/test_*.py)" tests/browser tests/cluster
 test: lint | $(STATE)
 	@rc=0; for g in $(TEST_GROUPS); do \

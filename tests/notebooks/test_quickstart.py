@@ -36,8 +36,8 @@ def test_every_cell_ran(nb):
 
 def test_start_and_status(nb):
     # the backend that matches the device: NCCL where two GPUs are visible, gloo on CPU
-    from workbench.cluster.gpu_plan import plan_gpus
-    from workbench.cluster.launchers import gpu_ids
+    from workbench.notebook.cluster.gpu_plan import plan_gpus
+    from workbench.notebook.cluster.launchers import gpu_ids
 
     backend = plan_gpus("auto", 2, gpu_ids()).backend
     assert f"2 ranks up ({backend}" in stream_text(code_cell(nb, "%distrain start -n 2"))

@@ -116,7 +116,7 @@ def test_train_magics_on_four_ranks(shell, ranks4, capsys, tmp_path):
         r = shell.run_cell("%distrain train set lr=2e-4 betas=0.8,0.9")
         assert r.success
         r = shell.run_cell("%distrain train pause now")
-        assert not r.success and "takes no NAME=VALUE" in str(r.error_in_exec)
+        assert not r.success and "unrecognized arguments: now" in str(r.error_in_exec)
         r = shell.run_cell(f"%distrain dashboard --export {tmp_path / 'd.html'}")
         assert r.success and (tmp_path / "d.html").stat().st_size > 1_000_000
         r = shell.run_cell("%distrain train status")

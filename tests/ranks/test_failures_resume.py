@@ -38,7 +38,7 @@ def test_restart_resume_with_fewer_ranks_continues_from_latest(fresh_ranks, tmp_
 
 
 def test_trainer_step_timeout_usage_error_changes_nothing():
-    with pytest.raises(UsageError, match="--step-timeout must be positive"):
+    with pytest.raises(UsageError, match="argument --step-timeout: expected a positive number of seconds"):
         dispatch("train start --model tiny --step-timeout 0")
     with pytest.raises(UsageError, match="go with --resume"):
         dispatch("restart --setup CODE")

@@ -308,19 +308,19 @@ def _trainer_facts() -> dict:
 def _clean(ranks) -> None:
     from conftest import clean_trainer
 
-    from workbench import dashboard
-    from workbench.notebook import checkpoints as ck
+    from workbench.notebook import session
 
     ranks.apply(clean_trainer, timeout=60)
-    dash = dashboard._OPEN.pop(id(ranks), None)
+    sess = session.of(ranks)
+    dash, sess.dashboard = sess.dashboard, None
     if dash is not None:
         dash.close()
-    ck._AUTOSAVE = None
+    sess.autosave = None
 
 
 def test_train_flags(shell2, ranks2, tmp_path, capsys):
     """train start/wait, dashboard, timeline and profile flags on a real trainer (the tiny GPT)."""
-    from workbench import dashboard, training
+    from workbench.notebook import session, training
 
     _clean(ranks2)
     try:
@@ -338,8 +338,8 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         assert [f["step"] for f in facts] == [2, 2]
         assert all(f["lr"] == 3e-4 and f["grad_accum"] == 2 and "fsdp2" in f["layout"] for f in facts), facts
         assert all(f["rows"] == 4 // 2 for f in facts), facts  # 4 rows per step over 2 data-parallel ranks
-        assert id(ranks2) not in dashboard._OPEN  # --no-dashboard
-        assert training._WATCHDOGS[id(ranks2)].timeout == 120.0  # --step-timeout
+        assert session.of(ranks2).dashboard is None  # --no-dashboard
+        assert session.of(ranks2).watchdog.timeout == 120.0  # --step-timeout
         first_run = training._STARTED[id(ranks2)]
         # without --model: --lr and --grad-accum change the trainer already there; --batch-size cannot
         with pytest.raises(UsageError, match="--batch-size sizes the teaching trainer"):
@@ -348,7 +348,7 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         magic(shell2, "train wait --timeout 120")
         facts = ranks2.apply(_trainer_facts)
         assert [(f["step"], f["lr"], f["grad_accum"]) for f in facts] == [(3, 1e-4, 1)] * 2
-        assert id(ranks2) in dashboard._OPEN  # no --no-dashboard: it opened
+        assert session.of(ranks2).dashboard is not None  # no --no-dashboard: it opened
         # train wait --timeout: a long run is not waited for past the timeout
         magic(shell2, "train start --steps 100000 --no-dashboard")
         try:
@@ -364,7 +364,7 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         html = tmp_path / "dash.html"
         magic(shell2, f"dashboard --run {first_run} --export {html}")
         assert html.stat().st_size > 1000 and "plotly" in html.read_text().lower()
-        assert dashboard._OPEN[id(ranks2)].run == first_run
+        assert session.of(ranks2).dashboard.run == first_run
         # timeline: --steps rows per rank, --ranks, --run (a new trainer is a new run), --table
         magic(shell2, "train start --model tiny --steps 1 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
@@ -398,7 +398,7 @@ def _safetensors_dtypes(path) -> set[str]:
 
 def test_ckpt_flags(shell2, ranks2, tmp_path, capsys):
     """Every ckpt action's flags on a trained tiny GPT: folders, tags, async, model-only, retention, export dtype."""
-    from workbench.notebook import checkpoints as ck
+    from workbench.notebook import session
 
     d, auto = tmp_path / "ck", tmp_path / "auto"
     _clean(ranks2)
@@ -435,7 +435,7 @@ def test_ckpt_flags(shell2, ranks2, tmp_path, capsys):
         assert not (tmp_path / "hf").exists()
         # auto-save every step, the newest 2 kept, synchronous; --off stops it
         magic(shell2, f"ckpt autosave --dir {auto} --every 1 --keep 2 --sync")
-        assert ck._AUTOSAVE == {"every": 1, "keep": 2, "async_": False, "root": str(auto)}
+        assert session.of(ranks2).autosave == {"every": 1, "keep": 2, "async_": False, "root": str(auto)}
         magic(shell2, "train start --steps 3 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
         magic(shell2, "ckpt wait")
@@ -612,7 +612,7 @@ def test_start_restart_resume_flags(fresh_ranks, tmp_path, capsys):
     threads, auto mode, the setup code and the checkpoint folder."""
     from IPython.testing.globalipapp import get_ipython
 
-    from workbench import auto_cells
+    from workbench.notebook import auto_cells
 
     ip = get_ipython()
     ip.run_line_magic("load_ext", "workbench")
