@@ -340,7 +340,7 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         assert all(f["rows"] == 4 // 2 for f in facts), facts  # 4 rows per step over 2 data-parallel ranks
         assert session.of(ranks2).dashboard is None  # --no-dashboard
         assert session.of(ranks2).watchdog.timeout == 120.0  # --step-timeout
-        first_run = training._STARTED[id(ranks2)]
+        first_run = session.of(ranks2).started_run
         # without --model: --lr and --grad-accum change the trainer already there; --batch-size cannot
         with pytest.raises(UsageError, match="--batch-size sizes the teaching trainer"):
             magic(shell2, "train start --batch-size 2")
@@ -368,7 +368,7 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         # timeline: --steps rows per rank, --ranks, --run (a new trainer is a new run), --table
         magic(shell2, "train start --model tiny --steps 1 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
-        assert training._STARTED[id(ranks2)] != first_run
+        assert session.of(ranks2).started_run != first_run
         old = magic(shell2, f"timeline --steps 2 --ranks 1 --run {first_run} --table")
         new = magic(shell2, "timeline --steps 2 --table")
         assert set(old["rank"]) == {1} and len(old) == 2 and min(old["step"]) > 1, old
