@@ -154,3 +154,26 @@ def table_column(html: str, column: str) -> list[str]:
     header = next(r for r, body in zip(parser.rows, parser.body) if not body and column in r)
     i = header.index(column)
     return [r[i] for r, body in zip(parser.rows, parser.body) if body and len(r) == len(header)]
+
+
+def lab_rank_pids(text: str) -> list[int]:
+    """The rank pids a lab prints (``rank pids: [...]``), so a test can check none is left."""
+    import ast
+    import re
+
+    m = re.search(r"rank pids: (\[[0-9, ]*\])", text)
+    return ast.literal_eval(m.group(1)) if m else []
+
+
+def end_lab_ranks(pids) -> None:
+    """After a failed run: end the rank processes a lab started (by pid, children first)."""
+    import psutil
+
+    for pid in alive(pids):
+        try:
+            proc = psutil.Process(pid)
+            for child in proc.children(recursive=True):
+                child.kill()
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass

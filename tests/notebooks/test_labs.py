@@ -12,18 +12,17 @@ numbers, and that none of the rank processes is alive afterwards.
 
 from __future__ import annotations
 
-import ast
 import os
-import re
 import time
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 from conftest import alive
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from notebook_runs import end_lab_ranks as _end
+from notebook_runs import lab_rank_pids as _rank_pids
 from notebook_runs import outputs_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,23 +65,6 @@ LABS = {
         "naive and all-to-all EP outputs equal the single-rank MoE",
     ],
 }
-
-
-def _rank_pids(text: str) -> list[int]:
-    m = re.search(r"rank pids: (\[[0-9, ]*\])", text)
-    return ast.literal_eval(m.group(1)) if m else []
-
-
-def _end(pids) -> None:
-    """After a failed run: end the rank processes this lab started (by pid, children first)."""
-    for pid in alive(pids):
-        try:
-            proc = psutil.Process(pid)
-            for child in proc.children(recursive=True):
-                child.kill()
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def check_cells(nb) -> int:

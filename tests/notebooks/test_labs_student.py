@@ -16,8 +16,9 @@ import pytest
 from conftest import alive
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from notebook_runs import end_lab_ranks as _end
+from notebook_runs import lab_rank_pids as _rank_pids
 from notebook_runs import outputs_text
-from test_labs import _end, _rank_pids
 
 import workbench.labs as labs
 from workbench.labs.build import build

@@ -9,18 +9,17 @@ student versions are run to the first blank by test_labs_student.
 
 from __future__ import annotations
 
-import ast
 import os
-import re
 import time
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 from conftest import alive
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from notebook_runs import end_lab_ranks as _end
+from notebook_runs import lab_rank_pids as _rank_pids
 from notebook_runs import outputs_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,22 +67,6 @@ LABS = {
         ],
     ),
 }
-
-
-def _rank_pids(text: str) -> list[int]:
-    m = re.search(r"rank pids: (\[[0-9, ]*\])", text)
-    return ast.literal_eval(m.group(1)) if m else []
-
-
-def _end(pids) -> None:
-    for pid in alive(pids):
-        try:
-            proc = psutil.Process(pid)
-            for child in proc.children(recursive=True):
-                child.kill()
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def expected_passes(nb) -> int:
