@@ -12,7 +12,7 @@ from workbench.planner import (
     memory_per_rank,
     state_bytes_per_param,
 )
-from workbench.planner.memory import in_flight_layers
+from workbench.planner.memory import in_flight_layers, saved_sbh, saved_tensors, score_sbh
 
 TINY = ModelSpec(layers=8, hidden=8, heads=2, kv_heads=2, ffn=32, vocab=16, seq_len=4)
 N = TINY.params().total
@@ -56,7 +56,8 @@ def test_offload_moves_optimizer_to_cpu():
     assert m.optimizer == 0 and m.cpu_offload == 12 * N / 2
 
 
-SMALL = ModelSpec(layers=8, hidden=8, heads=2, kv_heads=2, ffn=32, vocab=16, seq_len=4)
+# Korthikanti et al.'s GPT block: MHA, 4h GELU MLP, dropout
+SMALL = ModelSpec(layers=8, hidden=8, heads=2, kv_heads=2, ffn=32, vocab=16, seq_len=4, gated_mlp=False, dropout=True)
 
 
 def test_activation_formula_by_hand():
@@ -98,3 +99,35 @@ def test_70b_fits_check():
         llama, PlanLayout(tp=8, pp=8, dp_shard=4, zero_stage=1, microbatches=32, recompute="selective")
     )
     assert good.fits(h100) and good.total < 60e9
+
+
+def test_activations_counted_from_the_block_shape():
+    """The paper's 34 term by term, and what changes for a gated, GQA, dropout-free block."""
+    gpt = {t.name: t.sbh for t in saved_tensors(SMALL)}
+    # norm inputs 4, QKV input 2, Q 2, K and V 4, projection input 2, MLP input 2,
+    # fc1 output 8, GELU output 8, dropout masks 2 (Korthikanti et al. 2022, 4.1)
+    assert gpt == {
+        "norm inputs": 4,
+        "attention input": 2,
+        "Q": 2,
+        "K, V": 4,
+        "attention output": 2,
+        "MLP input": 2,
+        "fc1 output": 8,
+        "activation output": 8,
+        "dropout masks": 2,
+    }
+    assert saved_sbh(SMALL) == 34 and score_sbh(SMALL) == 5
+    # SwiGLU at ffn = 4h keeps gate and up (16) and the down input (8); no dropout masks,
+    # and eager keeps only the softmax output (2 a s / h): 4 + 2 + 2 + 4 + 2 + 2 + 16 + 8
+    gated = ModelSpec(layers=8, hidden=8, heads=2, kv_heads=2, ffn=32, vocab=16, seq_len=4)
+    assert saved_sbh(gated) == 40 and score_sbh(gated) == 2
+    # grouped-query attention: K and V shrink to 4 * kv/a = 2
+    gqa = ModelSpec(layers=8, hidden=8, heads=2, kv_heads=1, ffn=32, vocab=16, seq_len=4)
+    assert saved_sbh(gqa) == 38
+    # TP=2 without SP: norm inputs and the two block inputs stay whole (8), the other 32 / 2
+    no_sp = PlanLayout(tp=2, seq_parallel=False, micro_batch_size=2)
+    assert activation_bytes_per_layer(gated, no_sp) == 64 * (8 + 32 / 2)
+    # MoE: each token's top_k = 2 experts keep their intermediates (24 each)
+    moe = ModelSpec(layers=8, hidden=8, heads=2, kv_heads=2, ffn=32, vocab=16, seq_len=4, experts=4, top_k=2)
+    assert saved_sbh(moe) == 16 + 2 * 24

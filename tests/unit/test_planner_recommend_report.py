@@ -36,7 +36,7 @@ def test_recommend_returns_only_fitting_layouts_with_tp_in_node():
     steps = [r.plan.compute.step_seconds for r in recs]
     assert steps == sorted(steps)
     for r in recs:
-        assert r.plan.fits and r.plan.memory.total <= 0.9 * 80e9
+        assert r.plan.fits and r.plan.memory.total <= 0.9 * 80 * 2**30  # an "80GB" H100 holds 80 GiB
         assert r.layout.world_size == 256
         assert 1 < r.layout.tp <= h100.devices_per_node
         assert "TP within a node" in r.reason

@@ -4,7 +4,10 @@ without touching code (and read by people who do not read Python).
 Conventions (stated once, used everywhere): FLOP/s are dense peak tensor-core rates;
 bandwidths are GB/s per device in one direction, the "bus bandwidth" of nccl-tests
 (NVIDIA nccl-tests doc/PERFORMANCE.md), so a ring collective takes
-bytes-moved-per-rank / bandwidth; prices are indicative 2026 quotes (low, high).
+bytes-moved-per-rank / bandwidth; prices are indicative 2026 quotes (low, high). Memory sizes are the datasheets' "GB" of
+HBM, which are binary: an "80GB" H100 holds 80 GiB = 85.9e9 bytes (nvidia-smi shows
+81,559 MiB; an A100 80GB 81,920 MiB; an H200 143,771 MiB for its "141GB"), so
+`memory_bytes` is `memory_gb` GiB; every other size the planner prints is decimal.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 
-GB = 1e9  # vendors quote decimal gigabytes
+GB = 1e9  # sizes the planner prints, link bandwidths
+GiB = 2**30  # HBM capacities: the datasheet's "80GB" is 80 GiB
 
 
 @dataclass(frozen=True, kw_only=True)
 class Hardware:
-    """One accelerator type. Sizes in GB (1e9 bytes), rates in TFLOP/s and GB/s."""
+    """One accelerator type. Memory in the datasheet's GB (binary), rates in TFLOP/s and GB/s."""
 
     key: str
     name: str
@@ -36,7 +40,8 @@ class Hardware:
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_gb * GB
+        """HBM capacity in bytes: the datasheet's GB are GiB (see the module docstring)."""
+        return self.memory_gb * GiB
 
     @property
     def price_mid(self) -> float:

@@ -13,33 +13,29 @@ matmul parameter. Under ZeRO-3 the weights are gathered per layer (torchao's fp8
 all-gather) and the copies are transient, so nothing is added.
 
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", sections 4.1-4.3), bytes per transformer layer for sequence s,
-micro-batch b, hidden h, heads a, tensor-parallel t, with 16-bit activations:
+Transformer Models", sections 4.1-4.3) are counted tensor by tensor from the model's
+shape (`saved_tensors`), in units of s*b*h 16-bit bytes per layer and micro-batch (s
+sequence, b micro-batch, h hidden, a heads, t tensor-parallel):
 
-    no parallelism            s*b*h * (34 + 5*a*s/h)
-    TP, no sequence parallel  s*b*h * (10 + 24/t + 5*a*s/(h*t))
-    TP + sequence parallel    s*b*h/t * (34 + 5*a*s/h)
-    selective recompute       drops the 5*a*s/h attention-score term
-    full recompute            2*s*b*h (only each layer's input; /t with SP)
+    norm inputs 4, attention input 2, Q 2, K and V 4*kv/a, attention output 2,
+    MLP input 2, MLP intermediates (gated: gate and up 4*ffn/h, down input 2*ffn/h;
+    plain: fc1 output and activation output 2*ffn/h each; x top_k for MoE),
+    dropout masks 2 (only when the model has dropout)
 
-The 5*a*s/h term is the s x s attention-score matrix (softmax output 2as^2b, dropout
-mask as^2b, dropout output 2as^2b). Fused attention kernels (FlashAttention, PyTorch
-SDPA's flash / memory-efficient / cuDNN backends) never store it: they keep the output
-and a per-row log-sum-exp and recompute the scores in the backward. So
-`attention="flash"` drops the term (the same bytes as selective recompute, whose
-recompute the kernel already does) and `attention="eager"` keeps it. At s = 8192,
-a = 128, h = 16384 the term is 320 against 34.
+For the paper's GPT (MHA, ffn = 4h GELU, dropout) this is its 34; for Llama 3 405B
+(kv = 8 of a = 128, ffn = 3.25h, no dropout) it is 31.75. With sequence parallelism
+every term is /t; without it the norm inputs, the two block inputs and the dropout
+masks (the paper's 10) stay whole and the rest is /t (its 24/t). Selective recompute
+and fused attention (FlashAttention, SDPA's flash / memory-efficient / cuDNN kernels)
+store no s x s scores; `attention="eager"` stores the softmax output, 2*a*s/h, plus the
+dropout mask and output, 3*a*s/h, with dropout: the paper's 5*a*s/h (320 against 34 at
+s = 8192, a = 128, h = 16384). Full recompute keeps 2*s*b*h (each layer's input; /t
+with SP).
 
-fp8 (Transformer Engine): the inputs saved for the backward of the four linear layers
-(QKV 2sbh, attention projection 2sbh, MLP up 2sbh, MLP down 8sbh = 14sbh of the 34)
-are kept in fp8, one byte instead of two: 34 -> 27.
-
-The formula is for the paper's GPT (MHA, 4h GELU MLP, dropout); for Llama-style models
-(SwiGLU, no dropout) it is high by a few percent: a Llama 3 405B layer under flash
-stores about 31.75 sbh (norm inputs 4, QKV and MLP inputs 4, Q 2, K/V 4*kv/a, output 2,
-gate/up 4*ffn/h, down input 2*ffn/h) against 34. Context
-parallelism (HF Ultra-Scale Playbook) shards s: linear terms use s/cp, the score term
-5*a*(s/cp)*s.
+fp8 (Transformer Engine): the inputs saved for the backward of the linear layers
+(attention input, attention output, MLP input, down input: 14 of the GPT's 34) are kept
+in fp8, one byte instead of two: 34 -> 27. Context parallelism (HF Ultra-Scale
+Playbook) shards s: linear terms use s/cp, the score term a*(s/cp)*s.
 
 Pipeline in-flight micro-batches follow the real layer assignment (pipeline.py). The
 last stage also holds fp32 logits for the loss, 4*s*b*vocab/t bytes.
@@ -58,6 +54,7 @@ from .pipeline import in_flight_layers, rank_layers
 __all__ = [
     "STATE_BYTES",
     "MemoryBreakdown",
+    "SavedTensor",
     "activation_bytes_per_layer",
     "fmt_bytes",
     "fp8_weight_bytes",
@@ -66,11 +63,13 @@ __all__ = [
     "memory_per_rank",
     "model_state_bytes",
     "params_on_stage",
+    "saved_sbh",
+    "saved_tensors",
+    "score_sbh",
     "state_bytes_per_param",
     "total_model_state_bytes",
 ]
 
-FP8_SAVED_LINEAR_INPUTS = 14  # of the 34 s*b*h: kept in fp8 (1 byte) instead of 16-bit
 FP8_WEIGHT_COPY_BYTES = 2  # fp8 weight + its transpose, per layer matmul parameter
 
 # bytes per parameter: (parameters, gradients, optimizer states) -- ZeRO paper 3.1
@@ -133,28 +132,74 @@ class MemoryBreakdown:
 
 
 # ------------------------------------------------------------------- activations
-def activation_bytes_per_layer(model: ModelSpec, layout: PlanLayout) -> float:
-    """Korthikanti et al. 2022 eqs. (2)-(6) for one layer and one micro-batch.
+@dataclass(frozen=True)
+class SavedTensor:
+    """One tensor a layer keeps for its backward: `sbh` bytes per s*b*h (16-bit).
 
-    The score term 5*a*s^2*b/t is kept only for `attention="eager"` without selective
-    recompute; fp8 keeps the linear layers' saved inputs in one byte (34 -> 27).
+    `split`: divided over tensor-parallel ranks even without sequence parallelism;
+    `matmul_input`: saved as the input of a linear layer (kept in fp8 under fp8).
+    """
+
+    name: str
+    sbh: float
+    split: bool
+    matmul_input: bool = False
+
+
+def saved_tensors(model: ModelSpec) -> tuple[SavedTensor, ...]:
+    """What one transformer layer of `model` stores for its backward, scores excluded."""
+    ffn = model.ffn / model.hidden * model.top_k
+    out = [
+        SavedTensor("norm inputs", 4, False),
+        SavedTensor("attention input", 2, False, True),
+        SavedTensor("Q", 2, True),
+        SavedTensor("K, V", 4 * model.kv_heads / model.heads, True),
+        SavedTensor("attention output", 2, True, True),
+        SavedTensor("MLP input", 2, False, True),
+    ]
+    if model.gated_mlp:
+        out += [SavedTensor("gate, up", 4 * ffn, True), SavedTensor("down input", 2 * ffn, True, True)]
+    else:
+        out += [SavedTensor("fc1 output", 2 * ffn, True), SavedTensor("activation output", 2 * ffn, True, True)]
+    if model.dropout:
+        out.append(SavedTensor("dropout masks", 2, False))
+    return tuple(out)
+
+
+def saved_sbh(model: ModelSpec) -> float:
+    """Bytes per s*b*h per layer without scores: 34 for Korthikanti's GPT, 31.75 for Llama 3 405B."""
+    return sum(t.sbh for t in saved_tensors(model))
+
+
+def score_sbh(model: ModelSpec) -> float:
+    """Bytes per a*s^2*b of an eager attention: softmax output 2 (+ dropout mask 1 and output 2)."""
+    return 5 if model.dropout else 2
+
+
+def activation_bytes_per_layer(model: ModelSpec, layout: PlanLayout) -> float:
+    """Bytes one layer keeps for one micro-batch (Korthikanti et al. 2022 eqs. (2)-(6)).
+
+    The terms of `saved_tensors` (all /t with sequence parallelism); the score term
+    `score_sbh * a * s^2 * b / t` only for `attention="eager"` without selective
+    recompute; fp8 keeps the saved linear inputs in one byte.
     """
     s = model.seq_len
     s_local = s / layout.cp
     b = layout.micro_batch_size
     h = model.hidden
-    a = model.heads
     t = layout.tp
     sp = layout.seq_parallel and t > 1
-    scale = 2.0 if layout.precision == "fp32" else 1.0  # formula assumes 16-bit tensors
+    scale = 2.0 if layout.precision == "fp32" else 1.0  # the counts assume 16-bit tensors
     if layout.recompute == "full":
         return scale * 2 * s_local * b * h / (t if sp else 1)
-    linear = s_local * b * h * (34 / t if sp else 10 + 24 / t)
-    if layout.precision == "fp8":
-        linear *= (34 - FP8_SAVED_LINEAR_INPUTS / 2) / 34
+    linear = 0.0
+    for tensor in saved_tensors(model):
+        size = tensor.sbh / 2 if layout.precision == "fp8" and tensor.matmul_input else tensor.sbh
+        linear += size / t if sp or tensor.split else size
+    linear *= s_local * b * h
     if layout.recompute == "selective" or layout.attention == "flash":
         return scale * linear
-    scores = 5 * a * s_local * s * b / t
+    scores = score_sbh(model) * model.heads * s_local * s * b / t
     return scale * (linear + scores)
 
 

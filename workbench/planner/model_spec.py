@@ -35,7 +35,9 @@ class ModelSpec:
     layers, hidden, heads, kv_heads (grouped-query attention; = heads for MHA), ffn
     (MLP inner width, per expert for MoE), vocab, seq_len (training sequence length),
     experts / top_k (MoE routing; 1/1 for a dense model), tied_embeddings (input and
-    output embedding share one matrix), gated_mlp (SwiGLU: three matrices, not two).
+    output embedding share one matrix), gated_mlp (SwiGLU: three matrices, not two),
+    dropout (the block applies attention and residual dropout, whose masks the backward
+    keeps: the GPT of Korthikanti et al. 2022 does; Llama-style pretraining does not).
     """
 
     layers: int
@@ -49,6 +51,7 @@ class ModelSpec:
     top_k: int = 1
     tied_embeddings: bool = False
     gated_mlp: bool = True
+    dropout: bool = False
     name: str = "custom"
 
     def __post_init__(self) -> None:

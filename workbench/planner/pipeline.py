@@ -105,6 +105,28 @@ def in_flight_layers(model: ModelSpec, layout: PlanLayout, stage: int = 0) -> fl
     return held
 
 
+def describe_in_flight(model: ModelSpec, layout: PlanLayout, stage: int = 0) -> str:
+    """Why `in_flight_layers` holds what it holds, for the summary's activation line."""
+    p, m, v = layout.pp, layout.microbatches, layout.virtual_stages
+    mine = rank_layers(model, layout)[stage]
+    if p == 1:
+        return f"1 micro-batch x {mine} layers"
+    if layout.schedule == "gpipe":
+        return f"{m} micro-batches x {mine} layers (GPipe: every forward before the first backward)"
+    if layout.schedule != "interleaved":
+        return f"min(p - rank, m) = {min(p - stage, m)} micro-batches x {mine} layers (1F1B warm-up)"
+    warmup = 2 * (p - stage - 1) + (v - 1) * p + 1
+    if warmup >= m * v:
+        return (
+            f"{m} micro-batches x {v} chunks ({mine} layers): Megatron's interleaved order runs "
+            f"every forward before the first backward when m = p"
+        )
+    return (
+        f"2(p - rank - 1) + (v - 1)p + 1 = {warmup} chunk-forwards of {v} chunks ({mine} layers) "
+        "before the first backward (Megatron's interleaved warm-up)"
+    )
+
+
 def assignment_bubble(model: ModelSpec, layout: PlanLayout) -> float:
     """Fill and drain idle time of the busiest rank as a fraction of its busy time."""
     if layout.pp <= 1:

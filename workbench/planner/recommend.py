@@ -170,7 +170,7 @@ def recommend(
     if not fitting:
         raise ValueError(
             f"no layout of {gpus} x {hw.key} fits {model.name}: the leanest needs "
-            f"{fmt_bytes(smallest or 0)} per device of {hw.memory_gb:g} GB; use more "
+            f"{fmt_bytes(smallest or 0)} per device of {hw.memory_gb:g} GiB; use more "
             "devices, a larger-memory part" + ("" if offload else ", or offload=True")
         )
     fitting.sort(
@@ -212,12 +212,12 @@ def explain(p: Plan) -> str:
         elif states / split > hw.memory_bytes:
             reasons.append(
                 f"ZeRO-{layout.zero_stage} needed: model states {fmt_bytes(states)} / "
-                f"TPxPP={split} = {fmt_bytes(states / split)} exceed {hw.memory_gb:g} GB"
+                f"TPxPP={split} = {fmt_bytes(states / split)} exceed {hw.memory_gb:g} GiB"
             )
         else:
             reasons.append(
                 f"ZeRO-{layout.zero_stage} needed: ZeRO-{layout.zero_stage - 1} would need "
-                f"{fmt_bytes(lower.total)} per GPU, over 90% of {hw.memory_gb:g} GB"
+                f"{fmt_bytes(lower.total)} per GPU, over 90% of {hw.memory_gb:g} GiB"
             )
     elif layout.dp > 1:
         reasons.append(f"DDP over {layout.dp}")

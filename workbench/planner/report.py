@@ -14,9 +14,18 @@ from .compute import DEFAULT_KERNEL_EFFICIENCY, ComputeEstimate, RunCost, estima
 from .flops import token_flops
 from .hardware import Hardware, load_hardware
 from .layout import PlanLayout
-from .memory import STATE_BYTES, MemoryBreakdown, activation_bytes_per_layer, fmt_bytes, memory_per_rank
+from .memory import (
+    STATE_BYTES,
+    MemoryBreakdown,
+    activation_bytes_per_layer,
+    fmt_bytes,
+    memory_per_rank,
+    params_on_stage,
+    saved_tensors,
+    score_sbh,
+)
 from .model_spec import ModelSpec
-from .pipeline import describe_stages, in_flight_layers
+from .pipeline import describe_in_flight, describe_stages, in_flight_layers
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ class Plan:
         for part, nbytes in self.memory.parts().items():
             rows.append(("memory", part, nbytes / 1e9, "GB/GPU"))
         rows.append(("memory", "total", self.memory.total / 1e9, "GB/GPU"))
-        rows.append(("memory", "capacity", self.hardware.memory_gb, "GB/GPU"))
+        rows.append(("memory", "capacity", self.hardware.memory_bytes / 1e9, "GB/GPU"))
         for item in self.comm.items:
             rows.append(("comm", f"{item.collective} ({item.group})", item.bytes / 1e9, "GB/step/GPU"))
             rows.append(("comm_time", f"{item.collective} ({item.group})", item.seconds, "s/step"))
@@ -82,9 +91,16 @@ class Plan:
         if layout.pp > 1:
             lines.append(f"layers per pipeline rank: {describe_stages(self.model, layout)}")
         lines.append(
-            f"memory per GPU (stage {m.stage}): {fmt_bytes(m.total)} of {hw.memory_gb:g} GB (90% usable) -> {state}"
+            f"memory per GPU (stage {m.stage}): {fmt_bytes(m.total)} of {hw.memory_gb:g} GiB "
+            f"(90% usable = {fmt_bytes(0.9 * hw.memory_bytes)}) -> {state}"
         )
-        lines += [f"  {part:<12}{fmt_bytes(v):>10}{self._why_memory(part)}" for part, v in m.parts().items() if v]
+        for part, v in m.parts().items():
+            if v:
+                lines.append(f"  {part:<12}{fmt_bytes(v):>10}{self._why_memory(part)}")
+            if part == "activations" and v:
+                lines.append(f"{'':>24}per layer (Korthikanti et al. 2022, this block): {self._activation_formula()}")
+                in_flight = describe_in_flight(self.model, layout, m.stage)
+                lines.append(f"{'':>24}in flight: {layout.schedule if layout.pp > 1 else 'no pipeline'}, {in_flight}")
         if m.cpu_offload:
             lines.append(f"  {'(cpu)':<12}{fmt_bytes(m.cpu_offload):>10} optimizer offloaded")
         lines.append(f"comm per step per GPU: {fmt_bytes(self.comm.total_bytes)}")
@@ -106,34 +122,47 @@ class Plan:
         if part == "activations":
             per_layer = activation_bytes_per_layer(model, layout)
             held = in_flight_layers(model, layout, m.stage)
-            if layout.recompute == "full":
-                formula = "2sbh (full recompute)"
-            elif layout.attention == "eager" and layout.recompute == "none":
-                formula = "sbh(34 + 5as/h), scores stored (eager)"
-            else:
-                formula = (
-                    "34sbh, no s x s scores ("
-                    + ("flash" if layout.attention == "flash" else "selective recompute")
-                    + ")"
-                )
-            if layout.precision == "fp8" and layout.recompute != "full":
-                formula += ", linear inputs in fp8 (34 -> 27)"
-            return f" = {fmt_bytes(per_layer)}/layer [{formula}] x {held:g} layers in flight ({layout.schedule})"
+            return f" = {fmt_bytes(per_layer)}/layer x {held:g} layers in flight"
         if part in ("parameters", "gradients", "optimizer"):
             index = ("parameters", "gradients", "optimizer").index(part)
             nbytes = STATE_BYTES[layout.precision][index]
             zero_from = (3, 2, 1)[index]
-            split = (
-                f" / {layout.shard_degree} ZeRO-{layout.zero_stage}"
-                if layout.zero_stage >= zero_from and layout.shard_degree > 1
-                else ""
-            )
-            return f" = {nbytes} B/param{split}"
+            count = sum(params_on_stage(model, layout, m.stage))
+            if layout.zero_stage >= zero_from and layout.shard_degree > 1:
+                split = f" / {layout.shard_degree} ZeRO-{layout.zero_stage}"
+            elif layout.zero_stage and layout.shard_degree > 1:
+                split = f", not sharded (ZeRO-{layout.zero_stage})"
+            else:
+                split = ""
+            return f" = {nbytes} B/param{split} x {count / 1e9:.3g}B params on this rank"
         if part == "logits":
             return " fp32 logits for the loss (last stage)"
         if part == "fp8 weights":
             return " fp8 weight + transpose copies (Transformer Engine)"
         return ""
+
+    def _activation_formula(self) -> str:
+        """The per-layer count, tensor by tensor ('31.75sbh/t = norm inputs 4 + ...')."""
+        model, layout = self.model, self.layout
+        t = layout.tp
+        sp = layout.seq_parallel and t > 1
+        per_t = "/t" if sp else ""
+        if layout.recompute == "full":
+            return f"2sbh{per_t} (full recompute: each layer's input)"
+        fp8 = layout.precision == "fp8"
+        terms = [(x.name, x.sbh / 2 if fp8 and x.matmul_input else x.sbh, x.split) for x in saved_tensors(model)]
+        parts = " + ".join(f"{name} {sbh:g}" for name, sbh, _ in terms)
+        total = sum(sbh for _, sbh, _ in terms)
+        if sp or t == 1:
+            text = f"{total:g}sbh{per_t} = {parts}"
+        else:
+            whole = sum(sbh for _, sbh, split in terms if not split)
+            text = f"sbh({whole:g} + {total - whole:g}/t), no sequence parallel; {parts}"
+        if fp8:
+            text += "; linear inputs in fp8"
+        if layout.attention == "eager" and layout.recompute == "none":
+            return text + f"; + {score_sbh(model)}as/h scores stored (eager)"
+        return text + "; no s x s scores (" + ("flash" if layout.attention == "flash" else "selective recompute") + ")"
 
     def _compute_lines(self) -> list[str]:
         c, layout, model = self.compute, self.layout, self.model
@@ -206,7 +235,7 @@ def _warnings(model: ModelSpec, layout: PlanLayout, hw: Hardware, memory: Memory
     if not memory.fits(hw):
         out.append(
             f"needs {fmt_bytes(memory.total)} per GPU but {hw.key} has "
-            f"{hw.memory_gb:g} GB (90% usable): raise zero_stage, tp or pp, "
+            f"{hw.memory_gb:g} GiB (90% usable): raise zero_stage, tp or pp, "
             "or turn on recompute"
         )
     if layout.tp > hw.devices_per_node:
