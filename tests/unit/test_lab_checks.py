@@ -124,6 +124,9 @@ def test_lab_05_recompute_ratio():
     f = dict(heads=4, seq_len=64, hidden=64, formula={"none": 34.0, "selective": 20.0, "full": 2.0})
     assert "inverted" in hint("lab_05.full_over_none", 17.0, **f)
     assert "you kept the 5as/h score-matrix term" in hint("lab_05.full_over_none", 2 / (34 + 20), **f)
+    # the lab's SwiGLU block keeps 32 s b h, not the paper's 34
+    g = dict(heads=4, seq_len=64, hidden=64, formula={"none": 32.0, "selective": 32.0, "full": 2.0})
+    assert "34sbh is the paper's GPT; this block keeps 32sbh" in hint("lab_05.full_over_none", 2 / 34, **g)
 
 
 def test_lab_06_capacity_mistakes():
@@ -140,7 +143,12 @@ def test_lab_07_units_and_formulas():
     assert "count 16 bytes per parameter" in hint("lab_07.ddp_gb", 70.55, states_bytes=states)
     assert "answer True or False" in hint("lab_07.fits_on_h100", "no", gb=1128.9, memory_gb=80)
     assert "a factor of the world size" in hint("lab_07.zero3_gb", states / 1e9, planner_bytes=states / 256, ranks=256)
-    sel = dict(planner_bytes=34 * 8192 * 8192 / 8, tp=8, heads=64, seq_len=8192, hidden=8192)
+    # Llama-3-70B's block keeps 33.5 s b h (planner); the paper's GPT 34
+    sel = dict(planner_bytes=33.5 * 8192 * 8192 / 8, tp=8, heads=64, seq_len=8192, hidden=8192)
     assert "drops the 5as/h score term" in hint("lab_07.selective_bytes", (34 + 5 * 64) * 8192 * 8192 / 8, **sel)
-    assert "a factor of the world size" in hint("lab_07.selective_bytes", 34 * 8192 * 8192, **sel)
+    assert "a factor of the world size" in hint("lab_07.selective_bytes", 33.5 * 8192 * 8192, **sel)
+    assert "34 is the paper's GPT; this block keeps 33.5sbh" in hint("lab_07.selective_bytes", 34 * 8192 * 1024, **sel)
+    assert verdict("lab_07.selective_bytes", 33.5 * 8192 * 1024, **sel) == (
+        "check passed: 281.0 MB per layer (33.5sbh/t)"
+    )
     assert "2B is the many-ranks limit" in hint("lab_07.ddp_send_gb", 4.0, ranks=8, grad_bytes=2e9)

@@ -71,6 +71,7 @@ def zero3_gb(value, *, planner_bytes: float, ranks: int) -> str:
 def selective_bytes(value, *, planner_bytes: float, tp: int, heads: int, seq_len: int, hidden: int) -> str:
     """Selective-recompute activation bytes per layer with sequence parallelism, by hand?"""
     want = planner_bytes
+    block = planner_bytes / (seq_len * hidden / tp)  # the block's count in s*b*h/t (b = 1)
     fail_if(
         mismatch(
             value,
@@ -80,15 +81,16 @@ def selective_bytes(value, *, planner_bytes: float, tp: int, heads: int, seq_len
             rtol=1e-9,
             mistakes=[
                 (
-                    (34 + 5 * heads * seq_len / hidden) / 34,
-                    "selective recomputation drops the 5as/h score term: 34sbh/t",
+                    (34 + 5 * heads * seq_len / hidden) / block,
+                    f"selective recomputation drops the 5as/h score term: {block:g}sbh/t",
                 ),
-                (1 / 2, "the 34 already counts 16-bit bytes; do not divide by 2"),
-                (2, "the 34 already counts 16-bit bytes; do not multiply by 2"),
+                (34 / block, f"34 is the paper's GPT; this block keeps {block:g}sbh (count its tensors)"),
+                (1 / 2, f"the {block:g} already counts 16-bit bytes; do not divide by 2"),
+                (2, f"the {block:g} already counts 16-bit bytes; do not multiply by 2"),
             ],
         )
     )
-    return f"{want / 1e6:.1f} MB per layer (34sbh/t)"
+    return f"{want / 1e6:.1f} MB per layer ({block:g}sbh/t)"
 
 
 @checker("lab_07.ddp_send_gb")
