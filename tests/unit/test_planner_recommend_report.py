@@ -22,6 +22,8 @@ def test_catalogue_has_the_listed_parts_as_data():
     assert HARDWARE["mi300x"].price_usd_per_hour == (1.7, 2.8)
     assert load_hardware("H100-SXM") is HARDWARE["h100"]
     assert load_hardware("v5p") is HARDWARE["tpu-v5p"]
+    # HBM is sold in binary units: an "80GB" H100 holds 80 GiB; the 90% rule applies to that
+    assert HARDWARE["h100"].memory_bytes == 80 * 2**30 == 85_899_345_920
 
 
 def test_unknown_hardware_lists_known_names():
