@@ -141,6 +141,12 @@ def predicted_parts(model: ModelSpec, layout: PlanLayout, rank: int) -> dict[str
 def implementation_terms(model: ModelSpec, layout: PlanLayout, census: dict, rank: int) -> dict[str, tuple[float, str]]:
     """Known per-implementation bytes the planner does not count: {part: (bytes, why)}."""
     out: dict[str, tuple[float, str]] = {}
+    if layout.tp > 1 and _rank_stage(layout, rank) == layout.pp - 1:
+        out["activations"] = (
+            logits_bytes(model, layout) * (layout.tp - 1),
+            "the workbench's TP returns the logits replicated (ColwiseParallel output Replicate): "
+            "every TP rank holds the full fp32 logits, tp x the planner's 4sbV/t (included in predicted)",
+        )
     if census.get("path") != "deepspeed" or layout.zero_stage == 0:
         return out
     shard = model.params().total / layout.shard_degree  # parameters in this rank's partition
@@ -168,15 +174,10 @@ def _explain(part: str, census: dict, layout: PlanLayout, ratio: float | None) -
     why: list[str] = []
     if part == "activations":
         why.append(
-            "the planner's formula (Korthikanti et al. 2022) is for a GPT with dropout and a 4h GELU "
-            "MLP in 16-bit, doubled here for fp32; this model has no dropout, a SwiGLU MLP and SDPA "
-            "attention, and the measurement counts each saved storage once"
+            "the planner counts this block's saved tensors (Korthikanti et al. 2022's inventory) in "
+            "16-bit, doubled here for fp32, and leaves out the embedding output, the final norm and "
+            "the loss's saved tensors; the measurement counts each saved storage once"
         )
-        if layout.tp > 1:
-            why.append(
-                "the logits come back replicated (ColwiseParallel output Replicate), so every TP rank "
-                "holds the full fp32 logits the planner divides by tp"
-            )
         if layout.recompute != "none":
             why.append("with activation checkpointing the recomputed forward's saved tensors are counted too")
         if layout.pp > 1:
