@@ -50,7 +50,7 @@ def test_plan_magic_says_why_the_llama3_405b_run_fits(ip, capsys):
     out = capsys.readouterr().out
     for needle in (
         "memory per GPU (stage 1): 74.9 GB of 80 GiB (90% usable = 77.3 GB) -> fits",
-        "parameters      6.4 GB = 2 B/param, not sharded (ZeRO-2) x 3.19B params on this rank",
+        "parameters      6.4 GB = 2 B/param, not sharded (ZeRO-2) x 3.19B params (this rank's, before ZeRO)",
         "gradients      49.8 MB = 2 B/param / 128 ZeRO-2",
         "optimizer     298.9 MB = 12 B/param / 128 ZeRO-2",
         "activations    68.2 GB = 532.7 MB/layer x 128 layers in flight",

@@ -134,7 +134,7 @@ class Plan:
                 split = f", not sharded (ZeRO-{layout.zero_stage})"
             else:
                 split = ""
-            return f" = {nbytes} B/param{split} x {count / 1e9:.3g}B params on this rank"
+            return f" = {nbytes} B/param{split} x {count / 1e9:.3g}B params (this rank's, before ZeRO)"
         if part == "logits":
             return " fp32 logits for the loss (last stage)"
         if part == "fp8 weights":
