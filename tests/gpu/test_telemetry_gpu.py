@@ -15,7 +15,8 @@ workbench trainer and times all-reduces, and the tests compare:
 - collectives: an all_reduce through the installed wrappers records its time from CUDA
   events; the recorded time is > 0 and within 20 us + 5% of a CUDA-event pair recorded
   around the same call; and an all_reduce that spends ~10 ms on the device behind a
-  host-side launch of well under that is recorded as the device time, not the launch time.
+  host-side launch of well under that is recorded as the device time, not the launch time,
+  also with ``async_op=True`` (its end event recorded from the work's future).
 """
 
 from __future__ import annotations
@@ -110,6 +111,15 @@ def _run():
     torch.cuda.synchronize()
     out["slow_reference_s"] = a.elapsed_time(b) / 1e3
     out["slow_recorded_s"] = [e - s for kind, s, e, _ in stats.spans_since(n0) if kind == "all_reduce"]
+    # the same with async_op=True: the end event is recorded from the work's future
+    n0 = stats.span_count
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    timed(x, async_op=True).wait()
+    b.record()
+    torch.cuda.synchronize()
+    out["async_reference_s"] = a.elapsed_time(b) / 1e3
+    out["async_recorded"] = [(e - s, w) for kind, s, e, w in stats.spans_since(n0) if kind == "all_reduce"]
     comm_timing.uninstall()
     return out
 
@@ -166,3 +176,10 @@ def test_all_reduce_time_is_device_time(measured):
     assert m["slow_reference_s"] > 2e-3
     assert slow == pytest.approx(m["slow_reference_s"], rel=0.05, abs=20e-6)
     assert m["slow_host_s"] < 0.5 * slow, "the host clock would have seen the whole collective"
+
+
+def test_async_all_reduce_time_is_device_time(measured):
+    m = measured
+    ((got, blocking),) = m["async_recorded"]
+    assert not blocking and m["async_reference_s"] > 2e-3
+    assert got == pytest.approx(m["async_reference_s"], rel=0.05, abs=20e-6)

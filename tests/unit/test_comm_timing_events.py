@@ -5,7 +5,8 @@ code uses (``query()``, ``elapsed_time()`` in ms) and ``record()``; their clock 
 test. What this checks is the logic around them: a collective on a CUDA tensor takes its time
 from the events (not from the host clock, which on NCCL only sees the launch), an event not
 yet complete is left pending and read at a later snapshot, pending events are read oldest
-first, and CPU tensors keep the host clock. The same path on a real GPU is
+first, async work's end event is recorded when its future completes, and CPU tensors keep the
+host clock. The same path on a real GPU is
 ``tests/gpu/test_telemetry_gpu.py::test_all_reduce_time_is_device_time``.
 """
 
@@ -102,6 +103,41 @@ def test_pending_events_are_read_oldest_first(stats):
     assert s.resolve() == 0
     assert [round(b - a, 6) for _, a, b, _ in s.spans_since(0)] == [1e-3, 1e-3]
     assert s.snapshot()["all_reduce"][2] == pytest.approx(2e-3)
+
+
+class StandInWork:
+    """An ``async_op=True`` work whose future runs callbacks when the test completes it."""
+
+    def __init__(self):
+        self.callbacks = []
+
+    def get_future(self):
+        return self
+
+    def add_done_callback(self, fn):
+        self.callbacks.append(fn)
+
+    def complete(self, device_ms: float):
+        StandInEvent.clock_ms += device_ms  # the collective ran this long after its launch
+        for fn in self.callbacks:
+            fn(self)
+
+
+def test_an_async_cuda_collective_ends_where_its_future_completes(stats):
+    s, made = stats
+    work = StandInWork()
+
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        return work
+
+    comm_timing._wrap("all_gather_into_tensor", all_gather_into_tensor)(CudaLike(), CudaLike(), async_op=True)
+    assert made[0].at == 0.0 and made[1].at is None  # end not recorded at launch
+    assert s.snapshot()["all_gather"][2] == 0.0
+    work.complete(4.0)
+    made[1].done = True
+    (kind, start, end, blocking) = s.spans_since(0)[0]
+    assert kind == "all_gather" and not blocking and end - start == pytest.approx(4e-3)
+    assert s.snapshot()["_blocking"] == 0.0  # async work does not block the caller
 
 
 def test_cpu_tensors_keep_the_host_clock(stats):

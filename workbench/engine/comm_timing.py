@@ -17,12 +17,13 @@ Three ways collectives happen during training, and how each is seen here:
 
 Count and bytes are recorded when a collective is launched (so they belong to the step
 that launched them, exactly); time is recorded when it completes: for synchronous
-calls on CPU tensors the caller's blocked time; for synchronous calls on CUDA tensors a
-pair of CUDA events recorded on the current stream around the call (the host clock would
-measure only the launch: NCCL returns once the kernel is queued), read lazily by
+calls on CPU tensors the caller's blocked time; for calls on CUDA tensors a pair of CUDA
+events, the start recorded on the current stream before the call, the end after it (after
+the work's future completes for ``async_op=True``: see :func:`_time_async`) — the host
+clock would measure only the launch, NCCL returns once the kernel is queued — read lazily by
 :meth:`CommStats.resolve` (``event.query()``, then ``elapsed_time``; no synchronise per
 collective) when the step's figures are read, after the step's stream synchronised;
-for ``async_op=True`` work launch-to-completion through
+for ``async_op=True`` work on CPU tensors launch-to-completion through
 the work's future (gloo cannot report ``work._get_duration()``: "This Backend doesn't
 support getDuration"). gloo has no real reduce-scatter: the profiler shows
 ``c10d::_reduce_scatter_base_`` executed as ``gloo:all_reduce`` of the FULL buffer,
@@ -198,7 +199,7 @@ def _wrap(name: str, fn):
             i = params.index("async_op")
             is_async = bool(args[i]) if i < len(args) else False
         try:
-            events = None if is_async or not _on_cuda(payload, how) else STATS.launch_on_device()
+            events = STATS.launch_on_device() if _on_cuda(payload, how) else None
         except Exception:  # no usable CUDA timing here: the host clock, as on CPU
             events = None
         STATS.launch(kind, nbytes)
@@ -209,7 +210,7 @@ def _wrap(name: str, fn):
         finally:
             _LOCAL.inside = False
         if is_async and work is not None:
-            _time_async(work, kind, t0)
+            _time_async(work, kind, t0, events)
         elif events is not None:
             STATS.finish_on_device(kind, *events, t0, blocking=True)
         else:
@@ -220,10 +221,16 @@ def _wrap(name: str, fn):
     return timed
 
 
-def _time_async(work, kind: str, t0: float) -> None:
+def _time_async(work, kind: str, t0: float, events=None) -> None:
+    """Time ``work`` to its completion. On CUDA the future completes at launch, but its
+    callbacks run with the current stream made to wait for the collective (c10's
+    ``Future::invokeCallback``), so an end event recorded there completes with it."""
     try:
         fut = work.get_future()
-        fut.add_done_callback(lambda _f: STATS.finish(kind, time.perf_counter() - t0, blocking=False, start=t0))
+        if events is not None:
+            fut.add_done_callback(lambda _f: STATS.finish_on_device(kind, *events, t0, blocking=False))
+        else:
+            fut.add_done_callback(lambda _f: STATS.finish(kind, time.perf_counter() - t0, blocking=False, start=t0))
     except Exception:  # a backend without futures: launch time only
         STATS.finish(kind, time.perf_counter() - t0, blocking=False)
 
