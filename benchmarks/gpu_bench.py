@@ -136,6 +136,13 @@ def measure(args, compiled: bool, device: str) -> dict:
 
     plain_model, plain_opt = build(cfg, dtype, device, compiled)
     tr_model, tr_opt = build(cfg, dtype, device, compiled)
+    if compiled:  # compile on this thread (the trainer's thread then reuses the graphs): one
+        # forward and backward, gradients dropped, weights untouched
+        from workbench.strategies.base import lm_loss
+
+        x, y = pool[0]
+        lm_loss(tr_model(x), y).backward()
+        tr_opt.zero_grad(set_to_none=True)
     reported: list[dict] = []
     trainer = Trainer(model=tr_model, optimizer=tr_opt, data=lambda i: pool[i % len(pool)], grad_clip=1.0)
     trainer.add_hook(reported.append, pauses=False)
