@@ -160,3 +160,13 @@ def test_no_cuda_timing_available_falls_back_to_the_host_clock(monkeypatch):
     monkeypatch.setattr(comm_timing, "STATS", s)
     comm_timing._wrap("all_reduce", _fake_all_reduce(3.0))(CudaLike())
     assert s.resolve() == 0 and s.snapshot()["all_reduce"][0] == 1
+
+
+def test_a_loop_that_never_reads_its_figures_does_not_hold_events_without_bound(stats):
+    s, made = stats
+    timed = comm_timing._wrap("all_reduce", _fake_all_reduce(0.5))
+    for _ in range(1100):
+        timed(CudaLike())
+        made[-1].done = True  # each completes before the next launch
+    assert len(s._pending) <= 1025  # read once past 1024, without a snapshot
+    assert s.snapshot()["all_reduce"][2] == pytest.approx(1100 * 0.5e-3)

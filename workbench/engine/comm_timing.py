@@ -105,6 +105,9 @@ class CommStats:
         end.record()
         with self._lock:
             self._pending.append((kind, start, end, t0, blocking))
+            many = len(self._pending) > 1024
+        if many:  # a loop that never reads its figures: do not hold events without bound
+            self.resolve()
 
     def resolve(self) -> int:
         """Turn the device events whose end has completed into times (oldest first, stopping
