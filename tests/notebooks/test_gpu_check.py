@@ -41,4 +41,9 @@ def test_gpu_check_on_cpu_skips_and_reports_no_cuda(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["cuda"] is False and report["result"] == "no CUDA"
     assert report["tests"]["tests"] == report["tests"]["skipped"] > 0 and report["tests"]["failures"] == 0
-    assert "needs a CUDA GPU" in (tmp_path / "gpu_check.log").read_text()
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert "needs a CUDA GPU" in log
+    # the benchmark ran, said so, and wrote no figure
+    assert report["benchmark"]["result"] == "no CUDA"
+    assert "no CUDA GPU on this machine: nothing measured" in log
+    assert not list(tmp_path.glob("gpu-*.json"))

@@ -85,6 +85,29 @@ def test_profile_refuses_bad_input(rs):
     assert all(s["profiler_on"] is False and s["hooks"] == 0 for s in rs.apply(_left_running))
 
 
+def _trainer_state():
+    from workbench.engine import trainer
+
+    return trainer.current().state
+
+
+def test_profile_some_ranks_of_an_idle_trainer_is_refused_at_once(rs):
+    """A step needs every rank: arming rank 1 alone used to start its trainer there, which then
+    waited for rank 0 until --timeout ran out. Now it is refused before anything is armed."""
+    import time
+
+    training.setup("ddp", rankset=rs)
+    t0 = time.monotonic()
+    with pytest.raises(UsageError) as err:
+        dispatch("profile --steps 2 --ranks 1 --timeout 120")
+    assert time.monotonic() - t0 < 60  # refused, not timed out (the timeout is 120 s)
+    msg = str(err.value)
+    assert "no training steps are running (the trainer is idle)" in msg
+    assert "%distrain train start" in msg and "--code" in msg
+    assert rs.apply(_trainer_state) == ["idle", "idle"]  # rank 1's trainer was not started alone
+    assert all(s["profiler_on"] is False and s["hooks"] == 0 for s in rs.apply(_left_running))
+
+
 CELL = (
     "import torch, torch.distributed as dist\n"
     "for _ in range(4):\n"

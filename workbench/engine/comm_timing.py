@@ -17,7 +17,13 @@ Three ways collectives happen during training, and how each is seen here:
 
 Count and bytes are recorded when a collective is launched (so they belong to the step
 that launched them, exactly); time is recorded when it completes: for synchronous
-calls the caller's blocked time, for ``async_op=True`` work launch-to-completion through
+calls on CPU tensors the caller's blocked time; for calls on CUDA tensors a pair of CUDA
+events, the start recorded on the current stream before the call, the end after it (after
+the work's future completes for ``async_op=True``: see :func:`_time_async`) — the host
+clock would measure only the launch, NCCL returns once the kernel is queued — read lazily by
+:meth:`CommStats.resolve` (``event.query()``, then ``elapsed_time``; no synchronise per
+collective) when the step's figures are read, after the step's stream synchronised;
+for ``async_op=True`` work on CPU tensors launch-to-completion through
 the work's future (gloo cannot report ``work._get_duration()``: "This Backend doesn't
 support getDuration"). gloo has no real reduce-scatter: the profiler shows
 ``c10d::_reduce_scatter_base_`` executed as ``gloo:all_reduce`` of the FULL buffer,
@@ -61,8 +67,12 @@ _INSTALL_LOCK = threading.Lock()
 class CommStats:
     """Running totals per collective kind, safe to update from gloo's worker threads."""
 
-    def __init__(self):
+    def __init__(self, new_event=None):
         self._lock = threading.Lock()
+        # CUDA events of synchronous collectives on CUDA tensors, not read yet:
+        # (kind, start_event, end_event, host launch time, blocking), oldest first
+        self._pending: deque = deque()
+        self._new_event = new_event or _cuda_timing_event
         self.totals: dict[str, list] = {}  # kind -> [count, bytes, time_s]
         self.blocking_s = 0.0  # time callers spent blocked in synchronous collectives
         # (kind, start, end, blocking) in perf_counter time, newest last: the timeline's comm lane
@@ -84,6 +94,34 @@ class CommStats:
             if blocking:
                 self.blocking_s += seconds
 
+    def launch_on_device(self) -> tuple:
+        """A start event, recorded now on the current stream, and its unrecorded end event."""
+        start, end = self._new_event(), self._new_event()
+        start.record()
+        return start, end
+
+    def finish_on_device(self, kind: str, start, end, t0: float, blocking: bool) -> None:
+        """Record ``end`` after the collective; its time is read later by :meth:`resolve`."""
+        end.record()
+        with self._lock:
+            self._pending.append((kind, start, end, t0, blocking))
+            many = len(self._pending) > 1024
+        if many:  # a loop that never reads its figures: do not hold events without bound
+            self.resolve()
+
+    def resolve(self) -> int:
+        """Turn the device events whose end has completed into times (oldest first, stopping
+        at the first one still running, so spans stay in launch order); returns how many
+        are still pending. ``elapsed_time`` is in milliseconds."""
+        done = []
+        with self._lock:
+            while self._pending and self._pending[0][2].query():
+                done.append(self._pending.popleft())
+            left = len(self._pending)
+        for kind, start, end, t0, blocking in done:
+            self.finish(kind, start.elapsed_time(end) / 1e3, blocking, start=t0)
+        return left
+
     def blocked(self, seconds: float) -> None:
         """Time a step waited on collectives it did not call itself (DDP's exposed wait)."""
         with self._lock:
@@ -91,11 +129,13 @@ class CommStats:
 
     def spans_since(self, count: int) -> list:
         """Collective spans finished after ``span_count`` was ``count``, oldest first."""
+        self.resolve()
         with self._lock:
             k = min(self.span_count - count, len(self.spans))
             return [s for _, s in zip(range(k), reversed(self.spans))][::-1]
 
     def snapshot(self) -> dict:
+        self.resolve()
         with self._lock:
             return {"_blocking": self.blocking_s, **{k: tuple(v) for k, v in self.totals.items()}}
 
@@ -113,7 +153,20 @@ class CommStats:
         return out, now["_blocking"] - before.get("_blocking", 0.0)
 
 
+def _cuda_timing_event():
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
 STATS = CommStats()
+
+
+def _on_cuda(value, how: str) -> bool:
+    if how == "none" or value is None:
+        return False
+    first = value[0] if how == "list" and len(value) else value
+    return bool(getattr(first, "is_cuda", False))
 
 
 def _size(value, how: str) -> int:
@@ -148,6 +201,10 @@ def _wrap(name: str, fn):
         if not is_async and "async_op" in params:
             i = params.index("async_op")
             is_async = bool(args[i]) if i < len(args) else False
+        try:
+            events = STATS.launch_on_device() if _on_cuda(payload, how) else None
+        except Exception:  # no usable CUDA timing here: the host clock, as on CPU
+            events = None
         STATS.launch(kind, nbytes)
         _LOCAL.inside = True
         t0 = time.perf_counter()
@@ -156,7 +213,9 @@ def _wrap(name: str, fn):
         finally:
             _LOCAL.inside = False
         if is_async and work is not None:
-            _time_async(work, kind, t0)
+            _time_async(work, kind, t0, events)
+        elif events is not None:
+            STATS.finish_on_device(kind, *events, t0, blocking=True)
         else:
             STATS.finish(kind, time.perf_counter() - t0, blocking=True, start=t0)
         return work
@@ -165,10 +224,16 @@ def _wrap(name: str, fn):
     return timed
 
 
-def _time_async(work, kind: str, t0: float) -> None:
+def _time_async(work, kind: str, t0: float, events=None) -> None:
+    """Time ``work`` to its completion. On CUDA the future completes at launch, but its
+    callbacks run with the current stream made to wait for the collective (c10's
+    ``Future::invokeCallback``), so an end event recorded there completes with it."""
     try:
         fut = work.get_future()
-        fut.add_done_callback(lambda _f: STATS.finish(kind, time.perf_counter() - t0, blocking=False, start=t0))
+        if events is not None:
+            fut.add_done_callback(lambda _f: STATS.finish_on_device(kind, *events, t0, blocking=False))
+        else:
+            fut.add_done_callback(lambda _f: STATS.finish(kind, time.perf_counter() - t0, blocking=False, start=t0))
     except Exception:  # a backend without futures: launch time only
         STATS.finish(kind, time.perf_counter() - t0, blocking=False)
 

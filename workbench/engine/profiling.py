@@ -5,7 +5,9 @@ on, so the profiler is started and stopped ON the training thread, by a step hoo
 (``Trainer.add_hook(..., pauses=False)``: no extra agreement between ranks): the first
 call after a step starts it, the N-th call after that stops it, exports the trace and
 removes the hook. So N whole steps are profiled, each marked ``ProfilerStep#k``. A
-trainer that is not running is started for exactly those steps (one more to arm).
+trainer that is not running is started for exactly those steps (one more to arm) when every
+rank is profiled; a profile of some ranks only is refused at once there, since a step needs
+every rank and the others would not start theirs.
 
 State per rank: at most one profile at a time; :func:`status` says how far it is;
 :func:`cancel` stops the profiler and removes the hook wherever it is.
@@ -33,15 +35,23 @@ def _activities():
     return acts
 
 
-def arm(steps: int, out_dir: str) -> dict:
+def arm(steps: int, out_dir: str, *, partial: str = "") -> dict:
     """Profile the next ``steps`` steps of this rank's trainer; the trace goes to
-    ``out_dir/rank{r}.trace.json``. Returns at once; :func:`status` follows it."""
+    ``out_dir/rank{r}.trace.json``. Returns at once; :func:`status` follows it.
+    ``partial`` names the profiled ranks where they are not all of them ("" for all)."""
     from . import runtime
     from . import trainer as trainer_mod
 
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     t = trainer_mod.current()
+    if partial and t.state != "running":
+        raise ValueError(
+            f"rank {t.rank}: no training steps are running (the trainer is {t.state}), and profiling "
+            f"rank(s) {partial} alone cannot start them: a step needs every rank. Start the trainer "
+            "(`%distrain train start`) and profile while it runs, profile every rank (no --ranks), "
+            "or profile a cell (`%distrain profile --code '...'`)"
+        )
     if t.state == "running" and t.target - t.step < steps + 1:
         raise ValueError(
             f"rank {t.rank}: the trainer has {t.target - t.step} step(s) left of its run, fewer than "

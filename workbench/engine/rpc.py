@@ -153,12 +153,13 @@ class Profile:
     steps: int = 0
     folder: str = ""
     code: str = ""
+    partial: str = ""  # arm on some ranks only (these, e.g. "1"): an idle trainer is refused
 
     def run(self):
         from . import profiling
 
         if self.action == "arm":
-            return profiling.arm(self.steps, self.folder)
+            return profiling.arm(self.steps, self.folder, partial=self.partial)
         if self.action == "code":
             return profiling.profile_code(self.code, self.folder)
         actions = {"status": profiling.status, "cancel": profiling.cancel, "read": profiling.read_trace}

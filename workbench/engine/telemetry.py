@@ -92,6 +92,9 @@ class MemoryProbe:
             out["memory_reserved_bytes"] = s.get("reserved_bytes.all.current", 0)
             out["memory_max_active_bytes"] = s.get("active_bytes.all.peak", 0)
             out["memory_max_reserved_bytes"] = s.get("reserved_bytes.all.peak", 0)
+            # torch.cuda.memory_allocated / max_memory_allocated read these two counters
+            out["memory_allocated_bytes"] = s.get("allocated_bytes.all.current", 0)
+            out["memory_max_allocated_bytes"] = s.get("allocated_bytes.all.peak", 0)
         now = time.monotonic()
         if now >= self._next:
             self._next = now + self.interval

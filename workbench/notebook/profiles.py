@@ -47,8 +47,11 @@ def profile(steps: int = 3, *, ranks=None, out: str | None = None, timeout: floa
     rs = rankset if rankset is not None else api.current()
     sel = rs.select(ranks)
     folder = _folder(out)
+    partial = "" if len(sel) == rs.world_size else ",".join(map(str, sel))
     try:
-        rs.apply(rpc.handle, rpc.Profile(action="arm", steps=int(steps), folder=str(folder)), ranks=sel)
+        rs.apply(
+            rpc.handle, rpc.Profile(action="arm", steps=int(steps), folder=str(folder), partial=partial), ranks=sel
+        )
     except Exception:  # refused on some rank: leave none armed
         rs.apply(rpc.handle, rpc.Profile(action="cancel"), ranks=sel)
         raise

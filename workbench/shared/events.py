@@ -50,6 +50,8 @@ METRIC_DOCS = {
     "memory_reserved_bytes": "GPU memory held by the caching allocator now",
     "memory_max_active_bytes": "peak GPU memory allocated by tensors",
     "memory_max_reserved_bytes": "peak GPU memory held by the caching allocator",
+    "memory_allocated_bytes": "GPU memory in allocated blocks now (torch.cuda.memory_allocated)",
+    "memory_max_allocated_bytes": "peak GPU memory in allocated blocks (torch.cuda.max_memory_allocated)",
 }
 
 
