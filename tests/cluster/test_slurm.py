@@ -21,6 +21,8 @@ from workbench.notebook import api, training
 from workbench.notebook.cluster import Interrupted, RankDied, RankSet
 from workbench.notebook.cluster.slurm import SlurmError, SlurmRequest
 
+from .daemons import end_leftovers, processes_of
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".state" / "test" / "slurm-profile"
 
@@ -210,6 +212,33 @@ def test_ctrl_c_while_queued_cancels_the_job(slurm_cluster, no_current):
             slurm=SlurmRequest(nodes=2),
         )
     assert slurm_cluster.squeue() == []
+
+
+def test_a_start_abandoned_at_once_leaves_no_process(slurm_cluster, no_current):
+    # sbatch refuses within a second of the controller's start, while the controller still
+    # forks its schedulers: the stop that follows must end those too (they outlive it at ppid 1)
+    made: list[RankSet] = []
+    for _ in range(2):
+        with pytest.raises(SlurmError, match="sbatch refused the request"):
+            RankSet.start(
+                n=2,
+                backend="gloo",
+                launcher="slurm",
+                profile_dir=str(PROFILE),
+                progress=lambda line: None,
+                on_created=made.append,
+                slurm=SlurmRequest(partition="nosuch"),
+            )
+    ids = {rs.cluster.cluster_id for rs in made}
+    assert len(ids) == 2
+    left = {}
+    for pid, cmd in processes_of([PROFILE]).items():
+        try:
+            if psutil.Process(pid).environ().get("IPP_CLUSTER_ID") in ids:
+                left[pid] = cmd
+        except psutil.Error:
+            continue
+    assert end_leftovers(left, timeout=0) == {}
 
 
 def test_request_that_can_never_run_is_reported_with_slurms_reason(slurm_cluster, no_current):
