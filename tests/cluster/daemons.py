@@ -219,7 +219,7 @@ class Slurm:
 
 
 class SecondHost:
-    """A network namespace ``hostb`` (own hostname, address and one private folder) running sshd."""
+    """A network namespace ``hostb`` (own hostname, address, /dev/shm and one private folder) running sshd."""
 
     def __init__(self):
         tag = f"{os.getpid() % 100000}"
@@ -295,7 +295,8 @@ class SecondHost:
                 ]
             )
         )
-        # its own mount namespace too, with one folder only it sees (a host-local disk)
+        # its own mount namespace too, with one folder only it sees (a host-local disk) and
+        # its own /dev/shm (shared memory is per host: ranks here and there cannot share a file)
         self.private = d / "private"
         self.private.mkdir()
         self.proc = _spawn(
@@ -311,7 +312,7 @@ class SecondHost:
                 "private",
                 "sh",
                 "-c",
-                f"hostname {self.hostname} && mount -t tmpfs none {self.private} && "
+                f"hostname {self.hostname} && mount -t tmpfs none {self.private} && mount -t tmpfs none /dev/shm && "
                 f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}",
             ],
             d / "sshd.out",
