@@ -8,10 +8,15 @@ the suite skips them, saying why, on a machine without the packages or without r
 from __future__ import annotations
 
 import os
+import pathlib
 
+import psutil
 import pytest
 
-from .daemons import SecondHost, Slurm, missing_tools
+from .daemons import SecondHost, Slurm, end_leftovers, missing_tools, processes_of
+
+# the ipyparallel profiles the cluster tests start their rank sets under
+PROFILES = pathlib.Path(__file__).resolve().parents[2] / ".state" / "test"
 
 
 def _skip_reason() -> str | None:
@@ -56,3 +61,31 @@ def second_host():
         yield host
     finally:
         host.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_process_left():
+    """After a module (its rank sets stopped, its daemons gone): no process it started.
+
+    Set up before, so torn down after, every other fixture of the module; a process
+    left is named, ended by its pid, and fails the module.
+    """
+    if _skip_reason():
+        yield
+        return
+    profiles = [PROFILES / "slurm-profile", PROFILES / "ssh-profile"]
+    before = {pid for pid in processes_of(profiles)}
+    created = {pid: _created(pid) for pid in before}
+    yield
+    now = {
+        pid: cmd for pid, cmd in processes_of(profiles).items() if pid not in before or _created(pid) != created[pid]
+    }
+    left = end_leftovers(now)
+    assert left == {}, f"processes left behind by this module (ended now): {left}"
+
+
+def _created(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None

@@ -28,6 +28,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def processes_of(profile_dirs) -> dict[int, str]:
+    """pid -> command line of every live process started for these ipyparallel profiles.
+
+    Marked by the environment ipyparallel gives the controller, its forked schedulers and
+    the engines on every host (``IPP_PROFILE_DIR``; an SSH host's profile lies under it),
+    which survives re-parenting to init where ancestry does not.
+    """
+    roots = [str(d) for d in profile_dirs]
+    out = {}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            where = p.environ().get("IPP_PROFILE_DIR", "")
+            if where and any(where == r or where.startswith(r + os.sep) for r in roots):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out[p.pid] = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+    return out
+
+
+def end_leftovers(pids, timeout: float = 10.0) -> dict[int, str]:
+    """Wait up to ``timeout`` for these pids to end; kill (by pid) and return those left."""
+    deadline = time.monotonic() + timeout
+    left: dict[int, str] = {}
+    while True:
+        left = {}
+        for pid, cmd in dict(pids).items():
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    left[pid] = cmd
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for pid in left:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    return left
+
+
 def missing_tools() -> list[str]:
     tools = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sshd", "ssh", "ip", "unshare")
     return [t for t in tools if not (shutil.which(t) or os.path.exists(f"/usr/sbin/{t}"))]
@@ -176,7 +219,7 @@ class Slurm:
 
 
 class SecondHost:
-    """A network namespace ``hostb`` (own hostname, address and one private folder) running sshd."""
+    """A network namespace ``hostb`` (own hostname, address, /dev/shm and one private folder) running sshd."""
 
     def __init__(self):
         tag = f"{os.getpid() % 100000}"
@@ -252,7 +295,8 @@ class SecondHost:
                 ]
             )
         )
-        # its own mount namespace too, with one folder only it sees (a host-local disk)
+        # its own mount namespace too, with one folder only it sees (a host-local disk) and
+        # its own /dev/shm (shared memory is per host: ranks here and there cannot share a file)
         self.private = d / "private"
         self.private.mkdir()
         self.proc = _spawn(
@@ -268,7 +312,7 @@ class SecondHost:
                 "private",
                 "sh",
                 "-c",
-                f"hostname {self.hostname} && mount -t tmpfs none {self.private} && "
+                f"hostname {self.hostname} && mount -t tmpfs none {self.private} && mount -t tmpfs none /dev/shm && "
                 f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}",
             ],
             d / "sshd.out",

@@ -7,19 +7,25 @@ but never comes up, so a request for two nodes pends the way it would on a busy 
 from __future__ import annotations
 
 import _thread
+import json
 import os
 import pathlib
+import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 
 import psutil
 import pytest
+from conftest import alive as _alive
 
 from workbench.notebook import api, training
 from workbench.notebook.cluster import Interrupted, RankDied, RankSet
 from workbench.notebook.cluster.slurm import SlurmError, SlurmRequest
+
+from .daemons import end_leftovers, processes_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".state" / "test" / "slurm-profile"
@@ -143,6 +149,45 @@ def test_stop_leaves_no_job_and_no_process(slurm_cluster, slurm_ranks):
     assert [p for p in ours if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
 
 
+NOTEBOOK = """
+import json, sys
+from workbench.notebook.cluster import RankSet
+from workbench.notebook.cluster.slurm import SlurmRequest
+rs = RankSet.start(n=2, backend="gloo", threads=1, launcher="slurm", profile_dir=sys.argv[1],
+                   progress=lambda line: None, slurm=SlurmRequest(time="10:00"))
+print(json.dumps({"job": rs.job_id, "ranks": [p.pid for p in rs.procs], "controller": rs._controller_pids()}), flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def test_notebook_killed_cancels_the_job_and_leaves_no_rank(slurm_cluster):
+    nb = subprocess.Popen(
+        [sys.executable, "-c", NOTEBOOK, str(PROFILE)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    started = None
+    try:
+        ready, _, _ = select.select([nb.stdout], [], [], 300)
+        if ready:
+            started = json.loads(nb.stdout.readline())
+    finally:
+        if started is None:  # it failed or hung: end it (its own stop runs on no signal)
+            nb.kill()
+            nb.wait(10)
+    assert started, "the notebook process did not start its ranks"
+    job = started["job"]
+    assert any(line.startswith(f"{job} RUNNING") for line in slurm_cluster.squeue())
+    assert set(started["ranks"]) <= set(_job_processes(job))
+    nb.kill()  # SIGKILL: no clean-up runs in the notebook process
+    nb.wait(10)
+    pids = started["ranks"] + started["controller"]
+    assert _wait_for(lambda: not slurm_cluster.squeue() and not _job_processes(job) and not _alive(pids), 30), (
+        slurm_cluster.squeue(),
+        _job_processes(job),
+        _alive(pids),
+    )
+
+
 @pytest.fixture
 def no_current():
     from workbench.notebook import session
@@ -210,6 +255,33 @@ def test_ctrl_c_while_queued_cancels_the_job(slurm_cluster, no_current):
             slurm=SlurmRequest(nodes=2),
         )
     assert slurm_cluster.squeue() == []
+
+
+def test_a_start_abandoned_at_once_leaves_no_process(slurm_cluster, no_current):
+    # sbatch refuses within a second of the controller's start, while the controller still
+    # forks its schedulers: the stop that follows must end those too (they outlive it at ppid 1)
+    made: list[RankSet] = []
+    for _ in range(2):
+        with pytest.raises(SlurmError, match="sbatch refused the request"):
+            RankSet.start(
+                n=2,
+                backend="gloo",
+                launcher="slurm",
+                profile_dir=str(PROFILE),
+                progress=lambda line: None,
+                on_created=made.append,
+                slurm=SlurmRequest(partition="nosuch"),
+            )
+    ids = {rs.cluster.cluster_id for rs in made}
+    assert len(ids) == 2
+    left = {}
+    for pid, cmd in processes_of([PROFILE]).items():
+        try:
+            if psutil.Process(pid).environ().get("IPP_CLUSTER_ID") in ids:
+                left[pid] = cmd
+        except psutil.Error:
+            continue
+    assert end_leftovers(left, timeout=0) == {}
 
 
 def test_request_that_can_never_run_is_reported_with_slurms_reason(slurm_cluster, no_current):

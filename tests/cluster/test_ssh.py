@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 from conftest import alive as _alive
+from conftest import clean_trainer
 
 from workbench.notebook.cluster import RankDied, RankSet
 
@@ -116,6 +117,108 @@ def test_checkpoint_folder_not_shared_by_every_host_is_refused_at_save(second_ho
         rf"rank 3 \(host {host}\) does not see",
     ):
         ckpt.save(root=str(second_host.private / "ckpt"), rankset=ssh_ranks)
+
+
+def _transport():
+    from workbench.engine import trainer
+
+    return trainer.current()._agreement.transport
+
+
+def test_trainer_pause_asked_on_the_other_host_holds_every_rank_at_one_step(second_host, ssh_ranks):
+    from workbench.engine import control
+    from workbench.notebook import stream, training
+    from workbench.notebook.metrics import metrics
+
+    rs = ssh_ranks
+    store = stream.attach(rs).store
+    try:
+        training.setup("ddp", rankset=rs)
+        # shared memory is per host (the other host has its own /dev/shm): the ranks agree through gloo
+        assert rs.apply(_transport) == ["gloo"] * 4
+        run = training.start(100_000, rankset=rs)
+        training.wait(step=3, rankset=rs, timeout=120)
+        rs.apply(control.request, "pause", "asked on the other host", ranks=[3])  # rank 3 alone asks
+        assert training.wait("paused", rankset=rs, timeout=60) == {r: "paused" for r in range(4)}
+        held = store.run_state(run)
+        step = held[0]["step"]
+        assert [held[r]["step"] for r in range(4)] == [step] * 4
+        time.sleep(0.6)
+        status = training.status(rankset=rs)
+        assert [s["step"] for s in status] == [step] * 4 and {s["state"] for s in status} == {"paused"}
+        rs.apply(control.request, "resume", ranks=[3])  # and its resume alone resumes everyone
+        training.wait(step=step + 3, rankset=rs, timeout=120)
+        training.stop(rankset=rs)
+        assert training.wait(rankset=rs, timeout=60) == {r: "stopped" for r in range(4)}
+        last = store.last_steps(run)
+        assert len(set(last.values())) == 1 and last[0] > step + 2
+        loss = metrics(run, store=store)
+        loss = loss[loss.metric == "loss"]
+        for r in range(4):
+            assert sorted(loss[loss["rank"] == r].step) == list(range(1, last[0] + 1))
+    finally:
+        rs.apply(clean_trainer, timeout=60)
+
+
+BUILD = """
+import hashlib, torch
+from workbench.models import GPT, GPTConfig, SyntheticDataset, batch_at
+from workbench.strategies import prepare
+from workbench.engine import checkpoint_hooks as ch
+torch.manual_seed(0)
+_ck_model = GPT(GPTConfig.tiny())
+_ck_prep = prepare(_ck_model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), {spec!r})
+_ck_state = ch.track(_ck_prep)
+_ck_ds = SyntheticDataset("copy", n=256, seq_len=16)
+_ck_losses = {{}}
+def _ck_train(n):
+    for _ in range(n):
+        s = _ck_state.step
+        _ck_losses[s] = _ck_prep.train_step(batch_at(_ck_ds, 8, s, dp_rank=_ck_prep.dp_rank, dp_size=_ck_prep.dp_size))
+        ch.step_done(_ck_losses[s])
+def _ck_digest():
+    out = {{}}
+    for n, p in _ck_model.named_parameters():  # the whole tensor (a collective for FSDP2's shards)
+        t = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
+        out[n] = hashlib.sha256(t.float().contiguous().numpy().tobytes()).hexdigest()
+    return out
+"""
+
+CLEAN = """
+from workbench.engine import checkpoint_hooks as ch
+ch.untrack(); ch.set_autosave(None, None)
+for _n in [n for n in list(globals()) if n.startswith('_ck_')]:
+    del globals()[_n]
+"""
+
+
+def test_checkpoint_saved_by_ranks_on_both_hosts_restores_onto_two_local_ranks(ssh_ranks, ranks2, tmp_path):
+    from workbench.notebook import checkpoints as ckpt
+
+    rs = ssh_ranks
+    try:
+        rs.execute(BUILD.format(spec="fsdp2"), timeout=180)  # each rank holds a quarter: two on each host
+        rs.execute("_ck_train(3)", timeout=180)
+        info = ckpt.save(root=str(tmp_path), rankset=rs)
+        assert (info["name"], info["step"]) == ("step-00000003", 3)
+        rs.execute("_ck_saved = _ck_digest()", timeout=120)
+        saved = rs.pull("_ck_saved")[0]
+        rs.execute("_ck_train(2)", timeout=180)
+        ref = rs.pull("_ck_losses")[0]
+        ranks2.execute(BUILD.format(spec="ddp"), timeout=180)
+        loaded = ckpt.load("latest", root=str(tmp_path), rankset=ranks2)
+        assert (loaded["from_strategy"], loaded["from_world_size"], loaded["world_size"]) == ("fsdp2", 4, 2)
+        assert ranks2.pull("_ck_state.step") == [3, 3]
+        ranks2.execute("_ck_got = _ck_digest()", timeout=120)
+        assert ranks2.pull("_ck_got") == [saved, saved]  # every parameter, bit for bit
+        ranks2.execute("_ck_train(2)", timeout=180)
+        got = ranks2.pull("_ck_losses")[0]
+        assert sorted(got) == [3, 4]
+        for s in (3, 4):  # step 3: the restored weights; step 4: also the restored AdamW state
+            assert abs(got[s] - ref[s]) <= 1e-5 * max(abs(ref[s]), 1e-12), (s, got[s], ref[s])
+    finally:
+        rs.execute(CLEAN, timeout=60)
+        ranks2.execute(CLEAN, timeout=60)
 
 
 def test_sigkill_on_the_other_host_is_named_with_host_and_exit_within_2s(second_host, ssh_ranks):

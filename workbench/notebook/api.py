@@ -140,9 +140,15 @@ def start(
             f"a rank set named {name!r} is already running ({taken.rankset.world_size} ranks): "
             f"pick another --name, or `%distrain stop --name {name}` first"
         )
+    new = name not in KERNEL.by_name
     sess = KERNEL.add(name)
     sess.own_folder = name != DEFAULT
-    return _launch(sess, config, progress)
+    try:
+        return _launch(sess, config, progress)
+    except BaseException:
+        if new and KERNEL.by_name.get(name) is sess and sess.rankset is None:
+            del KERNEL.by_name[name]  # a start that failed leaves the sessions as they were
+        raise
 
 
 def _launch(sess: Session, config: RankSetConfig, progress=None) -> RankSet:

@@ -236,6 +236,38 @@ def process_tree(pids: list[int]) -> list[int]:
     return sorted(set(out))
 
 
+def session_of(pid: int) -> tuple[int, float] | None:
+    """(pid, start time) of a process that leads its own session, else None."""
+    try:
+        if os.getsid(pid) != pid:
+            return None
+        return pid, psutil.Process(pid).create_time()
+    except (OSError, psutil.Error):
+        return None
+
+
+def session_pids(leader: int, created: float) -> list[int]:
+    """The live processes of the session that ``leader`` (started at ``created``) made.
+
+    A session id outlives its leader while any member lives, and the kernel does not
+    give the id to a new process meanwhile: a live process with the leader's pid but
+    another start time means the session is gone, not that these are its members.
+    """
+    try:
+        if psutil.Process(leader).create_time() != created:
+            return []
+    except psutil.NoSuchProcess:
+        pass
+    out = []
+    for pid in psutil.pids():
+        try:
+            if os.getsid(pid) == leader:
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def end_pids(pids: list[int], grace: float = 3.0) -> list[int]:
     """SIGTERM, then SIGKILL after ``grace`` seconds, exactly these pids.
 

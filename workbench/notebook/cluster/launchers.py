@@ -29,6 +29,13 @@ MISSES_REMOTE = 5
 
 REGISTRATION_S = 600  # guarded launches: the notebook's own wait (RankSet) ends first, with a message
 
+CONTROLLER_CMD = [
+    sys.executable,
+    "-c",
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "controller_process.py"),
+]
+
 # Run by each engine as soon as it is up: the rank bootstrap then finds torch imported.
 PRELOAD = "import torch, torch.distributed"
 
@@ -62,6 +69,8 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarde
         # an engine completes registration only after importing torch (PRELOAD), which on a
         # busy node took 75 s here: the controller's default 30 s dropped it half-way
         kwargs["controller_args"].append(f"--IPController.registration_timeout={REGISTRATION_S}")
+    # the controller ends with the notebook process, wherever the ranks run (controller_process.py)
+    cfg.LocalControllerLauncher.controller_cmd = CONTROLLER_CMD
     # import torch while the other engines register, not after (start-up time)
     cfg.EngineLauncher.engine_args = ["--IPEngine.startup_command=" + PRELOAD]
     if launcher == "mpi":

@@ -123,6 +123,9 @@ class RankSet:
         self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
         self.listen_ip = "127.0.0.1"  # where the controller, event stream and lifeline listen
         self.lifeline = None
+        # (pid, start time) of the controller, which leads its own session: the scheduler
+        # processes it forks stay in that session after it is gone (RankSet.stop)
+        self._controller_session: tuple[int, float] | None = None
         self.job_id: str | None = None  # slurm
         self.nodes: tuple[str, ...] = ()
         self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
@@ -189,7 +192,7 @@ class RankSet:
             kwargs["engines"] = slurm.launcher_class()
         self.cluster = ipp.Cluster(**kwargs)
         self.cluster.start_controller_sync()
-        self.started_pids.extend(self._controller_pids())
+        self._note_controller()
         if cfg.launcher == "slurm":
             request = cfg.slurm or slurm.SlurmRequest()
             env = ssh.remote_env(cfg.python, self.lifeline.env(), 0)
@@ -333,13 +336,21 @@ class RankSet:
             kwargs["profile_dir"] = cfg.profile_dir
         self.cluster = ipp.Cluster(**kwargs)
         self.cluster.start_controller_sync()
-        self.started_pids.extend(self._controller_pids())
+        self._note_controller()
         self.cluster.start_engines_sync()
         self.started_pids.extend(self._launcher_pids())
         self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(cfg.n, timeout=max(60, 10 * cfg.n), block=True, interactive=False)
         # registered: from now on the controller only routes, and gives way to the ranks
         background.lower_processes(self._controller_pids())
+
+    def _note_controller(self) -> None:
+        """Remember the controller's pids and its session (see :meth:`stop`)."""
+        self.started_pids.extend(self._controller_pids())
+        ctl = getattr(self.cluster, "controller", None)
+        pid = getattr(ctl, "pid", None) or getattr(getattr(ctl, "process", None), "pid", None)
+        if pid and self._controller_session is None:
+            self._controller_session = health.session_of(pid)
 
     def _controller_pids(self) -> list[int]:
         ctl = getattr(self.cluster, "controller", None)
@@ -598,6 +609,8 @@ class RankSet:
         """
         if self.watcher is not None:
             self.watcher.close()
+        if self._controller_session is None and self.cluster is not None:
+            self._note_controller()  # a start interrupted while the controller came up
         pids = sorted(set(self.started_pids) | set(health.process_tree(self.started_pids)))
         if self.client is not None:
             try:
@@ -623,7 +636,14 @@ class RankSet:
         if self.job_id:
             slurm.wait_until_gone(self.job_id)
         self.stopped = True
-        return health.end_pids(pids, grace=1.0)
+        left = health.end_pids(pids, grace=1.0)
+        # A controller stopped within a second of its start may be ended before it has set
+        # its signal handlers, while it forks its schedulers: those it forked after the scan
+        # above outlive it (at ppid 1). They are still in its session: end them by pid, with
+        # no grace (the controller they served is gone).
+        if self._controller_session is not None:
+            left += health.end_pids(health.session_pids(*self._controller_session), grace=0.1)
+        return sorted(set(left))
 
     def _forget_ssh_engines(self) -> None:
         """SSH engine sets: their guards have ended them; ipyparallel's stop would ssh to
