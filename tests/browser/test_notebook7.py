@@ -139,7 +139,7 @@ def nb7_page(request, notebook7, playwright_driver):
     context.set_default_timeout(30_000)
     pg = context.pages[0] if context.pages else context.new_page()
     errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.on("pageerror", lambda exc: errors.append(f"{exc}\n{exc.stack}"))
     pg.js_errors = errors
     try:
         yield pg
@@ -220,4 +220,13 @@ def test_notebook7_shows_the_ranks_and_their_gpu_use(nb7_page, notebook7):
         tds = rows.nth(i).locator("td").all_inner_texts()
         assert tds[at] == mb and tds[at + 1] == "41", tds
     assert re.match(r"^2 ranks", item.inner_text())
-    assert page.js_errors == [], page.js_errors
+    assert _unexpected(page.js_errors) == [], page.js_errors
+
+
+# Notebook 7.6 under JupyterLab 4.6 throws this from its own keyboard-shortcuts plugin on every
+# page load, with or without this extension (seen with the extension unlinked): not ours.
+NOTEBOOK7_OWN = "Cannot read properties of undefined (reading 'schema')"
+
+
+def _unexpected(errors: list[str]) -> list[str]:
+    return [e for e in errors if not (e.startswith(NOTEBOOK7_OWN) and "/static/notebook/notebook_core." in e)]
