@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 
+import nvml_standin  # tests/ is on sys.path (its conftest.py)
 import pytest
 
 from workbench.labserver import monitor
@@ -20,8 +21,13 @@ from workbench.notebook import registry
 from workbench.notebook.cluster import RankSet, RankSetConfig
 from workbench.notebook.cluster.slurm import JobState
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import nvml_standin  # noqa: E402
+
+@pytest.fixture
+def view():
+    """``describe`` of a fresh Monitor, closed afterwards (its controller threads ended)."""
+    m = Monitor()
+    yield m.describe
+    m.close()
 
 
 @pytest.fixture
@@ -32,26 +38,26 @@ def unstarted():
     registry.withdraw(rs)
 
 
-def test_queued_set_shows_job_and_reason_then_starting(unstarted):
+def test_queued_set_shows_job_and_reason_then_starting(unstarted, view):
     entry_id = registry.queued(unstarted, JobState("812", "PENDING", "Resources", ()))
     entry = registry.read(entry_id)
     assert entry["stale"] is False and entry["queue"]["job_id"] == "812" and entry["job_id"] == "812"
-    view = Monitor().describe(entry)
-    assert view["state"] == "queued" and view["launcher"] == "slurm" and view["world_size"] == 2
-    assert view["queue"] == {"job_id": "812", "state": "PENDING", "reason": "Resources", "nodes": []}
-    assert [(r["rank"], r["state"], r["pid"], r["gpu"]) for r in view["ranks"]] == [
+    got = view(entry)
+    assert got["state"] == "queued" and got["launcher"] == "slurm" and got["world_size"] == 2
+    assert got["queue"] == {"job_id": "812", "state": "PENDING", "reason": "Resources", "nodes": []}
+    assert [(r["rank"], r["state"], r["pid"], r["gpu"]) for r in got["ranks"]] == [
         (0, "queued", None, None),
         (1, "queued", None, None),
     ]
     # Slurm's reason changes while it waits: the same entry is rewritten, not a second one
     registry.queued(unstarted, JobState("812", "PENDING", "Priority", ()))
     assert [e["id"] for e in registry.read_all()].count(entry_id) == 1
-    assert Monitor().describe(registry.read(entry_id))["queue"]["reason"] == "Priority"
+    assert view(registry.read(entry_id))["queue"]["reason"] == "Priority"
     # allocated: the ranks are registering
     registry.queued(unstarted, JobState("812", "RUNNING", "None", ("node1",)))
-    view = Monitor().describe(registry.read(entry_id))
-    assert view["state"] == "starting" and [r["state"] for r in view["ranks"]] == ["starting"] * 2
-    assert view["queue"]["nodes"] == ["node1"]
+    got = view(registry.read(entry_id))
+    assert got["state"] == "starting" and [r["state"] for r in got["ranks"]] == ["starting"] * 2
+    assert got["queue"]["nodes"] == ["node1"]
     # a start that fails or is cancelled withdraws it
     registry.withdraw(unstarted)
     assert registry.read(entry_id) is None
@@ -69,24 +75,24 @@ def _entry_with_this_process_as_rank() -> dict:
     }
 
 
-def test_without_nvml_no_gpu_values_and_no_error(monkeypatch):
+def test_without_nvml_no_gpu_values_and_no_error(monkeypatch, view):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
     assert monitor.gpu_usage() is None
-    row = Monitor().describe(_entry_with_this_process_as_rank())["ranks"][0]
+    row = view(_entry_with_this_process_as_rank())["ranks"][0]
     assert row["gpu"] is None and row["memory_mb"] > 1
     # installed, but no driver / no GPU: nvmlInit fails; still nothing shown, nothing raised
     monkeypatch.setitem(sys.modules, "pynvml", nvml_standin)
     monkeypatch.delenv(nvml_standin.ENV, raising=False)
     assert monitor.gpu_usage() is None
-    assert Monitor().describe(_entry_with_this_process_as_rank())["ranks"][0]["gpu"] is None
+    assert view(_entry_with_this_process_as_rank())["ranks"][0]["gpu"] is None
 
 
-def test_with_nvml_each_rank_gets_its_gpu_memory_and_utilisation(monkeypatch, tmp_path):
+def test_with_nvml_each_rank_gets_its_gpu_memory_and_utilisation(monkeypatch, tmp_path, view):
     state = tmp_path / "nvml.json"
     state.write_text(json.dumps({"util": 37, "processes": {str(os.getpid()): 1234.5, "1": 99}}))
     monkeypatch.setenv(nvml_standin.ENV, str(state))
     monkeypatch.setitem(sys.modules, "pynvml", nvml_standin)
     usage = monitor.gpu_usage()
     assert usage[os.getpid()] == {"device": 0, "memory_mb": 1234.5, "util": 37}
-    row = Monitor().describe(_entry_with_this_process_as_rank())["ranks"][0]
+    row = view(_entry_with_this_process_as_rank())["ranks"][0]
     assert row["gpu"] == {"device": 0, "memory_mb": 1234.5, "util": 37}
