@@ -5,9 +5,9 @@ import { ServerConnection } from '@jupyterlab/services';
 
 export interface RankRow {
   rank: number;
-  host: string;
-  pid: number;
-  device: string;
+  host: string | null;
+  pid: number | null;
+  device: string | null;
   state: string;
   exit: string;
   memory_mb: number | null;
@@ -29,6 +29,8 @@ export interface RankSet {
   stale: boolean;
   stopped_by: string | null;
   stream: boolean;
+  job_id: string | null;
+  queue: { job_id: string; state: string; reason: string; nodes: string[] } | null;
   step: number | null;
   loss: number | null;
   ranks: RankRow[];

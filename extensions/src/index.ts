@@ -1,6 +1,6 @@
 // The distrain workbench's JupyterLab extension: ranks sidebar, live panes, status bar item
 // and a command-palette entry that starts ranks in the current notebook.
-import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 import { RankSet } from './api';
 import { RankSetsModel } from './model';
 import { LivePane } from './pane';
-import { RanksSidebar } from './sidebar';
+import { queueText, RanksSidebar } from './sidebar';
 
 const INSERT = 'workbench:insert-start';
 const SIDEBAR = 'workbench:open-ranks';
@@ -17,9 +17,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'distrain-workbench-lab:plugin',
   description: 'Ranks sidebar, live panes and status bar of the distrain workbench.',
   autoStart: true,
-  optional: [ICommandPalette, INotebookTracker, IStatusBar],
+  optional: [ICommandPalette, INotebookTracker, IStatusBar, ILabShell],
   activate: (app: JupyterFrontEnd, palette: ICommandPalette | null, notebooks: INotebookTracker | null,
-    statusBar: IStatusBar | null) => {
+    statusBar: IStatusBar | null, labShell: ILabShell | null) => {
     const model = new RankSetsModel(1000);
     const openPane = (rs: RankSet) => {
       const pane = new LivePane(rs);
@@ -30,7 +30,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
       openPane,
       openNotebook: path => void app.commands.execute('docmanager:open', { path })
     });
-    app.shell.add(sidebar, 'left', { rank: 950 });
+    // JupyterLab: a tab of the left sidebar. Notebook 7 (no ILabShell): its right side panel,
+    // which only the property inspector and debugger share; shown with the command below.
+    app.shell.add(sidebar, labShell ? 'left' : 'right', { rank: 950 });
     model.start();
 
     app.commands.addCommand(SIDEBAR, {
@@ -54,31 +56,42 @@ const plugin: JupyterFrontEndPlugin<void> = {
       palette.addItem({ command: SIDEBAR, category: 'Workbench' });
     }
 
-    if (statusBar) {
+    {
       const item = new Widget();
       item.addClass('wb-StatusItem');
       item.node.title = 'workbench ranks of this notebook';
       const update = () => {
         const kernelId = notebooks?.currentWidget?.sessionContext.session?.kernel?.id;
-        const running = model.ranksets.filter(r => r.state === 'running');
+        const running = model.ranksets.filter(r => ['running', 'queued', 'starting'].includes(r.state));
         const rs = running.find(r => r.kernel_id && r.kernel_id === kernelId);
         item.node.textContent = rs ? statusText(rs) : '';
         item.node.dataset.ranksetId = rs ? rs.id : '';
       };
       model.changed.connect(update);
       notebooks?.currentChanged.connect(update);
-      statusBar.registerStatusItem('distrain-workbench-lab:status', {
-        item,
-        align: 'left',
-        rank: 4,
-        isActive: () => true
-      });
+      if (statusBar) {
+        statusBar.registerStatusItem('distrain-workbench-lab:status', {
+          item,
+          align: 'left',
+          rank: 4,
+          isActive: () => true
+        });
+      } else {
+        // Notebook 7 has no status bar: the item sits in its header beside the kernel's name,
+        // and a click opens the ranks panel
+        item.addClass('wb-StatusItem-top');
+        item.node.onclick = () => app.shell.activateById(sidebar.id);
+        app.shell.add(item, 'top', { rank: 1000 });
+      }
     }
   }
 };
 
 export function statusText(rs: RankSet): string {
   let text = `${rs.world_size} ranks`;
+  if (rs.queue) {
+    return `${text} · ${rs.state}: ${queueText(rs)}`;
+  }
   if (rs.step !== null) {
     text += ` · step ${rs.step}`;
   }

@@ -66,6 +66,9 @@ export class RanksSidebar extends Widget {
     if (rs.step !== null) {
       meta += ` · step ${rs.step} · loss ${fmt(rs.loss, 4)}`;
     }
+    if (rs.queue) {
+      meta += `: ${queueText(rs)}`;
+    }
     if (rs.stopped_by) {
       meta += ` (${rs.stopped_by})`;
     }
@@ -87,7 +90,7 @@ export class RanksSidebar extends Widget {
         pane.onclick = () => this.callbacks.openPane(rs);
         actions.appendChild(pane);
       }
-    } else {
+    } else if (rs.state !== 'queued' && rs.state !== 'starting') {
       const button = el('button', '', 'Forget') as HTMLButtonElement;
       button.dataset.action = 'forget';
       button.onclick = () => void forget(rs.id).then(() => this.model.refresh(), showError);
@@ -110,11 +113,12 @@ export class RanksSidebar extends Widget {
     for (const r of rs.ranks) {
       const row = el('tr', 'wb-RankRow');
       row.dataset.rank = String(r.rank);
-      row.dataset.pid = String(r.pid);
+      row.dataset.pid = r.pid === null ? '' : String(r.pid);
       row.dataset.state = r.state;
       const state = r.state + (r.exit ? ` (${r.exit})` : '') + (r.trainer.state ? ` · ${r.trainer.state}` : '');
       const gpuCells = gpu ? [fmt(r.gpu?.memory_mb, 4), r.gpu ? String(r.gpu.util) : ''] : [];
-      const cells = [String(r.rank), state, r.host, String(r.pid), r.device, fmt(r.memory_mb, 4), ...gpuCells,
+      const cells = [String(r.rank), state, r.host ?? '', r.pid === null ? '' : String(r.pid), r.device ?? '',
+        fmt(r.memory_mb, 4), ...gpuCells,
         r.trainer.step === null ? '' : String(r.trainer.step), fmt(r.trainer.loss, 4)];
       const stepColumn = 6 + gpuCells.length;
       cells.forEach((text, i) => {
@@ -158,6 +162,16 @@ export class RanksSidebar extends Widget {
     }
     await this.model.refresh();
   }
+}
+
+/** `Slurm job 812 PENDING (Resources)` for a rank set whose job waits for its allocation. */
+export function queueText(rs: RankSet): string {
+  const q = rs.queue;
+  if (!q) {
+    return '';
+  }
+  const where = q.nodes && q.nodes.length ? ` on ${q.nodes.join(', ')}` : '';
+  return `Slurm job ${q.job_id} ${q.state}${q.reason && q.reason !== 'None' ? ` (${q.reason})` : ''}${where}`;
 }
 
 export function displayName(rs: RankSet): string {

@@ -222,6 +222,9 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     rows.nth(1).wait_for(timeout=15_000)
     assert rows.count() == 2
     assert [int(rows.nth(i).get_attribute("data-pid")) for i in range(2)] == pids
+    # no NVML here: no GPU columns, no GPU values, no error
+    assert "GPU MB" not in page.locator(".wb-RankSet[data-state='running'] .wb-RankTable th").all_inner_texts()
+    assert all(r["gpu"] is None for r in _ranks_api(lab)[0]["ranks"])
 
     # refused without the token: REST and websocket, under the base URL
     with pytest.raises(urllib.error.HTTPError) as err:
@@ -309,3 +312,38 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     run_cell(page, "%distrain status")
     _wait_output(page, "%distrain status", "stopped from the JupyterLab ranks sidebar", timeout=30)
     assert page.js_errors == [], page.js_errors
+
+
+def test_sidebar_shows_a_queued_slurm_set_with_its_job_and_reason(lab_page, lab_base, monkeypatch):
+    # A pending Slurm job is driven for real in tests/cluster/test_slurm.py (its registry entry
+    # checked there); here the entry is written directly, as the kernel writes it while it waits.
+    from workbench.notebook import registry
+    from workbench.notebook.cluster import RankSet, RankSetConfig
+    from workbench.notebook.cluster.slurm import JobState
+
+    page, lab = lab_page, lab_base
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(HERE / "runtime"))  # the Lab server's registry
+    rs = RankSet(RankSetConfig(n=2, launcher="slurm", backend="gloo"))
+    rs.job_id = "7301"
+    entry_id = registry.queued(rs, JobState("7301", "PENDING", "Resources", ()))
+    try:
+        page.goto(f"{lab.base}/lab/workspaces/queued?reset&token={lab.token}")
+        page.locator(".lm-TabBar-tab[data-id='workbench-ranks']").click()
+        box = page.locator(f".wb-RankSet[data-rankset-id='{entry_id}']")
+        box.and_(page.locator("[data-state='queued']")).wait_for(timeout=15_000)
+        meta = box.locator(".wb-RankSet-meta").inner_text()
+        assert meta == "2 ranks · slurm · gloo · queued: Slurm job 7301 PENDING (Resources)", meta
+        rows = box.locator(".wb-RankRow")
+        assert rows.count() == 2
+        assert [rows.nth(i).get_attribute("data-state") for i in range(2)] == ["queued", "queued"]
+        assert [rows.nth(i).get_attribute("data-pid") for i in range(2)] == ["", ""]
+        assert box.locator("button[data-action]").count() == 0  # nothing to act on yet, and not forgettable
+        # the allocation is granted: starting on its node, until the started entry replaces it
+        registry.queued(rs, JobState("7301", "RUNNING", "None", ("node3",)))
+        box.and_(page.locator("[data-state='starting']")).wait_for(timeout=5_000)
+        assert box.locator(".wb-RankSet-meta").inner_text().endswith("starting: Slurm job 7301 RUNNING on node3")
+        registry.withdraw(rs)  # the start failed or was cancelled: gone from the sidebar
+        box.wait_for(state="detached", timeout=5_000)
+        assert page.js_errors == [], page.js_errors
+    finally:
+        registry.withdraw(rs)

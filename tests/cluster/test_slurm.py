@@ -21,7 +21,7 @@ import psutil
 import pytest
 from conftest import alive as _alive
 
-from workbench.notebook import api, training
+from workbench.notebook import api, registry, training  # registry: Lab entries, as `%load_ext` loads it
 from workbench.notebook.cluster import Interrupted, RankDied, RankSet
 from workbench.notebook.cluster.slurm import SlurmError, SlurmRequest
 
@@ -230,11 +230,23 @@ def test_pending_request_shows_queued_with_reason_and_stop_cancels_it(slurm_clus
     job = queued.split()[2]
     assert queued.startswith(f"queued: job {job} PENDING (")
     assert slurm_cluster.squeue() and slurm_cluster.squeue()[0].startswith(f"{job} PENDING")
+    # the Lab's registry holds the set as queued, with the job and Slurm's reason, meanwhile
+    from workbench.labserver.monitor import Monitor
+
+    def entry():
+        return next((e for e in registry.read_all() if (e.get("queue") or {}).get("job_id") == job), None)
+
+    assert _wait_for(lambda: entry() is not None, 10)
+    view = Monitor().describe(entry())
+    reason = queued.split("(", 1)[1].rstrip(")")
+    assert view["state"] == "queued" and view["queue"]["reason"] == reason, view
+    assert [r["state"] for r in view["ranks"]] == ["queued", "queued"]
     api.stop()  # from another cell, while the start still waits
     t.join(30)
     assert not t.is_alive()
     assert isinstance(outcome.get("error"), Interrupted) and f"job {job} cancelled" in str(outcome["error"])
     assert slurm_cluster.squeue() == []
+    assert entry() is None  # the cancelled start withdrew it
 
 
 def test_ctrl_c_while_queued_cancels_the_job(slurm_cluster, no_current):

@@ -261,3 +261,23 @@ def test_stale_entry_is_shown_as_such_then_cleaned(server):
         assert "test-stale-kernel" not in ids
     finally:
         registry.remove("test-stale-kernel")
+
+
+def test_queued_set_is_listed_with_its_job_and_refuses_actions(server):
+    # the entry the kernel writes while its Slurm job pends (a real pending job: tests/cluster)
+    from workbench.notebook.cluster import RankSet, RankSetConfig
+    from workbench.notebook.cluster.slurm import JobState
+
+    rs = RankSet(RankSetConfig(n=2, launcher="slurm", backend="gloo"))
+    rs.job_id = "4242"
+    entry_id = registry.queued(rs, JobState("4242", "PENDING", "Resources", ()))
+    try:
+        got = _set(server, entry_id)
+        assert got["state"] == "queued" and got["job_id"] == "4242"
+        assert got["queue"] == {"job_id": "4242", "state": "PENDING", "reason": "Resources", "nodes": []}
+        assert [r["state"] for r in got["ranks"]] == ["queued", "queued"]
+        status, body = server.request("POST", f"workbench/ranksets/{entry_id}/interrupt")
+        assert status == 409 and "Slurm job 4242 is PENDING (Resources)" in body["message"], body
+        assert "%distrain stop" in body["message"]
+    finally:
+        registry.withdraw(rs)

@@ -61,6 +61,13 @@ class ActionHandler(_Base):
         entry = self._entry(entry_id)
         if entry.get("stopped_by"):
             raise web.HTTPError(409, f"this rank set was already {entry['stopped_by']}")
+        queue = entry.get("queue")
+        if queue:
+            raise web.HTTPError(
+                409,
+                f"this rank set has no ranks yet: Slurm job {queue.get('job_id')} is {queue.get('state')} "
+                f"({queue.get('reason') or 'no reason given'}); `%distrain stop` in its notebook cancels the job",
+            )
         body = self.get_json_body() or {}
         ranks = body.get("ranks")
         loop = asyncio.get_running_loop()

@@ -233,7 +233,8 @@ class Monitor:
         """The sidebar's view of one rank set: the entry plus per-rank state, memory and trainer."""
         here = socket.gethostname()
         stopped = entry.get("stopped_by")
-        gone = entry.get("stale") or stopped
+        queue = entry.get("queue")
+        gone = entry.get("stale") or stopped or queue
         reader = None if gone else self.reader(entry)
         last = dict(reader.last) if reader is not None else {}
         queues = {} if gone else self.queues(entry)
@@ -255,7 +256,9 @@ class Monitor:
                 and newest - t["time"] >= STRAGGLER_S
             )
             death = deaths.get(str(r["rank"]))
-            if death:
+            if queue:  # no process yet: Slurm has not given the allocation (or it is starting)
+                row["state"] = "queued" if queue.get("state") == "PENDING" else "starting"
+            elif death:
                 row.update(state="dead", exit=death.get("exit", ""))
             elif r.get("host") == here:
                 row.update(self._process(r["pid"]))
@@ -286,11 +289,20 @@ class Monitor:
                 "started",
                 "host",
                 "stopped_by",
+                "job_id",
             )
         }
         out["notebook_path"] = self._relative(entry.get("notebook"))
         out["stale"] = bool(entry.get("stale"))
-        out["state"] = "stale" if out["stale"] else ("stopped" if stopped else "running")
+        if out["stale"] or stopped:
+            out["state"] = "stale" if out["stale"] else "stopped"
+        elif queue:  # the allocation is pending, or granted with its ranks still registering
+            out["state"] = "queued" if queue.get("state") == "PENDING" else "starting"
+        else:
+            out["state"] = "running"
+        out["queue"] = (
+            {k: queue.get(k) for k in ("job_id", "state", "reason", "nodes")} if queue and not out["stale"] else None
+        )
         out["ranks"] = ranks
         out["stream"] = bool(entry.get("stream"))
         out["step"] = top

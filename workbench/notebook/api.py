@@ -20,6 +20,8 @@ def on(event: str, fn) -> None:
 
     ``check`` functions run whenever the current set is asked for; one that returns a
     text (the ranks were ended from outside this kernel) makes the set stopped, with it.
+    ``queued`` functions get ``(rankset, job_state)`` while a Slurm job waits for its
+    allocation; ``abandoned`` ones get a set whose start failed or was cancelled.
 
     Other parts (telemetry stream, trainer control) attach to new rank sets this way
     instead of the rank set knowing about them.
@@ -158,11 +160,18 @@ def _launch(sess: Session, config: RankSetConfig, progress=None) -> RankSet:
 
     def created(rs):
         sess.starting = rs
+        rs.on_queue = lambda js: [fn(rs, js) for fn in KERNEL.listeners["queued"]]
 
     try:
         rs = RankSet.start(config, progress=progress, on_created=created)
     except BaseException:
         KERNEL.pinned, KERNEL.current_name = previous
+        if sess.starting is not None:
+            for fn in KERNEL.listeners["abandoned"]:
+                try:
+                    fn(sess.starting)
+                except Exception:
+                    pass
         raise
     finally:
         sess.starting = None

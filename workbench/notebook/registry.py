@@ -3,7 +3,9 @@
 Each rank set a kernel starts writes one small JSON entry under Jupyter's runtime
 directory (``<runtime>/workbench-ranks/<id>.json``, mode 0600): the kernel, the notebook,
 ranks with host/pid/device, ipyparallel's client connection file, the stack folder and the
-address and key of the event-stream mirror. The entry is removed at stop. The Jupyter
+address and key of the event-stream mirror. A set whose Slurm job still waits for its
+allocation has an entry with ``queue`` (job id, Slurm's reason) and ranks without hosts or
+pids yet; the started set's entry replaces it. The entry is removed at stop. The Jupyter
 server extension (:mod:`workbench.labserver`) reads these entries, so it can show and act on
 ranks while the owning kernel is busy. An entry whose kernel process is gone is stale: it is
 reported as such and cleaned. Never imports torch.
@@ -180,9 +182,44 @@ def entry_for(rankset, *, stream_address: str | None = None, stream_key: str | N
         "connection_file": conn,
         "stack_dir": os.path.join(rankset.state_dir(), "stacks"),
         "stream": {"address": stream_address, "server_key": stream_key} if stream_address else None,
+        "job_id": getattr(rankset, "job_id", None),
         "deaths": {},
         "stopped_by": None,
     }
+
+
+def queue_fields(job_state) -> dict:
+    """What the sidebar shows of a Slurm job that waits: its id, Slurm's state and reason, nodes."""
+    return {
+        "job_id": job_state.job_id,
+        "state": job_state.state,
+        "reason": job_state.reason,
+        "nodes": list(job_state.nodes),
+        "time": time.time(),
+    }
+
+
+def queued(rankset, job_state) -> str:
+    """Write (or refresh) the entry of a rank set whose Slurm job waits for its allocation.
+
+    The ranks have no host or pid yet; ``announce`` replaces the entry (same id) once they are up.
+    """
+    entry = entry_for(rankset)
+    entry["world_size"] = rankset.config.n
+    entry["ranks"] = [
+        {"rank": i, "engine_id": None, "host": None, "pid": None, "device": None} for i in range(rankset.config.n)
+    ]
+    entry["queue"] = queue_fields(job_state)
+    with _lock:
+        known = _entries.get(id(rankset))
+    if known is not None and known == entry["id"]:
+        before = read(known)
+        if before is not None:
+            entry["started"] = before.get("started", entry["started"])
+    write(entry)
+    with _lock:
+        _entries[id(rankset)] = entry["id"]
+    return entry["id"]
 
 
 def announce(rankset) -> str | None:
@@ -248,11 +285,20 @@ def _on_started(rankset) -> None:
         pass
 
 
+def _on_queued(rankset, job_state) -> None:
+    try:
+        queued(rankset, job_state)
+    except Exception:
+        pass
+
+
 def _register() -> None:
     from . import api
 
     api.on("started", _on_started)
     api.on("stopping", withdraw)
+    api.on("abandoned", withdraw)
+    api.on("queued", _on_queued)
     api.on("check", stopped_elsewhere)
 
 

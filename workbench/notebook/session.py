@@ -72,7 +72,7 @@ class Sessions:
         self.current_name: str | None = None
         self.pinned: Session | None = None  # a set made outside start(), current for a while (`using`)
         self.loose: dict[int, Session] = {}  # sessions of rank sets made outside start() (tests, scripts)
-        self.listeners: dict[str, list] = {"started": [], "stopping": [], "check": []}
+        self.listeners: dict[str, list] = {"started": [], "stopping": [], "check": [], "queued": [], "abandoned": []}
 
     def current(self) -> Session | None:
         if self.pinned is not None:

@@ -129,6 +129,7 @@ class RankSet:
         self.job_id: str | None = None  # slurm
         self.nodes: tuple[str, ...] = ()
         self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
+        self.on_queue = None  # fn(JobState) while a Slurm job waits and when it gets its nodes
         self._cancel = threading.Event()
         self._finished = threading.Event()
 
@@ -244,6 +245,7 @@ class RankSet:
                 line = slurm.queued_line(js)
                 if line != shown:
                     self.progress(line)
+                    self._queue_changed(js)
                     shown = line
                 if slurm.hopeless(js):
                     raise slurm.SlurmError(
@@ -262,6 +264,7 @@ class RankSet:
                         "pass --ip with this host's address toward them"
                     )
                 self.progress(f"job {self.job_id} running on {', '.join(js.nodes)}")
+                self._queue_changed(js)
                 break
             if js.state not in ("RUNNING", "CONFIGURING"):
                 raise slurm.SlurmError(
@@ -269,6 +272,13 @@ class RankSet:
                 )
             time.sleep(0.2)
         self._await_engines(time.monotonic() + self._register_s(), list(self.nodes))
+
+    def _queue_changed(self, js) -> None:
+        if self.on_queue is not None:
+            try:
+                self.on_queue(js)
+            except Exception:  # an observer (the Lab registry) never fails a start
+                pass
 
     def _slurm_output(self) -> str:
         es = next(iter((self.cluster.engines or {}).values()), None)
