@@ -18,16 +18,7 @@ def plan_live(*, batch_size: int = 8, hardware: str = "h100", show: bool = True)
     """
     from ..planner.report import plan
 
-    # the planner's pure comparison reads one record per rank: the census and what came with it
-    censuses = [
-        {
-            **r.census,
-            "attention": r.attention,
-            "attention_evidence": r.attention_evidence,
-            "model_config": r.model_config,
-        }
-        for r in api.current().apply(rpc.handle, rpc.Census(batch_size=batch_size))
-    ]
+    censuses = [r.record() for r in api.current().apply(rpc.handle, rpc.Census(batch_size=batch_size))]
     if not censuses or not censuses[0]["model_config"]:
         raise ValueError("the ranks' model carries no GPTConfig/MoEConfig (model.cfg); the planner needs its shape")
     c0 = censuses[0]

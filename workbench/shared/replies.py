@@ -244,3 +244,8 @@ class CensusReply:
     attention: str | None = None
     attention_evidence: str = ""
     model_config: dict | None = None
+
+    def record(self) -> dict:
+        """The census with the rest beside it: the record per rank ``planner.live.compare`` reads."""
+        extra = {"attention": self.attention, "attention_evidence": self.attention_evidence}
+        return {**self.census, **extra, "model_config": self.model_config}
