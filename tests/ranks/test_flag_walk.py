@@ -240,7 +240,7 @@ def test_cell_flags(shell2, ranks2, capsys):
         "[rank 0] False",
         "[rank 1] True",
     ]
-    r = shell2.run_cell("%%distrain --timeout 0.5\nimport time\ntime.sleep(3)")
+    r = shell2.run_cell("%%distrain --timeout 0.5\nimport time\ntime.sleep(1.5)")
     assert not r.success and "0.5" in str(r.error_in_exec)
     ranks2.interrupt() if hasattr(ranks2, "interrupt") else None
     ranks2.execute("import time; time.sleep(0)", timeout=30)  # the ranks answer again
