@@ -100,6 +100,7 @@ CASES: dict[tuple[str, str], object] = {
     ("train wait", "--timeout"): TRAIN,
     ("dashboard", "--export"): TRAIN,
     ("dashboard", "--run"): TRAIN,
+    ("dashboard", "--sessions"): NAMED,
     ("timeline", "--steps"): TRAIN,
     ("timeline", "--ranks"): TRAIN,
     ("timeline", "--run"): TRAIN,
@@ -239,7 +240,7 @@ def test_cell_flags(shell2, ranks2, capsys):
         "[rank 0] False",
         "[rank 1] True",
     ]
-    r = shell2.run_cell("%%distrain --timeout 0.5\nimport time\ntime.sleep(3)")
+    r = shell2.run_cell("%%distrain --timeout 0.5\nimport time\ntime.sleep(1.5)")
     assert not r.success and "0.5" in str(r.error_in_exec)
     ranks2.interrupt() if hasattr(ranks2, "interrupt") else None
     ranks2.execute("import time; time.sleep(0)", timeout=30)  # the ranks answer again
@@ -665,8 +666,20 @@ def test_named_set_flags(shell2, ranks2):
                 shell2.run_cell_magic("distrain", "--on nope", "x = 1")
             with pytest.raises(Exception, match="nope"):
                 magic(shell2, "stop --name nope")
+            # dashboard --sessions: a live overlay of named sessions, traces named by session;
+            # unknown names and one-session flags beside it are refused
+            magic(shell2, "dashboard --sessions flagwalk")
+            over = session.KERNEL.overlays[("flagwalk",)]
+            assert [t.name for t in over.panel("loss")] == ["flagwalk"] and not over.closed
+            with pytest.raises(UsageError, match="no rank set named 'nope'; the sessions are: flagwalk"):
+                magic(shell2, "dashboard --sessions flagwalk,nope")
+            with pytest.raises(UsageError, match="--run goes with one session's dashboard"):
+                magic(shell2, "dashboard --sessions flagwalk --run r1")
+            with pytest.raises(UsageError, match="expected session names like ddp,fsdp"):
+                magic(shell2, "dashboard --sessions ,")
             magic(shell2, "stop --name flagwalk")
             assert not api.session("flagwalk").running
+            assert over.closed and ("flagwalk",) not in session.KERNEL.overlays  # none of its sessions runs
             assert api.current() is ranks2
     finally:
         sess = session.KERNEL.get("flagwalk")

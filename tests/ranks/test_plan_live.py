@@ -40,7 +40,7 @@ def census_specs_on_rank(specs):
         p = prepare(GPT(GPTConfig.tiny(**CFG)), lambda ps: torch.optim.AdamW(ps, lr=1e-3), text)
         try:
             session.set_prepared(p)
-            out.append(Census(batch_size=8).run())
+            out.append(Census(batch_size=8).run().record())
         finally:
             p.close()
             reset_accelerate_state()

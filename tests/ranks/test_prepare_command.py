@@ -98,7 +98,7 @@ def test_layout_tensor_under_tp_shows_column_and_row_split(shell, ranks):
     assert run(shell, "%distrain prepare tp").success
     fig = run(shell, "%distrain layout --tensor layers.0.attention.wq.weight").result
     assert "Shard(0)" in fig.layout.title.text and len(fig.layout.shapes) == 4
-    layouts = ranks.apply(rpc.handle, rpc.Layout())
+    layouts = [lay.to_dict() for lay in ranks.apply(rpc.handle, rpc.Layout())]
     # column-parallel wq (weight [out, in]): rows split, one quarter per rank
     _, _, blocks = tensor_blocks(layouts, "layers.0.attention.wq.weight")
     assert list(blocks) == [((i * 32, (i + 1) * 32), (0, 128)) for i in range(4)]

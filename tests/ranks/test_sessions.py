@@ -92,11 +92,36 @@ def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(
     # stop ddp while fsdp trains: fsdp keeps training and its stream keeps flowing
     training.start(100_000, rankset=fsdp.rankset)
     training.start(100_000, rankset=ddp.rankset)
+    # one live dashboard of both sessions: a loss line per session, named by it, redrawn as they train
+    magic(shell, "%distrain dashboard --sessions ddp,fsdp")
+    over = workbench.dashboard(sessions=["ddp", "fsdp"], show=False)
+    assert session.KERNEL.overlays[("ddp", "fsdp")] is over  # the one the magic showed
+    assert [t.name for t in over.panel("loss")] == ["ddp", "fsdp"]
+
+    def drawn(name):
+        return next(t for t in over.panel("loss") if t.name == name)
+
+    def last_step(name):
+        xs = drawn(name).x
+        return max(xs) if xs is not None and len(xs) else 0
+
+    assert wait_until(lambda: last_step("ddp") >= 14 and last_step("fsdp") >= 14, 60), "the overlay did not follow"
+    names = {t.name for t in over.panel("throughput")}
+    assert names == {"ddp rank 0", "ddp rank 1", "fsdp rank 0", "fsdp rank 1"}
+    assert "ddp" in over.status.value and "fsdp" in over.status.value
     training.wait(step=14, rankset=fsdp.rankset, timeout=60)
     magic(shell, "%distrain stop --name ddp")
     assert not ddp.running and fsdp.running and session.current() is ddp
     received = fsdp.store.received
     assert fsdp.store.wait(lambda s: s.received >= received + 20, 60), "fsdp's stream stopped flowing"
+    # ddp's line stays as it ended (its store's mean loss); fsdp's goes on being drawn
+    run = ddp.store.latest_run()
+    xs, ys = ddp.store.arrays(run, "loss", ddp.store.ranks(run)[0])
+    over.refresh()
+    assert list(drawn("ddp").x) == list(xs) and list(drawn("ddp").y) == pytest.approx(list(ys))
+    at = last_step("fsdp")
+    assert wait_until(lambda: last_step("fsdp") > at, 60), "the overlay stopped following fsdp"
+    assert "(ranks stopped)" in over.status.value.split("<br>")[0] and not over.closed
     assert [s["state"] for s in training.status(rankset=fsdp.rankset)] == ["running", "running"]
     with pytest.raises(Exception, match="the rank set 'ddp' is not running.*running: fsdp"):
         api.current()
@@ -105,3 +130,15 @@ def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(
     assert training.wait(timeout=60) == {0: "stopped", 1: "stopped"}
     d1.close()
     d2.close()
+    over.close()
+
+
+def wait_until(predicate, timeout: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return bool(predicate())

@@ -109,6 +109,19 @@ def test_optimizer_instance_rebuilt_or_refused():
         check_optimizer_matches(m, stray)
 
 
+def test_reset_accelerate_state_imports_nothing_where_accelerate_never_ran():
+    """A fresh rank's first prepare does not pay for importing accelerate and transformers."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom workbench.strategies.accelerate_path import reset_accelerate_state\n"
+        "reset_accelerate_state()\nprint(sorted(m for m in ('accelerate', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_reset_accelerate_state_is_idempotent():
     from accelerate.state import PartialState
 

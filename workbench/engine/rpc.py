@@ -5,13 +5,17 @@ The notebook builds a frozen request and applies :func:`handle` on the ranks
 the rank-side half, so no notebook module is ever imported on a rank and no rank function
 is called by name with positional arguments. Nothing here imports torch at module level:
 the notebook imports this module to build requests. The reply each request returns is
-named in its docstring. Trainer flags (pause, start, set) go through
+a frozen dataclass of :mod:`workbench.shared.replies` (pure, so the notebook unpickles it
+without torch), named in each request's ``run``; a request that only acts replies None.
+Trainer flags (pause, start, set) go through
 :mod:`workbench.engine.control`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..shared import replies
 
 
 def handle(request):
@@ -22,59 +26,66 @@ def handle(request):
 # ----------------------------------------------------------------------------- checkpoints
 @dataclass(frozen=True, kw_only=True)
 class SaveCheckpoint:
-    """Reply: the save's info dict (name, step, path, blocked_s, ...)."""
+    """Checkpoint this rank's part into ``root``."""
 
     root: str
     tag: str | None = None
     async_: bool = False
     with_optimizer: bool = True
 
-    def run(self) -> dict:
+    def run(self) -> replies.SaveInfo:
         from . import checkpoint_hooks
 
-        return checkpoint_hooks.rank_save(self.root, self.tag, self.async_, None, False, self.with_optimizer)
+        info = checkpoint_hooks.rank_save(self.root, self.tag, self.async_, None, False, self.with_optimizer)
+        return replies.SaveInfo.from_dict(info)
 
 
 @dataclass(frozen=True, kw_only=True)
 class WaitForSave:
-    """Reply: the background save's info once written, or None when none was running."""
+    """Wait for the background save: its info once written, None when none was running."""
 
     timeout: float | None = None
 
-    def run(self) -> dict | None:
+    def run(self) -> replies.SaveInfo | None:
         from . import checkpoint_hooks
 
-        return checkpoint_hooks.rank_wait(self.timeout)
+        info = checkpoint_hooks.rank_wait(self.timeout)
+        return None if info is None else replies.SaveInfo.from_dict(info)
 
 
 @dataclass(frozen=True, kw_only=True)
 class LoadCheckpoint:
-    """Reply: the load's info dict, or ``{"damaged": [problem dicts]}``."""
+    """Load ``folder`` into this rank (all or nothing across the ranks)."""
 
     folder: str
     model_only: bool = False
 
-    def run(self) -> dict:
+    def run(self) -> replies.LoadReply:
+        from ..shared.checkpoint.integrity import Problem
         from . import checkpoint_hooks
 
-        return checkpoint_hooks.rank_load(self.folder, self.model_only)
+        info = checkpoint_hooks.rank_load(self.folder, self.model_only)
+        if "damaged" in info:
+            return replies.LoadReply(damaged=tuple(Problem(**d) for d in info["damaged"]))
+        return replies.LoadReply(info=replies.LoadInfo.from_dict(info))
 
 
 @dataclass(frozen=True, kw_only=True)
 class VerifyCheckpoint:
-    """Reply: the problems every rank found (collective), as dicts of ``integrity.Problem``."""
+    """Check ``folder``'s files, each by the rank that reads it (collective)."""
 
     folder: str
 
-    def run(self) -> list[dict]:
+    def run(self) -> replies.Problems:
+        from ..shared.checkpoint.integrity import Problem
         from . import checkpoint_hooks
 
-        return checkpoint_hooks.rank_verify(self.folder)
+        return replies.Problems(problems=tuple(Problem(**d) for d in checkpoint_hooks.rank_verify(self.folder)))
 
 
 @dataclass(frozen=True, kw_only=True)
 class SetAutosave:
-    """Install (``every``) or remove (``every=None``) the auto-save hook. Reply: None."""
+    """Install (``every``) or remove (``every=None``) the auto-save hook."""
 
     root: str | None = None
     every: int | None = None
@@ -92,20 +103,20 @@ class SetAutosave:
 
 @dataclass(frozen=True, kw_only=True)
 class StageAutosave:
-    """Stage the installed hook on this rank's trainer at change ``version``. Reply: True when
-    a trainer took it (then :class:`CommitTrainer`)."""
+    """Stage the installed hook on this rank's trainer at change ``version`` (where a trainer
+    took it, :class:`CommitTrainer` follows)."""
 
     version: int
 
-    def run(self) -> bool:
+    def run(self) -> replies.Staged:
         from . import checkpoint_hooks
 
-        return checkpoint_hooks.stage_autosave(self.version)
+        return replies.Staged(staged=bool(checkpoint_hooks.stage_autosave(self.version)))
 
 
 @dataclass(frozen=True, kw_only=True)
 class CommitTrainer:
-    """Commit a staged change on this rank's trainer. Reply: None."""
+    """Commit a staged change on this rank's trainer."""
 
     version: int
 
@@ -117,37 +128,36 @@ class CommitTrainer:
 
 @dataclass(frozen=True)
 class NextVersion:
-    """Reply: the trainer's next change version (1 where no trainer runs)."""
+    """The trainer's next change version."""
 
-    def run(self) -> int:
+    def run(self) -> replies.Version:
         from . import staging
 
-        return staging.next_version()
+        return replies.Version(version=int(staging.next_version()))
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExportWeights:
-    """Write one consolidated model file (``hf``: a Hugging Face folder). Reply: its info dict."""
+    """Write one consolidated model file (``hf``: a Hugging Face folder)."""
 
     folder: str
     path: str
     dtype: str | None = None
     hf: bool = False
 
-    def run(self) -> dict:
+    def run(self) -> replies.ExportInfo:
         from .checkpoint.export import export_hf, export_safetensors
 
-        if self.hf:
-            return export_hf(self.folder, self.path, dtype=self.dtype)
-        return export_safetensors(self.folder, self.path, dtype=self.dtype)
+        export = export_hf if self.hf else export_safetensors
+        return replies.ExportInfo.from_dict(export(self.folder, self.path, dtype=self.dtype))
 
 
 # ----------------------------------------------------------------------------- profiles, timelines
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     """``action``: arm (the next ``steps`` trainer steps into ``folder``), status, cancel, read
-    (reply: the trace's bytes) or code (profile ``code`` in the rank's namespace). Reply: the
-    profiler's state dict."""
+    (the reply is the :class:`~workbench.shared.replies.Trace`) or code (profile ``code`` in the
+    rank's namespace); the others reply with the profiler's state."""
 
     action: str
     steps: int = 0
@@ -155,37 +165,41 @@ class Profile:
     code: str = ""
     partial: str = ""  # arm on some ranks only (these, e.g. "1"): an idle trainer is refused
 
-    def run(self):
+    def run(self) -> replies.ProfileState | replies.Trace:
         from . import profiling
 
-        if self.action == "arm":
-            return profiling.arm(self.steps, self.folder, partial=self.partial)
-        if self.action == "code":
-            return profiling.profile_code(self.code, self.folder)
-        actions = {"status": profiling.status, "cancel": profiling.cancel, "read": profiling.read_trace}
+        actions = {
+            "arm": lambda: profiling.arm(self.steps, self.folder, partial=self.partial),
+            "code": lambda: profiling.profile_code(self.code, self.folder),
+            "status": profiling.status,
+            "cancel": profiling.cancel,
+        }
+        if self.action == "read":
+            return replies.Trace(data=profiling.read_trace())
         if self.action not in actions:
-            raise ValueError(f"unknown profile action {self.action!r}: arm, code, {', '.join(actions)}")
-        return actions[self.action]()
+            raise ValueError(f"unknown profile action {self.action!r}: {', '.join(actions)}, read")
+        return replies.ProfileState.from_dict(actions[self.action]())
 
 
 @dataclass(frozen=True, kw_only=True)
 class RecentSteps:
-    """Reply: the rank's last ``steps`` step records (of ``run``, default the latest)."""
+    """The rank's last ``steps`` step records (of ``run_id``, default the latest run)."""
 
     steps: int
     run_id: str | None = None
 
-    def run(self) -> list[dict]:
+    def run(self) -> replies.StepRecords:
         from . import timeline
 
-        return timeline.recent(self.steps, self.run_id)
+        recs = timeline.recent(self.steps, self.run_id)
+        return replies.StepRecords(records=tuple(replies.StepRecord.from_dict(r) for r in recs))
 
 
 @dataclass(frozen=True)
 class PipelineRun:
-    """Reply: this stage's latest pipeline step as it ran (``PipelinePrepared.last_run``)."""
+    """This stage's latest pipeline step as it ran (``PipelinePrepared.last_run``)."""
 
-    def run(self) -> dict:
+    def run(self) -> replies.PipelineStageRun:
         from .session import prepared as current_prepared
 
         prepared = current_prepared()
@@ -194,15 +208,14 @@ class PipelineRun:
                 f"the ranks' model is prepared with {prepared.layout['strategy']!r}, not pipeline "
                 "parallel: `%distrain prepare pp` first"
             )
-        return prepared.last_run
+        return replies.PipelineStageRun.from_dict(prepared.last_run)
 
 
 # ----------------------------------------------------------------------------- prepare, layout, planner
 @dataclass(frozen=True, kw_only=True)
 class ProbeModel:
     """On rank 0 before ``prepare``: are the variables there, and does the spec fit the world
-    and the model (degrees, blocks, tensor-parallel plan, pipeline split)? Reply:
-    ``{"missing": [names], "error": text or None}``."""
+    and the model (degrees, blocks, tensor-parallel plan, pipeline split)?"""
 
     model_name: str
     opt_name: str
@@ -211,7 +224,7 @@ class ProbeModel:
     device_type: str
     blocks: tuple[str, ...] | None = None
 
-    def run(self) -> dict:
+    def run(self) -> replies.ProbeReport:
         import __main__
 
         from ..strategies import ModelHints, PrepareError, SpecError, StrategySpec, check_layout, model_config_of
@@ -237,27 +250,27 @@ class ProbeModel:
                         check_layout(model, s, self.world_size, ModelHints(blocks=blocks))
                 except (SpecError, PrepareError, ValueError) as exc:
                     error = str(exc)
-        return {"missing": missing, "error": error}
+        return replies.ProbeReport(missing=tuple(missing), error=error)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Reply: which elements of which tensor this rank holds (``Prepared.layout``)."""
+    """Which elements of which tensor this rank holds (``Prepared.layout``)."""
 
-    def run(self) -> dict:
+    def run(self) -> replies.LayoutReply:
         from .session import prepared as current_prepared
 
-        return current_prepared().layout
+        return replies.LayoutReply.from_dict(current_prepared().layout)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Census:
-    """One census training step of the current Prepared (``%distrain plan --live``). Reply:
-    the census dict plus the attention kernel seen and the model's config."""
+    """One census training step of the current Prepared (``%distrain plan --live``), with the
+    attention kernel seen and the model's config."""
 
     batch_size: int = 8
 
-    def run(self) -> dict:
+    def run(self) -> replies.CensusReply:
         from ..planner.live import config_dict
         from ..strategies import model_config_of
         from .attention_probe import AttentionProbe, hf_attention_implementation
@@ -269,7 +282,9 @@ class Census:
             out = census(prepared, batch_size=self.batch_size)
         model = prepared.unwrap()
         hf = hf_attention_implementation(model)
-        out["attention"] = probe.kernel() or ({"eager": "eager"}.get(hf, "flash") if hf else None)
-        out["attention_evidence"] = probe.evidence() + (f"; HF attn_implementation={hf}" if hf else "")
-        out["model_config"] = config_dict(model_config_of(model))
-        return out
+        return replies.CensusReply(
+            census=out,
+            attention=probe.kernel() or ({"eager": "eager"}.get(hf, "flash") if hf else None),
+            attention_evidence=probe.evidence() + (f"; HF attn_implementation={hf}" if hf else ""),
+            model_config=config_dict(model_config_of(model)),
+        )

@@ -11,6 +11,7 @@ import math
 import os
 
 from ..engine import rpc
+from ..shared import replies
 from ..shared.checkpoint import catalog
 from ..shared.checkpoint.integrity import DamagedCheckpoint, Problem, describe_problems
 
@@ -78,15 +79,15 @@ def save(
             rpc.handle, rpc.SaveCheckpoint(root=get_dir(root), tag=tag, async_=async_, with_optimizer=with_optimizer)
         )
     )
-    info = dict(res[0])
-    info["blocked_s"] = max(r.get("blocked_s", 0.0) for r in res)
+    info = res[0].to_dict()
+    info["blocked_s"] = max(r.blocked_s or 0.0 for r in res)
     return info
 
 
 def wait(rankset=None) -> dict | None:
     """Wait until the background save (if any) is written and visible."""
     res = _storage_errors_once(_rs(rankset).submit(rpc.handle, rpc.WaitForSave()))
-    return res[0]
+    return None if res[0] is None else res[0].to_dict()
 
 
 class SaveFailed(RuntimeError):
@@ -150,19 +151,19 @@ def load(
                 raise NoGoodCheckpoint(f"no good checkpoint in {root} to load: " + "; ".join(skipped))
             folder = rest[0]
         res = _load_on_ranks(rs, folder, model_only)
-        if "damaged" not in res[0]:
+        if res[0].info is not None:
             break
-        problems = [Problem(**d) for d in res[0]["damaged"]]
+        problems = builtins.list(res[0].damaged)
         if not skip_damaged:
             alt = catalog.newest_good(root, verify=lambda f: _verify_on_ranks(rs, f), exclude=(folder,))
             raise DamagedCheckpoint(folder, problems, alternative=alt, root=root)
         skipped.append(_skip_text(folder, problems))
         tried.add(folder)
         folder = None
-    info = dict(res[0])
-    info["notes"] = sorted({n for r in res for n in r.get("notes", [])})
+    info = res[0].info.to_dict()
+    info["notes"] = sorted({n for r in res for n in r.info.notes})
     info["skipped"] = skipped
-    info["staging_bytes"] = max(r.get("staging_bytes", 0) for r in res)
+    info["staging_bytes"] = max(r.info.staging_bytes for r in res)
     return info
 
 
@@ -174,7 +175,7 @@ def _skip_text(folder: str, problems) -> str:
     return f"skipped {os.path.basename(folder)}: damaged ({'; '.join(p.text() for p in problems[:3])})"
 
 
-def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[dict]:
+def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[replies.LoadReply]:
     from .cluster import RankDied
 
     try:
@@ -190,7 +191,7 @@ def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[dict]:
 
 
 def _verify_on_ranks(rs, folder: str) -> builtins.list[Problem]:
-    return [Problem(**d) for d in rs.apply(rpc.handle, rpc.VerifyCheckpoint(folder=folder))[0]]
+    return builtins.list(rs.apply(rpc.handle, rpc.VerifyCheckpoint(folder=folder))[0].problems)
 
 
 def verify(which: str | int = "latest", *, root: str | None = None, rankset=None) -> dict:
@@ -289,12 +290,12 @@ def export(
         )
     path = os.path.abspath(path)
     if rankset is not None or api.is_running():
-        return _rs(rankset).apply(
+        reply = _rs(rankset).apply(
             rpc.handle, rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf), ranks=[0]
         )[0]
-    return rpc.ExportWeights(
-        folder=folder, path=path, dtype=dtype, hf=hf
-    ).run()  # no ranks: in this process (imports torch)
+    else:  # no ranks: in this process (imports torch)
+        reply = rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf).run()
+    return reply.to_dict()
 
 
 def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str | None = None, rankset=None):
@@ -310,8 +311,8 @@ def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str
         rs.apply(rpc.handle, rpc.SetAutosave(root=get_dir(root), every=every, keep=keep, async_=async_))
     # on a trainer (running or not) the hook changes at one agreed step on every rank:
     # staged everywhere first, then committed (a new Trainer picks it up by itself)
-    version = max(v for v in rs.apply(rpc.handle, rpc.NextVersion()))
-    if any(rs.apply(rpc.handle, rpc.StageAutosave(version=version))):
+    version = max(r.version for r in rs.apply(rpc.handle, rpc.NextVersion()))
+    if any(r.staged for r in rs.apply(rpc.handle, rpc.StageAutosave(version=version))):
         rs.apply(rpc.handle, rpc.CommitTrainer(version=version))
     return sess.autosave
 

@@ -18,8 +18,8 @@ def plan_live(*, batch_size: int = 8, hardware: str = "h100", show: bool = True)
     """
     from ..planner.report import plan
 
-    censuses = api.current().apply(rpc.handle, rpc.Census(batch_size=batch_size))
-    if not censuses or not censuses[0].get("model_config"):
+    censuses = [r.record() for r in api.current().apply(rpc.handle, rpc.Census(batch_size=batch_size))]
+    if not censuses or not censuses[0]["model_config"]:
         raise ValueError("the ranks' model carries no GPTConfig/MoEConfig (model.cfg); the planner needs its shape")
     c0 = censuses[0]
     model = model_spec_from_config(c0["model_config"], seq_len=c0["batch_shape"][1])

@@ -58,9 +58,9 @@ def profile(steps: int = 3, *, ranks=None, out: str | None = None, timeout: floa
     deadline = time.monotonic() + timeout
     while True:
         states = rs.apply(rpc.handle, rpc.Profile(action="status"), ranks=sel)
-        if all(s["done"] for s in states):
+        if all(s.done for s in states):
             break
-        stuck = [r for r, s in zip(sel, states) if not s["done"] and s["trainer_state"] not in ("running", None)]
+        stuck = [r for r, s in zip(sel, states) if not s.done and s.trainer_state not in ("running", None)]
         if stuck or time.monotonic() > deadline:
             rs.apply(rpc.handle, rpc.Profile(action="cancel"), ranks=sel)
             why = (
@@ -95,15 +95,15 @@ def _folder(out: str | None) -> pathlib.Path:
 def _gather(rs, sel, states, folder) -> Profile:
     from .dashboard.profile_figure import load_trace, profile_figure, summary_table, top_ops
 
-    errors = [f"rank {r}: {s['error']}" for r, s in zip(sel, states) if s["error"]]
+    errors = [f"rank {r}: {s.error}" for r, s in zip(sel, states) if s.error]
     if errors:
         raise RuntimeError("profile failed: " + "; ".join(errors))
     files = {}
     for r, s in zip(sel, states):
-        path = pathlib.Path(s["path"])
+        path = pathlib.Path(s.path)
         if not path.exists():  # a rank on another host wrote it there: bring it here
             path = folder / f"rank{r}.trace.json"
-            path.write_bytes(rs.apply(rpc.handle, rpc.Profile(action="read"), ranks=[r])[0])
+            path.write_bytes(rs.apply(rpc.handle, rpc.Profile(action="read"), ranks=[r])[0].data)
         files[r] = str(path)
     traces = {r: load_trace(p) for r, p in files.items()}
     return Profile(

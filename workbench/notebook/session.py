@@ -73,6 +73,7 @@ class Sessions:
         self.pinned: Session | None = None  # a set made outside start(), current for a while (`using`)
         self.loose: dict[int, Session] = {}  # sessions of rank sets made outside start() (tests, scripts)
         self.listeners: dict[str, list] = {"started": [], "stopping": [], "check": [], "queued": [], "abandoned": []}
+        self.overlays: dict[tuple[str, ...], object] = {}  # live dashboards of several sessions, by names
 
     def current(self) -> Session | None:
         if self.pinned is not None:

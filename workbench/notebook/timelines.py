@@ -18,9 +18,9 @@ def records(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None)
         raise ValueError(f"steps must be at least 1, got {steps}")
     rs = rankset if rankset is not None else api.current()
     return [
-        rec
+        rec.to_dict()
         for per_rank in rs.apply(rpc.handle, rpc.RecentSteps(steps=int(steps), run_id=run), ranks=ranks)
-        for rec in per_rank
+        for rec in per_rank.records
     ]
 
 
@@ -34,7 +34,7 @@ def timeline(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None
 def pipeline_runs(*, rankset=None) -> list[dict]:
     """Every stage's latest pipeline step as it ran (see ``PipelinePrepared.last_run``)."""
     rs = rankset if rankset is not None else api.current()
-    return rs.apply(rpc.handle, rpc.PipelineRun())
+    return [run.to_dict() for run in rs.apply(rpc.handle, rpc.PipelineRun())]
 
 
 def pipeline_schedule(*, rankset=None):

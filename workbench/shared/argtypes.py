@@ -18,6 +18,7 @@ __all__ = [
     "non_negative_float",
     "seconds",
     "rank_selection",
+    "session_names",
     "MODEL_SIZES",
 ]
 
@@ -97,6 +98,14 @@ def rank_selection(text: str) -> str:
     if not _RANKS.match(text):
         raise argparse.ArgumentTypeError(f"expected ranks like 'all', 2, 0,2 or 1-3, got {text!r}")
     return text.strip()
+
+
+def session_names(text: str) -> tuple[str, ...]:
+    """``ddp,fsdp``: session names, comma-separated; whether they exist is the kernel's to say."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not text.strip() or not all(names):
+        raise argparse.ArgumentTypeError(f"expected session names like ddp,fsdp, got {text!r}")
+    return tuple(dict.fromkeys(names))
 
 
 # what help and usage lines call a value of each kind (`--timeout S`, not `--timeout TIMEOUT`)

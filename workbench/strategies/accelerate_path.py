@@ -45,21 +45,20 @@ ACCELERATE_ENV = (
 def reset_accelerate_state() -> None:
     """Forget every Accelerate singleton and the environment its plugins set (safe when none exists)."""
     import os
+    import sys
 
     for key in ACCELERATE_ENV:
         os.environ.pop(key, None)
-    try:
+    # the singletons live in those modules: never imported here, there is nothing to forget
+    # (importing accelerate and transformers only to reset them cost a fresh rank seconds)
+    if "accelerate.state" in sys.modules:
         from accelerate.state import AcceleratorState, GradientState
-    except ImportError:  # pragma: no cover
-        return
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    try:  # transformers keeps the last DeepSpeed config in a module-level weak reference
-        from transformers.integrations import deepspeed as hf_deepspeed
 
-        hf_deepspeed.unset_hf_deepspeed_config()
-    except (ImportError, AttributeError):
-        pass
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    hf_deepspeed = sys.modules.get("transformers.integrations.deepspeed")
+    if hf_deepspeed is not None and hasattr(hf_deepspeed, "unset_hf_deepspeed_config"):
+        hf_deepspeed.unset_hf_deepspeed_config()  # transformers' last DeepSpeed config (a module-level weakref)
 
 
 def choose_path(spec, device_type: str) -> tuple[str, str]:

@@ -70,13 +70,13 @@ def _prepare(args, shell):
         ),
         ranks=[0],
     )[0]
-    if probe["missing"]:
+    if probe.missing:
         raise UsageError(
-            f"no variable {' or '.join(probe['missing'])} on rank 0: build the model and "
+            f"no variable {' or '.join(probe.missing)} on rank 0: build the model and "
             f"optimizer (or a factory `lambda params: ...`) in a %%distrain cell first"
         )
-    if probe["error"]:
-        raise WorkbenchError(f"{probe['error']} (nothing was changed on the ranks)")
+    if probe.error:
+        raise WorkbenchError(f"{probe.error} (nothing was changed on the ranks)")
     rs.push({"_workbench_spec": spec})
     try:
         api.run(
@@ -88,7 +88,7 @@ def _prepare(args, shell):
         )
     finally:
         rs.execute("globals().pop('_workbench_spec', None); globals().pop('_wb_engine', None)")
-    layouts = rs.apply(rpc.handle, rpc.Layout())
+    layouts = [lay.to_dict() for lay in rs.apply(rpc.handle, rpc.Layout())]
     print(layout_summary(layouts))
     return None
 
@@ -123,7 +123,7 @@ def _layout_args(p) -> None:
 def _show_layout(args, shell):
     from ..dashboard.layout_figure import layout_figure, tensor_figure
 
-    layouts = api.current().apply(rpc.handle, rpc.Layout())
+    layouts = [lay.to_dict() for lay in api.current().apply(rpc.handle, rpc.Layout())]
     if args.tensor:
         try:
             return tensor_figure(layouts, args.tensor)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ast
 
-from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds
+from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds, session_names
 from .. import api, training
+from ..session import UnknownSession
 from . import UsageError, command
 
 
@@ -161,12 +162,31 @@ def _start(args):
 def _dashboard_args(p) -> None:
     p.add_argument("--export", default=None, metavar="PATH", help="write a standalone HTML file instead")
     p.add_argument("--run", default=None, help="show this run (default: follow the latest)")
+    p.add_argument(
+        "--sessions",
+        type=session_names,
+        default=None,
+        metavar="A,B",
+        help="overlay the latest runs of these named sessions in one live dashboard",
+    )
 
 
 @command("dashboard", "live plots and controls of the training run (--export PATH for HTML)", _dashboard_args)
 def _dashboard(args, shell):
     from ..dashboard import dashboard
 
+    if args.sessions is not None:
+        for flag, value in (("--run", args.run), ("--export", args.export)):
+            if value is not None:
+                raise UsageError(
+                    f"{flag} goes with one session's dashboard, not with --sessions (which follows each "
+                    "session's latest run live); for a file of both: workbench.compare(...).write_html(PATH)"
+                )
+        try:
+            dashboard(sessions=args.sessions)
+        except UnknownSession as exc:
+            raise UsageError(str(exc)) from None
+        return None
     dash = dashboard(run=args.run, show=args.export is None)
     if args.export:
         path = dash.export_html(args.export)

@@ -266,8 +266,23 @@ class Dashboard:
         return str(path)
 
 
-def dashboard(rankset=None, *, run: str | None = None, show: bool = True, interval: float = 0.5) -> Dashboard:
-    """The live dashboard of the current ranks (the same one when called again)."""
+def dashboard(
+    rankset=None, *, run: str | None = None, show: bool = True, interval: float = 0.5, sessions=None
+) -> Dashboard:
+    """The live dashboard of the current ranks (the same one when called again).
+
+    ``sessions``: names of named sessions (``["ddp", "fsdp"]``): one live dashboard of all
+    their latest runs, each trace named by its session (an :class:`overlay.Overlay`).
+    """
+    if sessions is not None:
+        if rankset is not None or run is not None:
+            raise ValueError(
+                "sessions= shows the latest run of each named session; rankset= and run= choose one "
+                "session's dashboard: pass one or the other"
+            )
+        from .overlay import overlay
+
+        return overlay(sessions, show=show, interval=interval)
     rs = rankset if rankset is not None else api.current()
     sess = session.of(rs)
     dash = sess.dashboard

@@ -1,0 +1,220 @@
+"""The live dashboard of several named sessions at once (``workbench.dashboard(sessions=[...])``,
+``%distrain dashboard --sessions ddp,fsdp``): the same panels as one session's dashboard, each
+session's latest run drawn into them with its traces named by the session, redrawn as they train.
+
+The loss panel holds one line per session (its data-parallel mean, in the session's colour),
+so two layouts read as one comparison, as :func:`workbench.compare` draws once; the other panels
+hold each session's lines under ``"<session> <line>"``, step-time phases as lines (stacked bars
+of two sessions would add them up). A status line per session says where each run is. The
+overlay reads the sessions' event stores, never the ranks, so a session stopped meanwhile
+keeps its last lines while the others go on; it stops redrawing once none of them runs.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+from .. import api, session, stream
+from . import figures
+from .widget import view_busy
+
+__all__ = ["Overlay", "overlay"]
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+class Overlay:
+    """One live figure of the latest runs of ``names`` (named sessions of this kernel)."""
+
+    SYNC_EVERY = 5.0
+    VIEW_TIMEOUT = 3.0
+
+    def __init__(self, names, *, interval: float = 0.5, live: bool = True):
+        import ipywidgets as w
+
+        from . import _import_heavy
+
+        self.names = tuple(names)
+        for name in self.names:
+            stream.last_store(name)  # attach a running session's stream here, not in the redraw thread
+        _import_heavy()
+        self.colours = {n: COLOURS[i % len(COLOURS)] for i, n in enumerate(self.names)}
+        self.figure = figures.make_figure(widget=True)
+        for name in self.names:  # the loss lines exist from the start (see figures.make_figure)
+            self.figure.add_trace(figures._trace("loss", name, [], [], {"width": 3, "color": self.colours[name]}))
+        self.figure.update_layout(title={"text": "sessions: " + ", ".join(self.names), "x": 0.01})
+        self.status = w.HTML()
+        self.interval = interval
+        self.redraws = 0
+        self._versions: tuple = ()
+        self._synced = 0.0
+        self._sync_pending = False
+        self._box = None
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._thread = None
+        if live:
+            self._thread = threading.Thread(target=self._loop, name="workbench-overlay", daemon=True)
+            self._thread.start()
+
+    # ---------------------------------------------------------------- drawing
+    def stores(self) -> dict:
+        """name -> the session's event store (None before its stream was ever attached)."""
+        return {n: session.KERNEL.get(n).store for n in self.names}
+
+    def lines(self) -> dict[str, list[tuple]]:
+        """panel -> [(trace name, xs, ys, style)] of every session's latest run."""
+        out: dict[str, list[tuple]] = {key: [] for key in figures.PANEL_KEYS}
+        for name, store in self.stores().items():
+            run = store.latest_run() if store is not None else None
+            if run is None:
+                continue
+            for panel, traces in figures.lines_for(store, run).items():
+                for line, xs, ys, style in traces:
+                    if panel == "loss":
+                        if line == "mean":
+                            out["loss"].append((name, xs, ys, {"width": 3, "color": self.colours[name]}))
+                        continue
+                    style = {"width": 1} if style.get("bar") else style
+                    if panel == "grad_norm":
+                        style = {"width": 2, "color": self.colours[name]}
+                    out[panel].append((f"{name} {line}", xs, ys, style))
+        return out
+
+    def refresh(self) -> bool:
+        """Redraw now if any session's store changed since the last redraw; True when it redrew."""
+        with self._lock:
+            return self._refresh(paced=False)
+
+    def _refresh(self, paced: bool) -> bool:
+        stores = self.stores()
+        versions = tuple((id(s), s.version) if s is not None else None for s in stores.values())
+        if versions == self._versions:
+            return False
+        self.status.value = self.status_html(stores)
+        if paced and view_busy(self.figure, self.VIEW_TIMEOUT):
+            return False
+        self._versions = versions
+        added = figures.draw(self.figure, self.lines())
+        if added or time.monotonic() - self._synced >= self.SYNC_EVERY:
+            self.sync()
+        else:
+            self._sync_pending = True
+        self.redraws += 1
+        return True
+
+    def sync(self) -> None:
+        with self._lock:
+            self._sync_pending = False
+            self._synced = time.monotonic()
+            figures.sync(self.figure)
+
+    def panel(self, key: str) -> list:
+        """The traces of one panel (``figures.PANEL_KEYS``)."""
+        if key not in figures.PANEL_KEYS:
+            raise KeyError(f"no dashboard panel {key!r}; the panels are {', '.join(figures.PANEL_KEYS)}")
+        return figures.panel_traces(self.figure, key)
+
+    def status_html(self, stores: dict) -> str:
+        """One line per session: its run, step, state, latest loss and throughput."""
+        rows = []
+        for name, store in stores.items():
+            run = store.latest_run() if store is not None else None
+            head = f"<b style='color:{self.colours[name]}'>{html.escape(name)}</b>"
+            if run is None:
+                rows.append(f"{head} · no run yet")
+                continue
+            last = store.last_steps(run)
+            states = ", ".join(sorted({e["state"] for e in store.run_state(run).values()})) or "starting"
+            loss = store.last(run, "loss", min(last)) if last else None
+            tps = sum(v for r in last if (v := store.last(run, "tps", r)) is not None)
+            running = session.KERNEL.get(name).running
+            rows.append(
+                " · ".join(
+                    [
+                        head,
+                        html.escape(run),
+                        f"step {max(last.values()) if last else 0}",
+                        f"<b>{html.escape(states)}</b>" + ("" if running else " (ranks stopped)"),
+                        f"loss {loss:.4g}" if loss is not None else "loss -",
+                        f"{tps:,.0f} tokens/s",
+                    ]
+                )
+            )
+        return "<br>".join(rows)
+
+    def _loop(self) -> None:
+        from ..background import lower_this_thread
+
+        lower_this_thread()
+        while not self._closed.wait(self.interval):
+            try:
+                with self._lock:
+                    redrew = self._refresh(paced=True)
+                if not redrew and self._sync_pending and not view_busy(self.figure, self.VIEW_TIMEOUT):
+                    self.sync()
+            except Exception as exc:  # keep drawing; say what went wrong
+                self.status.value += f"<br><span style='color:#c33'>redraw failed: {html.escape(str(exc))}</span>"
+
+    # ---------------------------------------------------------------- showing
+    @property
+    def widget(self):
+        import ipywidgets as w
+
+        if self._box is None:
+            self._box = w.VBox([self.status, self.figure])
+        return self._box
+
+    def show(self) -> Overlay:
+        from IPython.display import display
+
+        self.refresh()
+        self.sync()
+        display(self.widget)
+        return self
+
+    def _ipython_display_(self):
+        self.show()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(2 * self.interval + 1)
+        self.refresh()
+        self.sync()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+
+def overlay(names, *, show: bool = True, interval: float = 0.5) -> Overlay:
+    """The live overlay of the named sessions ``names`` (the same one when asked again)."""
+    names = tuple(dict.fromkeys([names] if isinstance(names, str) else names))
+    if not names:
+        raise ValueError("name the sessions to overlay, e.g. sessions=['ddp', 'fsdp']")
+    for name in names:
+        session.KERNEL.get(name)  # an unknown name: the error lists the sessions there are
+    over = session.KERNEL.overlays.get(names)
+    if over is None or over.closed:
+        over = session.KERNEL.overlays[names] = Overlay(names, interval=interval)
+    if show:
+        over.show()
+    return over
+
+
+def _stopping(rankset) -> None:
+    """A session stops: its overlays draw its last events; one with no session left running ends."""
+    stopping = session.of(rankset).name
+    for names, over in list(session.KERNEL.overlays.items()):
+        if stopping not in names:
+            continue
+        over.refresh()
+        if not any(session.KERNEL.get(n).running for n in names if n != stopping):
+            over.close()
+            del session.KERNEL.overlays[names]
+
+
+api.on("stopping", _stopping)
