@@ -96,6 +96,12 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarde
     return kwargs
 
 
+def forking_cmd(n: int, exit_dir: str) -> list[str]:
+    """One process on this host that imports torch once and forks the ``n`` ranks
+    (``workbench.engine.preload``); it writes each rank's exit status into ``exit_dir``."""
+    return [sys.executable, "-m", "workbench.engine.preload", "--ranks", str(n), "--exit-dir", exit_dir]
+
+
 def _quiet_logger():
     import logging
 

@@ -123,6 +123,7 @@ class RankSet:
         self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
         self.listen_ip = "127.0.0.1"  # where the controller, event stream and lifeline listen
         self.lifeline = None
+        self.exit_dir: str | None = None  # local ranks forked by one process: their exit statuses
         self.job_id: str | None = None  # slurm
         self.nodes: tuple[str, ...] = ()
         self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
@@ -334,7 +335,12 @@ class RankSet:
         self.cluster = ipp.Cluster(**kwargs)
         self.cluster.start_controller_sync()
         self.started_pids.extend(self._controller_pids())
-        self.cluster.start_engines_sync()
+        if cfg.launcher == "local" and not cfg.launcher_options:
+            # one process imports torch and forks the ranks (launchers.forking_cmd)
+            self.exit_dir = os.path.join(self.state_dir(), "exits")
+            self.cluster.start_engines_sync(1, engine_cmd=launchers.forking_cmd(cfg.n, self.exit_dir))
+        else:
+            self.cluster.start_engines_sync()
         self.started_pids.extend(self._launcher_pids())
         self.client = self.cluster.connect_client_sync()
         self.client.wait_for_engines(cfg.n, timeout=max(60, 10 * cfg.n), block=True, interactive=False)
@@ -426,7 +432,10 @@ class RankSet:
             pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
         self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]
         lprocs = self._launcher_procs()
-        self.procs = [health.RankProcess(r, d["host"], d["pid"], lprocs.get(d["pid"])) for r, d in enumerate(idents)]
+        self.procs = [
+            health.RankProcess(r, d["host"], d["pid"], lprocs.get(d["pid"]), exit_dir=self.exit_dir)
+            for r, d in enumerate(idents)
+        ]
         local_pids = [p.pid for p in self.procs if p.local]
         self.started_pids = sorted(set(self.started_pids) | set(health.process_tree(local_pids)))
         self.watcher = health.Watcher(self.procs)
