@@ -381,7 +381,14 @@ class RankSet:
 
         cfg = self.config
         ids = sorted(self.client.ids)[: cfg.n]
-        idents = self.client[ids].apply_async(runtime.identity, self.listen_ip).get(timeout=60)
+        here = socket.gethostname()
+        if self.exit_dir is not None:
+            # forked on this host by one process (launchers.forking_cmd): nothing to ask them;
+            # ranks follow engine ids, and each rank's pid comes back from its bootstrap
+            local = {"host": here, "pid": None, "addr": "127.0.0.1", "slot": None}
+            idents = [{**local, "launcher_rank": None, "launcher_local_rank": None} for _ in ids]
+        else:
+            idents = self.client[ids].apply_async(runtime.identity, self.listen_ip).get(timeout=60)
         order = sorted(
             range(len(ids)),
             key=lambda i: (
@@ -396,7 +403,10 @@ class RankSet:
         one_host = all(h == master_host for h in hosts)
         # rank 0's address on the route to this notebook: the other hosts reach it the same way
         master_addr = "127.0.0.1" if one_host else idents[0]["addr"]
-        master_port = self.client[self.engine_ids[0]].apply_sync(runtime.free_port)
+        if one_host and master_host == here:
+            master_port = network.free_port()  # rank 0 is on this host: no round trip to ask it
+        else:
+            master_port = self.client[self.engine_ids[0]].apply_sync(runtime.free_port)
         remote_launch = cfg.remote_launch()
         # Slurm/SSH: each rank pins from the GPUs its own host (and Slurm) makes visible to it
         backend, gpu_ids = cfg.backend, []
@@ -426,11 +436,12 @@ class RankSet:
                 sys_path=[os.getcwd(), *cfg.sys_path],
                 # ranks on this host end themselves (rank 0 the controller too) should the
                 # notebook process die without stopping them
-                parent_pid=os.getpid() if hosts[rank] == socket.gethostname() else None,
-                also_end=controller if rank == 0 and hosts[rank] == socket.gethostname() else None,
+                parent_pid=os.getpid() if hosts[rank] == here else None,
+                also_end=controller if rank == 0 and hosts[rank] == here else None,
             )
             pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
         self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]
+        idents = [{**d, "host": i["host"], "pid": i["pid"]} for d, i in zip(idents, self.info)]
         lprocs = self._launcher_procs()
         self.procs = [
             health.RankProcess(r, d["host"], d["pid"], lprocs.get(d["pid"]), exit_dir=self.exit_dir)
