@@ -123,7 +123,8 @@ class RankSet:
         self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
         self.listen_ip = "127.0.0.1"  # where the controller, event stream and lifeline listen
         self.lifeline = None
-        self.exit_dir: str | None = None  # local ranks forked by one process: their exit statuses
+        self.forked: launchers.ForkedRanks | None = None  # local ranks: the process that forks them
+        self.exit_dir: str | None = None  # where it writes their exit statuses
         self.job_id: str | None = None  # slurm
         self.nodes: tuple[str, ...] = ()
         self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
@@ -326,24 +327,41 @@ class RankSet:
                 self.watcher.mark_dead(p.rank, health.describe_exit(code), exit_code=code)
 
     def _launch(self) -> None:
+        cfg = self.config
+        if cfg.launcher == "local" and not cfg.launcher_options:
+            # first of all, the process that imports torch and forks the ranks: its imports
+            # then overlap with ipyparallel's in this process and with the controller's start
+            self.forked = launchers.ForkedRanks(cfg.n)
+            self.started_pids.append(self.forked.pid)
         import ipyparallel as ipp
 
-        cfg = self.config
         kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, options=cfg.launcher_options)
         if cfg.profile_dir:
             kwargs["profile_dir"] = cfg.profile_dir
         self.cluster = ipp.Cluster(**kwargs)
         self.cluster.start_controller_sync()
         self.started_pids.extend(self._controller_pids())
-        if cfg.launcher == "local" and not cfg.launcher_options:
-            # one process imports torch and forks the ranks (launchers.forking_cmd)
+        if self.forked is not None:
             self.exit_dir = os.path.join(self.state_dir(), "exits")
-            self.cluster.start_engines_sync(1, engine_cmd=launchers.forking_cmd(cfg.n, self.exit_dir))
+            self.forked.setup(self.cluster, kwargs["config"].EngineLauncher.engine_args, self.exit_dir)
         else:
             self.cluster.start_engines_sync()
-        self.started_pids.extend(self._launcher_pids())
+            self.started_pids.extend(self._launcher_pids())
         self.client = self.cluster.connect_client_sync()
-        self.client.wait_for_engines(cfg.n, timeout=max(60, 10 * cfg.n), block=True, interactive=False)
+        deadline = time.monotonic() + max(60, 10 * cfg.n)
+        while True:
+            try:
+                self.client.wait_for_engines(cfg.n, timeout=0.25, block=True, interactive=False)
+                break
+            except TimeoutError:
+                if self.forked is not None and self.forked.ended() is not None:
+                    raise RuntimeError(
+                        f"the process that starts the ranks ended (exit {self.forked.ended()}) before "
+                        f"{cfg.n - len(self.client.ids)} of {cfg.n} ranks registered; its output:\n"
+                        + self.forked.output()
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise
         # registered: from now on the controller only routes, and gives way to the ranks
         background.lower_processes(self._controller_pids())
 
@@ -643,6 +661,8 @@ class RankSet:
         if self.job_id:
             slurm.wait_until_gone(self.job_id)
         self.stopped = True
+        if self.forked is not None:
+            self.forked.close()
         return health.end_pids(pids, grace=1.0)
 
     def _forget_ssh_engines(self) -> None:
