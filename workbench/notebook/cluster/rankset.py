@@ -348,7 +348,8 @@ class RankSet:
             self.cluster.start_engines_sync()
             self.started_pids.extend(self._launcher_pids())
         self.client = self.cluster.connect_client_sync()
-        deadline = time.monotonic() + max(60, 10 * cfg.n)
+        limit = max(60, 10 * cfg.n)
+        deadline = time.monotonic() + limit
         while True:
             try:
                 self.client.wait_for_engines(cfg.n, timeout=0.25, block=True, interactive=False)
@@ -361,7 +362,10 @@ class RankSet:
                         + self.forked.output()
                     ) from None
                 if time.monotonic() > deadline:
-                    raise
+                    raise TimeoutError(
+                        f"{len(self.client.ids)} of {cfg.n} ranks registered within {limit} s"
+                        + (f"; the ranks' output:\n{self.forked.output()}" if self.forked is not None else "")
+                    ) from None
         # registered: from now on the controller only routes, and gives way to the ranks
         background.lower_processes(self._controller_pids())
 
