@@ -131,3 +131,23 @@ def test_helpers_give_way_to_the_ranks(ranks2):
 
     stream.attach(ranks2)  # the ranks' event senders connect
     assert ranks2.apply(on_rank) == [(baseline, baseline)] * 2
+
+
+def _parent_and_draws():
+    import os
+    import random
+
+    import numpy as np
+
+    return os.getppid(), float(np.random.random()), random.random()
+
+
+def test_local_ranks_are_forked_by_one_process_yet_draw_their_own_random_numbers(ranks2):
+    """Local ranks share one torch import (forked by ``workbench.engine.preload``); a fork
+    must not leave them with one random state, as separate processes never had."""
+    import os
+
+    rows = ranks2.apply(_parent_and_draws)
+    assert {r[0] for r in rows} == {ranks2.forked.pid} and ranks2.forked.pid != os.getpid()
+    assert rows[0][1] != rows[1][1], "numpy's global random state is shared by the forks"
+    assert rows[0][2] != rows[1][2], "random's state is shared by the forks"

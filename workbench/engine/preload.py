@@ -1,20 +1,103 @@
-"""Entry point of a rank on this host: ``python -m workbench.engine.preload [ipengine args]``.
+"""Entry point of ranks on this host: ``python -m workbench.engine.preload [--ranks N] [ipengine args]``.
 
-Imports torch first, then runs ipyparallel's engine. The engine would otherwise sit idle
-while the controller writes its connection file and only then import torch (the longest
-step of a rank's start); this way the two overlap.
+Imports torch and ipyparallel's engine first, then runs the engine. The engine would
+otherwise sit idle while the controller writes its connection file and only then import
+torch (the longest step of a rank's start); this way the two overlap.
+
+With ``--ranks N`` this process imports once and forks N engines (the ranks), then stays
+as their parent: it reaps each and writes its exit status to ``<exit_dir>/<pid>`` for the
+notebook, which watches the ranks by pid but is not their parent. N ranks importing torch
+each cost N times the CPU of one import, and on a machine with fewer cores than ranks that
+is most of the start-up. Nothing in the import starts a thread or touches CUDA, so the
+forks are as fresh as a new process. The notebook starts this process before it has even
+imported ipyparallel, so it sends the rest as one JSON line on stdin once it knows it:
+``env`` (the cluster to join), ``engine_args``, ``exit_dir`` and ``log`` (the ranks' output).
 """
 
 from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
 
 import torch  # noqa: F401
 import torch.distributed  # noqa: F401
 
 
+def own_args(argv: list[str]) -> tuple[int | None, list[str]]:
+    """``--ranks N`` taken out of the engine's arguments."""
+    if "--ranks" not in argv:
+        return None, argv
+    i = argv.index("--ranks")
+    try:
+        ranks = int(argv[i + 1])
+    except (IndexError, ValueError):
+        ranks = 0
+    if ranks < 1:
+        raise SystemExit(f"--ranks needs a whole number of ranks >= 1: {' '.join(argv)}")
+    return ranks, argv[:i] + argv[i + 2 :]
+
+
 def main() -> None:
+    ranks, rest = own_args(sys.argv[1:])
     from ipyparallel.engine.app import main as engine_main
 
-    engine_main()
+    if ranks is None:
+        sys.argv = [sys.argv[0], *rest]
+        engine_main()
+        return
+    # interrupts are for the ranks (sent by pid); a Ctrl-C to the process group must not
+    # end the parent that reports their exits
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit("no setup line on stdin: the notebook gave up on this start")
+    setup = json.loads(line)
+    os.environ.update(setup["env"])
+    sys.argv = [sys.argv[0], *rest, *setup["engine_args"]]
+    os.makedirs(setup["exit_dir"], exist_ok=True)
+    log = os.open(setup["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    pids = []
+    for _ in range(ranks):
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _reseed()
+            engine_main()
+            return
+        pids.append(pid)
+    _reap(set(pids), setup["exit_dir"])
+    # nothing to tidy here; a normal exit would spend seconds tearing down torch's modules
+    os._exit(0)
+
+
+def _reseed() -> None:
+    """A fork shares its parent's random state: give each rank its own, as a new process has.
+    (``random`` reseeds itself at fork; torch's default generator has a fixed seed anyway.)"""
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _reap(pids: set[int], exit_dir: str) -> None:
+    """Wait for every rank; write each one's exit status (negative: the signal) as soon as it ends."""
+    while pids:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        pids.discard(pid)
+        tmp = os.path.join(exit_dir, f".{pid}")
+        with open(tmp, "w") as f:
+            f.write(str(os.waitstatus_to_exitcode(status)))
+        os.replace(tmp, os.path.join(exit_dir, str(pid)))
 
 
 if __name__ == "__main__":

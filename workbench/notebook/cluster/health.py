@@ -35,12 +35,14 @@ def describe_exit(code: int | None) -> str:
 class RankProcess:
     """One rank's process as seen from the notebook (only when on this host)."""
 
-    def __init__(self, rank: int, host: str, pid: int, launcher_proc=None):
+    def __init__(self, rank: int, host: str, pid: int, launcher_proc=None, exit_dir: str | None = None):
         self.rank = rank
         self.host = host
         self.pid = pid
         self.local = host == socket.gethostname()
         self._launcher_proc = launcher_proc  # psutil.Process held by ipyparallel's launcher
+        # ranks forked by ``workbench.engine.preload``: their parent writes the status here
+        self._exit_file = os.path.join(exit_dir, str(pid)) if exit_dir else None
         self._proc = None
         if self.local:
             try:
@@ -74,10 +76,19 @@ class RankProcess:
         same psutil object; give it ``patience`` seconds to do so before reaping here.
         """
         proc = self._launcher_proc or self._proc
-        if proc is None:
+        if proc is None and self._exit_file is None:
             return None
         deadline = time.monotonic() + patience
         while True:
+            if self._exit_file is not None:
+                try:
+                    with open(self._exit_file) as f:
+                        return int(f.read())
+                except (OSError, ValueError):
+                    if time.monotonic() >= deadline:
+                        return None
+                    time.sleep(0.02)
+                    continue
             code = getattr(proc, "_exitcode", None)
             if isinstance(code, int):
                 return int(code)

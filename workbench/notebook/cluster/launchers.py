@@ -105,6 +105,70 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarde
     return kwargs
 
 
+class ForkedRanks:
+    """The one process that imports torch and forks the ranks on this host
+    (``workbench.engine.preload --ranks N``).
+
+    Started before the notebook imports ipyparallel, so that its imports overlap with the
+    notebook's and the controller's; :meth:`setup` then tells it the cluster to join. Until
+    then its output goes to a temporary file that :meth:`output` reads back if it fails.
+    """
+
+    def __init__(self, n: int):
+        import subprocess
+        import tempfile
+
+        self.n = n
+        self._early = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workbench.engine.preload", "--ranks", str(n)],
+            stdin=subprocess.PIPE,
+            stdout=self._early,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # like ipyparallel's launchers: no signal from the notebook's group
+        )
+        self.pid = self.proc.pid
+        self.exit_dir: str | None = None
+        self.log: str | None = None
+
+    def setup(self, cluster, engine_args: list[str], exit_dir: str) -> None:
+        """Join ``cluster``; ranks log to ipyparallel's engine log and exits go to ``exit_dir``."""
+        import json
+
+        self.exit_dir = exit_dir
+        self.log = os.path.join(cluster.profile_dir, "log", f"ipengine-{cluster.cluster_id}-ranks.log")
+        os.makedirs(os.path.dirname(self.log), exist_ok=True)
+        line = {
+            "env": {"IPP_CLUSTER_ID": cluster.cluster_id, "IPP_PROFILE_DIR": cluster.profile_dir},
+            "engine_args": list(engine_args),
+            "exit_dir": exit_dir,
+            "log": self.log,
+        }
+        try:
+            self.proc.stdin.write((json.dumps(line) + "\n").encode())
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it has ended: the wait for the ranks says so, with its output
+
+    def ended(self) -> int | None:
+        return self.proc.poll()
+
+    def output(self, limit: int = 2000) -> str:
+        """What it printed (before and after :meth:`setup`), the last ``limit`` characters."""
+        self._early.seek(0)
+        text = self._early.read().decode(errors="replace")
+        if self.log and os.path.exists(self.log):
+            with open(self.log, errors="replace") as f:
+                text += f.read()
+        return text[-limit:]
+
+    def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # a process still waiting for its setup ends
+        self.proc.poll()
+        self._early.close()
+
+
 def _quiet_logger():
     import logging
 

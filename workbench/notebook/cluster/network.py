@@ -87,3 +87,10 @@ def listen_address(ip: str | None, remote_hosts: list[str]) -> str:
     if not remote_hosts:
         return "127.0.0.1"
     return toward(remote_hosts[0])
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (asked of the kernel), for ranks on this host."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -126,6 +126,8 @@ class RankSet:
         # (pid, start time) of the controller, which leads its own session: the scheduler
         # processes it forks stay in that session after it is gone (RankSet.stop)
         self._controller_session: tuple[int, float] | None = None
+        self.forked: launchers.ForkedRanks | None = None  # local ranks: the process that forks them
+        self.exit_dir: str | None = None  # where it writes their exit statuses
         self.job_id: str | None = None  # slurm
         self.nodes: tuple[str, ...] = ()
         self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
@@ -338,19 +340,45 @@ class RankSet:
                 self.watcher.mark_dead(p.rank, health.describe_exit(code), exit_code=code)
 
     def _launch(self) -> None:
+        cfg = self.config
+        if cfg.launcher == "local" and not cfg.launcher_options:
+            # first of all, the process that imports torch and forks the ranks: its imports
+            # then overlap with ipyparallel's in this process and with the controller's start
+            self.forked = launchers.ForkedRanks(cfg.n)
+            self.started_pids.append(self.forked.pid)
         import ipyparallel as ipp
 
-        cfg = self.config
         kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, options=cfg.launcher_options)
         if cfg.profile_dir:
             kwargs["profile_dir"] = cfg.profile_dir
         self.cluster = ipp.Cluster(**kwargs)
         self.cluster.start_controller_sync()
         self._note_controller()
-        self.cluster.start_engines_sync()
-        self.started_pids.extend(self._launcher_pids())
+        if self.forked is not None:
+            self.exit_dir = os.path.join(self.state_dir(), "exits")
+            self.forked.setup(self.cluster, kwargs["config"].EngineLauncher.engine_args, self.exit_dir)
+        else:
+            self.cluster.start_engines_sync()
+            self.started_pids.extend(self._launcher_pids())
         self.client = self.cluster.connect_client_sync()
-        self.client.wait_for_engines(cfg.n, timeout=max(60, 10 * cfg.n), block=True, interactive=False)
+        limit = max(60, 10 * cfg.n)
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                self.client.wait_for_engines(cfg.n, timeout=0.25, block=True, interactive=False)
+                break
+            except TimeoutError:
+                if self.forked is not None and self.forked.ended() is not None:
+                    raise RuntimeError(
+                        f"the process that starts the ranks ended (exit {self.forked.ended()}) before "
+                        f"{cfg.n - len(self.client.ids)} of {cfg.n} ranks registered; its output:\n"
+                        + self.forked.output()
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{len(self.client.ids)} of {cfg.n} ranks registered within {limit} s"
+                        + (f"; the ranks' output:\n{self.forked.output()}" if self.forked is not None else "")
+                    ) from None
         # registered: from now on the controller only routes, and gives way to the ranks
         background.lower_processes(self._controller_pids())
 
@@ -396,7 +424,14 @@ class RankSet:
 
         cfg = self.config
         ids = sorted(self.client.ids)[: cfg.n]
-        idents = self.client[ids].apply_async(runtime.identity, self.listen_ip).get(timeout=60)
+        here = socket.gethostname()
+        if self.exit_dir is not None:
+            # forked on this host by one process (launchers.forking_cmd): nothing to ask them;
+            # ranks follow engine ids, and each rank's pid comes back from its bootstrap
+            local = {"host": here, "pid": None, "addr": "127.0.0.1", "slot": None}
+            idents = [{**local, "launcher_rank": None, "launcher_local_rank": None} for _ in ids]
+        else:
+            idents = self.client[ids].apply_async(runtime.identity, self.listen_ip).get(timeout=60)
         order = sorted(
             range(len(ids)),
             key=lambda i: (
@@ -411,7 +446,10 @@ class RankSet:
         one_host = all(h == master_host for h in hosts)
         # rank 0's address on the route to this notebook: the other hosts reach it the same way
         master_addr = "127.0.0.1" if one_host else idents[0]["addr"]
-        master_port = self.client[self.engine_ids[0]].apply_sync(runtime.free_port)
+        if one_host and master_host == here:
+            master_port = network.free_port()  # rank 0 is on this host: no round trip to ask it
+        else:
+            master_port = self.client[self.engine_ids[0]].apply_sync(runtime.free_port)
         remote_launch = cfg.remote_launch()
         # Slurm/SSH: each rank pins from the GPUs its own host (and Slurm) makes visible to it
         backend, gpu_ids = cfg.backend, []
@@ -441,13 +479,17 @@ class RankSet:
                 sys_path=[os.getcwd(), *cfg.sys_path],
                 # ranks on this host end themselves (rank 0 the controller too) should the
                 # notebook process die without stopping them
-                parent_pid=os.getpid() if hosts[rank] == socket.gethostname() else None,
-                also_end=controller if rank == 0 and hosts[rank] == socket.gethostname() else None,
+                parent_pid=os.getpid() if hosts[rank] == here else None,
+                also_end=controller if rank == 0 and hosts[rank] == here else None,
             )
             pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
         self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]
+        idents = [{**d, "host": i["host"], "pid": i["pid"]} for d, i in zip(idents, self.info)]
         lprocs = self._launcher_procs()
-        self.procs = [health.RankProcess(r, d["host"], d["pid"], lprocs.get(d["pid"])) for r, d in enumerate(idents)]
+        self.procs = [
+            health.RankProcess(r, d["host"], d["pid"], lprocs.get(d["pid"]), exit_dir=self.exit_dir)
+            for r, d in enumerate(idents)
+        ]
         local_pids = [p.pid for p in self.procs if p.local]
         self.started_pids = sorted(set(self.started_pids) | set(health.process_tree(local_pids)))
         self.watcher = health.Watcher(self.procs)
@@ -646,6 +688,8 @@ class RankSet:
         if self.job_id:
             slurm.wait_until_gone(self.job_id)
         self.stopped = True
+        if self.forked is not None:
+            self.forked.close()
         left = health.end_pids(pids, grace=1.0)
         # A controller stopped within a second of its start may be ended before it has set
         # its signal handlers, while it forks its schedulers: those it forked after the scan
