@@ -42,7 +42,7 @@ from .layout import describe_params, make_layout
 from .meshes import dp_coords, make_mesh
 from .pipeline import PipelinePrepared, check_splittable, keep_stage, make_schedule, stage_blocks
 from .spec import PRESET_DIMS, StrategySpec
-from .tensor_parallel import apply_tp, resolve_tp_plan
+from .tensor_parallel import apply_tp, keep_grad_placements, resolve_tp_plan
 
 __all__ = ["parallelize", "check_layout", "LayoutCheck", "NATIVE_KINDS"]
 
@@ -177,6 +177,8 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     if stage_idx is not None:
         model.to(ctx.device)
         schedule = make_schedule(model, stage_idx, d.pp, ctx.device, mesh.get_group("pp"), s, ctx.loss_fn)
+    if "tp" in names and prepared_cls is not FSDP2Prepared:  # after model.to(), which drops tensor hooks
+        keep_grad_placements(model, ctx.notes)
     opt = build_optimizer(wrapped, optimizer, ctx.notes)
     check_optimizer_matches(model, opt, where=f"rank {ctx.rank}: ")
     dp_rank, dp_size = dp_coords(mesh, ("dp_replicate", "dp_shard"))
