@@ -90,8 +90,15 @@ class MoE(nn.Module):
     def capacity(self, n_tokens: int) -> int:
         return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
 
+    def _local(self, name: str) -> torch.Tensor:
+        """This rank's experts: under ``prepare(..., "ep=N")`` the stacked weights are
+        ``Shard(0)`` DTensors over the ep group; the math runs on their local part."""
+        w = getattr(self, name)
+        return w.to_local() if hasattr(w, "to_local") else w
+
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        return (F.silu(x @ self.w1[e]) * (x @ self.w3[e])) @ self.w2[e]
+        w1, w2, w3 = self._local("w1"), self._local("w2"), self._local("w3")
+        return (F.silu(x @ w1[e]) * (x @ w3[e])) @ w2[e]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
