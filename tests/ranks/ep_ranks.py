@@ -88,3 +88,29 @@ def run(spec: str, steps: int = STEPS, exact: bool = True) -> dict:
         }
     finally:
         p.close()
+
+
+def bad_inputs() -> dict:
+    """``ep=2`` on a model with no experts, and on one whose experts were already split by
+    hand: refused, the model unchanged; then an ``ep=2`` prepare trains."""
+    import layout_ranks as L
+
+    from workbench.models import expert_parallel
+    from workbench.strategies import PrepareError, prepare
+
+    refused = []
+    for model in (L.build("blocks"), expert_parallel(build())):
+        before = {n: q.detach().clone() for n, q in model.named_parameters()}
+        try:
+            prepare(model, lambda ps: torch.optim.AdamW(ps, lr=LR), "ep=2")
+            msg = None
+        except PrepareError as e:
+            msg = str(e)
+        same = all(torch.equal(q, before[n]) for n, q in model.named_parameters())
+        refused.append((msg, same and not getattr(model, "_workbench_prepared", None)))
+    p = prepare(build(), lambda ps: torch.optim.AdamW(ps, lr=LR), "ep=2")
+    try:
+        after = p.train_step(batch(0, p.dp_rank, p.dp_size))
+    finally:
+        p.close()
+    return {"refused": refused, "after": after}

@@ -93,7 +93,10 @@ def shard_experts(model: nn.Module, mesh, dp_mesh, spec, dp_size: int, notes: li
         fully_shard(m.router, mesh=dp_mesh, reshard_after_forward=spec.reshard_after_forward)
         fully_shard(m, mesh=efsdp, reshard_after_forward=spec.reshard_after_forward)
         m.set_gradient_divide_factor(float(dp_size))
-        m.set_force_sum_reduction_for_comms(True)  # sum, then divide: gloo has no PREMUL_SUM
+        if efsdp.size() > 1:
+            # sum, then divide: gloo has no PREMUL_SUM. Not on one rank, where torch 2.13's
+            # foreach_reduce divides by the factor in its copy and then again after it.
+            m.set_force_sum_reduction_for_comms(True)
     notes.append(
         f"experts FSDP2-sharded over dp_shard_mod_ep={efsdp.size()} (gradient divided by dp_shard={dp_size}); "
         "routers and the rest over dp_shard"

@@ -227,17 +227,17 @@ def _check_ep(s: StrategySpec) -> None:
     """Expert parallel borrows ranks from ``dp_shard`` (FSDP2); the combinations built here."""
     if s.ep < 1:
         raise SpecError(f"ep={s.ep} must be a positive integer (the ranks that split the experts)")
-    if s.kind != "fsdp2":
-        raise SpecError(
-            f"kind={s.kind!r} with ep={s.ep}: expert parallel borrows its ranks from dp_shard (FSDP2, as "
-            f"torchtitan does); use 'ep={s.ep}' or 'fsdp2 ep={s.ep}'"
-        )
     for name in ("dp_replicate", "cp", "tp", "pp"):
         if getattr(s, name) not in (1,):
             raise SpecError(
                 f"ep={s.ep} with {name}={getattr(s, name)} is not supported here (expert parallel is built "
                 f"with dp_shard alone); drop {name}, or use ep=1"
             )
+    if s.kind != "fsdp2":
+        raise SpecError(
+            f"kind={s.kind!r} with ep={s.ep}: expert parallel borrows its ranks from dp_shard (FSDP2, as "
+            f"torchtitan does); use 'ep={s.ep}' or 'fsdp2 ep={s.ep}'"
+        )
     for on, what in (
         (s.activation_checkpointing != "none", f"activation_checkpointing={s.activation_checkpointing!r}"),
         (s.compile, "compile=True"),
