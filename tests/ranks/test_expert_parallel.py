@@ -104,3 +104,45 @@ def test_ep_on_a_model_without_experts_is_refused_and_ranks_usable(ranks2):
         assert "Use ep=1" in no_experts and same1
         assert "already split by workbench.models.expert_parallel()" in split and same2
         assert r["after"] > 0
+
+
+MOE_BUILD = (
+    "%%distrain\nimport torch\nfrom workbench.models import GPT, GPTConfig, MoEConfig, MoEGPT\ntorch.manual_seed(0)\n"
+    "model = MoEGPT(MoEConfig(gpt=GPTConfig.tiny(vocab=64, max_seq_len=16), n_experts=4, top_k=2))\n"
+    "optimizer = lambda ps: torch.optim.AdamW(ps, lr=1e-2)\n"
+)
+
+
+def _clean_rank() -> bool:
+    from test_prepare_command import _clean_rank as clean
+
+    import __main__
+
+    clean()
+    for name in ("MoEConfig", "MoEGPT"):
+        vars(__main__).pop(name, None)
+    return True
+
+
+def test_prepare_magic_ep2(shell, ranks4, capsys):
+    """``%distrain prepare ep=2`` on 4 ranks: the summary names the mesh, every rank holds a
+    quarter of every tensor (experts: half over ep, half of that over dp_shard_mod_ep);
+    on a dense GPT the magic refuses, naming why, with the model unchanged."""
+    try:
+        assert shell.run_cell(MOE_BUILD).success
+        capsys.readouterr()
+        r = shell.run_cell("%distrain prepare ep=2")
+        assert r.success, r.error_in_exec
+        out = capsys.readouterr().out
+        assert "mesh dp_shard_mod_ep=2 x ep=2" in out and "expert parallel over ep=2" in out, out
+        fig = shell.run_cell("%distrain layout").result
+        z = [v for row in fig.data[0].z for v in row]
+        assert z and all(v == pytest.approx(0.25) for v in z)
+        assert shell.run_cell("%%distrain\nmodel = GPT(GPTConfig.tiny())").success
+        r = shell.run_cell("%distrain prepare ep=2")
+        msg = str(r.error_in_exec)
+        assert not r.success and "GPTConfig has no experts: use ep=1" in msg
+        assert "nothing was changed on the ranks" in msg
+        assert ranks4.apply(lambda: getattr(__import__("__main__").model, "_workbench_prepared", None)) == [None] * 4
+    finally:
+        ranks4.apply(_clean_rank)

@@ -109,20 +109,23 @@ class MoE(nn.Module):
         self.last_dropped = float((~keep).float().mean())
         tok = torch.arange(xt.shape[0], device=x.device)[:, None].expand_as(idx)
         tok, exp, g = tok[keep], idx[keep], gate[keep].to(x.dtype)
+        # y is a fresh tensor filled through its [T, dim] view (returning a view of it would
+        # make FSDP2 warn about a unit whose output is a view)
+        y = x.new_zeros(shape)
+        yt = y.view(-1, shape[-1])
         if self.ep_group is None:
-            y = torch.zeros_like(xt)
             for e in range(self.n_experts):
                 sel = exp == e
                 if sel.any():
                     t = tok[sel]
-                    y.index_add_(0, t, self._expert(e, xt[t]) * g[sel, None])
+                    yt.index_add_(0, t, self._expert(e, xt[t]) * g[sel, None])
         else:
             order = torch.argsort(exp, stable=True)
             tok, exp, g = tok[order], exp[order], g[order]
             counts = torch.bincount(exp, minlength=self.n_experts)
             out = _ep_dispatch(xt[tok], counts, self, self.ep_group)
-            y = torch.zeros_like(xt).index_add(0, tok, out * g[:, None])
-        return y.reshape(shape)
+            yt.index_add_(0, tok, out * g[:, None])
+        return y
 
 
 def _ep_dispatch(tokens: torch.Tensor, counts: torch.Tensor, moe: MoE, group) -> torch.Tensor:
