@@ -38,7 +38,7 @@ from .base import (
     register,
 )
 from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_blocks
-from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls
+from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls, recompute_context
 from .ddp import apply_ddp
 from .expert_parallel import apply_ep, check_ep_model, shard_experts
 from .fsdp2 import FSDP2Prepared, apply_fsdp, broadcast_from_rank0
@@ -180,7 +180,8 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
         apply_ep(model, mesh, ctx.notes)
     if blocks is not None:  # 4./5. per block
         ctx.notes.append(f"blocks: {blocks.describe()}")
-        apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
+        recompute = recompute_context(cp_state) if cp_state is not None else None
+        apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes, recompute)
         if s.compile:
             apply_compile(blocks, ctx.notes)
     wrapped, prepared_cls = model, Prepared

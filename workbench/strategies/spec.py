@@ -188,10 +188,10 @@ def _check_values(s: StrategySpec) -> None:
                 f"cp={s.cp} with pipeline parallel is not supported here (a stage does not carry the "
                 "sequence positions); use cp with dp_shard / tp, or pp without cp"
             )
-        if s.compile or s.activation_checkpointing != "none":
+        if s.compile:
             raise SpecError(
-                f"cp={s.cp} with {'compile' if s.compile else 'activation checkpointing'} is not supported "
-                "here (ring attention sends inside the blocks); drop it, or use cp=1"
+                f"cp={s.cp} with compile is not supported here (ring attention sends inside the blocks); "
+                "drop it, or use cp=1"
             )
     if s.ep != 1:
         _check_ep(s)
