@@ -108,7 +108,7 @@ def test_ep_on_a_model_without_experts_is_refused_and_ranks_usable(ranks2):
 
 MOE_BUILD = (
     "%%distrain\nimport torch\nfrom workbench.models import GPT, GPTConfig, MoEConfig, MoEGPT\ntorch.manual_seed(0)\n"
-    "model = MoEGPT(MoEConfig(gpt=GPTConfig.tiny(vocab=64, max_seq_len=16), n_experts=4, top_k=2))\n"
+    "model = MoEGPT(MoEConfig.tiny())\n"
     "optimizer = lambda ps: torch.optim.AdamW(ps, lr=1e-2)\n"
 )
 
@@ -125,8 +125,11 @@ def _clean_rank() -> bool:
 
 
 def test_prepare_magic_ep2(shell, ranks4, capsys):
+    from workbench.planner.live import TOLERANCE
+
     """``%distrain prepare ep=2`` on 4 ranks: the summary names the mesh, every rank holds a
-    quarter of every tensor (experts: half over ep, half of that over dp_shard_mod_ep);
+    quarter of every tensor (experts: half over ep, half of that over dp_shard_mod_ep), as
+    the planner's memory prediction (``%distrain plan``) says;
     on a dense GPT the magic refuses, naming why, with the model unchanged."""
     try:
         assert shell.run_cell(MOE_BUILD).success
@@ -138,6 +141,10 @@ def test_prepare_magic_ep2(shell, ranks4, capsys):
         fig = shell.run_cell("%distrain layout").result
         z = [v for row in fig.data[0].z for v in row]
         assert z and all(v == pytest.approx(0.25) for v in z)
+        r = shell.run_cell("%distrain plan")  # the planner's ep layout: experts / ep / dp_shard_mod_ep
+        assert r.success, r.error_in_exec
+        states = r.result[r.result["part"].isin(["parameters", "gradients", "optimizer"])]
+        assert ((states["ratio"] - 1).abs() <= TOLERANCE).all(), states
         assert shell.run_cell("%%distrain\nmodel = GPT(GPTConfig.tiny())").success
         r = shell.run_cell("%distrain prepare ep=2")
         msg = str(r.error_in_exec)
