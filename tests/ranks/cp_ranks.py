@@ -113,12 +113,15 @@ def parity(name: str, spec: str, steps: int = STEPS, dict_batches: bool = False)
         reset_accelerate_state()
 
 
-def parities(cases: list) -> list[dict]:
-    """``parity`` for each ``(model, spec, dict_batches)``, notes dropped."""
+def parities(cases: list, keep_notes: bool = False) -> list[dict]:
+    """``parity`` for each ``(model, spec, dict_batches)``, notes dropped unless asked for
+    (then joined into one string)."""
     out = []
     for name, spec, as_dict in cases:
         r = parity(name, spec, dict_batches=as_dict)
-        r.pop("notes")
+        notes = r.pop("notes")
+        if keep_notes:
+            r["notes"] = " | ".join(notes)
         out.append(r)
     return out
 

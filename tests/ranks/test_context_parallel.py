@@ -3,7 +3,7 @@ attention built in the workbench (torch's experimental ``context_parallel`` over
 the CUDA SDPA kernels; see ``workbench.strategies.context_parallel``).
 
 The workbench GPT and a tiny random-init transformers Llama under cp=2, cp=2 x dp_shard=2
-and cp=2 x tp=2: the first step's loss and every gathered gradient equal a one-process run
+cp=2 x tp=2, and cp=2 with activation checkpointing: the first step's loss and every gathered gradient equal a one-process run
 of the whole batch (fp32, 1e-5), and three training steps give the same losses. The HF
 batches are dicts with ``labels=input_ids`` (transformers' shift leaves the last position
 unlabelled, so the cp ranks hold different numbers of labelled tokens: the loss weighting
@@ -55,7 +55,7 @@ def test_cp_presets(text, world, mesh):
     [
         ("ddp cp=2", "use 'fsdp2 cp=2'"),
         ("pp=2 cp=2", "not supported here"),
-        ("cp=2 ac=full", "activation checkpointing is not supported"),
+        ("cp=2 compile=true", "cp=2 with compile is not supported"),
         ("cp=3", "cp=3 does not divide world_size=4"),
     ],
 )
@@ -84,6 +84,19 @@ CASES4 = [("gpt", "cp=2 dp_shard=2", False), ("llama", "cp=2 dp_shard=2", True),
 
 def test_cp2_matches_one_rank(ranks2):
     _assert_parity(ranks2.apply(C.parities, CASES2), CASES2)
+
+
+CASES_AC = [("gpt", "cp=2 ac=full", False), ("llama", "cp=2 ac=selective", True)]
+
+
+def test_cp2_with_activation_checkpointing_matches_one_rank(ranks2):
+    """Blocks recompute in backward, their ring attention with them (the cp ranks send and
+    receive K/V again, in the same order): gradients and losses as one process."""
+    rows = ranks2.apply(C.parities, CASES_AC, keep_notes=True)
+    _assert_parity(rows, CASES_AC)
+    for got in rows:
+        assert "activation checkpointing (full): 2/2 blocks recompute in backward" in got[0]["notes"]
+        assert "activation checkpointing (selective): 1/2 blocks recompute in backward" in got[1]["notes"]
 
 
 def test_cp2_with_dp_shard_and_tp_matches_one_rank(ranks4):

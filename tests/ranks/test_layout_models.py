@@ -74,7 +74,7 @@ def test_presets_are_degrees(text, world, kind, mesh):
     "text,needle",
     [
         ("ddp cp=2", "context parallel shards the parameters"),
-        ("ep=2", "expert_parallel"),
+        ("ep=2 tp=2", "ep=2 with tp=2 is not supported here"),
         ("dp_replicate=2 tp=2", "use dp_shard=2"),
         ("pp=2 dp_shard=3", "sizes that fit: dp_shard=1 x pp=4, dp_shard=2 x pp=2"),
     ],

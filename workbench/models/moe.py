@@ -90,8 +90,15 @@ class MoE(nn.Module):
     def capacity(self, n_tokens: int) -> int:
         return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
 
+    def _local(self, name: str) -> torch.Tensor:
+        """This rank's experts: under ``prepare(..., "ep=N")`` the stacked weights are
+        ``Shard(0)`` DTensors over the ep group; the math runs on their local part."""
+        w = getattr(self, name)
+        return w.to_local() if hasattr(w, "to_local") else w
+
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        return (F.silu(x @ self.w1[e]) * (x @ self.w3[e])) @ self.w2[e]
+        w1, w2, w3 = self._local("w1"), self._local("w2"), self._local("w3")
+        return (F.silu(x @ w1[e]) * (x @ w3[e])) @ w2[e]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -102,20 +109,23 @@ class MoE(nn.Module):
         self.last_dropped = float((~keep).float().mean())
         tok = torch.arange(xt.shape[0], device=x.device)[:, None].expand_as(idx)
         tok, exp, g = tok[keep], idx[keep], gate[keep].to(x.dtype)
+        # y is a fresh tensor filled through its [T, dim] view (returning a view of it would
+        # make FSDP2 warn about a unit whose output is a view)
+        y = x.new_zeros(shape)
+        yt = y.view(-1, shape[-1])
         if self.ep_group is None:
-            y = torch.zeros_like(xt)
             for e in range(self.n_experts):
                 sel = exp == e
                 if sel.any():
                     t = tok[sel]
-                    y.index_add_(0, t, self._expert(e, xt[t]) * g[sel, None])
+                    yt.index_add_(0, t, self._expert(e, xt[t]) * g[sel, None])
         else:
             order = torch.argsort(exp, stable=True)
             tok, exp, g = tok[order], exp[order], g[order]
             counts = torch.bincount(exp, minlength=self.n_experts)
             out = _ep_dispatch(xt[tok], counts, self, self.ep_group)
-            y = torch.zeros_like(xt).index_add(0, tok, out * g[:, None])
-        return y.reshape(shape)
+            yt.index_add_(0, tok, out * g[:, None])
+        return y
 
 
 def _ep_dispatch(tokens: torch.Tensor, counts: torch.Tensor, moe: MoE, group) -> torch.Tensor:

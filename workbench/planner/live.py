@@ -98,7 +98,8 @@ def layout_from_spec(spec: dict, world_size: int, *, micro_batch_size: int = 1, 
         s = int(spec["dp_shard"]) if spec.get("dp_shard", -1) != -1 else world_size // r
         if s == 1:  # replicate only: FSDP2 degenerates to DDP
             return PlanLayout(dp_replicate=r, **common)
-        return PlanLayout(dp_replicate=r, dp_shard=s, zero_stage=fsdp_stage, **common)
+        ep = int(spec.get("ep", 1))  # experts split over ep, borrowed from dp_shard
+        return PlanLayout(dp_replicate=r, dp_shard=s, zero_stage=fsdp_stage, ep=ep, **common)
     if kind == "zero":
         stage = int(spec.get("zero_stage", 2))
         if stage == 0 or world_size == 1:

@@ -67,6 +67,8 @@ def choose_path(spec, device_type: str) -> tuple[str, str]:
         return "deepspeed", "DeepSpeed engine used directly (deepspeed.initialize on the existing group)"
     if spec.via == "native":
         return "native", "via='native' requested"
+    if spec.ep > 1:
+        return "native", "expert parallel: native fully_shard with the experts on a dp_shard_mod_ep x ep mesh"
     if spec.kind == "fsdp2" and spec.dp_replicate > 1:
         return "native", "HSDP (dp_replicate x dp_shard): native fully_shard on a 2-D mesh"
     if spec.kind not in ACCELERATE_KINDS:

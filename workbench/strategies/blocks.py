@@ -159,17 +159,20 @@ def find_blocks(model: nn.Module, blocks: BlocksArg = None, *, purpose: str = "F
     return found
 
 
-def apply_activation_checkpointing(blocks: Blocks, mode: str, notes: list[str]) -> None:
+def apply_activation_checkpointing(blocks: Blocks, mode: str, notes: list[str], context_fn=None) -> None:
     """Recompute block activations in backward, keeping parameter names unchanged.
 
     ``full``: every block; ``selective``: every other block (torchtitan's layer-level
     selective AC). Non-reentrant ``torch.utils.checkpoint`` so it composes with FSDP2/TP.
+    ``context_fn``: checkpoint's ``(forward context, recompute context)`` factory (context
+    parallel marks its ring attention active while a block recomputes in backward).
     """
     if mode == "none":
         return
     from torch.utils.checkpoint import checkpoint
 
     every = 1 if mode == "full" else 2
+    extra = {"context_fn": context_fn} if context_fn is not None else {}
     wrapped = 0
     for i, block in enumerate(blocks.modules):
         if i % every:
@@ -177,7 +180,7 @@ def apply_activation_checkpointing(blocks: Blocks, mode: str, notes: list[str]) 
         inner = block.forward
 
         def fwd(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
 
         block.forward = fwd
         block._workbench_checkpointed = True

@@ -32,6 +32,7 @@ shard's global positions) and transformers models whose attention goes through
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ __all__ = [
     "check_cp_model",
     "apply_cp",
     "guard_direct_calls",
+    "recompute_context",
     "HF_IMPL",
     "CPPrepared",
 ]
@@ -83,6 +85,22 @@ def _refuse_direct(st: CPState) -> None:
             "call it through the prepared object (prepared.train_step(batch) / prepared.loss(batch)), "
             "which shards the batch and passes the positions, not model(x)"
         )
+
+
+@contextlib.contextmanager
+def _active(st: CPState):
+    prev, st.active = st.active, True
+    try:
+        yield
+    finally:
+        st.active = prev
+
+
+def recompute_context(st: CPState):
+    """``context_fn`` for activation checkpointing: a block recomputed in backward (after
+    the prepared step's forward ended) runs its ring attention as the forward did. Every cp
+    rank recomputes the same blocks in the same order, so the ring's sends pair up."""
+    return lambda: (contextlib.nullcontext(), _active(st))
 
 
 def guard_direct_calls(model: nn.Module, st: CPState) -> None:
@@ -285,7 +303,12 @@ class CPPrepared(FSDP2Prepared):
                 if self.cp_kind == "gpt":
                     out = self.model(xl, positions=idx)
                 else:
-                    out = self.model(input_ids=xl, position_ids=idx[None].expand(xl.shape[0], -1))
+                    # no KV cache: a block recomputed in backward (activation checkpointing)
+                    # would append its keys to the cache its first forward filled
+                    extra = (
+                        {"use_cache": False} if "use_cache" in inspect.signature(self.model.forward).parameters else {}
+                    )
+                    out = self.model(input_ids=xl, position_ids=idx[None].expand(xl.shape[0], -1), **extra)
         finally:
             st.active = False
         local = self.compute_loss(out, yl)

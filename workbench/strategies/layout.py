@@ -152,13 +152,21 @@ def _param_entry(name: str, p: torch.Tensor, mesh_ndim: int, default_placement: 
     }
 
 
+FLATTENED = {"dp_shard_cp": ("dp_shard", "cp")}
+
+
 def describe_params(
-    model: nn.Module, mesh_ndim: int, default_placement: str = "Replicate()", dim_names: tuple[str, ...] | None = None
+    model: nn.Module,
+    mesh_ndim: int,
+    default_placement: str = "Replicate()",
+    dim_names: tuple[str, ...] | None = None,
+    flattened: dict[str, tuple[str, ...]] | None = None,
 ) -> list[dict]:
     """One entry per parameter; with ``dim_names`` (the layout's mesh), placements are
-    matched to them by the DTensor mesh's own dim names (a flattened ``dp_shard_cp`` dim
-    counts for both ``dp_shard`` and ``cp``: sharding over the flattened dim is the same as
-    ``Shard`` over each in row-major order)."""
+    matched to them by the DTensor mesh's own dim names (a flattened dim counts for each
+    of its parts, e.g. ``dp_shard_cp`` for ``dp_shard`` and ``cp``: sharding over the
+    flattened dim is the same as ``Shard`` over each in row-major order)."""
+    flat = {**FLATTENED, **(flattened or {})}
     out = []
     for n, p in model.named_parameters():
         e = _param_entry(n, p, mesh_ndim, default_placement)
@@ -166,7 +174,7 @@ def describe_params(
         if dim_names is not None and mesh is not None and mesh.mesh_dim_names:
             by = {}
             for name, pl in zip(mesh.mesh_dim_names, p.placements):
-                for part in ("dp_shard", "cp") if name == "dp_shard_cp" else (name,):
+                for part in flat.get(name, (name,)):
                     by[part] = placement_name(pl)
             e["placements"] = [by.get(d, "Replicate()") for d in dim_names]
         out.append(e)

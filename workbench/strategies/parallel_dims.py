@@ -133,7 +133,14 @@ class ParallelDims:
         """``(shape, names)`` of the enabled dimensions in :data:`MESH_ORDER` (plus ``always``,
         even at size 1, so a 1-rank world still has a named mesh)."""
         names = tuple(n for n in MESH_ORDER if getattr(self, n) > 1 or n in always)
-        return tuple(getattr(self, n) for n in names), names
+        shape = tuple(getattr(self, n) for n in names)
+        if self.ep > 1:  # ep borrows dp_shard: dp_shard_mod_ep x ep, row-major
+            if self.cp > 1 or "dp_shard" not in names:
+                raise DimsError(f"ep={self.ep} is laid out over dp_shard alone here; use cp=1 and dp_shard >= ep")
+            i = names.index("dp_shard")
+            names = names[:i] + ("dp_shard_mod_ep", "ep") + names[i + 1 :]
+            shape = shape[:i] + (self.dp_shard // self.ep, self.ep) + shape[i + 1 :]
+        return shape, names
 
     def describe(self) -> str:
         on = [f"{n}={getattr(self, n)}" for n in DEGREES if getattr(self, n) > 1]

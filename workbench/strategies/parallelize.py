@@ -6,9 +6,12 @@ The order (torchtitan's ``parallelize_llama``), each step a small ``apply_*`` of
 2. tensor parallel (``tp``, + SP)   -- DTensor plan from the model, transformers or ``tp_plan=``
 3. context parallel (``cp``)        -- ring attention in the model's attention; the sequence
                                        sharded per step (zig-zag), see ``context_parallel``
+   expert parallel (``ep``)         -- MoE experts split over ``ep`` ranks borrowed from
+                                       ``dp_shard``, see ``expert_parallel``
 4. activation checkpointing         -- per block
 5. compile                          -- per block
-6. data parallel, last              -- FSDP2 (``dp_shard``, x ``cp`` when on), HSDP
+6. data parallel, last              -- FSDP2 (``dp_shard``, x ``cp`` when on; experts over
+                                       ``dp_shard_mod_ep``), HSDP
                                        (``dp_replicate x dp_shard[x cp]``) per block + root,
                                        or DDP (``dp_replicate`` alone)
 
@@ -35,14 +38,15 @@ from .base import (
     register,
 )
 from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_blocks
-from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls
+from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls, recompute_context
 from .ddp import apply_ddp
+from .expert_parallel import apply_ep, check_ep_model, shard_experts
 from .fsdp2 import FSDP2Prepared, apply_fsdp, broadcast_from_rank0
 from .layout import describe_params, make_layout
 from .meshes import dp_coords, make_mesh
 from .pipeline import PipelinePrepared, check_splittable, keep_stage, make_schedule, stage_blocks
 from .spec import PRESET_DIMS, StrategySpec
-from .tensor_parallel import apply_tp, resolve_tp_plan
+from .tensor_parallel import apply_tp, keep_grad_placements, resolve_tp_plan
 
 __all__ = ["parallelize", "check_layout", "LayoutCheck", "NATIVE_KINDS"]
 
@@ -78,6 +82,8 @@ def check_layout(model: nn.Module, s: StrategySpec, world: int, hints: ModelHint
         raise PrepareError("tp_plan= given but tp=1; add tp=N (e.g. 'fsdp2 tp=2') or drop tp_plan")
     if d.cp_enabled:
         check_cp_model(model, d.cp)
+    if d.ep_enabled:
+        check_ep_model(model, d.ep)
     needed = _uses_fsdp(s, world) or s.activation_checkpointing != "none" or s.compile
     if needed or hints.blocks is not None:
         purpose = "FSDP2 wrapping" if _uses_fsdp(s, world) else "activation checkpointing / compile"
@@ -105,9 +111,13 @@ def apply_pipeline(model, mesh, check: LayoutCheck, ctx: Context) -> tuple[int, 
     return stage_idx, Blocks(tuple(names), tuple(mods), "pipeline stage", None)
 
 
+DP_DIMS = ("dp_replicate", "dp_shard", "dp_shard_mod_ep", "ep", "cp")
+EP_FLAT = {"dp_shard": ("dp_shard_mod_ep", "ep")}  # ep borrows dp_shard: its flattened dim
+
+
 def _dp_group(mesh, names):
     """The group the reported loss is averaged over: every rank that sees different tokens."""
-    dp = tuple(n for n in ("dp_replicate", "dp_shard", "cp") if n in names)
+    dp = tuple(n for n in DP_DIMS if n in names)
     if not dp:
         return None
     if len(dp) == 1:
@@ -117,7 +127,9 @@ def _dp_group(mesh, names):
 
 def _fsdp_mesh(mesh, names):
     """FSDP2's mesh: ``dp_shard`` (x ``cp`` flattened in, which shares the weights), with
-    ``dp_replicate`` in front for HSDP."""
+    ``dp_replicate`` in front for HSDP. With ``ep``: ``dp_shard_mod_ep x ep`` flattened."""
+    if "ep" in names:
+        return mesh[("dp_shard_mod_ep", "ep")]._flatten("dp_shard")
     shard = tuple(n for n in ("dp_shard", "cp") if n in names) or ("dp_shard",)
     if len(shard) > 1:
         flat = mesh[shard]._flatten("dp_shard_cp")
@@ -130,7 +142,8 @@ def _fsdp_mesh(mesh, names):
 
 def _params(model, names, stage_idx) -> list[dict]:
     if stage_idx is None:
-        return describe_params(model, len(names), dim_names=tuple(names) if "cp" in names else None)
+        by_name = "cp" in names or "ep" in names
+        return describe_params(model, len(names), dim_names=tuple(names) if by_name else None, flattened=EP_FLAT)
     rest = len(names) - 1
     entries = describe_params(model, rest)
     for e in entries:
@@ -163,23 +176,31 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     if "cp" in names:  # 3. context parallel
         cp_kind = check_cp_model(model, d.cp)
         cp_state = apply_cp(model, cp_kind, mesh.get_group("cp"), ctx.notes)
+    if "ep" in names:  # 3b. expert parallel
+        apply_ep(model, mesh, ctx.notes)
     if blocks is not None:  # 4./5. per block
         ctx.notes.append(f"blocks: {blocks.describe()}")
-        apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
+        recompute = recompute_context(cp_state) if cp_state is not None else None
+        apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes, recompute)
         if s.compile:
             apply_compile(blocks, ctx.notes)
     wrapped, prepared_cls = model, Prepared
     if _uses_fsdp(s, ctx.world_size):  # 6. data parallel
-        apply_fsdp(model, list(blocks.modules), _fsdp_mesh(mesh, names), s, ctx.notes)
+        fsdp_mesh = _fsdp_mesh(mesh, names)
+        if "ep" in names:
+            shard_experts(model, mesh, fsdp_mesh, s, d.dp_shard, ctx.notes)
+        apply_fsdp(model, list(blocks.modules), fsdp_mesh, s, ctx.notes)
         prepared_cls = FSDP2Prepared
     elif "dp_replicate" in names:
         wrapped = apply_ddp(model, ctx, mesh.get_group("dp_replicate"))
     if stage_idx is not None:
         model.to(ctx.device)
         schedule = make_schedule(model, stage_idx, d.pp, ctx.device, mesh.get_group("pp"), s, ctx.loss_fn)
+    if "tp" in names and prepared_cls is not FSDP2Prepared:  # after model.to(), which drops tensor hooks
+        keep_grad_placements(model, ctx.notes)
     opt = build_optimizer(wrapped, optimizer, ctx.notes)
     check_optimizer_matches(model, opt, where=f"rank {ctx.rank}: ")
-    dp_rank, dp_size = dp_coords(mesh, ("dp_replicate", "dp_shard"))
+    dp_rank, dp_size = dp_coords(mesh, ("dp_replicate", "dp_shard", "dp_shard_mod_ep", "ep"))
     layout = make_layout(
         strategy=s.kind,
         path="native",

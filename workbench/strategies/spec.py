@@ -188,16 +188,13 @@ def _check_values(s: StrategySpec) -> None:
                 f"cp={s.cp} with pipeline parallel is not supported here (a stage does not carry the "
                 "sequence positions); use cp with dp_shard / tp, or pp without cp"
             )
-        if s.compile or s.activation_checkpointing != "none":
+        if s.compile:
             raise SpecError(
-                f"cp={s.cp} with {'compile' if s.compile else 'activation checkpointing'} is not supported "
-                "here (ring attention sends inside the blocks); drop it, or use cp=1"
+                f"cp={s.cp} with compile is not supported here (ring attention sends inside the blocks); "
+                "drop it, or use cp=1"
             )
     if s.ep != 1:
-        raise SpecError(
-            f"ep={s.ep}: expert parallel is applied to MoE models with "
-            "workbench.models.expert_parallel(model), not by prepare; use ep=1"
-        )
+        _check_ep(s)
     on = lambda n: getattr(s, n) not in (1,)  # noqa: E731  (set by the user: >1 or -1)
     if s.kind in ("none", "ddp", "zero"):
         for name in ("tp", "pp"):
@@ -224,6 +221,31 @@ def _check_values(s: StrategySpec) -> None:
         raise SpecError(f"cpu_offload=True is implemented for fsdp2, fsdp2_tp and zero, not {s.kind!r}")
     if s.kind == "zero" and s.activation_checkpointing == "selective":
         raise SpecError("activation_checkpointing='selective' is not wired for DeepSpeed; use 'full' or 'none'")
+
+
+def _check_ep(s: StrategySpec) -> None:
+    """Expert parallel borrows ranks from ``dp_shard`` (FSDP2); the combinations built here."""
+    if s.ep < 1:
+        raise SpecError(f"ep={s.ep} must be a positive integer (the ranks that split the experts)")
+    for name in ("dp_replicate", "cp", "tp", "pp"):
+        if getattr(s, name) not in (1,):
+            raise SpecError(
+                f"ep={s.ep} with {name}={getattr(s, name)} is not supported here (expert parallel is built "
+                f"with dp_shard alone); drop {name}, or use ep=1"
+            )
+    if s.kind != "fsdp2":
+        raise SpecError(
+            f"kind={s.kind!r} with ep={s.ep}: expert parallel borrows its ranks from dp_shard (FSDP2, as "
+            f"torchtitan does); use 'ep={s.ep}' or 'fsdp2 ep={s.ep}'"
+        )
+    for on, what in (
+        (s.activation_checkpointing != "none", f"activation_checkpointing={s.activation_checkpointing!r}"),
+        (s.compile, "compile=True"),
+        (s.cpu_offload, "cpu_offload=True"),
+        (s.param_dtype != "fp32" or s.reduce != "fp32", f"param_dtype={s.param_dtype!r}/reduce_dtype={s.reduce!r}"),
+    ):
+        if on:
+            raise SpecError(f"ep={s.ep} with {what} is not supported here; drop it, or use ep=1")
 
 
 def _divisors(n: int) -> list[int]:
@@ -355,6 +377,16 @@ def _check_model(s: StrategySpec, cfg) -> None:
             raise SpecError(
                 "tie_embeddings=True with tensor parallel is not supported; use a config with tie_embeddings=False"
             )
+    if s.ep > 1:
+        if not is_moe:
+            raise SpecError(
+                f"ep={s.ep} needs a mixture-of-experts model (an MoEConfig with n_experts); "
+                f"{type(cfg).__name__} has no experts: use ep=1"
+            )
+        if cfg.n_experts % s.ep:
+            raise SpecError(
+                f"ep={s.ep} does not divide n_experts={cfg.n_experts}; use ep in {_divisors(cfg.n_experts)[1:]}"
+            )
     if s.pp > 1 or s.kind == "pp":
         if s.pp > gcfg.n_layers:
             raise SpecError(
@@ -445,7 +477,7 @@ def _kind_of_degrees(v: dict) -> str:
         return "fsdp2"  # context parallel shards parameters over dp_shard x cp
     if v.get("tp", 1) != 1:
         return "fsdp2_tp" if v.get("dp_shard", 1) != 1 or v.get("dp_replicate", 1) != 1 else "tp"
-    if v.get("dp_shard", -1) != -1:
+    if v.get("dp_shard", -1) != -1 or v.get("ep", 1) != 1:
         return "fsdp2"
     return "fsdp2" if v.get("dp_replicate", 1) != 1 and "dp_shard" in v else "ddp"
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from .base import PrepareError
 
-__all__ = ["TPPlan", "resolve_tp_plan", "apply_tp", "STYLES"]
+__all__ = ["TPPlan", "resolve_tp_plan", "apply_tp", "keep_grad_placements", "STYLES"]
 
 # Style names as transformers writes them -> what they mean in torch's DTensor styles.
 STYLES = {
@@ -203,3 +203,46 @@ def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, notes: list[str]) -> nn.Mo
     )
     notes.append(f"tensor parallel over {tp_mesh.size()} rank(s): {len(plan.entries)} modules from {plan.source}; {sp}")
     return model
+
+
+def _to_param_placements(param):
+    def hook(grad):
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+            return grad.redistribute(param.device_mesh, param.placements)
+        return grad
+
+    return hook
+
+
+def keep_grad_placements(model: nn.Module, notes: list[str]) -> int:
+    """Hook every DTensor parameter so its gradient arrives in the parameter's placements.
+
+    DTensor's backward leaves some gradients in another placement than their parameter:
+    ``embedding_dense_backward`` has no vocab-sharded rule, so a ``RowwiseParallel``
+    embedding (weight ``Shard(0)``) gets the full ``[vocab, dim]`` gradient as
+    ``Replicate()`` on every tp rank; a ``SequenceParallel`` norm (weight ``Replicate()``)
+    gets a ``Partial(sum)`` one. The optimizer would still step correctly (its ops
+    redistribute), but the gradient memory is not what the layout says, and grad clipping
+    or a reader of ``.grad`` sees a different tensor than the parameter. The hook runs per
+    backward, before accumulation: ``Replicate -> Shard`` is a local slice; ``Partial ->
+    Replicate`` is an all-reduce over tp. FSDP2 replaces the parameters (these hooks then
+    fall away with the old tensors) and redistributes the gradients itself before its
+    reduce-scatter, so this is for layouts without it. Hooks live on the tensor objects:
+    register them after the last ``model.to()`` (which swaps subclass tensors, hooks and all).
+    Returns how many parameters were hooked."""
+    from torch.distributed.tensor import DTensor
+
+    n = 0
+    for p in model.parameters():
+        if isinstance(p, DTensor) and p.requires_grad:
+            p.register_hook(_to_param_placements(p))
+            n += 1
+    if n:
+        notes.append(
+            f"{n} DTensor parameters hooked so each gradient arrives in its parameter's placements "
+            "(a vocab-parallel embedding's Replicate grad sliced to Shard(0), a sequence-parallel "
+            "norm's Partial grad all-reduced over tp)"
+        )
+    return n
