@@ -458,7 +458,7 @@ class RankSet:
         """Deaths detected so far (rank, host, pid, exit), in rank order."""
         if self.watcher is None:
             return []
-        deaths = self.watcher.poll()
+        deaths = self.watcher.known()
         if self.client is not None:
             live = set(self.client.ids)
             for rank, eid in enumerate(self.engine_ids):
