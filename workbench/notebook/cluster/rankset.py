@@ -721,6 +721,8 @@ class RankCall:
 
     def failures(self) -> dict[int, tuple[str, str, str]]:
         """rank -> (exception name, message, remote traceback) for ranks that raised."""
+        if self.cell and self.ar.ready() and self.ar.successful():
+            self.wait_for_output()  # a cell's error is an output message, which its reply can overtake
         out = {}
         for rank, md in zip(self.ranks, self.ar._metadata):
             err = md.get("error")
