@@ -71,7 +71,8 @@ labs: $(BIN)/.installed
 	$(BIN)/python -m workbench.labs.build --src notebooks --out labs
 
 bench: $(BIN)/.installed | $(STATE)
-	for b in benchmarks/*_bench.py; do OMP_NUM_THREADS=1 $(BIN)/python $$b || exit 1; done
+	failed=; for b in benchmarks/*_bench.py; do OMP_NUM_THREADS=1 $(BIN)/python $$b || failed="$$failed $$b"; done; \
+	if [ -n "$$failed" ]; then echo "make bench: missed a target or failed:$$failed"; exit 1; fi
 
 # GPU check: `make gpu-wheels` here (network) fetches what the GPU machine lacks into .whl/
 # (git-ignored; carried to it); `make gpu-check` there runs the -m gpu tests, report into $$OUT.

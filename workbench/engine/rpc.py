@@ -23,6 +23,24 @@ def handle(request):
     return request.run()
 
 
+# ----------------------------------------------------------------------------- cells
+@dataclass(frozen=True)
+class RunCell:
+    """A ``%%distrain`` cell's code, run in the rank's user namespace (``cell_runner``).
+
+    Reply: how many messages the rank published while the cell ran (0: no output
+    is on its way; None: unknown). What the cell prints, displays, returns and raises
+    arrives as the request's IOPub messages, as from an execute request.
+    """
+
+    code: str
+
+    def run(self) -> int | None:
+        from . import cell_runner
+
+        return cell_runner.run(self.code)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 @dataclass(frozen=True, kw_only=True)
 class SaveCheckpoint:

@@ -57,8 +57,7 @@ class DistrainMagics(Magics):
         if args.grace is not None and args.fail_fast:
             raise UsageError("--grace and --fail-fast contradict each other: give one of them")
         grace = 0.0 if args.fail_fast else (GRACE_S if args.grace is None else args.grace)
-        rs = api.current() if args.on is None else api.running_set(args.on)
-        rs.select(args.ranks)  # refuse a bad selection before anything runs
+        # api.run refuses a bad selection before anything runs
         api.run(cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream, grace=grace, on=args.on)
 
     @cell_magic(AUTO_MAGIC)

@@ -61,13 +61,18 @@ def write(entry: dict) -> str:
 
 
 def read(entry_id: str) -> dict | None:
+    entry = _load(entry_id)
+    if entry is not None:
+        entry["stale"] = is_stale(entry)
+    return entry
+
+
+def _load(entry_id: str) -> dict | None:
     try:
         with open(path_of(entry_id)) as fh:
-            entry = json.load(fh)
+            return json.load(fh)
     except (OSError, ValueError):
         return None
-    entry["stale"] = is_stale(entry)
-    return entry
 
 
 def read_all() -> list[dict]:
@@ -274,7 +279,7 @@ def stopped_elsewhere(rankset) -> str | None:
     entry_id = entry_id_of(rankset)
     if entry_id is None:
         return None
-    entry = read(entry_id)
+    entry = _load(entry_id)  # this kernel's own entry: not stale while it runs this
     return entry.get("stopped_by") if entry else None
 
 

@@ -92,6 +92,8 @@ def run_cell(
     if display:
         live.close()
         show(call, live.printed, skip=first)
+    elif call.ar.ready():  # a rank's error is an output message, which the reply can overtake
+        call.wait_for_output()
     deaths = [] if done and call.ar.successful() else call.deaths()
     if deaths:
         raise RankDied(death_message(deaths), deaths)
@@ -146,7 +148,7 @@ def show(call, printed=None, skip=()) -> None:
     if call.ar.ready():
         # a rank's reply can overtake its last output (separate sockets): wait for the
         # output streams to be flushed too, so that nothing a rank printed is missed
-        call.ar.wait_for_output(timeout=30)
+        call.wait_for_output()
     outs, errs = call.per_rank("stdout"), call.per_rank("stderr")
     displays, results = call.per_rank("outputs"), call.per_rank("execute_result")
     failures = call.failures()

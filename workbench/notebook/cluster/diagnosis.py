@@ -59,6 +59,8 @@ _PLUMBING = (
     "/IPython/core/",
     "/traitlets/",
     "/threading.py",
+    "/workbench/engine/rpc.py",  # a cell runs inside rpc.RunCell -> cell_runner
+    "/workbench/engine/cell_runner.py",
 )
 
 

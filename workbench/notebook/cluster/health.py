@@ -128,6 +128,7 @@ class Watcher:
         self.period = period
         self.deaths: dict[int, dict] = {}
         self.listeners: list = []  # fn(death) called on the watcher's thread at each first death
+        self.by_pidfd = False  # the thread sleeps on every local rank's pidfd: it records deaths at once
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="workbench-rank-watcher", daemon=True)
@@ -144,6 +145,7 @@ class Watcher:
             while not self._stop.wait(self.period):
                 self.poll()
             return
+        self.by_pidfd = True
         try:
             while not self._stop.is_set():
                 ready, _, _ = select.select(list(fds), [], [], self.CHECK_EVERY_S)
@@ -155,6 +157,7 @@ class Watcher:
                     else:  # ended but not yet seen as dead (being reaped): look again shortly
                         self._stop.wait(self.period)
         finally:
+            self.by_pidfd = False
             for fd in fds:
                 os.close(fd)
 
@@ -175,6 +178,14 @@ class Watcher:
                     os.close(fd)
                 return None
         return fds
+
+    def known(self) -> dict[int, dict]:
+        """The deaths known now. Where the thread sleeps on pidfds it has recorded them
+        already: no /proc reads per call (a call in flight asks ten times a second, on
+        cores the ranks train on); elsewhere every rank is checked now."""
+        if self.by_pidfd:
+            return dict(self.deaths)
+        return self.poll()
 
     def poll(self) -> dict[int, dict]:
         """Check every rank now; return the deaths known so far."""

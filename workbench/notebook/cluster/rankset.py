@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ...engine import rpc
 from ...shared.errors import Interrupted, NotRunning, RankDied, RankFailure
 from .. import background
 from . import health, launchers, network, slurm, ssh
@@ -520,7 +521,7 @@ class RankSet:
         """Deaths detected so far (rank, host, pid, exit), in rank order."""
         if self.watcher is None:
             return []
-        deaths = self.watcher.poll()
+        deaths = self.watcher.known()
         if self.client is not None:
             live = set(self.client.ids)
             for rank, eid in enumerate(self.engine_ids):
@@ -566,10 +567,18 @@ class RankSet:
         return self.submit(fn, *args, ranks=ranks, **kwargs).result(timeout=timeout)
 
     def execute_async(self, code: str, ranks=None) -> RankCall:
-        """Run a code string on the ranks (as a cell) without waiting."""
-        sel = self.select(ranks)
-        ar = self.view(sel).execute(code, silent=False, block=False)
-        return RankCall(self, sel, ar)
+        """Run a code string on the ranks (as a cell) without waiting.
+
+        Sent as an apply of ``rpc.RunCell`` (lighter than an execute request on both
+        ends, same output); a cell that may await at top level needs the rank kernel's
+        event loop, so it goes as an execute request.
+        """
+        if "await" in code or "async" in code:
+            sel = self.select(ranks)
+            return RankCall(self, sel, self.view(sel).execute(code, silent=False, block=False), cell=True)
+        call = self.submit(rpc.handle, rpc.RunCell(code), ranks=ranks)
+        call.cell = True
+        return call
 
     def execute(self, code: str, ranks=None, timeout: float | None = None) -> RankCall:
         """Run a code string on the ranks and wait; raises on a failure (naming ranks)."""
@@ -726,10 +735,12 @@ class RankSet:
 class RankCall:
     """A call in flight on some ranks. ``result()`` waits, watching for dead ranks."""
 
-    def __init__(self, rankset: RankSet, ranks: list[int], ar):
+    def __init__(self, rankset: RankSet, ranks: list[int], ar, *, cell: bool = False):
         self.rankset = rankset
         self.ranks = ranks
         self.ar = ar
+        # a cell's error arrives as an output message (its reply is 'ok'), which the reply can overtake
+        self.cell = cell
 
     def wait(self, timeout: float | None = None, poll: float = 0.1) -> bool:
         """Wait until done, ``timeout`` passes or a rank dies; True when done.
@@ -761,20 +772,31 @@ class RankCall:
             raise RankDied(health.death_message(deaths), deaths)
         if not done:
             raise TimeoutError(f"ranks {self.pending()} still running after {timeout} s")
-        if not self.ar.successful():
+        if self.cell or not self.ar.successful():
             # a rank's error is read from its output stream, which the reply can overtake
-            self.ar.wait_for_output(timeout=30)
+            self.wait_for_output()
         failures = self.failures()
         if failures:
             raise RankFailure(failure_message(failures), failures)
         results = self.ar.get()
         return list(results) if isinstance(results, list) else [results]
 
+    def wait_for_output(self, timeout: float = 30.0) -> None:
+        """Wait until what the ranks printed or displayed has arrived (the reply to a call
+        can overtake its output); a cell whose every rank published nothing needs no wait."""
+        if self.cell and self.ar.ready() and self.ar.successful():
+            published = self.ar.get()
+            if all(type(n) is int and n == 0 for n in published):
+                return
+        self.ar.wait_for_output(timeout=timeout)
+
     def pending(self) -> list[int]:
         return [r for r, m in zip(self.ranks, self.ar._metadata) if not m.get("completed")]
 
     def failures(self) -> dict[int, tuple[str, str, str]]:
         """rank -> (exception name, message, remote traceback) for ranks that raised."""
+        if self.cell and self.ar.ready() and self.ar.successful():
+            self.wait_for_output()  # a cell's error is an output message, which its reply can overtake
         out = {}
         for rank, md in zip(self.ranks, self.ar._metadata):
             err = md.get("error")
