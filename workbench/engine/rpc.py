@@ -28,17 +28,16 @@ def handle(request):
 class RunCell:
     """A ``%%distrain`` cell's code, run in the rank's user namespace (``cell_runner``).
 
-    Reply: how many messages the rank published while the cell ran (0: no output
-    is on its way; None: unknown). What the cell prints, displays, returns and raises
-    arrives as the request's IOPub messages, as from an execute request.
+    What the cell prints, displays, returns and raises arrives as the request's IOPub
+    messages, as from an execute request; the reply counts them.
     """
 
     code: str
 
-    def run(self) -> int | None:
+    def run(self) -> replies.CellRun:
         from . import cell_runner
 
-        return cell_runner.run(self.code)
+        return replies.CellRun(published=cell_runner.run(self.code))
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -63,6 +63,14 @@ class _Reply:
 
 # ----------------------------------------------------------------------------- checkpoints
 @dataclass(frozen=True, kw_only=True)
+class CellRun:
+    """One rank's ``%%distrain`` cell: how many messages it published while it ran (0: no
+    output is on its way, so the notebook need not wait for the stream; None: unknown)."""
+
+    published: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class SaveInfo(_Reply):
     """One rank's save: ``async_`` and no ``save_s`` while a background save still writes;
     ``failed`` says why a background save kept nothing; ``removed`` the auto-saves retention

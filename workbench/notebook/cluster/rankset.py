@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...engine import rpc
+from ...shared import replies
 from ...shared.errors import Interrupted, NotRunning, RankDied, RankFailure
 from .. import background
 from . import health, launchers, network, slurm, ssh
@@ -785,8 +786,7 @@ class RankCall:
         """Wait until what the ranks printed or displayed has arrived (the reply to a call
         can overtake its output); a cell whose every rank published nothing needs no wait."""
         if self.cell and self.ar.ready() and self.ar.successful():
-            published = self.ar.get()
-            if all(type(n) is int and n == 0 for n in published):
+            if all(isinstance(r, replies.CellRun) and r.published == 0 for r in self.ar.get()):
                 return
         self.ar.wait_for_output(timeout=timeout)
 
