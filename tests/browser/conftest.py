@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -186,22 +187,32 @@ def lab():
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
+    with serve(cmd, env, port, token, log, "jupyter lab") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def serve(cmd: list[str], env: dict, port: int, token: str, log: pathlib.Path, name: str, base: str | None = None):
+    """Run a Jupyter server command until it answers, yield it as a :class:`Lab`, then end
+    it, its kernels and whatever they left behind, by pid."""
     if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")  # containers and CI runners
+        cmd = [*cmd, "--allow-root"]  # containers and CI runners
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Lab(proc, port, token, log)
+    if base is not None:
+        server.base = base
     try:
         deadline = time.monotonic() + 90
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{server.log_tail()}")
+                pytest.fail(f"{name} exited with {proc.returncode}:\n{server.log_tail()}")
             try:
                 server.api("GET", "status")
                 break
             except Exception:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"jupyter lab did not answer on port {port} in 90 s:\n{server.log_tail()}")
+                    pytest.fail(f"{name} did not answer on port {port} in 90 s:\n{server.log_tail()}")
                 time.sleep(0.5)
         yield server
     finally:

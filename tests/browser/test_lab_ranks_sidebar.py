@@ -15,17 +15,15 @@ import re
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
-import psutil
 import pytest
 from conftest import alive as _alive
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, Lab, _free_port, _need_browser, _write_settings
+from .conftest import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _write_settings, serve
 from .helpers import ROOT, STATE, run_cell, shot, wait_kernel_idle
 
 BASE = "/hub/user/wb/"
@@ -102,43 +100,8 @@ def lab_base():
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Lab(proc, port, token, log)
-    server.base = f"http://127.0.0.1:{port}{BASE.rstrip('/')}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{server.log_tail()}")
-            try:
-                server.api("GET", "status")
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"jupyter lab did not answer in 90 s:\n{server.log_tail()}")
-                time.sleep(0.5)
+    with serve(cmd, env, port, token, log, "jupyter lab", base=f"http://127.0.0.1:{port}{BASE.rstrip('/')}") as server:
         yield server
-    finally:
-        server.remember()
-        try:
-            server.shutdown_kernels()
-        except Exception:
-            pass
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        left = server.leftovers()
-        for p in left:
-            p.terminate()
-        _, still = psutil.wait_procs(left, timeout=10)
-        for p in still:
-            p.kill()
 
 
 @pytest.fixture

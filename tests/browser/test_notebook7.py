@@ -14,16 +14,13 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
 
-import psutil
 import pytest
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, Lab, _free_port, _need_browser, _write_settings
+from .conftest import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _write_settings, serve
 from .helpers import ROOT, STATE, shot
 
 BUILT = ROOT / "workbench" / "labextension"
@@ -88,42 +85,8 @@ def notebook7():
         f"--JupyterNotebookApp.user_settings_dir={HERE / 'settings'}",
         f"--JupyterNotebookApp.workspaces_dir={HERE / 'workspaces'}",
     ]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Lab(proc, port, token, log)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter notebook exited with {proc.returncode}:\n{server.log_tail()}")
-            try:
-                server.api("GET", "status")
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"jupyter notebook did not answer in 90 s:\n{server.log_tail()}")
-                time.sleep(0.5)
+    with serve(cmd, env, port, token, log, "jupyter notebook") as server:
         yield server
-    finally:
-        server.remember()
-        try:
-            server.shutdown_kernels()
-        except Exception:
-            pass
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        left = server.leftovers()
-        for p in left:
-            p.terminate()
-        _, still = psutil.wait_procs(left, timeout=10)
-        for p in still:
-            p.kill()
 
 
 @pytest.fixture
