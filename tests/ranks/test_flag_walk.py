@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import re
+import time
 
 import pytest
 
@@ -358,6 +359,9 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
             assert {f["lr"] for f in ranks2.apply(_trainer_facts)} == {1e-4}  # refused before anything changed
             with pytest.raises(TimeoutError):
                 magic(shell2, "train wait --timeout 0.3")
+            # profile --timeout bounds the wait for steps that take longer than that
+            with pytest.raises(RuntimeError, match="no trace after 1 s"):
+                magic(shell2, f"profile --steps 5000 --timeout 1 --out {tmp_path / 't'}")
         finally:
             magic(shell2, "train stop")
             magic(shell2, "train wait --timeout 120")
@@ -382,8 +386,11 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
             assert sum(e.get("name", "").startswith("ProfilerStep#") for e in json.load(f)["traceEvents"]) == 1
         prof = magic(shell2, f"profile --code 'y = sum(range(1000))' --ranks 0 --out {tmp_path / 'c'}")
         assert list(prof.files) == [0] and os.path.exists(prof.files[0])
-        with pytest.raises(RuntimeError, match="no trace after 1 s"):  # one idle rank alone cannot step
-            magic(shell2, f"profile --steps 1 --ranks 1 --timeout 1 --out {tmp_path / 't'}")
+        # one rank of an idle trainer cannot step alone: refused at once, not after --timeout
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"profiling rank\(s\) 1 alone cannot start them"):
+            magic(shell2, f"profile --steps 1 --ranks 1 --timeout 60 --out {tmp_path / 'i'}")
+        assert time.monotonic() - t0 < 30
     finally:
         _clean(ranks2)
     capsys.readouterr()
