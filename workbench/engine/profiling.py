@@ -84,6 +84,9 @@ def arm(steps: int, out_dir: str, *, partial: str = "") -> dict:
             st = _STATE
             if st.get("hook") is not hook or st.get("done"):
                 return
+            if st.get("cancel"):  # asked from the engine's thread: stopped here, between steps
+                _finish(st)
+                return
             try:
                 if st["prof"] is None:
                     import warnings
@@ -142,6 +145,8 @@ def status() -> dict:
     import torch
 
     with _LOCK:
+        if _STATE:
+            _settle(_STATE)
         st = dict(_STATE)
     t = st.get("trainer")
     return {
@@ -157,19 +162,22 @@ def status() -> dict:
 
 
 def cancel() -> dict:
-    """Stop a profile where it is (no trace written), remove its hook."""
+    """Stop a profile where it is (no trace written), remove its hook. While the trainer
+    runs, its own thread stops the profiler at the end of the step: stopping it from this
+    thread in the middle of the step's ops crashes the rank."""
     with _LOCK:
         if _STATE and not _STATE.get("done"):
             _STATE["error"] = "cancelled"
-            prof = _STATE.get("prof")
-            if prof is not None and threading.current_thread() is not None:
-                _STATE["prof"] = None
-                try:  # stopping from another thread: the profiler's state is process-wide
-                    prof.stop()
-                except Exception:
-                    pass
-            _finish(_STATE)
+            _STATE["cancel"] = True
+            _settle(_STATE)
     return status()
+
+
+def _settle(st: dict) -> None:
+    """Finish a cancelled profile here once no step can run it (called with the lock held)."""
+    t = st.get("trainer")
+    if st.get("cancel") and not st.get("done") and (st.get("prof") is None or t is None or t.state != "running"):
+        _finish(st)
 
 
 def read_trace() -> bytes:
