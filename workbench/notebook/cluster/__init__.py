@@ -10,7 +10,8 @@ from ...shared.errors import (
     WorkbenchError,
 )
 from .ranges import format_ranks, parse_ranks
-from .rankset import RankCall, RankSet, RankSetConfig
+from .rank_call import RankCall
+from .rankset import RankSet, RankSetConfig
 
 __all__ = [
     "AlreadyRunning",
