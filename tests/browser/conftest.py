@@ -317,6 +317,23 @@ def open_browser(playwright_driver, profile: pathlib.Path, width: int):
     return context, pg
 
 
+@contextlib.contextmanager
+def browsing(playwright_driver, server: Lab, profile: pathlib.Path, shot_name: str):
+    """A page of :func:`open_browser` on ``server``; afterwards its screenshot ``shot_name``,
+    and the server's kernels shut down (each stops its ranks)."""
+    context, pg = open_browser(playwright_driver, profile, width=1500)
+    try:
+        yield pg
+    finally:
+        try:
+            shot(pg, shot_name)
+        except Exception:
+            pass
+        context.close()
+        server.remember()
+        server.shutdown_kernels()
+
+
 @pytest.fixture
 def page(request, lab, playwright_driver):
     """A page in a fresh Chromium profile; kernels are shut down after the test."""

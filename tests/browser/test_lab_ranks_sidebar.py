@@ -21,8 +21,8 @@ import urllib.request
 import pytest
 from conftest import alive as _alive
 
-from .conftest import _free_port, _need_browser, extension_env, jupyter_cmd, open_browser, serve
-from .helpers import ROOT, STATE, run_cell, shot, wait_kernel_idle, write_notebook
+from .conftest import _free_port, _need_browser, browsing, extension_env, jupyter_cmd, serve
+from .helpers import ROOT, STATE, run_cell, wait_kernel_idle, write_notebook
 
 BASE = "/hub/user/wb/"
 HERE = STATE / "labext"
@@ -63,17 +63,8 @@ def lab_base():
 
 @pytest.fixture
 def lab_page(request, lab_base, playwright_driver):
-    context, pg = open_browser(playwright_driver, HERE / "chromium", width=1500)
-    try:
+    with browsing(playwright_driver, lab_base, HERE / "chromium", f"labext-{request.node.name}") as pg:
         yield pg
-    finally:
-        try:
-            shot(pg, f"labext-{request.node.name}")
-        except Exception:
-            pass
-        context.close()
-        lab_base.remember()
-        lab_base.shutdown_kernels()
 
 
 def _ranks_api(lab, token: bool = True):

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from .conftest import _free_port, _need_browser, extension_env, jupyter_cmd, open_browser, serve
-from .helpers import ROOT, STATE, shot, write_notebook
+from .conftest import _free_port, _need_browser, browsing, extension_env, jupyter_cmd, serve
+from .helpers import ROOT, STATE, write_notebook
 
 HERE = STATE / "nb7"
 NOTEBOOK = HERE / "ranks_nb7.ipynb"
@@ -55,17 +55,8 @@ def notebook7():
 
 @pytest.fixture
 def nb7_page(request, notebook7, playwright_driver):
-    context, pg = open_browser(playwright_driver, HERE / "chromium", width=1500)
-    try:
+    with browsing(playwright_driver, notebook7, HERE / "chromium", f"nb7-{request.node.name}") as pg:
         yield pg
-    finally:
-        try:
-            shot(pg, f"nb7-{request.node.name}")
-        except Exception:
-            pass
-        context.close()
-        notebook7.remember()
-        notebook7.shutdown_kernels()
 
 
 def _ranksets(server) -> list[dict]:
