@@ -213,6 +213,12 @@ def _fd_forwarded(stream) -> bool:
     watcher = getattr(stream, "watch_fd_thread", None)
     if getattr(stream, "_fid", None) is None or watcher is None:
         return True  # not captured at the fd level: nothing written below Python reaches it
+    fd = stream._original_stdstream_fd
+    try:
+        if not _same_file(os.fstat(fd), os.fstat(stream._fid)):
+            return True  # the cell pointed the fd elsewhere: what it writes there never reaches the stream
+    except OSError:
+        return True
     if not watcher.is_alive():
         return False
     seen = getattr(stream, "_wb_marker_seen", None)
@@ -220,10 +226,14 @@ def _fd_forwarded(stream) -> bool:
         seen = stream._wb_marker_seen = _watch_for_marker(stream, watcher)
     seen.clear()
     try:
-        os.write(stream._original_stdstream_fd, _MARKER)
+        os.write(fd, _MARKER)
     except OSError:
         return False
     return seen.wait(FD_SYNC_TIMEOUT_S)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)  # a pipe's two ends are one inode
 
 
 def _watch_for_marker(stream, watcher) -> threading.Event:
