@@ -31,6 +31,7 @@ os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
+from trainer_cleanup import clean_trainer  # noqa: E402, F401  (tests import it from here)
 
 from workbench.notebook import api, session  # noqa: E402
 from workbench.notebook.cluster import RankSet  # noqa: E402
@@ -45,28 +46,6 @@ def alive(pids) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
-
-
-def clean_trainer() -> bool:
-    """Rank side: stop and forget any trainer, timing wrappers, auto-save and pending save.
-
-    Tests that train on the shared rank sets call this on the ranks afterwards, so that
-    the next test finds them as a fresh user would.
-    """
-    from workbench.engine import checkpoint_hooks, comm_timing, listeners, trainer
-    from workbench.engine.checkpoint import save
-
-    t = trainer._CURRENT
-    if t is not None:
-        t.stop()
-        t.resume()
-        t.wait(30)
-    trainer._CURRENT = None
-    listeners.forget_trainer()
-    comm_timing.uninstall()
-    checkpoint_hooks.set_autosave(None, None)
-    save.wait()
-    return True
 
 
 # the ranks import test helpers (and the test modules whose functions they run) from these;

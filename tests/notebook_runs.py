@@ -177,3 +177,46 @@ def end_lab_ranks(pids) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def run_lab(nb, name: str, ranks: int, expected_checks: int, needles) -> str:
+    """Execute lab ``name`` (``nb``, read from notebooks/) headless and check it as a student
+    would see it: saved without outputs, starts ``ranks`` gloo ranks and ends in ``%distrain
+    stop``; no cell raised, no rank process left, ``expected_checks`` "check passed" lines and
+    every one of ``needles`` in its outputs. Returns the outputs' text."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "save the lab without outputs"
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    assert any(f"%distrain start -n {ranks} --backend gloo --threads 1" in s for s in sources)
+    assert sources[-1].strip() == "%distrain stop"
+
+    t0 = time.perf_counter()
+    client = NotebookClient(nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(ROOT)}})
+    try:
+        client.execute()
+    except CellExecutionError:
+        end_lab_ranks(lab_rank_pids(outputs_text(nb)))
+        raise
+    seconds = time.perf_counter() - t0
+    text = outputs_text(nb)
+
+    pids = lab_rank_pids(text)
+    assert len(pids) == ranks, f"the lab prints the {ranks} rank pids from %distrain status"
+    deadline = time.monotonic() + 15
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = alive(pids)
+    end_lab_ranks(left)
+    assert left == [], f"{name} left rank processes behind: {left}"
+    assert "ranks stopped" in text
+
+    passed = [line for line in text.splitlines() if line.startswith("check passed")]
+    assert len(passed) == expected_checks, (len(passed), expected_checks, passed)
+    for needle in needles:
+        assert needle in text, needle
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors == []
+    print(f"{name}: {seconds:.1f} s")
+    return text

@@ -33,6 +33,7 @@ import pytest
 from .helpers import ARTIFACTS, ROOT, STATE, shot
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
+BUILT = ROOT / "workbench" / "labextension"  # the Lab extension as `make` builds it
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -131,6 +132,13 @@ class Lab:
             body = resp.read()
         return json.loads(body) if body else None
 
+    def rest(self, path: str, token: bool = True):
+        """GET ``path`` under the server's base URL (a server extension's route), as JSON."""
+        headers = {"Authorization": f"token {self.token}"} if token else {}
+        req = urllib.request.Request(f"{self.base}/{path}", headers=headers)
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return json.loads(resp.read())
+
     def shutdown_kernels(self) -> None:
         """Shut every kernel down (each stops its ranks at exit); wait until they are gone."""
         for kernel in self.api("GET", "kernels"):
@@ -146,33 +154,48 @@ class Lab:
             return ""
 
 
-@pytest.fixture(scope="session")
-def lab():
-    _need_browser()
-    shutil.rmtree(STATE / "lab-workspaces", ignore_errors=True)
+def state_env(root: pathlib.Path, jupyter: str = "") -> dict:
+    """This process's environment with every Jupyter / IPython state folder under ``root``
+    (Jupyter's under ``root / jupyter``), one thread per op, and no JupyterLab settings
+    folder from outside."""
     env = dict(os.environ)
     for var, sub in (
         ("IPYTHONDIR", "ipython"),
-        ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
-        ("JUPYTER_CONFIG_DIR", "jupyter/config"),
-        ("JUPYTER_DATA_DIR", "jupyter/data"),
+        ("JUPYTER_RUNTIME_DIR", f"{jupyter}runtime"),
+        ("JUPYTER_CONFIG_DIR", f"{jupyter}config"),
+        ("JUPYTER_DATA_DIR", f"{jupyter}data"),
         ("MPLCONFIGDIR", "mpl"),
     ):
-        env[var] = str(STATE / sub)
-        (STATE / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(root / sub)
+        (root / sub).mkdir(parents=True, exist_ok=True)
     env["OMP_NUM_THREADS"] = "1"
-    env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
     env.pop("JUPYTERLAB_SETTINGS_DIR", None)
-    env.pop("JUPYTERLAB_WORKSPACES_DIR", None)
-    settings = STATE / "lab-settings"
-    shutil.rmtree(settings, ignore_errors=True)
-    _write_settings(settings)
-    port, token = _free_port(), secrets.token_hex(16)
-    log = STATE / "jupyter-lab.log"
-    cmd = [
+    return env
+
+
+def extension_env(here: pathlib.Path) -> dict:
+    """:func:`state_env` under a fresh ``here``, with the Lab extension built in this tree
+    linked into its data folder and the test settings in ``here / "settings"``."""
+    if not (BUILT / "package.json").exists():
+        pytest.fail(
+            "the JupyterLab extension is not built: `make test` (or `cd extensions && npm ci && "
+            "npm run build`) builds it into workbench/labextension"
+        )
+    shutil.rmtree(here, ignore_errors=True)
+    env = state_env(here)
+    (here / "data" / "labextensions").mkdir()
+    (here / "data" / "labextensions" / "distrain-workbench-lab").symlink_to(BUILT)
+    _write_settings(here / "settings")
+    return env
+
+
+def jupyter_cmd(app: str, port: int, token: str, *options: str) -> list[str]:
+    """The command line of the Jupyter server ``app`` (``jupyterlab``, ``notebook``) on
+    ``port``, rooted at the repository, with what every test server takes, then ``options``."""
+    return [
         sys.executable,
         "-m",
-        "jupyterlab",
+        app,
         "--no-browser",
         f"--IdentityProvider.token={token}",
         f"--port={port}",
@@ -180,13 +203,33 @@ def lab():
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.root_dir={ROOT}",
         "--ContentsManager.allow_hidden=True",
+        *options,
+    ]
+
+
+@pytest.fixture(scope="session")
+def lab():
+    _need_browser()
+    shutil.rmtree(STATE / "lab-workspaces", ignore_errors=True)
+    env = state_env(STATE, jupyter="jupyter/")
+    env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+    env.pop("JUPYTERLAB_WORKSPACES_DIR", None)
+    settings = STATE / "lab-settings"
+    shutil.rmtree(settings, ignore_errors=True)
+    _write_settings(settings)
+    port, token = _free_port(), secrets.token_hex(16)
+    log = STATE / "jupyter-lab.log"
+    cmd = jupyter_cmd(
+        "jupyterlab",
+        port,
+        token,
         # checkpoints under .state, not as .ipynb_checkpoints/ beside tracked notebooks
         f"--FileCheckpoints.checkpoint_dir={STATE / 'checkpoints'}",
         f"--LabApp.user_settings_dir={settings}",
         f"--LabApp.workspaces_dir={STATE / 'lab-workspaces'}",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]
+    )
     with serve(cmd, env, port, token, log, "jupyter lab") as server:
         yield server
 
@@ -255,25 +298,49 @@ def playwright_driver():
     pw.stop()
 
 
+def open_browser(playwright_driver, profile: pathlib.Path, width: int):
+    """``(context, page)``: Debian's Chromium on the user-data-dir ``profile``; the page's
+    uncaught exceptions are collected, with their stack, in ``page.js_errors``."""
+    context = playwright_driver.chromium.launch_persistent_context(
+        str(profile),
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=CHROMIUM_ARGS,
+        viewport={"width": width, "height": 1000},
+        timezone_id="UTC",
+    )
+    context.set_default_timeout(30_000)
+    pg = context.pages[0] if context.pages else context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(f"{exc}\n{exc.stack}" if exc.stack else str(exc)))
+    pg.js_errors = errors
+    return context, pg
+
+
+@contextlib.contextmanager
+def browsing(playwright_driver, server: Lab, profile: pathlib.Path, shot_name: str):
+    """A page of :func:`open_browser` on ``server``; afterwards its screenshot ``shot_name``,
+    and the server's kernels shut down (each stops its ranks)."""
+    context, pg = open_browser(playwright_driver, profile, width=1500)
+    try:
+        yield pg
+    finally:
+        try:
+            shot(pg, shot_name)
+        except Exception:
+            pass
+        context.close()
+        server.remember()
+        server.shutdown_kernels()
+
+
 @pytest.fixture
 def page(request, lab, playwright_driver):
     """A page in a fresh Chromium profile; kernels are shut down after the test."""
     (ARTIFACTS / f"FAILED-{request.node.name}.png").unlink(missing_ok=True)
     profile = STATE / "chromium" / uuid.uuid4().hex[:8]
     profile.mkdir(parents=True)
-    context = playwright_driver.chromium.launch_persistent_context(
-        str(profile),
-        executable_path=str(CHROMIUM),
-        headless=True,
-        args=CHROMIUM_ARGS,
-        viewport={"width": 1400, "height": 1000},
-        timezone_id="UTC",
-    )
-    context.set_default_timeout(30_000)
-    pg = context.pages[0] if context.pages else context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    pg.js_errors = errors  # uncaught exceptions in the page
+    context, pg = open_browser(playwright_driver, profile, width=1400)
     console: list[str] = []
     pg.on("console", lambda msg: console.append(msg.text[:500]) if msg.type == "error" else None)
     pg.console_errors = console  # console.error lines (widget render failures land here)

@@ -56,3 +56,19 @@ def run_cell(page, text: str):
 
 def outputs(page, text: str):
     return page.locator(".jp-OutputArea-output", has_text=text)
+
+
+def write_notebook(path: pathlib.Path, cells: list[str]) -> None:
+    """A notebook of code cells ``cells`` (no outputs) on the ``python3`` kernel."""
+    import json
+
+    nb = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+            for src in cells
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb))

@@ -13,9 +13,7 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,11 +21,10 @@ import urllib.request
 import pytest
 from conftest import alive as _alive
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _write_settings, serve
-from .helpers import ROOT, STATE, run_cell, shot, wait_kernel_idle
+from .conftest import _free_port, _need_browser, browsing, extension_env, jupyter_cmd, serve
+from .helpers import ROOT, STATE, run_cell, wait_kernel_idle, write_notebook
 
 BASE = "/hub/user/wb/"
-BUILT = ROOT / "workbench" / "labextension"
 HERE = STATE / "labext"
 NOTEBOOK = HERE / "ranks_sidebar.ipynb"
 CELLS = [
@@ -40,103 +37,38 @@ CELLS = [
 ]
 
 
-def _notebook() -> None:
-    cells = [
-        {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None} for src in CELLS
-    ]
-    nb = {
-        "cells": cells,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    NOTEBOOK.write_text(json.dumps(nb))
-
-
 @pytest.fixture(scope="module")
 def lab_base():
     """JupyterLab under ``BASE`` with this tree's Lab extension and the server extension."""
     _need_browser()
-    if not (BUILT / "package.json").exists():
-        pytest.fail(
-            "the JupyterLab extension is not built: `make test` (or `cd extensions && npm ci && "
-            "npm run build`) builds it into workbench/labextension"
-        )
-    shutil.rmtree(HERE, ignore_errors=True)
-    env = dict(os.environ)
-    for var, sub in (
-        ("IPYTHONDIR", "ipython"),
-        ("JUPYTER_RUNTIME_DIR", "runtime"),
-        ("JUPYTER_CONFIG_DIR", "config"),
-        ("JUPYTER_DATA_DIR", "data"),
-        ("MPLCONFIGDIR", "mpl"),
-    ):
-        env[var] = str(HERE / sub)
-        (HERE / sub).mkdir(parents=True, exist_ok=True)
-    (HERE / "data" / "labextensions").mkdir()
-    (HERE / "data" / "labextensions" / "distrain-workbench-lab").symlink_to(BUILT)
-    env["OMP_NUM_THREADS"] = "1"
-    env.pop("JUPYTERLAB_SETTINGS_DIR", None)
-    _write_settings(HERE / "settings")
-    _notebook()
+    env = extension_env(HERE)
+    write_notebook(NOTEBOOK, CELLS)
     port, token = _free_port(), secrets.token_hex(16)
     log = HERE / "jupyter-lab.log"
-    cmd = [
-        sys.executable,
-        "-m",
+    cmd = jupyter_cmd(
         "jupyterlab",
-        "--no-browser",
-        f"--IdentityProvider.token={token}",
-        f"--port={port}",
-        "--ServerApp.port_retries=0",
-        "--ServerApp.ip=127.0.0.1",
+        port,
+        token,
         f"--ServerApp.base_url={BASE}",
-        f"--ServerApp.root_dir={ROOT}",
-        "--ContentsManager.allow_hidden=True",
         '--ServerApp.jpserver_extensions={"workbench.labserver": True}',
         f"--FileCheckpoints.checkpoint_dir={HERE / 'checkpoints'}",
         f"--LabApp.user_settings_dir={HERE / 'settings'}",
         f"--LabApp.workspaces_dir={HERE / 'workspaces'}",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]
+    )
     with serve(cmd, env, port, token, log, "jupyter lab", base=f"http://127.0.0.1:{port}{BASE.rstrip('/')}") as server:
         yield server
 
 
 @pytest.fixture
 def lab_page(request, lab_base, playwright_driver):
-    profile = HERE / "chromium"
-    context = playwright_driver.chromium.launch_persistent_context(
-        str(profile),
-        executable_path=str(CHROMIUM),
-        headless=True,
-        args=CHROMIUM_ARGS,
-        viewport={"width": 1500, "height": 1000},
-        timezone_id="UTC",
-    )
-    context.set_default_timeout(30_000)
-    pg = context.pages[0] if context.pages else context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    pg.js_errors = errors
-    try:
+    with browsing(playwright_driver, lab_base, HERE / "chromium", f"labext-{request.node.name}") as pg:
         yield pg
-    finally:
-        try:
-            shot(pg, f"labext-{request.node.name}")
-        except Exception:
-            pass
-        context.close()
-        lab_base.remember()
-        lab_base.shutdown_kernels()
 
 
 def _ranks_api(lab, token: bool = True):
-    headers = {"Authorization": f"token {lab.token}"} if token else {}
-    req = urllib.request.Request(f"{lab.base}/workbench/ranksets", headers=headers)
-    with urllib.request.urlopen(req, timeout=20) as resp:
-        return json.loads(resp.read())["ranksets"]
+    return lab.rest("workbench/ranksets", token=token)["ranksets"]
 
 
 def _output(page, cell_text: str) -> str:

@@ -13,17 +13,13 @@ import json
 import os
 import re
 import secrets
-import shutil
-import sys
 import time
-import urllib.request
 
 import pytest
 
-from .conftest import CHROMIUM, CHROMIUM_ARGS, _free_port, _need_browser, _write_settings, serve
-from .helpers import ROOT, STATE, shot
+from .conftest import _free_port, _need_browser, browsing, extension_env, jupyter_cmd, serve
+from .helpers import ROOT, STATE, write_notebook
 
-BUILT = ROOT / "workbench" / "labextension"
 HERE = STATE / "nb7"
 NOTEBOOK = HERE / "ranks_nb7.ipynb"
 NVML = HERE / "nvml.json"
@@ -33,95 +29,38 @@ CELLS = [
 ]
 
 
-def _write_notebook() -> None:
-    cells = [
-        {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None} for src in CELLS
-    ]
-    meta = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}}
-    NOTEBOOK.write_text(json.dumps({"cells": cells, "metadata": meta, "nbformat": 4, "nbformat_minor": 5}))
-
-
 @pytest.fixture(scope="module")
 def notebook7():
     """``jupyter notebook`` (Notebook 7) with this tree's extension, the server extension and NVML's stand-in."""
     _need_browser()
     pytest.importorskip("notebook", minversion="7", reason="Notebook 7 is not installed (pip install -e '.[test]')")
-    if not (BUILT / "package.json").exists():
-        pytest.fail("the JupyterLab extension is not built: `cd extensions && npm ci && npm run build`")
-    shutil.rmtree(HERE, ignore_errors=True)
-    env = dict(os.environ)
-    for var, sub in (
-        ("IPYTHONDIR", "ipython"),
-        ("JUPYTER_RUNTIME_DIR", "runtime"),
-        ("JUPYTER_CONFIG_DIR", "config"),
-        ("JUPYTER_DATA_DIR", "data"),
-        ("MPLCONFIGDIR", "mpl"),
-    ):
-        env[var] = str(HERE / sub)
-        (HERE / sub).mkdir(parents=True, exist_ok=True)
-    (HERE / "data" / "labextensions").mkdir()
-    (HERE / "data" / "labextensions" / "distrain-workbench-lab").symlink_to(BUILT)
-    env["OMP_NUM_THREADS"] = "1"
+    env = extension_env(HERE)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     env["WORKBENCH_NVML_STANDIN"] = str(NVML)  # absent until the ranks are up: "no driver" till then
-    env.pop("JUPYTERLAB_SETTINGS_DIR", None)
-    _write_settings(HERE / "settings")
-    _write_notebook()
+    write_notebook(NOTEBOOK, CELLS)
     port, token = _free_port(), secrets.token_hex(16)
     log = HERE / "jupyter-notebook.log"
-    cmd = [
-        sys.executable,
-        "-m",
+    cmd = jupyter_cmd(
         "notebook",
-        "--no-browser",
-        f"--IdentityProvider.token={token}",
-        f"--port={port}",
-        "--ServerApp.port_retries=0",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.root_dir={ROOT}",
-        "--ContentsManager.allow_hidden=True",
+        port,
+        token,
         '--ServerApp.jpserver_extensions={"workbench.labserver": True, "nvml_standin": True}',
         f"--FileCheckpoints.checkpoint_dir={HERE / 'checkpoints'}",
         f"--JupyterNotebookApp.user_settings_dir={HERE / 'settings'}",
         f"--JupyterNotebookApp.workspaces_dir={HERE / 'workspaces'}",
-    ]
+    )
     with serve(cmd, env, port, token, log, "jupyter notebook") as server:
         yield server
 
 
 @pytest.fixture
 def nb7_page(request, notebook7, playwright_driver):
-    context = playwright_driver.chromium.launch_persistent_context(
-        str(HERE / "chromium"),
-        executable_path=str(CHROMIUM),
-        headless=True,
-        args=CHROMIUM_ARGS,
-        viewport={"width": 1500, "height": 1000},
-        timezone_id="UTC",
-    )
-    context.set_default_timeout(30_000)
-    pg = context.pages[0] if context.pages else context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(f"{exc}\n{exc.stack}"))
-    pg.js_errors = errors
-    try:
+    with browsing(playwright_driver, notebook7, HERE / "chromium", f"nb7-{request.node.name}") as pg:
         yield pg
-    finally:
-        try:
-            shot(pg, f"nb7-{request.node.name}")
-        except Exception:
-            pass
-        context.close()
-        notebook7.remember()
-        notebook7.shutdown_kernels()
 
 
 def _ranksets(server) -> list[dict]:
-    req = urllib.request.Request(
-        f"{server.base}/workbench/ranksets", headers={"Authorization": f"token {server.token}"}
-    )
-    with urllib.request.urlopen(req, timeout=20) as resp:
-        return json.loads(resp.read())["ranksets"]
+    return server.rest("workbench/ranksets")["ranksets"]
 
 
 def _wait_kernel_idle(server, timeout: float) -> None:

@@ -47,6 +47,11 @@ def _scontrol(job_id: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
 
 
+def _start(n: int, request: SlurmRequest, progress=lambda line: None):
+    """``api.start`` of ``n`` gloo ranks through this test's Slurm with ``request``."""
+    return api.start(n, launcher="slurm", backend="gloo", profile_dir=str(PROFILE), progress=progress, slurm=request)
+
+
 @pytest.fixture(scope="module")
 def slurm_ranks(slurm_cluster):
     lines: list[str] = []
@@ -212,14 +217,7 @@ def test_pending_request_shows_queued_with_reason_and_stop_cancels_it(slurm_clus
 
     def start():
         try:
-            api.start(
-                2,
-                launcher="slurm",
-                backend="gloo",
-                profile_dir=str(PROFILE),
-                progress=lines.append,
-                slurm=SlurmRequest(nodes=2),
-            )  # two nodes: the second never comes up
+            _start(2, SlurmRequest(nodes=2), progress=lines.append)  # two nodes: the second never comes up
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             outcome["error"] = exc
 
@@ -258,14 +256,7 @@ def test_ctrl_c_while_queued_cancels_the_job(slurm_cluster, no_current):
 
     threading.Thread(target=interrupt_when_queued, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        api.start(
-            2,
-            launcher="slurm",
-            backend="gloo",
-            profile_dir=str(PROFILE),
-            progress=lines.append,
-            slurm=SlurmRequest(nodes=2),
-        )
+        _start(2, SlurmRequest(nodes=2), progress=lines.append)
     assert slurm_cluster.squeue() == []
 
 
@@ -300,35 +291,14 @@ def test_request_that_can_never_run_is_reported_with_slurms_reason(slurm_cluster
     t0 = time.monotonic()
     # more nodes than the partition has: Slurm says PartitionNodeLimit (or PartitionConfig)
     with pytest.raises(SlurmError, match=r"Slurm job \d+ can never run: Partition(NodeLimit|Config); it was cancelled"):
-        api.start(
-            3,
-            launcher="slurm",
-            backend="gloo",
-            profile_dir=str(PROFILE),
-            progress=lambda line: None,
-            slurm=SlurmRequest(nodes=3),
-        )
+        _start(3, SlurmRequest(nodes=3))
     assert time.monotonic() - t0 < 30
     assert slurm_cluster.squeue() == []
     with pytest.raises(SlurmError, match=r"sbatch refused the request: .*partition"):
-        api.start(
-            2,
-            launcher="slurm",
-            backend="gloo",
-            profile_dir=str(PROFILE),
-            progress=lambda line: None,
-            slurm=SlurmRequest(partition="nosuch"),
-        )
+        _start(2, SlurmRequest(partition="nosuch"))
     # --gpus-per-node reaches sbatch (this Slurm has no GPUs configured, and says so)
     with pytest.raises(SlurmError, match=r"sbatch refused the request: .*generic resource"):
-        api.start(
-            2,
-            launcher="slurm",
-            backend="gloo",
-            profile_dir=str(PROFILE),
-            progress=lambda line: None,
-            slurm=SlurmRequest(gpus_per_node=1),
-        )
+        _start(2, SlurmRequest(gpus_per_node=1))
     assert slurm_cluster.squeue() == []
 
 

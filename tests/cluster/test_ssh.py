@@ -14,6 +14,7 @@ import time
 
 import psutil
 import pytest
+from checkpoint_cells import CLEAN, build_cell
 from conftest import alive as _alive
 from conftest import clean_trainer
 
@@ -160,44 +161,12 @@ def test_trainer_pause_asked_on_the_other_host_holds_every_rank_at_one_step(seco
         rs.apply(clean_trainer, timeout=60)
 
 
-BUILD = """
-import hashlib, torch
-from workbench.models import GPT, GPTConfig, SyntheticDataset, batch_at
-from workbench.strategies import prepare
-from workbench.engine import checkpoint_hooks as ch
-torch.manual_seed(0)
-_ck_model = GPT(GPTConfig.tiny())
-_ck_prep = prepare(_ck_model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), {spec!r})
-_ck_state = ch.track(_ck_prep)
-_ck_ds = SyntheticDataset("copy", n=256, seq_len=16)
-_ck_losses = {{}}
-def _ck_train(n):
-    for _ in range(n):
-        s = _ck_state.step
-        _ck_losses[s] = _ck_prep.train_step(batch_at(_ck_ds, 8, s, dp_rank=_ck_prep.dp_rank, dp_size=_ck_prep.dp_size))
-        ch.step_done(_ck_losses[s])
-def _ck_digest():
-    out = {{}}
-    for n, p in _ck_model.named_parameters():  # the whole tensor (a collective for FSDP2's shards)
-        t = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
-        out[n] = hashlib.sha256(t.float().contiguous().numpy().tobytes()).hexdigest()
-    return out
-"""
-
-CLEAN = """
-from workbench.engine import checkpoint_hooks as ch
-ch.untrack(); ch.set_autosave(None, None)
-for _n in [n for n in list(globals()) if n.startswith('_ck_')]:
-    del globals()[_n]
-"""
-
-
 def test_checkpoint_saved_by_ranks_on_both_hosts_restores_onto_two_local_ranks(ssh_ranks, ranks2, tmp_path):
     from workbench.notebook import checkpoints as ckpt
 
     rs = ssh_ranks
     try:
-        rs.execute(BUILD.format(spec="fsdp2"), timeout=180)  # each rank holds a quarter: two on each host
+        rs.execute(build_cell("fsdp2"), timeout=180)  # each rank holds a quarter: two on each host
         rs.execute("_ck_train(3)", timeout=180)
         info = ckpt.save(root=str(tmp_path), rankset=rs)
         assert (info["name"], info["step"]) == ("step-00000003", 3)
@@ -205,7 +174,7 @@ def test_checkpoint_saved_by_ranks_on_both_hosts_restores_onto_two_local_ranks(s
         saved = rs.pull("_ck_saved")[0]
         rs.execute("_ck_train(2)", timeout=180)
         ref = rs.pull("_ck_losses")[0]
-        ranks2.execute(BUILD.format(spec="ddp"), timeout=180)
+        ranks2.execute(build_cell("ddp"), timeout=180)
         loaded = ckpt.load("latest", root=str(tmp_path), rankset=ranks2)
         assert (loaded["from_strategy"], loaded["from_world_size"], loaded["world_size"]) == ("fsdp2", 4, 2)
         assert ranks2.pull("_ck_state.step") == [3, 3]

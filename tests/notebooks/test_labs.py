@@ -13,17 +13,11 @@ numbers, and that none of the rank processes is alive afterwards.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import alive
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
-from notebook_runs import end_lab_ranks as _end
-from notebook_runs import lab_rank_pids as _rank_pids
-from notebook_runs import outputs_text
+from notebook_runs import run_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -79,38 +73,7 @@ def check_cells(nb) -> int:
 @pytest.mark.parametrize("name", sorted(LABS))
 def test_lab_executes_and_its_checks_pass(name, jupyter_dirs):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "save the lab without outputs"
-    sources = [c.source for c in nb.cells if c.cell_type == "code"]
-    assert any("%distrain start -n 2 --backend gloo --threads 1" in s for s in sources)
-    assert sources[-1].strip() == "%distrain stop"
     expected_checks = check_cells(nb)
     assert expected_checks >= 1, "each lab has check-yourself cells"
-
-    t0 = time.perf_counter()
-    client = NotebookClient(nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(ROOT)}})
-    try:
-        client.execute()
-    except CellExecutionError:
-        _end(_rank_pids(outputs_text(nb)))
-        raise
-    seconds = time.perf_counter() - t0
-    text = outputs_text(nb)
-
-    pids = _rank_pids(text)
-    assert len(pids) == 2, "the lab prints the two rank pids from %distrain status"
-    deadline = time.monotonic() + 15
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = alive(pids)
-    _end(left)
-    assert left == [], f"{name} left rank processes behind: {left}"
-    assert "ranks stopped" in text
-
-    passed = [line for line in text.splitlines() if line.startswith("check passed")]
-    assert len(passed) == expected_checks, (len(passed), expected_checks, passed)
-    for needle in LABS[name]:
-        assert needle in text, needle
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert errors == []
+    run_lab(nb, name, 2, expected_checks, LABS[name])
     assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))
-    print(f"{name}: {seconds:.1f} s")

@@ -10,17 +10,11 @@ student versions are run to the first blank by test_labs_student.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import alive
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
-from notebook_runs import end_lab_ranks as _end
-from notebook_runs import lab_rank_pids as _rank_pids
-from notebook_runs import outputs_text
+from notebook_runs import run_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -82,39 +76,7 @@ def expected_passes(nb) -> int:
 def test_new_lab_executes_and_its_checks_pass(name, jupyter_dirs):
     ranks, needles = LABS[name]
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "save the lab without outputs"
-    sources = [c.source for c in nb.cells if c.cell_type == "code"]
-    assert any(f"%distrain start -n {ranks} --backend gloo --threads 1" in s for s in sources)
-    assert sources[-1].strip() == "%distrain stop"
     solutions = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
     assert len(solutions) >= 2 and all("### BEGIN SOLUTION" in c.source for c in solutions)
-    expected = expected_passes(nb)
-
-    t0 = time.perf_counter()
-    client = NotebookClient(nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(ROOT)}})
-    try:
-        client.execute()
-    except CellExecutionError:
-        _end(_rank_pids(outputs_text(nb)))
-        raise
-    seconds = time.perf_counter() - t0
-    text = outputs_text(nb)
-
-    pids = _rank_pids(text)
-    assert len(pids) == ranks, f"the lab prints the {ranks} rank pids from %distrain status"
-    deadline = time.monotonic() + 15
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = alive(pids)
-    _end(left)
-    assert left == [], f"{name} left rank processes behind: {left}"
-    assert "ranks stopped" in text
-
-    passed = [line for line in text.splitlines() if line.startswith("check passed")]
-    assert len(passed) == expected, (len(passed), expected, passed)
-    for needle in needles:
-        assert needle in text, needle
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert errors == []
+    run_lab(nb, name, ranks, expected_passes(nb), needles)
     assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))
-    print(f"{name}: {seconds:.1f} s")

@@ -42,7 +42,8 @@ def test_syntax_error_is_shown_tagged_per_rank_and_names_the_ranks(shell2, capsy
     r = shell2.run_cell("%%distrain\nx = (1 +")
     assert not r.success and "rank(s) 0-1" in str(r.error_in_exec)
     _, err = capsys.readouterr()
-    assert [line for line in plain(err).splitlines() if "SyntaxError" in line] == [
+    # in the order the ranks failed: one that fails first is shown at once (cluster.stragglers)
+    assert sorted(line for line in plain(err).splitlines() if "SyntaxError" in line) == [
         "[rank 0] SyntaxError: incomplete input",
         "[rank 1] SyntaxError: incomplete input",
     ]
@@ -74,3 +75,60 @@ def test_a_quiet_cell_says_nothing_is_on_its_way_and_a_failing_one_still_fails(r
     for _ in range(5):
         with pytest.raises(RankFailure, match="rank 1: ZeroDivisionError"):
             ranks2.execute("from workbench import engine\nif engine.rank == 1:\n    1 / 0")
+
+
+def test_top_level_await_runs_as_in_a_kernel_cell(shell2, capsys):
+    """The rank's kernel loop is busy with the cell's own request: the cell awaits on a loop
+    of its own, and prints, its value and its error arrive as from any cell."""
+    capsys.readouterr()
+    assert shell2.run_cell("%%distrain\nimport asyncio\nawait asyncio.sleep(0.1)\nprint('done')").success
+    assert shell2.run_cell("%%distrain\nawait asyncio.sleep(0.01, result=6 * 7)").success
+    out, _ = capsys.readouterr()
+    assert tagged(out) == ["[rank 0] done", "[rank 1] done", "[rank 0] Out: 42", "[rank 1] Out: 42"]
+    r = shell2.run_cell("%%distrain\nawait asyncio.sleep(0)\n1 / 0")
+    assert not r.success and "rank(s) 0-1" in str(r.error_in_exec)
+    _, err = capsys.readouterr()
+    assert sorted(line for line in plain(err).splitlines() if line.endswith("division by zero")) == [
+        "[rank 0] ZeroDivisionError: division by zero",
+        "[rank 1] ZeroDivisionError: division by zero",
+    ]
+    # the ranks' own loop is back: plain cells and calls run as before
+    assert shell2.run_cell("%%distrain\nprint('after')").success
+    assert tagged(capsys.readouterr()[0]) == ["[rank 0] after", "[rank 1] after"]
+
+
+@pytest.mark.parametrize(
+    "body, ename",
+    [("await asyncio.sleep(60)", "CancelledError"), ("await asyncio.sleep(0)\ntime.sleep(60)", "KeyboardInterrupt")],
+    ids=["while-awaiting", "while-running"],
+)
+def test_an_interrupted_await_cell_ends_and_never_resumes(ranks2, body, ename):
+    """Ctrl-C / interrupt: at an ``await`` the cell is cancelled (as in a Jupyter kernel), in
+    its own code it raises KeyboardInterrupt; a later cell's await does not resume it."""
+    import time
+
+    ranks2.execute("import asyncio, time\nresumed = False")
+    call = ranks2.execute_async(body + "\nresumed = True")
+    time.sleep(1.0)
+    ranks2.interrupt()
+    with pytest.raises(RankFailure, match=f"rank 0: {ename}.*rank 1: {ename}"):
+        call.result(timeout=20)
+    ranks2.execute("await asyncio.sleep(0.2)")
+    assert ranks2.pull("resumed") == [False, False]
+
+
+def test_output_written_below_python_reaches_the_notebook_tagged_per_rank(shell2, capsys):
+    """What C code, a C library or a child process writes to fd 1/2 is shown with the cell,
+    tagged per rank like a print, also when written as the cell ends."""
+    capsys.readouterr()
+    cell = (
+        "%%distrain\nimport ctypes, os, subprocess\nlibc = ctypes.CDLL(None)\n"
+        "libc.puts(b'from C')\nlibc.fflush(None)\n"
+        "subprocess.run(['echo', 'from a child'])\n"
+        "os.write(2, b'fd 2\\n')\nos.write(1, b'fd 1\\n');"
+    )
+    for _ in range(5):
+        assert shell2.run_cell(cell).success
+        out, err = capsys.readouterr()
+        assert tagged(out) == [f"[rank {r}] {text}" for r in (0, 1) for text in ("from C", "from a child", "fd 1")], out
+        assert tagged(err) == ["[rank 0] fd 2", "[rank 1] fd 2"], err

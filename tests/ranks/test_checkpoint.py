@@ -6,38 +6,11 @@ Kill / restart drills are in ``test_failures.py`` (private rank sets).
 from __future__ import annotations
 
 import pytest
+from checkpoint_cells import CLEAN, build_cell
 
 from workbench.notebook import checkpoints as ck
 from workbench.notebook.cluster import RankFailure
 from workbench.shared.checkpoint import catalog
-
-BUILD = """
-import torch
-from workbench.models import GPT, GPTConfig, SyntheticDataset, batch_at
-from workbench.strategies import prepare
-from workbench.engine import checkpoint_hooks as ch
-torch.manual_seed(0)
-_ck_model = GPT(GPTConfig.tiny({cfg}))
-_ck_prep = prepare(_ck_model, lambda ps: torch.optim.{opt}(ps, lr=1e-2), {spec!r})
-_ck_state = ch.track(_ck_prep)
-_ck_ds = SyntheticDataset("copy", n=256, seq_len=16)
-_ck_losses = {{}}
-def _ck_train(n):
-    for _ in range(n):
-        s = _ck_state.step
-        _ck_losses[s] = _ck_prep.train_step(batch_at(_ck_ds, 8, s, dp_rank=_ck_prep.dp_rank, dp_size=_ck_prep.dp_size))
-        ch.step_done(_ck_losses[s])
-"""
-
-CLEAN = """
-from workbench.engine import checkpoint_hooks as ch
-from workbench.engine.checkpoint import save as _ck_save
-_ck_save.wait(); _ck_save.DRILL['after_parts'] = 0.0
-ch.untrack(); ch.set_autosave(None, None)
-for _n in [n for n in list(globals()) if n.startswith('_ck_')]:
-    del globals()[_n]
-"""
-
 
 LIVE = """
 import torch
@@ -70,7 +43,7 @@ def assert_export_is_the_model(tensors: dict, live: dict, logits):
 
 
 def build(rs, spec="ddp", cfg="", opt="AdamW"):
-    rs.execute(BUILD.format(spec=spec, cfg=cfg, opt=opt), timeout=120)
+    rs.execute(build_cell(spec, cfg, opt), timeout=120)
 
 
 @pytest.fixture

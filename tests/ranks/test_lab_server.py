@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from workbench.notebook import registry
+from workbench.notebook import registry, training
 
 BASE = "/wb/lab-base/"
 
@@ -225,13 +225,7 @@ def test_trainer_request_behind_a_running_cell_is_refused(server, announced, ran
     finally:
         call.result(timeout=30)
     # withdrawn, not queued: after the cell the ranks have no trainer request pending
-    assert ranks2.apply(_trainer_status) == [{"state": "none", "step": 0}] * 2
-
-
-def _trainer_status():
-    from workbench.engine import control
-
-    return control.status()
+    assert training.status(rankset=ranks2) == [{"state": "none", "step": 0}] * 2
 
 
 def test_stale_entry_is_shown_as_such_then_cleaned(server):

@@ -6,17 +6,22 @@ input transforms, which only matter for IPython syntax. What the cell prints,
 displays, returns (``Out:``) and raises reaches the notebook as the same IOPub
 messages as from an execute request (stream, display_data, execute_result, error),
 and the rank's shell keeps its history and execution count. Cells in IPython syntax
-(``%magic``, ``!cmd``, ``obj?``) go through the shell's full ``run_cell``. The reply
-says whether the cell published anything, so that a quiet cell's notebook side need
-not wait for the output stream.
+(``%magic``, ``!cmd``, ``obj?``) go through the shell's full ``run_cell``, and so do
+cells with a top-level ``await`` (see :func:`run_awaiting`). The reply says whether the
+cell published anything, so that a quiet cell's notebook side need not wait for the
+output stream.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import os
 import re
-import select
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 # prompts that IPython strips from pasted code; such code may still parse as Python
 _PASTED_PROMPT = re.compile(r"^\s*(>>>|\.\.\.|In \[\d+\]:)", re.M)
@@ -38,13 +43,17 @@ def run(code: str) -> int | None:
     streams = [(stream, getattr(stream, "_buffers", None)) for stream in (sys.stdout, sys.stderr)]
     tree = plain_python(shell, code)
     if tree is None:
-        shell.run_cell(code, store_history=True)
+        with _awaits_on_own_loop(shell):
+            shell.run_cell(code, store_history=True)
     elif tree.body:
         _run_plain(shell, code, tree)
+    # what C code or a child process wrote to fd 1/2 reaches the stream first: then it
+    # belongs to this cell and the count includes it
+    forwarded = [_fd_forwarded(stream) for stream, _ in streams]
     for stream, buffers in streams:
         if stream is not None and _written(stream, buffers):
             stream.flush()  # output still buffered is sent now, so that the count includes it
-    if before is None or any(_fd_output_pending(stream) for stream, _ in streams):
+    if before is None or not all(forwarded):
         return None
     return session.message_count - before
 
@@ -122,13 +131,125 @@ def _sync(coro):
     raise RuntimeError("a plain cell's code awaited")
 
 
-def _fd_output_pending(stream) -> bool:
-    """Whether output written at the file-descriptor level (C code, a subprocess) waits in
-    the pipe that the kernel's reader thread forwards: it arrives after the reply."""
-    fd = getattr(stream, "_fid", None)
-    if fd is None:
-        return False
+@contextmanager
+def _awaits_on_own_loop(shell):
+    """Have IPython run a top-level ``await`` with :func:`run_awaiting` for one cell.
+
+    Its default runner runs the cell on the running loop, which here is the kernel's own,
+    busy running this apply request: ``run_until_complete`` fails at once. Other runners
+    a user chose (``%autoawait trio``) are left alone.
+    """
+    from IPython.core.async_helpers import _asyncio_runner
+
+    if shell.loop_runner is not _asyncio_runner:
+        yield
+        return
+    shell.loop_runner = run_awaiting
     try:
-        return bool(select.select([fd], [], [], 0)[0])
-    except (OSError, ValueError):
+        yield
+    finally:
+        if shell.loop_runner is run_awaiting:  # unless the cell chose one (%autoawait)
+            shell.loop_runner = _asyncio_runner
+
+
+class _OwnLoopRunner:
+    """IPython's loop runner for a cell on a rank: runs the cell on IPython's own event loop
+    (kept between cells, as in a terminal IPython) while the kernel's loop, which waits for
+    this request to end anyway, is set aside.
+
+    An interrupt while the cell waits cancels it (``CancelledError`` at its ``await``, as in
+    a Jupyter kernel); while the cell's own code runs, it raises ``KeyboardInterrupt`` there,
+    as in any cell. Either way the cell ends: it never resumes in a later cell.
+    """
+
+    def __call__(self, coro):
+        from IPython.core.async_helpers import get_asyncio_loop
+
+        kernel_loop = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(None)
+        try:
+            loop = get_asyncio_loop()
+            task = loop.create_task(coro)
+
+            def interrupt(signum, frame):
+                if asyncio.current_task(loop) is task:
+                    raise KeyboardInterrupt
+                loop.call_soon_threadsafe(task.cancel)
+
+            own_sigint = threading.current_thread() is threading.main_thread()
+            previous = signal.signal(signal.SIGINT, interrupt) if own_sigint else None
+            try:
+                return loop.run_until_complete(task)
+            finally:
+                if own_sigint:
+                    signal.signal(signal.SIGINT, previous)
+                if not task.done():  # the loop itself was interrupted: the cell must not resume later
+                    task.cancel()
+                    loop.run_until_complete(asyncio.wait([task]))
+        finally:
+            asyncio.events._set_running_loop(kernel_loop)
+
+    def __str__(self):  # what `%autoawait` says
+        return "asyncio (the rank's own loop)"
+
+
+run_awaiting = _OwnLoopRunner()
+
+
+FD_SYNC_TIMEOUT_S = 2.0
+_MARKER = b"\x1e"  # one byte, never split across reads; not NUL, which makes the rank log read as binary
+
+
+def _fd_forwarded(stream) -> bool:
+    """Wait until what was written to ``stream``'s file descriptor so far (C code, a child
+    process: below Python) has been handed to ``stream``; False where that is not known.
+
+    ipykernel points fd 1/2 at a pipe that a thread of its own reads into the stream, at
+    its own pace: output written just before a cell ends could arrive after the cell's
+    reply, and the notebook would have shown the cell without it. A marker byte written
+    after it comes out of the pipe after it (a pipe keeps order), and the thread meets
+    the marker only once all that came before it is in the stream.
+    """
+    watcher = getattr(stream, "watch_fd_thread", None)
+    if getattr(stream, "_fid", None) is None or watcher is None:
+        return True  # not captured at the fd level: nothing written below Python reaches it
+    fd = stream._original_stdstream_fd
+    try:
+        if not _same_file(os.fstat(fd), os.fstat(stream._fid)):
+            return True  # the cell pointed the fd elsewhere: what it writes there never reaches the stream
+    except OSError:
         return True
+    if not watcher.is_alive():
+        return False
+    seen = getattr(stream, "_wb_marker_seen", None)
+    if seen is None:
+        seen = stream._wb_marker_seen = _watch_for_marker(stream, watcher)
+    seen.clear()
+    try:
+        os.write(fd, _MARKER)
+    except OSError:
+        return False
+    return seen.wait(FD_SYNC_TIMEOUT_S)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)  # a pipe's two ends are one inode
+
+
+def _watch_for_marker(stream, watcher) -> threading.Event:
+    """Wrap ``stream.write`` so that text from the pipe reader ``watcher`` drops the marker
+    and says it met it (after writing what came before it)."""
+    seen = threading.Event()
+    write = stream.write
+    marker = _MARKER.decode()
+
+    def forward(text):
+        if marker not in text or threading.current_thread() is not watcher:
+            return write(text)
+        text = text.replace(marker, "")
+        written = write(text) if text else 0
+        seen.set()
+        return written
+
+    stream.write = forward
+    return seen

@@ -101,6 +101,7 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
         return 3
+    os.environ.pop("PYTEST_CURRENT_TEST", None)  # the engine captures its fds (see preload.RANK_ENV_DROPPED)
     child = subprocess.Popen(cmd)
     host = socket.gethostname()
     lock = threading.Lock()

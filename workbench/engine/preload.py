@@ -39,7 +39,15 @@ def own_args(argv: list[str]) -> tuple[int | None, list[str]]:
     return ranks, argv[:i] + argv[i + 2 :]
 
 
+# ipykernel leaves fd 1/2 uncaptured in a kernel whose environment says it runs under
+# pytest; a rank never does (a test's ranks are processes of their own, as a user's are),
+# so output from C code and child processes reaches the notebook there too
+RANK_ENV_DROPPED = ("PYTEST_CURRENT_TEST",)
+
+
 def main() -> None:
+    for name in RANK_ENV_DROPPED:
+        os.environ.pop(name, None)
     ranks, rest = own_args(sys.argv[1:])
     from ipyparallel.engine.app import main as engine_main
 

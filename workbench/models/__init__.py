@@ -1,17 +1,8 @@
 """Small teaching models (GPT/Llama-style, MoE, MLP) and bundled data. Pure torch."""
 
+from . import data
 from .config import GPTConfig, MoEConfig
-from .data import (
-    IGNORE_INDEX,
-    SyntheticDataset,
-    TextDataset,
-    batch_at,
-    batches,
-    corpus_files,
-    decode,
-    encode,
-    load_corpus,
-)
+from .data import *  # noqa: F403  (the tokenizer, datasets and batcher: data.__all__)
 from .gpt import GPT, Attention, Block, FeedForward, RMSNorm
 from .mlp import MLP
 from .moe import MoE, MoEGPT, expert_parallel, load_balancing_loss, route
@@ -30,15 +21,7 @@ __all__ = [
     "expert_parallel",
     "load_balancing_loss",
     "route",
-    "encode",
-    "decode",
-    "load_corpus",
-    "corpus_files",
-    "TextDataset",
-    "SyntheticDataset",
-    "batch_at",
-    "batches",
-    "IGNORE_INDEX",
+    *data.__all__,
     "build_model",
 ]
 

@@ -13,10 +13,9 @@ runtime created (``torch.distributed.is_initialized()``).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from .base import TORCH_DTYPES, Context, Prepared, PrepareError, all_reduce_mean
-from .layout import describe_params, make_layout
+from .base import TORCH_DTYPES, Context, Prepared, PrepareError, all_reduce_mean, over_every_rank
+from .layout import flat_layout
 
 __all__ = [
     "reset_accelerate_state",
@@ -155,27 +154,11 @@ def accelerate_prepare(model, optimizer, ctx: Context) -> Prepared:
     pmodel, popt = accelerator.prepare(model, opt)
     inner = accelerator.unwrap_model(pmodel)
     ctx.notes.append(f"Accelerate {s.kind} ({accelerator.distributed_type}), mixed_precision={s.param_dtype}")
-    layout = make_layout(
-        strategy=s.kind,
-        path="accelerate",
-        mesh_shape=(ctx.world_size,),
-        dim_names=("dp",),
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        params=describe_params(inner, 1),
-        notes=ctx.notes,
-        dp_rank=ctx.rank,
-        dp_size=ctx.world_size,
-    )
     return AcceleratePrepared(
         accelerator=accelerator,
         model=pmodel,
         optimizer=popt,
-        layout=layout,
-        spec=s,
-        ctx=ctx,
-        loss_group=dist.group.WORLD,
-        dp_rank=ctx.rank,
-        dp_size=ctx.world_size,
+        layout=flat_layout(ctx, strategy=s.kind, path="accelerate", module=inner),
         inner=inner,
+        **over_every_rank(ctx),
     )

@@ -175,6 +175,20 @@ def all_reduce_mean(value: torch.Tensor, group) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- Prepared
+def over_every_rank(ctx: Context) -> dict:
+    """:class:`Prepared`'s arguments for a wrapper whose one data-parallel group is every rank
+    (DeepSpeed, Accelerate): the loss is averaged over the world, each rank its own data share."""
+    import torch.distributed as dist
+
+    return {
+        "spec": ctx.spec,
+        "ctx": ctx,
+        "loss_group": dist.group.WORLD,
+        "dp_rank": ctx.rank,
+        "dp_size": ctx.world_size,
+    }
+
+
 class Prepared:
     """A model and optimizer ready to train under one strategy.
 

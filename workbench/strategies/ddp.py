@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .base import TORCH_DTYPES, Context, Prepared, build_optimizer, register
-from .layout import describe_params, make_layout
+from .layout import flat_layout
 
 __all__ = ["apply_ddp", "NoStrategy"]
 
@@ -47,22 +47,10 @@ class NoStrategy:
         opt = build_optimizer(model, optimizer, ctx.notes)
         if ctx.world_size > 1:
             ctx.notes.append(f"no parallelism: {ctx.world_size} independent copies, losses not averaged")
-        layout = make_layout(
-            strategy=self.kind,
-            path="native",
-            mesh_shape=(ctx.world_size,),
-            dim_names=("dp",),
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            params=describe_params(model, 1),
-            notes=ctx.notes,
-            dp_rank=0,
-            dp_size=1,
-        )
         return Prepared(
             model=model,
             optimizer=opt,
-            layout=layout,
+            layout=flat_layout(ctx, strategy=self.kind, path="native", module=model, data_parallel=False),
             spec=s,
             ctx=ctx,
             autocast_dtype=None if s.param_dtype == "fp32" else TORCH_DTYPES[s.param_dtype],

@@ -210,3 +210,21 @@ def make_layout(
         "notes": list(notes),
         "data": {"dp_rank": int(dp_rank), "dp_size": int(dp_size)},
     }
+
+
+def flat_layout(ctx, *, strategy: str, path: str, module: nn.Module, data_parallel: bool = True) -> dict:
+    """The layout on one flat mesh of every rank (``dp``), as DDP, DeepSpeed and Accelerate
+    lay a model out; ``data_parallel``: each rank trains on its own share of the data
+    (else every rank is a data-parallel group of one)."""
+    return make_layout(
+        strategy=strategy,
+        path=path,
+        mesh_shape=(ctx.world_size,),
+        dim_names=("dp",),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        params=describe_params(module, 1),
+        notes=ctx.notes,
+        dp_rank=ctx.rank if data_parallel else 0,
+        dp_size=ctx.world_size if data_parallel else 1,
+    )

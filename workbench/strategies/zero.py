@@ -16,11 +16,10 @@ import logging
 import os
 
 import torch
-import torch.distributed as dist
 
-from .base import Context, Prepared, PrepareError, factory_from_optimizer, register
+from .base import Context, Prepared, PrepareError, factory_from_optimizer, over_every_rank, register
 from .blocks import apply_activation_checkpointing, find_blocks
-from .layout import describe_params, make_layout
+from .layout import flat_layout
 
 __all__ = ["ZeroStrategy", "DeepSpeedPrepared", "deepspeed_config", "import_deepspeed"]
 
@@ -141,26 +140,10 @@ class ZeroStrategy:
         )
         if s.cpu_offload:
             ctx.notes.append("optimizer state offloaded to CPU")
-        layout = make_layout(
-            strategy=self.kind,
-            path="deepspeed",
-            mesh_shape=(ctx.world_size,),
-            dim_names=("dp",),
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            params=describe_params(engine.module, 1),
-            notes=ctx.notes,
-            dp_rank=ctx.rank,
-            dp_size=ctx.world_size,
-        )
         return DeepSpeedPrepared(
             model=engine,
             optimizer=opt,
-            layout=layout,
-            spec=s,
-            ctx=ctx,
-            loss_group=dist.group.WORLD,
-            dp_rank=ctx.rank,
-            dp_size=ctx.world_size,
+            layout=flat_layout(ctx, strategy=self.kind, path="deepspeed", module=engine.module),
             inner=engine.module,
+            **over_every_rank(ctx),
         )

@@ -571,12 +571,8 @@ class RankSet:
         """Run a code string on the ranks (as a cell) without waiting.
 
         Sent as an apply of ``rpc.RunCell`` (lighter than an execute request on both
-        ends, same output); a cell that may await at top level needs the rank kernel's
-        event loop, so it goes as an execute request.
+        ends, same output), top-level ``await`` included (``cell_runner.run_awaiting``).
         """
-        if "await" in code or "async" in code:
-            sel = self.select(ranks)
-            return RankCall(self, sel, self.view(sel).execute(code, silent=False, block=False), cell=True)
         call = self.submit(rpc.handle, rpc.RunCell(code), ranks=ranks)
         call.cell = True
         return call

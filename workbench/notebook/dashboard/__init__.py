@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import html
 import sys
-import threading
-import time
 import types
 
 from .. import api, session, stream
 from . import figures
 from .controls import Controls
-from .widget import view_busy
+from .live_view import LiveView
 
 __all__ = ["Dashboard", "dashboard"]
 
@@ -45,12 +43,11 @@ def _import_heavy() -> None:
     import plotly.graph_objects  # noqa: F401
 
 
-class Dashboard:
+class Dashboard(LiveView):
     def __init__(self, rankset=None, *, run: str | None = None, interval: float = 0.5, live: bool = True):
         self.rankset = rankset if rankset is not None else api.current()
         self.store = stream.attach(self.rankset).store
         self.run = run  # None: follow the latest run
-        self.interval = interval
         _import_heavy()  # never first imported by the redraw thread (see _import_heavy)
         try:
             ranks = list(range(self.rankset.world_size))
@@ -60,27 +57,14 @@ class Dashboard:
         self.controls = Controls(lambda: self.rankset, checkpoint=self.save_checkpoint)
         self._hint: tuple | None = None  # (run, step, text) of the rollback hint last shown
         self._timeline = None  # the step-timeline panel, made with the widget
-        self.redraws = 0
         self._box = None
         self._shown = None  # the display handle of where it is shown
         self._version = -1
-        self._synced = 0.0  # when the figures' full state was last assigned (figures.sync)
-        self._sync_pending = False
-        self._lock = threading.RLock()  # one redraw at a time (the thread's, or show()'s)
-        self._closed = threading.Event()
-        self._thread = None
-        if live:
-            self._thread = threading.Thread(target=self._loop, name="workbench-dashboard", daemon=True)
-            self._thread.start()
+        self._start(interval, live, "workbench-dashboard")
 
     # ---------------------------------------------------------------- drawing
     def current_run(self) -> str | None:
         return self.run or self.store.latest_run()
-
-    def refresh(self) -> bool:
-        """Redraw now if anything arrived since the last redraw; True when it redrew."""
-        with self._lock:
-            return self._refresh(paced=False)
 
     def _refresh(self, paced: bool) -> bool:
         """Redraw; ``paced``: not while the browser is still drawing the last edit (the
@@ -94,49 +78,16 @@ class Dashboard:
         self.controls.status.value = self.status_line(run)
         last = self.store.last_steps(run)
         self.controls.follow_lr(self.store.last(run, "lr", min(last)) if last else None)
-        if paced and view_busy(self.figure, self.VIEW_TIMEOUT):
+        if paced and self._busy():
             return False  # drawn at a later tick, with everything that arrived meanwhile
         self._version = version
-        added = figures.draw(self.figure, figures.lines_for(self.store, run))
-        # views made from now on (a re-display) draw the full state: assign it when
-        # traces were added, else every few seconds
-        if added or time.monotonic() - self._synced >= self.SYNC_EVERY:
-            self.sync()
-        else:
-            self._sync_pending = True
+        self._drew(figures.draw(self.figure, figures.lines_for(self.store, run)))
         if self.controls.message.value.startswith(_FAILED):
             self.controls.message.value = ""  # drawing works again
-        self.redraws += 1
         return True
 
-    SYNC_EVERY = 5.0
-    VIEW_TIMEOUT = 3.0  # hold an edit at most this long for a view to draw the last one
-
-    def sync(self) -> None:
-        """Assign the figure's full state now (see ``figures.sync``)."""
-        with self._lock:
-            self._sync_pending = False
-            self._synced = time.monotonic()
-            figures.sync(self.figure)
-
-    def panel(self, key: str) -> list:
-        """The traces of one panel (``figures.PANEL_KEYS``: loss, throughput, memory, ...)."""
-        if key not in figures.PANEL_KEYS:
-            raise KeyError(f"no dashboard panel {key!r}; the panels are {', '.join(figures.PANEL_KEYS)}")
-        return figures.panel_traces(self.figure, key)
-
-    def _loop(self) -> None:
-        from ..background import lower_this_thread
-
-        lower_this_thread()  # gives way to ranks training on the same cores
-        while not self._closed.wait(self.interval):
-            try:
-                with self._lock:
-                    redrew = self._refresh(paced=True)
-                if not redrew and self._sync_pending and not view_busy(self.figure, self.VIEW_TIMEOUT):
-                    self.sync()  # nothing new arrived: bring the full state up to date once
-            except Exception as exc:  # keep drawing; say what went wrong
-                self.controls.message.value = f"{_FAILED}redraw failed: {html.escape(str(exc))}</span>"
+    def _show_failure(self, exc: Exception) -> None:
+        self.controls.message.value = f"{_FAILED}redraw failed: {html.escape(str(exc))}</span>"
 
     def status_line(self, run: str) -> str:
         """One line of the run's state; a failed auto-save (training went on) on a red line below."""
@@ -233,20 +184,6 @@ class Dashboard:
             self._shown.update(HTML(MOVED))
         self._shown = display(self.widget, display_id=True)
         return self
-
-    def _ipython_display_(self):
-        self.show()
-
-    def close(self) -> None:
-        self._closed.set()
-        if self._thread is not None:
-            self._thread.join(2 * self.interval + 1)
-        if self._sync_pending:
-            self.sync()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
 
     def export_html(self, path, run: str | None = None) -> str:
         """Write the dashboard of ``run`` (default: what it shows) as one standalone HTML file."""

@@ -13,23 +13,18 @@ keeps its last lines while the others go on; it stops redrawing once none of the
 from __future__ import annotations
 
 import html
-import threading
-import time
 
 from .. import api, session, stream
 from . import figures
-from .widget import view_busy
+from .live_view import LiveView
 
 __all__ = ["Overlay", "overlay"]
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 
-class Overlay:
+class Overlay(LiveView):
     """One live figure of the latest runs of ``names`` (named sessions of this kernel)."""
-
-    SYNC_EVERY = 5.0
-    VIEW_TIMEOUT = 3.0
 
     def __init__(self, names, *, interval: float = 0.5, live: bool = True):
         import ipywidgets as w
@@ -46,18 +41,9 @@ class Overlay:
             self.figure.add_trace(figures._trace("loss", name, [], [], {"width": 3, "color": self.colours[name]}))
         self.figure.update_layout(title={"text": "sessions: " + ", ".join(self.names), "x": 0.01})
         self.status = w.HTML()
-        self.interval = interval
-        self.redraws = 0
         self._versions: tuple = ()
-        self._synced = 0.0
-        self._sync_pending = False
         self._box = None
-        self._lock = threading.RLock()
-        self._closed = threading.Event()
-        self._thread = None
-        if live:
-            self._thread = threading.Thread(target=self._loop, name="workbench-overlay", daemon=True)
-            self._thread.start()
+        self._start(interval, live, "workbench-overlay")
 
     # ---------------------------------------------------------------- drawing
     def stores(self) -> dict:
@@ -83,39 +69,18 @@ class Overlay:
                     out[panel].append((f"{name} {line}", xs, ys, style))
         return out
 
-    def refresh(self) -> bool:
-        """Redraw now if any session's store changed since the last redraw; True when it redrew."""
-        with self._lock:
-            return self._refresh(paced=False)
-
     def _refresh(self, paced: bool) -> bool:
+        """Redraw if any session's store changed since the last redraw (see ``LiveView.refresh``)."""
         stores = self.stores()
         versions = tuple((id(s), s.version) if s is not None else None for s in stores.values())
         if versions == self._versions:
             return False
         self.status.value = self.status_html(stores)
-        if paced and view_busy(self.figure, self.VIEW_TIMEOUT):
+        if paced and self._busy():
             return False
         self._versions = versions
-        added = figures.draw(self.figure, self.lines())
-        if added or time.monotonic() - self._synced >= self.SYNC_EVERY:
-            self.sync()
-        else:
-            self._sync_pending = True
-        self.redraws += 1
+        self._drew(figures.draw(self.figure, self.lines()))
         return True
-
-    def sync(self) -> None:
-        with self._lock:
-            self._sync_pending = False
-            self._synced = time.monotonic()
-            figures.sync(self.figure)
-
-    def panel(self, key: str) -> list:
-        """The traces of one panel (``figures.PANEL_KEYS``)."""
-        if key not in figures.PANEL_KEYS:
-            raise KeyError(f"no dashboard panel {key!r}; the panels are {', '.join(figures.PANEL_KEYS)}")
-        return figures.panel_traces(self.figure, key)
 
     def status_html(self, stores: dict) -> str:
         """One line per session: its run, step, state, latest loss and throughput."""
@@ -145,18 +110,8 @@ class Overlay:
             )
         return "<br>".join(rows)
 
-    def _loop(self) -> None:
-        from ..background import lower_this_thread
-
-        lower_this_thread()
-        while not self._closed.wait(self.interval):
-            try:
-                with self._lock:
-                    redrew = self._refresh(paced=True)
-                if not redrew and self._sync_pending and not view_busy(self.figure, self.VIEW_TIMEOUT):
-                    self.sync()
-            except Exception as exc:  # keep drawing; say what went wrong
-                self.status.value += f"<br><span style='color:#c33'>redraw failed: {html.escape(str(exc))}</span>"
+    def _show_failure(self, exc: Exception) -> None:
+        self.status.value += f"<br><span style='color:#c33'>redraw failed: {html.escape(str(exc))}</span>"
 
     # ---------------------------------------------------------------- showing
     @property
@@ -175,19 +130,10 @@ class Overlay:
         display(self.widget)
         return self
 
-    def _ipython_display_(self):
-        self.show()
-
     def close(self) -> None:
-        self._closed.set()
-        if self._thread is not None:
-            self._thread.join(2 * self.interval + 1)
-        self.refresh()
+        super().close()
+        self.refresh()  # the last events of every session
         self.sync()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
 
 
 def overlay(names, *, show: bool = True, interval: float = 0.5) -> Overlay:
