@@ -69,9 +69,9 @@ def reference(steps: int = STEPS, model: str = "gpt", **over):
     losses, grads = [], None
     for step in range(steps):
         x, y = batch(step)
-        aux = model.aux_loss() if hasattr(model, "aux_loss") else None
         loss = lm_loss(model(x), y)
-        loss = loss if aux is None else loss + aux
+        if hasattr(model, "aux_loss"):  # the MoEGPT's, of this forward (transformers: none without router logits)
+            loss = loss + model.aux_loss()
         opt.zero_grad()
         loss.backward()
         if grads is None:
