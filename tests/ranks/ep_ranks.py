@@ -252,3 +252,43 @@ def one_process_load(folder: str, steps: int = 2) -> dict:
         opt.step()
         losses[s] = loss.item()
     return {"info": info, "values": values, "logits": logits, "losses": losses}
+
+
+# ------------------------------------------------------------------ HF weights in, the trainer
+def hf_batch(step: int, dp_rank: int = 0, dp_size: int = 1) -> dict:
+    x, _ = batch(step, dp_rank, dp_size)
+    return {"input_ids": x, "labels": x}  # transformers shifts the labels itself
+
+
+def pretrained_then_trainer(folder: str, spec: str = "ep=2", steps: int = STEPS) -> dict:
+    """Rank 0 writes a Qwen3-MoE with ``save_pretrained`` (experts one at a time in the file);
+    a model from another seed, laid out under ``spec``, reads it with ``load_pretrained`` and
+    ``engine.Trainer`` trains it on ``{input_ids, labels}`` batches. Against one process
+    training the saved model on the whole batch."""
+    import torch.distributed as dist
+
+    from workbench.engine import Trainer
+    from workbench.engine.checkpoint.pretrained import load_pretrained
+    from workbench.strategies import prepare
+
+    if dist.get_rank() == 0:
+        build(1, "qwen3").save_pretrained(folder)
+    dist.barrier()
+    ref = build(1, "qwen3")
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR)
+    want = []
+    for s in range(steps):
+        loss = ref(**hf_batch(s)).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    p = prepare(build(2, "qwen3"), lambda ps: torch.optim.AdamW(ps, lr=LR), spec)
+    try:
+        info = load_pretrained(folder, p)
+        t = Trainer(p, data=lambda i: hf_batch(i, p.dp_rank, p.dp_size))
+        t.start(steps)
+        t.wait(300)
+        return {"info": info, "state": t.state, "losses": list(t.history), "want": want}
+    finally:
+        p.close()

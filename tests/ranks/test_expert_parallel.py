@@ -285,3 +285,18 @@ def test_prepare_magic_ep2(shell, ranks4, capsys):
         assert ranks4.apply(lambda: getattr(__import__("__main__").model, "_workbench_prepared", None)) == [None] * 4
     finally:
         ranks4.apply(_clean_rank)
+
+
+def test_hf_moe_pretrained_folder_into_ep_then_the_trainer_matches_one_process(ranks2, tmp_path):
+    """``save_pretrained`` writes a Qwen3-MoE's experts one at a time; ``load_pretrained``
+    stacks them into the ``ep=2`` layout, each rank reading only its two experts, and
+    ``engine.Trainer`` on ``{input_ids, labels}`` batches trains it as one process would."""
+    pytest.importorskip("transformers")
+    rows = ranks2.apply(E.pretrained_then_trainer, str(tmp_path / "qwen3_moe"), timeout=600)
+    for r in rows:
+        info = r["info"]
+        assert info["unexpected"] == [] and info["tensors"] == 25, info  # 2 stacked per layer from 12 per-expert keys
+        assert info["bytes_read"] == info["bytes_held"], info  # its experts, its FSDP2 shards: nothing more
+        assert r["state"] == "finished"
+        assert len(r["losses"]) == E.STEPS and r["want"][-1] < r["want"][0]
+        assert all(abs(a - b) <= TOL * abs(b) for a, b in zip(r["losses"], r["want"])), (r["losses"], r["want"])
