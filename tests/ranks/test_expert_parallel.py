@@ -206,7 +206,8 @@ def test_ep_checkpoint_loads_back_and_reshards_to_fsdp2_and_one_process(ranks4, 
 def test_hf_moe_ep_checkpoint_reshards_and_exports_for_from_pretrained(ranks4, ranks2, ck_clean, tmp_path):
     """A transformers Qwen3-MoE saved from ``ep=2`` x ``dp_shard_mod_ep=2`` on 4 ranks loads
     into ``ep=2`` on 2 ranks (values, logits, next loss), and ``ckpt export --hf`` writes a
-    folder ``from_pretrained`` loads with the saved weights and logits."""
+    folder as ``save_pretrained`` would (experts one at a time) that ``from_pretrained``
+    loads with the saved weights and logits."""
     pytest.importorskip("transformers")
     import torch
     from transformers import AutoModelForCausalLM
@@ -230,7 +231,12 @@ def test_hf_moe_ep_checkpoint_reshards_and_exports_for_from_pretrained(ranks4, r
 
     out = tmp_path / "qwen3_moe_hf"
     info = ck.export(str(out), root=root, hf=True, rankset=ranks4)
-    assert info["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert info["architectures"] == ["Qwen3MoeForCausalLM"] and info["names"] == "save_pretrained"
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # experts one at a time, as save_pretrained writes
+        keys = set(f.keys())
+    assert "model.layers.1.mlp.experts.3.up_proj.weight" in keys and not any("gate_up_proj" in k for k in keys)
     hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     assert type(hf).__name__ == "Qwen3MoeForCausalLM" and hf.config.num_experts == 4
     _same_values({n: q.detach() for n, q in hf.named_parameters()}, values)
