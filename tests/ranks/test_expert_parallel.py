@@ -8,7 +8,11 @@ gathered gradients and three steps' losses equal one process (fp32, 1e-5) on 2 r
 auxiliary loss on, ``ep=2`` trains exactly as ``fsdp2`` without ep; each rank holds the
 experts the layout says; the spec errors and a model without experts are refused with one
 message, the model as it was and the next prepare working; ``%distrain prepare ep=2`` does
-the same through the magic.
+the same through the magic. A tiny transformers Qwen3-MoE (fused experts) under ``ep``
+matches one process the same way, also read from a ``save_pretrained`` folder and trained
+by ``engine.Trainer``. Checkpoints saved from ``ep=2`` x ``dp_shard_mod_ep=2`` load back into
+the same layout, into ``fsdp2`` or ``ep=2`` on 2 ranks and into a plain model on one process
+(values, logits, the next steps' losses), and export (``--hf``: for ``from_pretrained``).
 """
 
 from __future__ import annotations
