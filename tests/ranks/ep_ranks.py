@@ -25,6 +25,8 @@ def build(seed: int = 0, model: str = "gpt", **over):
     torch.manual_seed(seed)
     if model == "qwen3":
         return qwen3_moe(**over)
+    if model == "mixtral":
+        return mixtral(**over)
     gpt = GPTConfig.tiny(vocab=VOCAB, max_seq_len=SEQ)
     return MoEGPT(MoEConfig(gpt=gpt, n_experts=4, top_k=2, **over))
 
@@ -49,7 +51,28 @@ def qwen3_moe(**over):
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**kw, **over}))
 
 
-EXPERT = {"gpt": "layers.0.feed_forward.w1", "qwen3": "model.layers.0.mlp.experts.gate_up_proj"}
+def mixtral(**over):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    )
+    return MixtralForCausalLM(MixtralConfig(**{**kw, **over}))
+
+
+EXPERT = {
+    "gpt": "layers.0.feed_forward.w1",
+    "qwen3": "model.layers.0.mlp.experts.gate_up_proj",
+    "mixtral": "model.layers.0.mlp.experts.gate_up_proj",
+}
 
 
 def batch(step: int, dp_rank: int = 0, dp_size: int = 1):

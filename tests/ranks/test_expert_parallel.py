@@ -115,19 +115,22 @@ def test_ep_on_a_model_without_experts_is_refused_and_ranks_usable(ranks2):
 
 
 # ------------------------------------------------------------------ a transformers MoE
-@pytest.mark.parametrize("spec,world", [("ep=2", 2), ("ep=2", 4), ("ep=4", 4)])
-def test_hf_qwen3_moe_under_ep_matches_one_process(spec, world, ranks2, ranks4):
-    """A tiny random-init ``Qwen3MoeForCausalLM`` (fused experts ``gate_up_proj [4, 96, 32]``):
-    prepare finds its experts, each rank keeps ``4 / ep`` of them, and the first step's
-    gradients and three steps' losses equal one process's (fp32, 1e-5)."""
+@pytest.mark.parametrize(
+    "spec,world,model", [("ep=2", 2, "qwen3"), ("ep=2", 4, "qwen3"), ("ep=4", 4, "qwen3"), ("ep=2", 2, "mixtral")]
+)
+def test_hf_moe_under_ep_matches_one_process(spec, world, model, ranks2, ranks4):
+    """A tiny random-init ``Qwen3MoeForCausalLM`` / ``MixtralForCausalLM`` (fused experts,
+    ``gate_up_proj [4, 96, 32]``): prepare finds its experts, each rank keeps ``4 / ep`` of
+    them, and the first step's gradients and three steps' losses equal one process's (fp32, 1e-5)."""
     pytest.importorskip("transformers")
     ep = int(spec.split("=")[1])
-    rows = (ranks2 if world == 2 else ranks4).apply(E.run, spec, model="qwen3")
+    rows = (ranks2 if world == 2 else ranks4).apply(E.run, spec, model=model)
+    kind = {"qwen3": "Qwen3MoeExperts", "mixtral": "MixtralExperts"}[model]
     for rank, r in enumerate(rows):
         assert r["grad_err"] <= TOL, (rank, r["grad_worst"], r["grad_err"])
         assert all(abs(a - b) <= TOL * abs(b) for a, b in zip(r["losses"], r["want"])), (rank, r["losses"], r["want"])
         assert r["want"][-1] < r["want"][0] and r["dp"] == (rank, world)
-        assert any(f"expert parallel over ep={ep}: 2 MoE layers (Qwen3MoeExperts)" in n for n in r["notes"])
+        assert any(f"expert parallel over ep={ep}: 2 MoE layers ({kind})" in n for n in r["notes"])
         assert r["w1_placements"][1] == "Shard(0)" and r["w1_mesh"] == ["dp_shard_mod_ep", "ep"]
         per = 4 // world  # experts per rank: split over ep, then over dp_shard_mod_ep by FSDP2
         assert r["w1_local"] == (per, 96, 32)
