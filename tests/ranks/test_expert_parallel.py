@@ -44,7 +44,8 @@ def test_ep_borrows_dp_shard(text, world, mesh):
     "text,needle",
     [
         ("ddp ep=2", "use 'ep=2' or 'fsdp2 ep=2'"),
-        ("ep=2 tp=2", "ep=2 with tp=2 is not supported here"),
+        ("ep=2 tp=2", "ep=2 with tp=2 is not supported here: expert parallel is built over dp_shard alone ('ep=2' or"),
+        ("ep=2 tp=2", "Use ep without tp, or tp=2 without ep"),
         ("hsdp ep=2", "ep=2 with dp_replicate=2"),
         ("ep=2 ac=full", "ep=2 with activation_checkpointing='full'"),
         ("ep=3", "ep=3 must divide dp_shard x cp = 4"),
