@@ -48,7 +48,7 @@ def _logits(out):
     return getattr(out, "logits", out)
 
 
-def reference(name: str, steps: int = STEPS, hf: bool = False):
+def reference(name: str, steps: int = STEPS, hf: bool = False, seq: int = SEQ):
     """One process: the first step's loss and gradients, and the losses of ``steps`` steps."""
     from workbench.strategies import lm_loss
 
@@ -56,7 +56,7 @@ def reference(name: str, steps: int = STEPS, hf: bool = False):
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses, grads = [], None
     for step in range(steps):
-        x, y = batch(step, hf=hf)
+        x, y = batch(step, hf=hf, seq=seq)
         loss = lm_loss(_logits(model(x)), y)
         opt.zero_grad()
         loss.backward()
@@ -67,20 +67,21 @@ def reference(name: str, steps: int = STEPS, hf: bool = False):
     return losses, grads
 
 
-def parity(name: str, spec: str, steps: int = STEPS, dict_batches: bool = False) -> dict:
+def parity(name: str, spec: str, steps: int = STEPS, dict_batches: bool = False, seq: int = SEQ) -> dict:
     """Under ``spec``: the first step's loss and every gathered gradient against the
-    reference (max relative error), then the losses of ``steps`` train steps."""
+    reference (max relative error), then the losses of ``steps`` train steps (sequences of
+    ``seq`` tokens)."""
     from torch.distributed.tensor import DTensor
 
     from workbench.strategies import prepare, reset_accelerate_state
     from workbench.strategies.base import all_reduce_mean
 
-    want_losses, want_grads = reference(name, steps, hf=dict_batches)
+    want_losses, want_grads = reference(name, steps, hf=dict_batches, seq=seq)
     p = prepare(build(name), lambda ps: torch.optim.AdamW(ps, lr=LR), spec)
     try:
 
         def make(step):
-            x, y = batch(step, p.dp_rank, p.dp_size, hf=dict_batches)
+            x, y = batch(step, p.dp_rank, p.dp_size, hf=dict_batches, seq=seq)
             return {"input_ids": x, "labels": x} if dict_batches else (x, y)
 
         p.model.train()
@@ -114,11 +115,11 @@ def parity(name: str, spec: str, steps: int = STEPS, dict_batches: bool = False)
 
 
 def parities(cases: list, keep_notes: bool = False) -> list[dict]:
-    """``parity`` for each ``(model, spec, dict_batches)``, notes dropped unless asked for
-    (then joined into one string)."""
+    """``parity`` for each ``(model, spec, dict_batches[, seq])``, notes dropped unless asked
+    for (then joined into one string)."""
     out = []
-    for name, spec, as_dict in cases:
-        r = parity(name, spec, dict_batches=as_dict)
+    for name, spec, as_dict, *seq in cases:
+        r = parity(name, spec, dict_batches=as_dict, seq=seq[0] if seq else SEQ)
         notes = r.pop("notes")
         if keep_notes:
             r["notes"] = " | ".join(notes)
@@ -135,8 +136,8 @@ BAD = [  # (model, spec, words the message must contain)
 
 def bad_inputs() -> dict:
     """Refused prepares leave the model and the process groups as they were; on a prepared
-    cp model a sequence that does not split into 2 x cp chunks, and a direct ``model(x)``,
-    are refused before any parameter changes; then a good step trains."""
+    cp model a sequence longer than the model's positions once padded to 2 x cp chunks, and
+    a direct ``model(x)``, are refused before any parameter changes; then a good step trains."""
     import torch.distributed as dist
 
     from workbench.strategies import PrepareError, SpecError, prepare
@@ -162,7 +163,7 @@ def bad_inputs() -> dict:
     local = {n: q.to_local().detach().clone() for n, q in p.model.named_parameters()}
     steps = []
     for bad in (
-        lambda: p.train_step(batch(0, p.dp_rank, p.dp_size, seq=18)),
+        lambda: p.train_step(batch(0, p.dp_rank, p.dp_size, seq=65)),
         lambda: p.model(batch(0, p.dp_rank, p.dp_size)[0]),
     ):
         try:
@@ -171,7 +172,7 @@ def bad_inputs() -> dict:
         except PrepareError as e:
             steps.append(str(e))
     same = all(torch.equal(q.to_local(), local[n]) for n, q in p.model.named_parameters())
-    after = p.train_step(batch(0, p.dp_rank, p.dp_size))
+    after = p.train_step(batch(0, p.dp_rank, p.dp_size, seq=63, hf=True))  # pads to 64, the model's positions
     p.close()
     return {"rows": rows, "groups": untouched_groups, "steps": steps, "same": same, "after": after}
 

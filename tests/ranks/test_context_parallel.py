@@ -7,7 +7,8 @@ cp=2 x tp=2, and cp=2 with activation checkpointing: the first step's loss and e
 of the whole batch (fp32, 1e-5), and three training steps give the same losses. The HF
 batches are dicts with ``labels=input_ids`` (transformers' shift leaves the last position
 unlabelled, so the cp ranks hold different numbers of labelled tokens: the loss weighting
-is checked too). Bad input gets one message, with the model and the ranks as they were.
+is checked too). A length not divisible by 2 x cp is padded and matches the unpadded run.
+Bad input gets one message, with the model and the ranks as they were.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ TOL = 1e-5
 
 def _assert_parity(rows, cases):
     for rank, got in enumerate(rows):
-        for (name, spec, _), r in zip(cases, got):
+        for (name, spec, *_), r in zip(cases, got):
             tag = f"{name} {spec} rank {rank}"
             assert abs(r["loss0"] - r["want0"]) <= TOL * abs(r["want0"]), (tag, r["loss0"], r["want0"])
             assert r["grad_err"] <= TOL, (tag, r["grad_worst"], r["grad_err"])
@@ -86,6 +87,16 @@ def test_cp2_matches_one_rank(ranks2):
     _assert_parity(ranks2.apply(C.parities, CASES2), CASES2)
 
 
+CASES_PAD = [("gpt", "cp=2", False, 18), ("llama", "cp=2", True, 17)]
+
+
+def test_cp2_pads_a_length_not_divisible_by_2cp_and_matches_one_rank(ranks2):
+    """18 and 17 tokens do not split into 2 x cp = 4 zig-zag chunks: padded at the end to 20
+    (label -100, after every real token under the causal mask), the first step's gradients
+    and three steps' losses are the unpadded one-process run's."""
+    _assert_parity(ranks2.apply(C.parities, CASES_PAD), CASES_PAD)
+
+
 CASES_AC = [("gpt", "cp=2 ac=full", False), ("llama", "cp=2 ac=selective", True)]
 
 
@@ -111,7 +122,8 @@ def test_cp_bad_input_one_message_ranks_usable(ranks2):
             assert msg is not None and all(w in msg for w in words), (name, spec, msg)
             assert same, f"{name} {spec}: the model changed though prepare refused"
         seq_msg, call_msg = r["steps"]
-        assert "sequence length 18 does not split into 2 x cp = 4" in seq_msg and "divisible by 4" in seq_msg
+        assert "sequence length 65 (padded to 68 for 2 x cp = 4 equal zig-zag chunks)" in seq_msg, seq_msg
+        assert "longer than the model's 64 positions; use a length of at most 64" in seq_msg
         assert "prepared.train_step" in call_msg and "not model(x)" in call_msg
         assert r["same"], "a refused step changed the parameters"
         assert r["after"] > 0

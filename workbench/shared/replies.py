@@ -140,9 +140,10 @@ class Version:
 
 @dataclass(frozen=True, kw_only=True)
 class ExportInfo(_Reply):
-    """A consolidated export: ``files`` and ``architectures`` for a Hugging Face folder."""
+    """A consolidated export: ``files``, ``architectures`` and ``names`` (``"save_pretrained"``
+    where stacked MoE experts were written one expert at a time) for a Hugging Face folder."""
 
-    _OMIT_NONE: ClassVar[tuple[str, ...]] = ("files", "architectures")
+    _OMIT_NONE: ClassVar[tuple[str, ...]] = ("files", "architectures", "names")
 
     path: str
     tensors: int
@@ -151,6 +152,7 @@ class ExportInfo(_Reply):
     step: int
     files: tuple[str, ...] | None = None
     architectures: tuple[str, ...] | None = None
+    names: str | None = None
 
 
 # ----------------------------------------------------------------------------- profiles, timelines

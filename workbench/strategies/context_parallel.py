@@ -256,7 +256,8 @@ class CPPrepared(FSDP2Prepared):
     group's labelled tokens, so the mean over ``dp x cp`` is the global batch's loss.
 
     Batches: ``(x, y)`` (targets already shifted) or a dict with ``input_ids`` and
-    ``labels`` (transformers style: labels shifted here, before the split)."""
+    ``labels`` (transformers style: labels shifted here, before the split). A length that
+    does not split into ``2 x cp`` chunks is padded (see :meth:`_padded`)."""
 
     shards_sequence = True  # the trainer calls ``loss(batch)`` inside its own step
 
@@ -284,17 +285,39 @@ class CPPrepared(FSDP2Prepared):
         x, y = batch
         return x, y
 
+    def _positions(self) -> int | None:
+        """How many positions the model has (the workbench GPT's rotary rows, a transformers
+        config's ``max_position_embeddings``); None where it does not say."""
+        cfg = getattr(self._inner, "cfg", None) if self.cp_kind == "gpt" else getattr(self._inner, "config", None)
+        return getattr(cfg, "max_seq_len", None) or getattr(cfg, "max_position_embeddings", None)
+
+    def _padded(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The zig-zag split needs ``2 x cp`` equal chunks: a sequence that does not divide is
+        padded at its end (token 0, label -100). Under the causal mask no real token sees the
+        padding and the padding has no loss, so the step is the unpadded one's."""
+        chunks = 2 * self.cp_state.size
+        seq = x.shape[1]
+        pad = -seq % chunks
+        limit = self._positions()
+        if limit is not None and seq + pad > limit:
+            raise PrepareError(
+                f"sequence length {seq}"
+                + (f" (padded to {seq + pad} for 2 x cp = {chunks} equal zig-zag chunks)" if pad else "")
+                + f" is longer than the model's {limit} positions; use a length of at most "
+                f"{limit - limit % chunks}"
+            )
+        if not pad:
+            return x, y
+        return (
+            torch.cat([x, x.new_zeros(x.shape[0], pad)], dim=1),
+            torch.cat([y, y.new_full((y.shape[0], pad), -100)], dim=1),
+        )
+
     def loss(self, batch) -> torch.Tensor:
         """This rank's loss term (backward it; the ``dp x cp`` mean is the global loss)."""
         st = self.cp_state
-        x, y = (t.to(self.device) for t in self._pair(batch))
+        x, y = self._padded(*(t.to(self.device) for t in self._pair(batch)))
         seq = x.shape[1]
-        if seq % (2 * st.size):
-            raise PrepareError(
-                f"sequence length {seq} does not split into 2 x cp = {2 * st.size} equal chunks "
-                f"(zig-zag load balance); use a sequence length divisible by {2 * st.size}, "
-                f"e.g. {seq - seq % (2 * st.size) or 2 * st.size}"
-            )
         idx = zigzag_index(seq, st.size, st.rank).to(self.device)
         xl, yl = x[:, idx], y[:, idx]
         st.active = True
@@ -311,8 +334,11 @@ class CPPrepared(FSDP2Prepared):
                     out = self.model(input_ids=xl, position_ids=idx[None].expand(xl.shape[0], -1), **extra)
         finally:
             st.active = False
-        local = self.compute_loss(out, yl)
         n_local = (yl != -100).sum().float()
+        if n_local.item():
+            local = self.compute_loss(out, yl)
+        else:  # only padding or ignored labels here (the mean would be 0/0): no term, still in the graph
+            local = getattr(out, "logits", out).sum() * 0.0
         n_total = n_local.detach().clone()
         dist.all_reduce(n_total, group=st.group)
         return local * (n_local * st.size / n_total.clamp(min=1))

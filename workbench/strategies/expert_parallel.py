@@ -3,10 +3,11 @@
 As in torchtitan, ``ep`` borrows ranks from ``dp_shard``: the ``dp_shard`` ranks are laid
 out as ``dp_shard_mod_ep x ep`` (row-major, so an ep group is ``ep`` neighbouring ranks).
 
-- Experts (the stacked ``w1/w2/w3`` of every :class:`workbench.models.MoE`): split by
-  expert over ``ep`` (a ``Shard(0)`` DTensor on the ``ep`` mesh dim); tokens travel to
-  their expert's rank and back over two ``all_to_all_single`` calls (GShard, Lepikhin et
-  al. 2020). FSDP2 shards each rank's experts again over ``dp_shard_mod_ep``.
+- Experts (the stacked ``w1/w2/w3`` of every :class:`workbench.models.MoE`, or every weight
+  of a transformers fused experts module, see :mod:`.hf_experts`): split by expert over
+  ``ep`` (a ``Shard(0)`` DTensor on the ``ep`` mesh dim); tokens travel to their expert's
+  rank and back over two ``all_to_all_single`` calls (GShard, Lepikhin et al. 2020).
+  FSDP2 shards each rank's experts again over ``dp_shard_mod_ep``.
 - Everything else (attention, norms, the router, embedding, head): FSDP2 over all of
   ``dp_shard`` (the flattened ``dp_shard_mod_ep x ep``), as without ep.
 
@@ -22,10 +23,15 @@ import torch
 from torch import nn
 
 from .base import PrepareError
+from .hf_experts import is_fused_experts, listed_experts, shard_fused_experts, split_experts_problem
 
-__all__ = ["moe_layers", "check_ep_model", "apply_ep", "shard_experts", "EXPERT_WEIGHTS"]
+__all__ = ["moe_layers", "expert_modules", "check_ep_model", "apply_ep", "shard_experts", "EXPERT_WEIGHTS"]
 
 EXPERT_WEIGHTS = ("w1", "w2", "w3")
+SUPPORTED = (
+    "workbench.models.MoE layers (MoEGPT) and transformers' fused experts modules "
+    "(Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE: stacked gate_up_proj / down_proj)"
+)
 
 
 def moe_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -34,13 +40,29 @@ def moe_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, MoE)]
 
 
+def expert_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every module ep splits: workbench MoE layers, then transformers fused experts."""
+    return moe_layers(model) + [(n, m) for n, m in model.named_modules() if is_fused_experts(m)]
+
+
+def _n_experts(m: nn.Module) -> int:
+    return m.n_experts if hasattr(m, "n_experts") else m.num_experts
+
+
 def check_ep_model(model: nn.Module, ep: int) -> None:
     """Refuse, before any rank changes, a model whose experts cannot be split ``ep`` ways."""
-    layers = moe_layers(model)
-    if not layers:
+    layers, fused = moe_layers(model), [(n, m) for n, m in model.named_modules() if is_fused_experts(m)]
+    if not layers and not fused:
+        listed = listed_experts(model)
+        if listed:
+            raise PrepareError(
+                f"ep={ep}: {type(model).__name__} keeps its experts as separate modules ({listed[0]} is a "
+                f"list of {len(model.get_submodule(listed[0]))}); expert parallel splits stacked expert "
+                f"weights: {SUPPORTED}. Use ep=1 for this model (fsdp2 shards it)"
+            )
         raise PrepareError(
-            f"ep={ep}: {type(model).__name__} has no experts (no workbench.models.MoE layer); expert "
-            "parallel splits the experts of MoE models such as workbench.models.MoEGPT. Use ep=1 "
+            f"ep={ep}: {type(model).__name__} has no experts (no workbench.models.MoE layer and no "
+            f"transformers experts module); expert parallel splits the experts of {SUPPORTED}. Use ep=1 "
             "for this model (dp_shard / tp / pp split dense models)"
         )
     bad = [f"{n} ({m.n_experts} experts)" for n, m in layers if m.n_experts % ep]
@@ -56,6 +78,10 @@ def check_ep_model(model: nn.Module, ep: int) -> None:
             f"{done[0]} is already split by workbench.models.expert_parallel(); pass the model "
             "with all its experts to prepare(..., 'ep=N'), which splits them itself"
         )
+    for n, m in fused:
+        problem = split_experts_problem(n, m, ep)
+        if problem:
+            raise PrepareError(problem)
 
 
 @torch.no_grad()
@@ -66,18 +92,22 @@ def apply_ep(model: nn.Module, mesh, notes: list[str]) -> int:
 
     ep_mesh = mesh["ep"]
     ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
-    layers = moe_layers(model)
+    layers = expert_modules(model)
+    e = _n_experts(layers[0][1])
     for _, m in layers:
+        if not hasattr(m, "n_experts"):  # transformers fused experts
+            shard_fused_experts(m, ep_mesh)
+            continue
         n = m.n_experts // ep
         for name in EXPERT_WEIGHTS:
             full = getattr(m, name)
             local = full[rank * n : (rank + 1) * n].detach().clone()
             setattr(m, name, nn.Parameter(DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)))
         m.ep_group = ep_mesh.get_group()
-    e = layers[0][1].n_experts
     notes.append(
-        f"expert parallel over ep={ep}: {len(layers)} MoE layers, experts {rank * (e // ep)}-"
-        f"{(rank + 1) * (e // ep) - 1} of {e} on this rank; tokens dispatched and combined by all_to_all_single"
+        f"expert parallel over ep={ep}: {len(layers)} MoE layers ({type(layers[0][1]).__name__}), experts "
+        f"{rank * (e // ep)}-{(rank + 1) * (e // ep) - 1} of {e} on this rank; tokens dispatched and combined "
+        "by all_to_all_single"
     )
     return len(layers)
 
@@ -89,8 +119,9 @@ def shard_experts(model: nn.Module, mesh, dp_mesh, spec, dp_size: int, notes: li
     from torch.distributed.fsdp import fully_shard
 
     efsdp = mesh["dp_shard_mod_ep"]
-    for _, m in moe_layers(model):
-        fully_shard(m.router, mesh=dp_mesh, reshard_after_forward=spec.reshard_after_forward)
+    for _, m in expert_modules(model):
+        if hasattr(m, "router"):  # a workbench MoE holds its router: an ordinary weight, over all of dp_shard
+            fully_shard(m.router, mesh=dp_mesh, reshard_after_forward=spec.reshard_after_forward)
         fully_shard(m, mesh=efsdp, reshard_after_forward=spec.reshard_after_forward)
         m.set_gradient_divide_factor(float(dp_size))
         if efsdp.size() > 1:

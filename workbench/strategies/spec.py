@@ -229,9 +229,11 @@ def _check_ep(s: StrategySpec) -> None:
         raise SpecError(f"ep={s.ep} must be a positive integer (the ranks that split the experts)")
     for name in ("dp_replicate", "cp", "tp", "pp"):
         if getattr(s, name) not in (1,):
+            v = getattr(s, name)
             raise SpecError(
-                f"ep={s.ep} with {name}={getattr(s, name)} is not supported here (expert parallel is built "
-                f"with dp_shard alone); drop {name}, or use ep=1"
+                f"ep={s.ep} with {name}={v} is not supported here: expert parallel is built over dp_shard "
+                f"alone ('ep={s.ep}' or 'fsdp2 ep={s.ep}', ep dividing dp_shard). Use ep without {name}, "
+                f"or {name}={v} without ep"
             )
     if s.kind != "fsdp2":
         raise SpecError(

@@ -9,7 +9,8 @@ manifest's step, strategy and world size go into the file's string metadata.
 :func:`export_hf` writes what ``transformers``' ``from_pretrained`` loads: ``config.json``
 (the model's config, kept in the checkpoint's manifest when it was saved) and
 ``model.safetensors`` (or shards and their index) under the model's own names, which for
-a ``transformers`` model are the Hugging Face names. Any layout, any world size: DCP
+a ``transformers`` model are the Hugging Face names (stacked MoE experts are written one
+expert at a time, as ``save_pretrained`` does). Any layout, any world size: DCP
 reassembles the global tensors first.
 """
 
@@ -117,7 +118,7 @@ def export_hf(
 
     manifest = read_manifest(folder)
     cfg = _config_for(manifest, config)
-    tensors = _read_model(folder, dtype)
+    tensors, naming = _as_save_pretrained(cfg, _read_model(folder, dtype))
     floats = {v.dtype for v in tensors.values() if v.is_floating_point()}
     if len(floats) == 1:  # what from_pretrained(dtype="auto") loads it as
         name = str(next(iter(floats))).replace("torch.", "")
@@ -159,7 +160,32 @@ def export_hf(
         "bytes": sum(os.path.getsize(os.path.join(out_dir, n)) for n in names),
         "step": manifest.step,
         "architectures": cfg.get("architectures"),
+        "names": naming,
     }
+
+
+def _as_save_pretrained(cfg: dict, tensors: dict) -> tuple[dict, str]:
+    """The tensors under the names ``save_pretrained`` writes, and which names those are.
+
+    transformers 5 keeps MoE experts stacked (``experts.gate_up_proj [E, 2I, H]``) but saves
+    them one expert at a time through the model's conversion mapping; the same mapping,
+    reversed, is applied here on a model built on the meta device (nothing allocated).
+    Models without stacked experts keep their own names (which are the saved ones)."""
+    if not any(v.dim() >= 3 and ".experts." in k for k, v in tensors.items()):
+        return tensors, "model"
+    try:
+        import transformers
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # from_pretrained in transformers 5 also loads the stacked names
+        return tensors, "model (transformers not installed: experts kept stacked)"
+    arch = (cfg.get("architectures") or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    if cls is None:
+        return tensors, f"model ({arch!r} is not a transformers class: experts kept stacked)"
+    with torch.device("meta"):
+        model = cls(transformers.AutoConfig.for_model(**cfg))
+    out = revert_weight_conversion(model, tensors)
+    return {k: v.contiguous() for k, v in out.items()}, "save_pretrained"
 
 
 def _shards(tensors: dict, max_bytes: int | None) -> list[dict]:

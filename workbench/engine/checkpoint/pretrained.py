@@ -12,7 +12,10 @@ a rank that refuses cannot leave the others waiting.
 Names: the model's own parameter names (wrappers' ``_checkpoint_wrapped_module.``,
 ``_orig_mod.``, DDP's ``module.`` removed), matched to the file's keys as they are, or
 with the model's ``base_model_prefix`` added or removed (a ``LlamaModel`` from a
-``LlamaForCausalLM`` folder and back). Every missing or mis-shaped tensor is named before
+``LlamaForCausalLM`` folder and back). Stacked expert weights (transformers 5's fused MoE
+experts) are also found one expert at a time (``experts.{e}.gate_proj.weight`` and
+``up_proj`` concatenated, ``down_proj``), as ``save_pretrained`` writes them: a rank under
+expert parallel reads only its experts. Every missing or mis-shaped tensor is named before
 anything is written: the model is left as it was.
 
 :func:`model_config` is what a checkpoint keeps of a ``transformers`` model so that
@@ -117,6 +120,59 @@ def _match(names, keys: set, prefix: str) -> tuple[dict, list]:
     return found, missing
 
 
+# transformers 5 keeps a MoE layer's experts stacked (``experts.gate_up_proj [E, 2I, H]``,
+# ``experts.down_proj [E, H, I]``) but save_pretrained writes them one expert at a time
+# (``experts.{e}.gate_proj.weight``...), as its conversion mapping for the Qwen2-MoE family does.
+_EXPERT_PARTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",), "up_proj": ("up_proj",)}
+
+
+def _per_expert(missing: list, keys: set, prefix: str, params: dict) -> tuple[dict, list]:
+    """For stacked expert weights the folder keeps per expert: name -> [[keys of expert e] for e]."""
+    found, still = {}, []
+    for n in missing:
+        head, _, last = n.rpartition(".")
+        if not head.endswith("experts") or last not in _EXPERT_PARTS or params[n].dim() < 2:
+            still.append(n)
+            continue
+        lists = []
+        for e in range(params[n].shape[0]):
+            parts = [f"{head}.{e}.{part}.weight" for part in _EXPERT_PARTS[last]]
+            hit = next(
+                (
+                    c
+                    for c in (
+                        parts,
+                        [k[len(prefix) + 1 :] for k in parts] if prefix and n.startswith(prefix + ".") else None,
+                        [f"{prefix}.{k}" for k in parts] if prefix else None,
+                    )
+                    if c is not None and all(k in keys for k in c)
+                ),
+                None,
+            )
+            if hit is None:
+                break
+            lists.append(hit)
+        else:
+            found[n] = lists
+            continue
+        still.append(n)
+    return found, still
+
+
+def _expert_rows(t) -> list[int] | None:
+    """The experts (dim-0 indices) this rank's part of ``t`` covers, whole in every other dim; else None."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return list(range(t.shape[0]))
+    from workbench.strategies.layout import _dtensor_indices
+
+    index = _dtensor_indices(t)
+    if any(len(i) != s for i, s in zip(index[1:], t.shape[1:])):
+        return None
+    return [int(i) for i in index[0]]
+
+
 def _box(t):
     """(slices, local shape) of the global tensor ``t``'s local part where that is a box, else None."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -152,6 +208,7 @@ def load_pretrained(folder: str, model) -> dict:
     params = own_names(model)
     prefix = getattr(_inner(model), "base_model_prefix", "") or ""
     found, missing = _match(list(params), set(where), prefix)
+    stacked, missing = _per_expert(missing, set(where), prefix, params)
     handles: dict = {}
     try:
 
@@ -169,6 +226,13 @@ def load_pretrained(folder: str, model) -> dict:
             got = tuple(sl(k).get_shape())
             if got != tuple(params[n].shape):
                 shapes.append(f"{n}: {got} in the folder, {tuple(params[n].shape)} in the model")
+        for n, lists in stacked.items():
+            each = [tuple(sl(k).get_shape()) for k in lists[0]]
+            got = (len(lists), sum(s[0] for s in each), *each[0][1:])
+            if len({s[1:] for s in each}) > 1 or got != tuple(params[n].shape):
+                shapes.append(
+                    f"{n}: {len(lists)} experts of {each} in the folder, {tuple(params[n].shape)} in the model"
+                )
         if missing or shapes:
             parts = []
             if missing:
@@ -199,13 +263,26 @@ def load_pretrained(folder: str, model) -> dict:
                 ).to_local()
             read += data.numel() * data.element_size()
             local.copy_(data.to(local.dtype).reshape(local.shape))
+        for n, lists in stacked.items():  # one expert at a time: only the experts this rank holds
+            t = params[n]
+            local = t.to_local() if isinstance(t, DTensor) else t
+            rows = _expert_rows(t)
+            pick = lists if rows is None else [lists[e] for e in rows]
+            data = torch.stack([torch.cat([handle(k).get_tensor(k) for k in ks]) for ks in pick]) if pick else None
+            read += data.numel() * data.element_size() if data is not None else 0
+            if rows is None:  # not whole experts here: cut the stacked tensor locally (no communication)
+                data = distribute_tensor(
+                    data.to(local.device, t.dtype), t.device_mesh, t.placements, src_data_rank=None
+                ).to_local()
+            if data is not None:
+                local.copy_(data.to(local.dtype).reshape(local.shape))
     finally:
         handles.clear()
-    used = set(found.values())
+    used = set(found.values()) | {k for lists in stacked.values() for ks in lists for k in ks}
     local_bytes = sum((p.to_local() if isinstance(p, DTensor) else p).nbytes for p in params.values())
     return {
         "rank": rank,
-        "tensors": len(found),
+        "tensors": len(found) + len(stacked),
         "bytes_read": read,
         "bytes_held": local_bytes,
         "unexpected": sorted(k for k in where if k not in used),
