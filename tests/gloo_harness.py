@@ -61,6 +61,7 @@ def run_ranks(fn, world_size: int = 2, *, args=(), kwargs=None, timeout: float =
             p.start()
         results: dict[int, object] = {}
         errors: dict[int, str] = {}
+        answered = False
         try:
             for _ in range(world_size):
                 rank, ok, data = queue.get(timeout=timeout)
@@ -69,9 +70,10 @@ def run_ranks(fn, world_size: int = 2, *, args=(), kwargs=None, timeout: float =
                 else:
                     errors[rank] = data
                     break
-        finally:
+            answered = True
+        finally:  # a rank that failed, or never answered (timeout): the others are not waited for
             for p in procs:
-                p.join(timeout=5 if errors else timeout)
+                p.join(timeout=timeout if answered and not errors else 5)
             for p in procs:
                 if p.is_alive():
                     p.kill()
