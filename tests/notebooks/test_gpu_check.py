@@ -229,3 +229,46 @@ def test_a_rank_that_never_answers_is_cut_at_the_harness_timeout_and_ended(tmp_p
     for rank in (0, 1):
         pid = int((tmp_path / f"pid{rank}").read_text())
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, rank
+
+
+_FAKE_BENCH = textwrap.dedent(
+    """
+    import json, os, sys, time
+    mode, budget = sys.argv[sys.argv.index("--compile") + 1], float(sys.argv[sys.argv.index("--budget-s") + 1])
+    out = os.environ["WORKBENCH_BENCH_RESULTS"]
+    with open(os.path.join(out, "argv-" + mode), "w") as f:
+        json.dump(budget, f)
+    if mode == "on":
+        time.sleep(600)  # as a compile that overruns everything it was given
+    summary = {"ratio": 0.99, "trainer_tps": 1.0, "plain_tps": 1.0}
+    doc = {"summary": {"compile_" + mode: summary}, "machine": {"gpu": "NVIDIA H200"},
+           "targets": [{"name": "trainer/plain", "value": 0.99, "op": ">=", "limit": 0.97, "met": True}]}
+    with open(os.path.join(out, "gpu-" + mode + ".json"), "w") as f:
+        json.dump(doc, f)
+    """
+)
+
+
+def test_on_a_gpu_the_benchmark_stage_keeps_a_figure_when_compile_on_overruns(tmp_path):
+    """The benchmark stage as it runs where CUDA is (with a stand-in for gpu_bench.py: no GPU
+    here): each mode is told a budget inside the time it has, compile on is cut at its time,
+    and the compile-off figure still decides the result."""
+    check = _check_module()
+    fake = tmp_path / "fake_bench.py"
+    fake.write_text(_FAKE_BENCH)
+    check.BENCH, check.GRACE_S = str(fake), 2
+    check.BUDGET_S, check.BENCH_NEEDS_S, check.KEPT_FOR_COMPILE_S = 30, {"off": 5, "on": 5}, 12
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(tmp_path / "log", "w") as log:
+        found = check.benchmark(str(out), log, dict(os.environ), time.time(), cuda=True)
+    assert found["result"] == "met"
+    assert list(found["runs"]) == ["compile_off"]
+    assert found["runs"]["compile_off"]["summary"]["ratio"] == 0.99
+    assert found["runs"]["compile_off"]["gpu"] == "NVIDIA H200"
+    (skipped,) = found["skipped"]
+    assert skipped.startswith("compile on: ran past the")
+    # off was left its share and kept 12 s for on; each was told less than it had
+    off, on = (json.loads((out / f"argv-{m}").read_text()) for m in ("off", "on"))
+    assert off <= 30 - 10 - 12 - 2 and on <= 30 - 10 - 2
+    assert "timed out after" in (tmp_path / "log").read_text()
