@@ -238,8 +238,10 @@ _FAKE_BENCH = textwrap.dedent(
     out = os.environ["WORKBENCH_BENCH_RESULTS"]
     with open(os.path.join(out, "argv-" + mode), "w") as f:
         json.dump(budget, f)
-    if mode == "on":
+    if mode == "on" and os.environ["FAKE_ON"] == "overrun":
         time.sleep(600)  # as a compile that overruns everything it was given
+    if mode == "on" and os.environ["FAKE_ON"] == "crash":
+        sys.exit("inductor failed")  # exit 1, as a missed target, but no figure
     summary = {"ratio": 0.99, "trainer_tps": 1.0, "plain_tps": 1.0}
     doc = {"summary": {"compile_" + mode: summary}, "machine": {"gpu": "NVIDIA H200"},
            "targets": [{"name": "trainer/plain", "value": 0.99, "op": ">=", "limit": 0.97, "met": True}]}
@@ -249,10 +251,8 @@ _FAKE_BENCH = textwrap.dedent(
 )
 
 
-def test_on_a_gpu_the_benchmark_stage_keeps_a_figure_when_compile_on_overruns(tmp_path):
-    """The benchmark stage as it runs where CUDA is (with a stand-in for gpu_bench.py: no GPU
-    here): each mode is told a budget inside the time it has, compile on is cut at its time,
-    and the compile-off figure still decides the result."""
+def _fake_benchmark(tmp_path, on: str):
+    """The benchmark stage as it runs where CUDA is, with a stand-in for gpu_bench.py (no GPU here)."""
     check = _check_module()
     fake = tmp_path / "fake_bench.py"
     fake.write_text(_FAKE_BENCH)
@@ -261,8 +261,15 @@ def test_on_a_gpu_the_benchmark_stage_keeps_a_figure_when_compile_on_overruns(tm
     out = tmp_path / "out"
     out.mkdir()
     with open(tmp_path / "log", "w") as log:
-        found = check.benchmark(str(out), log, dict(os.environ), time.time(), cuda=True)
-    assert found["result"] == "met"
+        found = check.benchmark(str(out), log, dict(os.environ, FAKE_ON=on), time.time(), cuda=True)
+    return found, out
+
+
+def test_on_a_gpu_the_benchmark_stage_keeps_a_figure_when_compile_on_overruns(tmp_path):
+    """Each mode is told a budget inside the time it has, compile on is cut at its time, and
+    the compile-off figure still decides the result."""
+    found, out = _fake_benchmark(tmp_path, "overrun")
+    assert found["result"] == "met" and found["failed"] == []
     assert list(found["runs"]) == ["compile_off"]
     assert found["runs"]["compile_off"]["summary"]["ratio"] == 0.99
     assert found["runs"]["compile_off"]["gpu"] == "NVIDIA H200"
@@ -272,3 +279,11 @@ def test_on_a_gpu_the_benchmark_stage_keeps_a_figure_when_compile_on_overruns(tm
     off, on = (json.loads((out / f"argv-{m}").read_text()) for m in ("off", "on"))
     assert off <= 30 - 10 - 12 - 2 and on <= 30 - 10 - 2
     assert "timed out after" in (tmp_path / "log").read_text()
+
+
+def test_on_a_gpu_a_benchmark_mode_that_breaks_fails_the_stage(tmp_path):
+    """A mode that exits without a figure is a failure, not a missed target nor a figure."""
+    found, _ = _fake_benchmark(tmp_path, "crash")
+    assert found["result"] == "failed"
+    assert found["failed"] == ["compile on: exit 1 without a figure (gpu_check.log says why)"]
+    assert list(found["runs"]) == ["compile_off"] and found["skipped"] == []
