@@ -216,8 +216,8 @@ def _hang_on_rank_1(rank, world, folder):
 
 
 def test_a_rank_that_never_answers_is_cut_at_the_harness_timeout_and_ended(tmp_path):
-    """The GPU tier's CPU ranks (``gloo_harness``): a hang costs its timeout once, not a wait for
-    every rank after it, and leaves no process (it would hold the check's next stage)."""
+    """The GPU tier's CPU ranks (``gloo_harness``): a hang costs its timeout once, whatever the
+    other ranks took to start, and leaves no process (it would hold the check's next stage)."""
     import queue
 
     from gloo_harness import run_ranks
@@ -225,7 +225,8 @@ def test_a_rank_that_never_answers_is_cut_at_the_harness_timeout_and_ended(tmp_p
     t = time.monotonic()
     with pytest.raises(queue.Empty):
         run_ranks(_hang_on_rank_1, 2, args=(str(tmp_path),), timeout=30)
-    assert time.monotonic() - t < 30 + 5 + 12  # waiting the timeout again would take 60 s
+    # the timeout holds for all ranks together: waiting it again (or per rank) takes 60 s
+    assert time.monotonic() - t < 30 + 5 + 12
     for rank in (0, 1):
         pid = int((tmp_path / f"pid{rank}").read_text())
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, rank
