@@ -88,7 +88,8 @@ bench: $(BIN)/.installed $(JD)/.installed | $(STATE)
 # (git-ignored; carried to it); `make gpu-check` there runs the -m gpu tests, report into $$OUT.
 GPU_PIP_TARGET := --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
-gpu-wheels: $(BIN)/.installed
+# the venv is set up where there is none; an existing one is used as it is (its versions are the wheels')
+gpu-wheels: $(if $(wildcard $(BIN)/python),,$(BIN)/.installed)
 	rm -rf .whl && mkdir -p .whl $(STATE)
 	$(BIN)/python gpu/wheels.py | grep -v '^deepspeed==' > $(STATE)/gpu-wheels.txt
 	$(BIN)/pip download -q $(GPU_PIP_TARGET) -d .whl -r $(STATE)/gpu-wheels.txt

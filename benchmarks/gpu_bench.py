@@ -16,7 +16,9 @@ catalogue, by the GPU's name; no MFU where the GPU is not in it).
 Run: ``python benchmarks/gpu_bench.py`` on a machine with a CUDA GPU (``--compile off``,
 ``on`` or ``both``; ``make gpu-check`` runs it). Without CUDA it says so and exits 0 without
 writing a figure; ``--quick`` runs a tiny model for a few steps on whatever device there is
-(CPU: gloo, fp32), which only checks that the script works. Results:
+(CPU: gloo, fp32), which only checks that the script works. ``--budget-s S``: the rounds stop
+where the next would end past S seconds from the start (the warm-up, compilation included,
+always runs; so does one round), and the summary says how many ran. Results:
 ``benchmarks/results/gpu-*.json`` (with the GPU's name and the torch/CUDA/NCCL versions);
 exit status 1 on a missed target.
 """
@@ -159,6 +161,10 @@ def measure(args, compiled: bool, device: str) -> dict:
     rounds = []
     done = args.warmup
     for r in range(args.rounds):
+        if rounds and args.deadline is not None:  # a time budget: stop before a round that would overrun it
+            last = rounds[-1]["plain_s"] + rounds[-1]["trainer_s"]
+            if time.monotonic() + 1.5 * last > args.deadline:
+                break
         row = {"round": r, "compile": compiled}
         for side in ("plain", "trainer") if r % 2 == 0 else ("trainer", "plain"):
             sync()
@@ -194,7 +200,23 @@ def measure(args, compiled: bool, device: str) -> dict:
         "trainer_mfu": tps_trainer * fpt / peak if peak else None,
         "trainer_reported_tps": statistics.median(x["tps"] for x in late) if late else None,
         "trainer_reported_mfu": statistics.median(x["mfu"] for x in late) if late and peak else None,
+        # where a missed target goes: the trainer's own phase figures (CUDA events on a GPU) and
+        # the host time between its steps (wall per step less its step time: the device idle there)
+        "trainer_reported_s": {
+            k: statistics.median(x[f"time_{k}_s"] for x in late)
+            for k in ("step", "data", "forward", "backward", "optimizer")
+        }
+        if late
+        else None,
+        "trainer_between_steps_s": (
+            statistics.median(r["trainer_s"] for r in rounds) / args.steps
+            - statistics.median(x["time_step_s"] for x in late)
+        )
+        if late
+        else None,
         "max_memory_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        "rounds_run": len(rounds),
+        "rounds_cut_by_budget": len(rounds) < args.rounds,
     }
     return {"rounds": rounds, "summary": summary}
 
@@ -212,7 +234,17 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per side (default 5; 2 with --quick)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per side (default 5; 2 with --quick)")
     p.add_argument("--quick", action="store_true", help="a tiny model for a few steps: checks the script only")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds this run may take: rounds stop where the next would overrun (at least one runs)",
+    )
     args = p.parse_args(argv)
+    for name in ("batch", "steps", "warmup", "rounds", "seq", "layers", "budget_s"):  # before torch's import
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    args.deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
     import torch
 
     cuda = torch.cuda.is_available()
@@ -225,15 +257,12 @@ def main(argv=None) -> int:
     args.steps = args.steps or (3 if q else 20)
     args.warmup = args.warmup or (2 if q else 5)
     args.rounds = args.rounds or (2 if q else 5)
-    for name in ("batch", "steps", "warmup", "rounds", "seq", "layers"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     if q:
         modes = [False]  # compiling a tiny model on CPU would take longer than all the rest
         args.seq, args.layers = 32, 2  # GPTConfig.tiny's, what --quick runs
     device = bootstrap(cuda)
-    run = results.Run("gpu", vars(args), quick=q)
+    run = results.Run("gpu", {k: v for k, v in vars(args).items() if k != "deadline"}, quick=q)
     run.machine_before.update(gpu_machine(), device=device)
     try:
         for compiled in modes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import traceback
 
 try:
@@ -48,7 +49,8 @@ def _worker(rank: int, world: int, store_path: str, payload: bytes, queue) -> No
 
 
 def run_ranks(fn, world_size: int = 2, *, args=(), kwargs=None, timeout: float = 300.0) -> list:
-    """``[fn(rank, world_size, *args, **kwargs) for rank in ranks]``, each in its own process."""
+    """``[fn(rank, world_size, *args, **kwargs) for rank in ranks]``, each in its own process;
+    every rank answers within ``timeout`` seconds of the start, or ``queue.Empty`` is raised."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
@@ -61,17 +63,20 @@ def run_ranks(fn, world_size: int = 2, *, args=(), kwargs=None, timeout: float =
             p.start()
         results: dict[int, object] = {}
         errors: dict[int, str] = {}
+        answered = False
+        deadline = time.monotonic() + timeout  # for every rank's answer, not each in turn
         try:
             for _ in range(world_size):
-                rank, ok, data = queue.get(timeout=timeout)
+                rank, ok, data = queue.get(timeout=max(0.1, deadline - time.monotonic()))
                 if ok:
                     results[rank] = cloudpickle.loads(data)
                 else:
                     errors[rank] = data
                     break
-        finally:
+            answered = True
+        finally:  # a rank that failed, or never answered (timeout): the others are not waited for
             for p in procs:
-                p.join(timeout=5 if errors else timeout)
+                p.join(timeout=timeout if answered and not errors else 5)
             for p in procs:
                 if p.is_alive():
                     p.kill()

@@ -36,7 +36,7 @@ def _entry(fn, args):
         dist.destroy_process_group()
 
 
-def on_one_gpu(fn, *args, timeout: float = 240.0):
+def on_one_gpu(fn, *args, timeout: float = 180.0):
     """``fn(*args)`` in a spawned world-size-1 NCCL rank on GPU 0; its result."""
     with mp.get_context("spawn").Pool(1) as pool:
         return pool.apply_async(_entry, (fn, args)).get(timeout)

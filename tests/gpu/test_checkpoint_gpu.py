@@ -123,7 +123,7 @@ def test_a_gpu_checkpoint_loads_onto_two_cpu_ranks_with_equal_values(saved, tag)
 
     root, out = saved
     folder = catalog.resolve(root, tag)[0]
-    got = run_ranks(_load_on_cpu, 2, args=(folder,), timeout=300)
+    got = run_ranks(_load_on_cpu, 2, args=(folder,), timeout=150)
     want = out["values"]
     for r, values in enumerate(got):
         assert set(values) == set(want), f"rank {r}: keys differ"

@@ -118,11 +118,13 @@ def _all(specs):
     return {"reference": _reference(), **{s: _train(s) for s in specs}}
 
 
-def _spawned(fn, *args):
+def _spawned(fn, *args, timeout: float = 180.0):
+    """``fn(*args)`` in a spawned world-size-1 NCCL process; a hang there fails this test alone
+    (the pool's exit ends the worker) instead of holding the GPU check to its end."""
     import multiprocessing as mp
 
     with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_with_nccl, (fn, *args))
+        return pool.apply_async(_with_nccl, (fn, *args)).get(timeout)
 
 
 SPECS = {  # spec -> (wrapper, AcceleratorState distributed_type, parameter dtype, grad dtype, tolerance)

@@ -2,8 +2,10 @@
 
 Kept apart from the trainer so that a user's own loop (``engine.report``) and the
 trainer measure the same way, and so the costs are visible in one place: a phase clock
-is two ``perf_counter`` calls; on GPU the clock synchronises the stream at phase ends
-(otherwise forward would look free and the optimizer would take the blame); reading
+is two ``perf_counter`` calls on CPU; on GPU the host clock would see only kernel launches
+(forward would look free and the optimizer would take the blame), so the clock records a
+CUDA event at each phase boundary and reads them once, at the step's end (one wait per
+step where a synchronise per phase would stall the launch queue at every phase); reading
 CPU memory is cheap for RSS (``/proc/self/statm``) but USS walks the page tables, so
 USS (and ``malloc_trim``, which returns freed heap to the OS so that RSS means
 something) runs at most every ``interval`` seconds (default 5): reading USS of a
@@ -27,29 +29,74 @@ class PhaseClock:
     """Accumulates seconds per phase of one step (``with clock.phase("forward"): ...``).
 
     ``spans`` keeps each phase's ``(name, start, end)`` in ``perf_counter`` time, for the
-    per-rank timeline (:mod:`.timeline`); on GPU the end is after the stream synchronised.
+    per-rank timeline (:mod:`.timeline`). Host clock by default. With ``new_event`` (a
+    factory of timing events: ``torch.cuda.Event(enable_timing=True)``) it is a device clock:
+    each phase records an event on the current stream as it starts and ends, and
+    :meth:`resolve` waits for the last one and turns them into seconds, so a phase is the
+    device time its stream spent between its two events (a host-only phase counts only where
+    the device sat idle waiting for it). Spans are placed from the host time of the first
+    phase's start: the step began with the device idle (the last step was resolved), so the
+    device met that event when the host recorded it. The events are reused across steps.
     """
 
-    def __init__(self, sync=None):
-        self.sync = sync  # callable run at phase ends (CUDA synchronise), or None on CPU
+    def __init__(self, new_event=None):
+        self.new_event = new_event
         self.seconds: dict[str, float] = {}
         self.spans: list[tuple[str, float, float]] = []
+        self._marks: list = []  # device clock: (name, host start, start event, end event), unread
+        self._events: list = []  # device clock: every event made, reused from the start each step
+        self._used = 0
 
     def reset(self) -> None:
+        """Start a new step (a device clock's events are reused: resolve the last step first)."""
         self.seconds = {}
         self.spans = []
+        self._marks = []
+        self._used = 0
+
+    def _event(self):
+        if self._used == len(self._events):
+            self._events.append(self.new_event())
+        event = self._events[self._used]
+        self._used += 1
+        return event
 
     @contextlib.contextmanager
     def phase(self, name: str):
+        if self.new_event is None:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                t1 = time.perf_counter()
+                self.seconds[name] = self.seconds.get(name, 0.0) + t1 - t0
+                self.spans.append((name, t0, t1))
+            return
+        start = self._event()
+        start.record()
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            if self.sync is not None:
-                self.sync()
-            t1 = time.perf_counter()
-            self.seconds[name] = self.seconds.get(name, 0.0) + t1 - t0
-            self.spans.append((name, t0, t1))
+            end = self._event()
+            end.record()
+            self._marks.append((name, t0, start, end))
+
+    def resolve(self) -> float | None:
+        """Device clock: wait for the step's last phase to end on the device (the one wait of
+        the step), add its phases to ``seconds`` and ``spans``, and return that end on the host
+        clock. Host clock: nothing to do, None."""
+        if not self._marks:
+            return None
+        marks, self._marks = self._marks, []
+        marks[-1][3].synchronize()
+        _, h0, first, _ = marks[0]
+        for name, _, start, end in marks:
+            a = h0 + first.elapsed_time(start) / 1e3  # elapsed_time is in milliseconds
+            b = h0 + first.elapsed_time(end) / 1e3
+            self.seconds[name] = self.seconds.get(name, 0.0) + (b - a)
+            self.spans.append((name, a, b))
+        return self.spans[-1][2]
 
 
 def malloc_trim() -> None:

@@ -1,8 +1,8 @@
 """The per-rank timeline of recent steps: when each phase and collective ran inside a step.
 
 The trainer already clocks every step (``telemetry.PhaseClock``: data, forward, backward,
-optimizer; on GPU each phase ends after the stream synchronised, so a span is device
-time) and every collective it sees (``comm_timing``: Python-called collectives with their
+optimizer; on GPU from CUDA events at the phase boundaries, read at the step's end, so a
+span is device time) and every collective it sees (``comm_timing``: Python-called collectives with their
 start and end; DDP's bucket all-reduces from the reducer's own clock). This keeps those
 as spans for the last ``KEEP`` steps, so the notebook can draw a Gantt chart per rank
 (``%distrain timeline``) without any extra cost on the step path beyond a list append.

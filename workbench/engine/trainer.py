@@ -203,7 +203,8 @@ class Trainer:
         self._memory = telemetry.MemoryProbe(self.device, self.config.memory_interval_s)
         self._flops_tok = telemetry.flops_per_token(prepared.unwrap() if prepared is not None else model)
         self._peak = telemetry.device_peak_flops(self.device)
-        self._sync = torch.cuda.synchronize if self.device.startswith("cuda") else None
+        # one clock for the trainer's life: on CUDA its events are reused step after step
+        self._clock = telemetry.PhaseClock(_timing_event if self.device.startswith("cuda") else None)
         self.last: dict = {}
         global _CURRENT
         _CURRENT = self
@@ -425,6 +426,8 @@ class Trainer:
             change(self)
 
     def _loop(self) -> None:
+        if self.device.startswith("cuda"):  # a new thread starts on CUDA's device 0, not the rank's
+            torch.cuda.set_device(self.device)
         self._set_state("running")
         try:
             while True:
@@ -520,7 +523,8 @@ class Trainer:
         )
 
     def _one_step(self, control_s: float) -> None:
-        clock = telemetry.PhaseClock(self._sync)
+        clock = self._clock
+        clock.reset()
         comm_before = comm_timing.STATS.snapshot()
         spans_before = comm_timing.STATS.span_count
         t0 = time.perf_counter()
@@ -558,6 +562,10 @@ class Trainer:
             with clock.phase("telemetry"):  # reading DDP's reducer clock
                 ddp = self._ddp_watch.last if self._ddp_watch.record() else None
         t1 = time.perf_counter()
+        memory = self._memory.read()  # on CUDA while the step's last kernels run
+        end = clock.resolve()  # on CUDA the step's one wait, then its end as the device met it
+        if end is not None:
+            t1 = end
         seconds = t1 - t0
         timeline.record(
             run=self.run,
@@ -584,7 +592,7 @@ class Trainer:
             metrics[f"time_{phase}_s"] = clock.seconds.get(phase, 0.0)
         metrics["time_comm_wait_s"] = blocking_s
         metrics.update(telemetry.throughput(tokens, samples, seconds, self._flops_tok, self._peak))
-        metrics.update(self._memory.read())
+        metrics.update(memory)
         self.last = {"step": step, **metrics}
         publisher.emit(events.step_event(run=self.run, rank=self.rank, step=step, metrics=metrics, comm=comm))
         if bad:
@@ -688,6 +696,10 @@ class Trainer:
             for ps in groups.values():
                 torch.nn.utils.clip_grads_with_norm_(ps, clip, norm, True)
         return float(norm)
+
+
+def _timing_event():
+    return torch.cuda.Event(enable_timing=True)
 
 
 def _module_no_sync(model):
