@@ -4,15 +4,23 @@ For each strategy on 2 and 4 CPU ranks, the same model and data run (a) on the
 workbench's ranks (ipyparallel engines, ``engine.prepare``), (b) as a plain script under
 ``torch.distributed.run`` with the layout written by hand (``benchmarks/handwritten.py``:
 ``DDP``, ``fully_shard`` per block, ``deepspeed.initialize``, ``parallelize_module``,
-``pipelining``) — what a user would otherwise run — and (c) the workbench's ``prepare``
-under ``torchrun`` (hosting on engines alone). Each side reports its median step time and
-per-rank memory (USS after ``malloc_trim``); the figure of merit is the step-time ratio
-workbench / hand-written (target at most 1.03 for every row). Runs alternate between the
-sides so that all see the same machine load.
+``pipelining``) — what a user would otherwise run — and, with ``--with-prepare``, (c) the
+workbench's ``prepare`` under ``torchrun`` (hosting on engines alone). Each side reports its
+median step time and per-rank memory (USS after ``malloc_trim``); the figure of merit is
+the step-time ratio workbench / hand-written (target at most 1.03 for every row). Runs
+alternate between the sides so that all see the same machine load; 5 of each by default,
+as a fresh ``torchrun`` job's step time varies by 10-20% from one launch to the next.
+
+Each round also takes a CPU census (``cpu_census``): CPU ms per step of every thread
+beside the training threads (the ranks' helpers, gloo's threads, the controller and its
+heart monitor, the ranks' parent, torchrun's agent, the driver) and its wake-ups per
+second. Load on the machine moves step times; it hardly moves these, so a saved result
+carries the cause of a gap with it.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/strategy_bench.py``
 (``--quick``: one world size, two strategies, checks the script only; ``--pool``: every
-saved run). Results: ``benchmarks/results/strategy-*.json``; exit status 1 on a miss.
+saved run; ``--strategies ddp,pp`` and ``--worlds 4``: a subset). Results:
+``benchmarks/results/strategy-*.json``; exit status 1 on a miss.
 """
 
 from __future__ import annotations
@@ -253,7 +261,12 @@ def main(argv=None) -> int:
     parser.add_argument("--driver-pid", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--with-prepare",
+        action="store_true",
+        help="also run the workbench's prepare under torchrun (hosting on engines alone; the CPU census says it too)",
+    )
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--worlds", default="2,4")
     parser.add_argument(
@@ -289,11 +302,12 @@ def main(argv=None) -> int:
         roles = workbench_roles(rs)
         try:
             for kind in kinds:
-                times = {"workbench": [], "handwritten": [], "torchrun": []}
+                sides = SIDES if args.with_prepare else SIDES[:2]
+                times: dict[str, list] = {side: [] for side in sides}
                 mem = {k: [] for k in times}
                 outside = {k: [] for k in times}
                 for i in range(repeats):
-                    for side in SIDES[i % 3 :] + SIDES[: i % 3]:
+                    for side in sides[i % len(sides) :] + sides[: i % len(sides)]:
                         got = (
                             workbench_run(rs, kind, args, roles)
                             if side == "workbench"
@@ -322,12 +336,13 @@ def main(argv=None) -> int:
                     row[f"{side}_uss_mb"] = statistics.median(mem[side]) / 2**20
                     row[f"{side}_outside_cpu_ms"] = statistics.median(outside[side])
                 row["ratio"] = row["workbench_ms"] / row["handwritten_ms"]
-                row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
+                if "torchrun" in times:
+                    row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
                 rows.append(row)
                 run.target(f"{kind} x{n} workbench / hand-written torchrun", row["ratio"], "<=", 1.03)
                 print(
                     f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  hand-written "
-                    f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row['torchrun_ms']:7.1f} ms  "
+                    f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row.get('torchrun_ms', float('nan')):7.1f} ms  "
                     f"ratio {row['ratio']:.3f}  CPU outside the training threads "
                     f"{row['workbench_outside_cpu_ms']:.1f} / {row['handwritten_outside_cpu_ms']:.1f} ms/step",
                     flush=True,
@@ -346,7 +361,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(
             f"{r['world']:>5} {r['strategy']:>9} {r['workbench_ms']:>13.1f} {r['handwritten_ms']:>11.1f} "
-            f"{r['torchrun_ms']:>20.1f} {r['ratio']:>6.3f} {r['workbench_uss_mb']:>10.0f} "
+            f"{r.get('torchrun_ms', float('nan')):>20.1f} {r['ratio']:>6.3f} {r['workbench_uss_mb']:>10.0f} "
             f"{r['handwritten_uss_mb']:>12.0f} {r['workbench_outside_cpu_ms']:>14.2f} "
             f"{r['handwritten_outside_cpu_ms']:>16.2f}"
         )
