@@ -29,6 +29,14 @@ HEARTBEAT_FLAG = "--workbench-heartbeat="
 
 
 def _end_when_orphaned(parent: int) -> None:
+    try:  # sleep until the parent exits (its pidfd turns readable); polling woke twice a second
+        fd = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # no pidfds here, or the parent is gone already
+        fd = None
+    if fd is not None and os.getppid() == parent:
+        import select
+
+        select.select([fd], [], [])
     while os.getppid() == parent:
         time.sleep(POLL_S)
     if os.getpgrp() == os.getpid():
