@@ -4,15 +4,23 @@ For each strategy on 2 and 4 CPU ranks, the same model and data run (a) on the
 workbench's ranks (ipyparallel engines, ``engine.prepare``), (b) as a plain script under
 ``torch.distributed.run`` with the layout written by hand (``benchmarks/handwritten.py``:
 ``DDP``, ``fully_shard`` per block, ``deepspeed.initialize``, ``parallelize_module``,
-``pipelining``) — what a user would otherwise run — and (c) the workbench's ``prepare``
-under ``torchrun`` (hosting on engines alone). Each side reports its median step time and
-per-rank memory (USS after ``malloc_trim``); the figure of merit is the step-time ratio
-workbench / hand-written (target at most 1.03 for every row). Runs alternate between the
-sides so that all see the same machine load.
+``pipelining``) — what a user would otherwise run — and, with ``--with-prepare``, (c) the
+workbench's ``prepare`` under ``torchrun`` (hosting on engines alone). Each side reports its
+median step time and per-rank memory (USS after ``malloc_trim``); the figure of merit is
+the step-time ratio workbench / hand-written (target at most 1.03 for every row). Runs
+alternate between the sides so that all see the same machine load; 5 of each by default,
+as a fresh ``torchrun`` job's step time varies by 10-20% from one launch to the next.
+
+Each round also takes a CPU census (``cpu_census``): CPU ms per step of every thread
+beside the training threads (the ranks' helpers, gloo's threads, the controller and its
+heart monitor, the ranks' parent, torchrun's agent, the driver) and its wake-ups per
+second. Load on the machine moves step times; it hardly moves these, so a saved result
+carries the cause of a gap with it.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/strategy_bench.py``
 (``--quick``: one world size, two strategies, checks the script only; ``--pool``: every
-saved run). Results: ``benchmarks/results/strategy-*.json``; exit status 1 on a miss.
+saved run; ``--strategies ddp,pp`` and ``--worlds 4``: a subset). Results:
+``benchmarks/results/strategy-*.json``; exit status 1 on a miss.
 """
 
 from __future__ import annotations
@@ -41,17 +49,25 @@ SPECS = {
 }
 
 
-def measure(spec: str, steps: int, warmup: int, dim: int, handwritten: str | None = None) -> dict:
+def measure(
+    spec: str, steps: int, warmup: int, dim: int, handwritten: str | None = None, watch: dict | None = None
+) -> dict:
     """On one rank: lay the model out with ``spec`` (or by hand: ``handwritten`` names the
     layout in ``benchmarks/handwritten.py``) and time ``steps`` training steps.
 
+    Over the timed steps it also takes a CPU census (``cpu_census``) of this rank's
+    threads and, on rank 0, of the processes in ``watch`` (role -> pid: the controller,
+    the ranks' parent, torchrun's agent, the driver) and their children.
     Self-contained (imports inside) because it is shipped to the ranks by value.
     """
     import ctypes
     import gc
+    import os
     import statistics
+    import threading
     import time
 
+    import cpu_census
     import psutil
     import torch
     import torch.distributed as dist
@@ -72,13 +88,22 @@ def measure(spec: str, steps: int, warmup: int, dim: int, handwritten: str | Non
         train_step, close = prepared.train_step, getattr(prepared, "close", None)
         dp_rank, dp_size = prepared.dp_rank, prepared.dp_size
     data = TextDataset(seq_len=64)
+    roles = {"rank": os.getpid()}
+    if dist.get_rank() == 0:
+        for role, pid in (watch or {}).items():
+            roles[role] = pid
     times = []
     for step in range(warmup + steps):
         batch = batch_at(data, 8, step, dp_rank=dp_rank, dp_size=dp_size)
         dist.barrier()
+        if step == warmup:
+            before, w0 = cpu_census.snapshot(roles), time.perf_counter()
         t0 = time.perf_counter()
         train_step(batch)
         times.append(time.perf_counter() - t0)
+    dist.barrier()
+    after, window = cpu_census.snapshot(roles), time.perf_counter() - w0
+    census = cpu_census.delta(before, after, cpu_census.python_thread_names())
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -87,7 +112,14 @@ def measure(spec: str, steps: int, warmup: int, dim: int, handwritten: str | Non
     uss = psutil.Process().memory_full_info().uss
     if close:
         close()
-    return {"step_s": statistics.median(times[warmup:]), "uss": uss, "rank": dist.get_rank()}
+    return {
+        "step_s": statistics.median(times[warmup:]),
+        "uss": uss,
+        "rank": dist.get_rank(),
+        "train_tid": threading.get_native_id(),
+        "window_s": window,
+        "census": census,
+    }
 
 
 def worker_main(args) -> None:
@@ -97,8 +129,15 @@ def worker_main(args) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    # the worker's parent is torchrun's agent (it started the workers and watches them)
+    watch = {"torchrun agent": os.getppid(), "driver": args.driver_pid}
     result = measure(
-        SPECS[args.worker], args.steps, args.warmup, args.dim, handwritten=args.worker if args.handwritten else None
+        SPECS[args.worker],
+        args.steps,
+        args.warmup,
+        args.dim,
+        handwritten=args.worker if args.handwritten else None,
+        watch=watch,
     )
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, result)
@@ -124,6 +163,8 @@ def torchrun(kind: str, n: int, args, handwritten: bool = False) -> list[dict]:
         str(args.warmup),
         "--dim",
         str(args.dim),
+        "--driver-pid",
+        str(os.getpid()),
         *(["--handwritten"] if handwritten else []),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -133,8 +174,82 @@ def torchrun(kind: str, n: int, args, handwritten: bool = False) -> list[dict]:
     raise RuntimeError(f"torchrun {kind} x{n} failed:\n{out.stderr[-3000:]}")
 
 
-def workbench_run(rs, kind: str, args) -> list[dict]:
-    results = rs.apply(measure, SPECS[kind], args.steps, args.warmup, args.dim)
+SIDES = ("handwritten", "workbench", "torchrun")
+
+
+def cpu_use(got: list[dict], steps: int) -> dict:
+    """One round's census: CPU ms per step of the training threads (summed over ranks), the
+    time they waited for a CPU, and of everything else by ``role / thread`` (with wake-ups
+    per second): rank helper threads, gloo's and ZMQ's threads, the processes beside."""
+    window = max(r["window_s"] for r in got)
+    train = wait = 0.0
+    threads: dict[str, list[float]] = {}
+    for r in got:
+        for row in r["census"]:
+            if row["role"] == "rank" and row["tid"] == r["train_tid"]:
+                train += row["cpu_ms"]
+                wait += row["wait_ms"]
+                continue
+            key = f"{row['role'].split(':')[0]} / {row['thread']}"
+            acc = threads.setdefault(key, [0.0, 0.0])
+            acc[0] += row["cpu_ms"] / steps
+            acc[1] += row["wakeups"] / window
+    return {
+        "training_ms_per_step": train / steps,
+        "training_wait_ms_per_step": wait / steps,
+        "outside_ms_per_step": sum(ms for ms, _ in threads.values()),
+        "threads": {k: [round(ms, 4), round(w, 2)] for k, (ms, w) in sorted(threads.items())},
+    }
+
+
+def census_table(census: dict) -> list[dict]:
+    """Per world and side, each thread's mean ms/step and wake-ups/s over the rounds."""
+    out = []
+    for (n, side), threads in sorted(census.items()):
+        for key, (ms, wake, rounds) in threads.items():
+            out.append(
+                {"world": n, "side": side, "thread": key, "ms_per_step": ms / rounds, "wakeups_per_s": wake / rounds}
+            )
+    return out
+
+
+def census_lines(threads: list[dict], top: int = 12) -> list[str]:
+    lines = []
+    for n, side in sorted({(t["world"], t["side"]) for t in threads}):
+        these = sorted((t for t in threads if (t["world"], t["side"]) == (n, side)), key=lambda t: -t["ms_per_step"])
+        total = sum(t["ms_per_step"] for t in these)
+        lines.append(f"  {side} x{n}: {total:.2f} ms/step in all")
+        for t in these[:top]:
+            lines.append(f"    {t['thread']:<48} {t['ms_per_step']:8.3f} ms/step {t['wakeups_per_s']:8.1f} /s")
+    return lines
+
+
+def workbench_roles(rs) -> dict[str, int]:
+    """role -> pid of the processes beside the workbench's ranks: this driver (the notebook),
+    the process that forked the ranks, the controller and each process it started (the one
+    bound to the heartbeat's ping port named ``heartmonitor``)."""
+    import cpu_census
+    import psutil
+
+    roles = {"driver": os.getpid()}
+    if getattr(rs, "forked", None) is not None:
+        roles["preload parent"] = rs.forked.pid
+    ctl = rs.cluster.controller
+    root = getattr(ctl, "pid", None) or ctl.process.pid
+    roles["controller"] = root
+    security = pathlib.Path(rs.cluster.profile_dir) / "security"
+    info = json.loads((security / f"ipcontroller-{rs.cluster.cluster_id}-engine.json").read_text())
+    for pid in cpu_census.children(root):
+        try:
+            ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"}
+        except psutil.Error:
+            continue
+        roles["heartmonitor" if info.get("hb_ping") in ports else f"scheduler:{pid}"] = pid
+    return roles
+
+
+def workbench_run(rs, kind: str, args, roles: dict[str, int]) -> list[dict]:
+    results = rs.apply(measure, SPECS[kind], args.steps, args.warmup, args.dim, watch=roles)
     rs.execute("import gc; gc.collect()")
     return results
 
@@ -143,11 +258,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--handwritten", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--driver-pid", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--with-prepare",
+        action="store_true",
+        help="also run the workbench's prepare under torchrun (hosting on engines alone; the CPU census says it too)",
+    )
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--worlds", default="2,4")
+    parser.add_argument(
+        "--strategies", default=None, help=f"comma-separated subset of {', '.join(STRATEGIES[4])} (default: all)"
+    )
     parser.add_argument("--quick", action="store_true", help="world 2, ddp and fsdp2, 1 repeat: checks the script only")
     parser.add_argument("--pool", action="store_true", help="report every saved run; run nothing")
     args = parser.parse_args(argv)
@@ -163,28 +287,39 @@ def main(argv=None) -> int:
         args.steps, args.warmup = 3, 1
     run = results.Run("strategy", vars(args), quick=args.quick)
     worlds = [2] if args.quick else [int(w) for w in args.worlds.split(",")]
+    chosen = args.strategies.split(",") if args.strategies else STRATEGIES[4]
+    unknown = [k for k in chosen if k not in STRATEGIES[4]] + [w for w in worlds if w not in STRATEGIES]
+    if unknown:
+        parser.error(
+            f"unknown {unknown}: strategies are {', '.join(STRATEGIES[4])}, worlds {', '.join(map(str, STRATEGIES))}"
+        )
     rows = []
     repeats = 1 if args.quick else args.repeats
+    census: dict = {}  # (world, side) -> {thread key: [ms/step, wake-ups/s]} summed over rounds
     for n in worlds:
-        kinds = ["ddp", "fsdp2"] if args.quick else STRATEGIES[n]
+        kinds = ["ddp", "fsdp2"] if args.quick else [k for k in STRATEGIES[n] if k in chosen]
         rs = workbench.start(n, backend="gloo", threads=1, sys_path=(str(HERE),))
+        roles = workbench_roles(rs)
         try:
             for kind in kinds:
-                times = {"workbench": [], "handwritten": [], "torchrun": []}
+                sides = SIDES if args.with_prepare else SIDES[:2]
+                times: dict[str, list] = {side: [] for side in sides}
                 mem = {k: [] for k in times}
+                outside = {k: [] for k in times}
                 for i in range(repeats):
-                    for side in ("handwritten", "workbench", "torchrun")[i % 3 :] + (
-                        "handwritten",
-                        "workbench",
-                        "torchrun",
-                    )[: i % 3]:
+                    for side in sides[i % len(sides) :] + sides[: i % len(sides)]:
                         got = (
-                            workbench_run(rs, kind, args)
+                            workbench_run(rs, kind, args, roles)
                             if side == "workbench"
                             else torchrun(kind, n, args, handwritten=side == "handwritten")
                         )
+                        use = cpu_use(got, args.steps)
                         times[side].append(max(r["step_s"] for r in got))
                         mem[side].append(max(r["uss"] for r in got))
+                        outside[side].append(use["outside_ms_per_step"])
+                        for key, (ms, wake) in use["threads"].items():
+                            acc = census.setdefault((n, side), {}).setdefault(key, [0.0, 0.0, 0])
+                            acc[0], acc[1], acc[2] = acc[0] + ms, acc[1] + wake, acc[2] + 1
                         run.rounds.append(
                             {
                                 "world": n,
@@ -192,20 +327,24 @@ def main(argv=None) -> int:
                                 "side": side,
                                 "step_s": times[side][-1],
                                 "uss": mem[side][-1],
+                                "cpu": use,
                             }
                         )
                 row = {"world": n, "strategy": kind}
                 for side in times:
                     row[f"{side}_ms"] = statistics.median(times[side]) * 1e3
                     row[f"{side}_uss_mb"] = statistics.median(mem[side]) / 2**20
+                    row[f"{side}_outside_cpu_ms"] = statistics.median(outside[side])
                 row["ratio"] = row["workbench_ms"] / row["handwritten_ms"]
-                row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
+                if "torchrun" in times:
+                    row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
                 rows.append(row)
                 run.target(f"{kind} x{n} workbench / hand-written torchrun", row["ratio"], "<=", 1.03)
                 print(
                     f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  hand-written "
-                    f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row['torchrun_ms']:7.1f} ms  "
-                    f"ratio {row['ratio']:.3f}",
+                    f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row.get('torchrun_ms', float('nan')):7.1f} ms  "
+                    f"ratio {row['ratio']:.3f}  CPU outside the training threads "
+                    f"{row['workbench_outside_cpu_ms']:.1f} / {row['handwritten_outside_cpu_ms']:.1f} ms/step",
                     flush=True,
                 )
         finally:
@@ -217,15 +356,24 @@ def main(argv=None) -> int:
     )
     print(
         f"{'world':>5} {'strategy':>9} {'workbench ms':>13} {'by hand ms':>11} {'prepare@torchrun ms':>20} "
-        f"{'ratio':>6} {'wb USS MB':>10} {'hand USS MB':>12}"
+        f"{'ratio':>6} {'wb USS MB':>10} {'hand USS MB':>12} {'wb outside ms':>14} {'hand outside ms':>16}"
     )
     for r in rows:
         print(
             f"{r['world']:>5} {r['strategy']:>9} {r['workbench_ms']:>13.1f} {r['handwritten_ms']:>11.1f} "
-            f"{r['torchrun_ms']:>20.1f} {r['ratio']:>6.3f} {r['workbench_uss_mb']:>10.0f} "
-            f"{r['handwritten_uss_mb']:>12.0f}"
+            f"{r.get('torchrun_ms', float('nan')):>20.1f} {r['ratio']:>6.3f} {r['workbench_uss_mb']:>10.0f} "
+            f"{r['handwritten_uss_mb']:>12.0f} {r['workbench_outside_cpu_ms']:>14.2f} "
+            f"{r['handwritten_outside_cpu_ms']:>16.2f}"
         )
-    run.summary = {"rows": rows}
+    threads = census_table(census)
+    print()
+    print(
+        "CPU outside the training threads while the steps ran, summed over ranks, mean over rounds "
+        "(ms per step; wake-ups per second):"
+    )
+    for line in census_lines(threads):
+        print(line)
+    run.summary = {"rows": rows, "threads": threads}
     return run.finish()
 
 

@@ -40,6 +40,11 @@ def test_benchmark_quick_run_writes_its_json(bench, tmp_path):
     assert {"cpu_count", "load_avg_1_5_15", "torch", "load_avg_after"} <= set(doc["machine"])
     for t in doc["targets"]:
         assert {"name", "value", "op", "limit", "met"} <= set(t) and isinstance(t["value"], float)
+    if bench == "strategy":  # a saved result carries the CPU spent beside the training threads
+        for row in doc["summary"]["rows"]:
+            assert row["workbench_outside_cpu_ms"] > 0 and row["handwritten_outside_cpu_ms"] > 0, row
+        threads = {(t["side"], t["thread"].split(" / ")[0]) for t in doc["summary"]["threads"]}
+        assert {("workbench", "heartmonitor"), ("workbench", "rank"), ("handwritten", "torchrun agent")} <= threads
 
 
 def test_a_missed_target_fails_the_run_and_pool_counts_every_run(tmp_path, capsys):

@@ -323,3 +323,34 @@ def test_ddp_does_not_broadcast_the_rope_table_every_step(ranks2):
     buffer broadcast it otherwise runs before every forward (the losses still match a single
     rank: ``test_matches_single_rank_fp32``)."""
     assert ranks2.apply(ddp_buffer_sync_on_rank) == [(False, ["rope"])] * 2
+
+
+def groups_after_each_prepare(spec_text: str, runs: int):
+    """On a rank: train ``spec_text`` ``runs`` times; after each, the process groups alive and
+    gloo's loop threads in this process (one per gloo group, each waking 100 times a second)."""
+    import os
+
+    import torch.distributed as dist
+
+    def loops() -> int:
+        n = 0
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += f.read().startswith("gloo_tcp_loop")
+        return n
+
+    out = []
+    for _ in range(runs):
+        losses = train_on_rank(spec_text, steps=2)["losses"]
+        out.append((len(dist.distributed_c10d._world.pg_names), loops(), losses))
+    return out
+
+
+def test_preparing_a_2d_layout_again_reuses_its_groups(ranks4):
+    """A re-run training cell prepares the same layout again: its mesh's sub-groups are
+    reused, not created anew (each would be a gloo thread for the life of the ranks)."""
+    rows = ranks4.apply(groups_after_each_prepare, "fsdp2_tp tp=2", 3)
+    for row in rows:
+        (groups, loops, losses), *again = row
+        assert [(g, n) for g, n, _ in again] == [(groups, loops)] * 2, row
+        assert all(l2 == pytest.approx(losses, rel=1e-6) for _, _, l2 in again)

@@ -5,8 +5,8 @@ be lost; instead the notebook binds a ZMQ PULL socket and each rank PUSHes batch
 The training thread only appends to a queue (``emit`` never blocks, never touches the
 network), so a slow notebook can never slow a step; the sender thread batches whatever
 is queued whenever it wakes: ``emit`` wakes it (a flag checked without a lock, so a busy
-queue costs no system call), and an idle rank's sender sleeps instead of polling (it
-polled every 20 ms: 50 wake-ups a second on every rank, training or not). Woken, it
+queue costs no system call), and an idle rank's sender sleeps until then: it never wakes
+by itself (on 2 cores every wake-up of a helper is taken from a training step). Woken, it
 gathers for ``BATCH_WINDOW_S`` before sending, and after a send gathers the next window
 straight away, so a rank stepping 20 times a second sends ~10 messages, not 20, and its
 sender wakes ~10 times a second, not 30 (each message a wake-up of this thread, of ZMQ's
@@ -33,7 +33,6 @@ from ..shared import events
 
 MAX_QUEUED = 200_000
 BATCH = 1000
-IDLE_WAIT_S = 0.5  # an idle sender re-checks for close() this often
 BATCH_WINDOW_S = 0.1  # a woken sender gathers this long before it sends (flush cuts it short)
 
 _PUBLISHER: Publisher | None = None
@@ -102,7 +101,7 @@ class Publisher:
                 if self._closed:
                     break
                 self._hurry.clear()  # everything queued before a flush has been sent
-                self._wake.wait(IDLE_WAIT_S)
+                self._wake.wait()  # emit and close wake it
                 gathered = False
                 continue
             if not gathered and len(self._queue) < BATCH:  # the first event after a pause: gather

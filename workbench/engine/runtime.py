@@ -220,8 +220,9 @@ def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
     """End this rank (and ``also_end``: the controller, from rank 0) when the notebook dies.
 
     A notebook kernel that is killed (SIGKILL, OOM, a crashed test runner) runs no
-    clean-up; without this its ranks and controller would live on as orphans. Polling
-    the parent once a second costs nothing measurable.
+    clean-up; without this its ranks and controller would live on as orphans. The watch
+    blocks on a pidfd (readable once the parent has exited, zombie or reaped), so it never
+    wakes while the notebook lives; without pidfds it polls once a second.
     """
     import threading
 
@@ -241,9 +242,24 @@ def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
         except psutil.Error:
             return []
 
-    def watch() -> None:
+    def wait_for_exit() -> None:
+        try:
+            fd = os.pidfd_open(parent_pid)
+        except (AttributeError, OSError):  # no pidfds here (not Linux >= 5.3), or already gone
+            fd = None
+        if fd is not None:
+            import select
+
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while not poller.poll():
+                pass
+            os.close(fd)
         while alive():
             time.sleep(1.0)
+
+    def watch() -> None:
+        wait_for_exit()
         for pid in [*also_end, *nanny()]:
             try:
                 os.kill(pid, signal.SIGKILL)

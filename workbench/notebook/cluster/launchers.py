@@ -15,17 +15,22 @@ import sys
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 
 # The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
-# A short period also makes engines register fast (the controller admits a new engine
-# on its next heartbeat). Ranks on this host are watched by pid (``health.Watcher``:
-# a death is seen at once), so there the controller may wait a minute: a rank stopped with SIGSTOP or
-# under a debugger is "stuck", not dead, and must still be there after SIGCONT. Ranks
-# on other hosts without a guard have only the heartbeat: 1.5 s of silence and they are
-# reported dead; with a guard (Slurm, SSH: ``workbench.engine.guard``) a death is reported
-# at once with its exit status, and the heartbeat may be as patient as for local ranks
-# (a rank importing torch on a busy node misses beats while it registers).
+# A short period makes engines register fast (the controller admits a new engine on its
+# next heartbeat), so the controller beats every ``HEARTBEAT_MS`` until every rank beats,
+# then every ``SETTLED_HEARTBEAT_MS`` (ipyparallel's default; the period engines are told):
+# a beat wakes the heart monitor, each rank's heart thread and ZMQ's threads, on the
+# cores the ranks train on (``controller_process.settling_heartbeat``). Ranks on this
+# host are watched by pid (``health.Watcher``: a death is seen at once), so there the
+# controller may wait a minute of silence: a rank stopped with SIGSTOP or under a debugger
+# is "stuck", not dead, and must still be there after SIGCONT. Ranks on other hosts
+# without a guard have only the heartbeat: 1.5 s of silence and they are reported dead
+# (the fast beat stays on); with a guard (Slurm, SSH: ``workbench.engine.guard``) a death
+# is reported at once with its exit status, and the heartbeat may be as patient as for
+# local ranks (a rank importing torch on a busy node misses beats while it registers).
 HEARTBEAT_MS = 300
-MISSES_LOCAL = 200
-MISSES_REMOTE = 5
+SETTLED_HEARTBEAT_MS = 3000
+SILENCE_LOCAL_MS = 60_000
+SILENCE_REMOTE_MS = 1500
 
 REGISTRATION_S = 600  # guarded launches: the notebook's own wait (RankSet) ends first, with a message
 
@@ -59,11 +64,7 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarde
         "log_level": 30,
         "config": cfg,
         # the controller runs in its own process: its settings go on its command line
-        "controller_args": [
-            f"--HeartMonitor.period={HEARTBEAT_MS}",
-            f"--HeartMonitor.max_heartmonitor_misses="
-            f"{MISSES_LOCAL if launcher in ('local', 'mpi') or guarded else MISSES_REMOTE}",
-        ],
+        "controller_args": heartbeat_args(n, patient=launcher in ("local", "mpi") or guarded),
     }
     if guarded:
         # an engine completes registration only after importing torch (PRELOAD), which on a
@@ -103,6 +104,21 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarde
         else:
             kwargs[key] = value
     return kwargs
+
+
+def heartbeat_args(n: int, *, patient: bool) -> list[str]:
+    """The controller's heartbeat settings for ``n`` ranks; ``patient``: a minute of silence
+    before an engine is dropped (deaths are seen otherwise), else 1.5 s and always fast."""
+    if not patient:
+        return [
+            f"--HeartMonitor.period={HEARTBEAT_MS}",
+            f"--HeartMonitor.max_heartmonitor_misses={SILENCE_REMOTE_MS // HEARTBEAT_MS}",
+        ]
+    return [
+        f"--HeartMonitor.period={SETTLED_HEARTBEAT_MS}",
+        f"--HeartMonitor.max_heartmonitor_misses={SILENCE_LOCAL_MS // SETTLED_HEARTBEAT_MS}",
+        f"--workbench-heartbeat={HEARTBEAT_MS},{n}",
+    ]
 
 
 class ForkedRanks:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 import threading
 
@@ -48,6 +49,9 @@ class Collector:
         self.errors: list[str] = []
         self.mirror = None  # a stream.mirror.Mirror once the Lab registry asks for one
         self._stop = threading.Event()
+        # the thread sleeps until a batch arrives or close() writes a byte here, not on a timer
+        # (it polled ten times a second, on the cores the ranks train on)
+        self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="workbench-collector", daemon=True)
         self._thread.start()
 
@@ -59,8 +63,9 @@ class Collector:
         lower_this_thread()  # gives way to ranks training on the same cores
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop.is_set():
-            if not poller.poll(100):
+            if self._sock not in dict(poller.poll()):
                 continue
             while True:
                 try:
@@ -81,8 +86,13 @@ class Collector:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
+        os.write(self._wake_w, b"x")
         self._thread.join(2.0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         if self.mirror is not None:
             self.mirror.close()
         self._sock.close(linger=0)
