@@ -7,10 +7,19 @@ and for environments where those are not available::
 
 Each process initialises the default group itself (tests only: the workbench runtime
 does this on real ranks), runs ``fn``, destroys the group and returns the result.
+
+The processes are forked by a fork server that imported torch once for the whole test
+session (``workbench.engine.preload`` does the same for real ranks): a torch import costs
+seconds of CPU per process, and nothing in it starts a thread or touches CUDA, so each fork
+is as fresh as a new process. Everything else (DeepSpeed, which picks its accelerator once
+per process; the workbench) is imported by each process itself, in the caller's environment
+and working directory as they are at the call.
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing.forkserver
 import os
 import tempfile
 import time
@@ -24,18 +33,23 @@ import torch.multiprocessing as mp
 
 __all__ = ["run_ranks", "RankFailure"]
 
+PRELOAD = ["torch", "torch.distributed"]
+
 
 class RankFailure(RuntimeError):
     pass
 
 
-def _worker(rank: int, world: int, store_path: str, payload: bytes, queue) -> None:
+def _worker(rank: int, world: int, store_path: str, payload: bytes, queue, env: dict, cwd: str) -> None:
+    os.environ.clear()  # the caller's environment at the call, not the fork server's at its start
+    os.environ.update(env)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
+    os.chdir(cwd)
     try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
         fn, args, kwargs = cloudpickle.loads(payload)
         store = dist.FileStore(store_path, world)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
@@ -48,16 +62,34 @@ def _worker(rank: int, world: int, store_path: str, payload: bytes, queue) -> No
         queue.put((rank, False, traceback.format_exc()))
 
 
+def _context():
+    ctx = mp.get_context("forkserver")
+    if not _context.started:
+        ctx.set_forkserver_preload(PRELOAD)
+        atexit.register(_stop_fork_server)  # no process left behind when the session ends
+        _context.started = True
+    return ctx
+
+
+_context.started = False
+
+
+def _stop_fork_server() -> None:
+    multiprocessing.forkserver._forkserver._stop()
+
+
 def run_ranks(fn, world_size: int = 2, *, args=(), kwargs=None, timeout: float = 300.0) -> list:
     """``[fn(rank, world_size, *args, **kwargs) for rank in ranks]``, each in its own process;
     every rank answers within ``timeout`` seconds of the start, or ``queue.Empty`` is raised."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.Queue()
     payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    env, cwd = dict(os.environ), os.getcwd()
     with tempfile.TemporaryDirectory() as d:
         store_path = os.path.join(d, "store")
         procs = [
-            ctx.Process(target=_worker, args=(r, world_size, store_path, payload, queue)) for r in range(world_size)
+            ctx.Process(target=_worker, args=(r, world_size, store_path, payload, queue, env, cwd))
+            for r in range(world_size)
         ]
         for p in procs:
             p.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("deepspeed")
-pytestmark = pytest.mark.slow  # two fresh process sets per case, DeepSpeed import: ~2 min each on 2 cores
+pytestmark = pytest.mark.slow  # two fresh process sets per case, each importing DeepSpeed
 
 from gloo_harness import run_ranks  # noqa: E402
 

@@ -5,8 +5,8 @@ check as tests/test_layout_truth.py for 2 and 4 ranks), and the drawn rectangles
 stage-0 and a stage-1 weight: the pipeline stage picks the four ranks, and inside a stage
 FSDP2 x TP puts rank 1 (of the stage) on rows 16-23, as ``_StridedShard`` does.
 
-Eight fresh processes (the shared rank sets have 2 and 4), so it is marked slow: about
-3 minutes on one loaded core here, mostly eight torch imports. A fake process group
+Eight fresh processes (the shared rank sets have 2 and 4), forked by ``gloo_harness``'s
+fork server, which imported torch once for the session; marked slow. A fake process group
 (``torch.testing._internal.distributed.fake_pg``) is not a substitute: under it the
 sub-groups' ranks differ from the mesh coordinates, and the holds it gives disagree with
 the real ranks' (rank 1 of a stage drawn on rows 0-7).
