@@ -148,7 +148,8 @@ def show(call, printed=None, skip=()) -> None:
     if call.ar.ready():
         # a rank's reply can overtake its last output (separate sockets): wait for the
         # output streams to be flushed too, so that nothing a rank printed is missed
-        call.wait_for_output()
+        if not call.wait_for_output():
+            sys.stderr.write("(the ranks' output had not all arrived 30 s after the cell ended; showing what did)\n")
     outs, errs = call.per_rank("stdout"), call.per_rank("stderr")
     displays, results = call.per_rank("outputs"), call.per_rank("execute_result")
     failures = call.failures()

@@ -20,6 +20,9 @@ class RankCall:
         self.ar = ar
         # a cell's error arrives as an output message (its reply is 'ok'), which the reply can overtake
         self.cell = cell
+        # the output wait is paid once per call: result() and failures() both need it, and
+        # output that did not complete in time will not complete for a second wait either
+        self._output_waited = False
 
     def wait(self, timeout: float | None = None, poll: float = 0.1) -> bool:
         """Wait until done, ``timeout`` passes or a rank dies; True when done.
@@ -60,13 +63,17 @@ class RankCall:
         results = self.ar.get()
         return list(results) if isinstance(results, list) else [results]
 
-    def wait_for_output(self, timeout: float = 30.0) -> None:
+    def wait_for_output(self, timeout: float = 30.0) -> bool:
         """Wait until what the ranks printed or displayed has arrived (the reply to a call
-        can overtake its output); a cell whose every rank published nothing needs no wait."""
+        can overtake its output); a cell whose every rank published nothing needs no wait.
+        False when the output did not complete within ``timeout``; waits at most once."""
         if self.cell and self.ar.ready() and self.ar.successful():
             if all(isinstance(r, replies.CellRun) and r.published == 0 for r in self.ar.get()):
-                return
-        self.ar.wait_for_output(timeout=timeout)
+                return True
+        if self._output_waited:
+            timeout = 0
+        self._output_waited = True
+        return bool(self.ar.wait_for_output(timeout=timeout))
 
     def pending(self) -> list[int]:
         return [r for r, m in zip(self.ranks, self.ar._metadata) if not m.get("completed")]
