@@ -31,14 +31,6 @@ os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
-from IPython.terminal.interactiveshell import TerminalInteractiveShell  # noqa: E402
-
-# The tests drive IPython's terminal shell in place of a kernel's. ipyparallel's client, on a
-# rank's comm message (a widget: transformers' progress bars on a rank are ipywidgets), reads
-# get_ipython().kernel, which only a kernel's shell has; on this shell the AttributeError in
-# its IO thread left the rest of that call's messages unread, and the call waited out its
-# output timeouts (2 x 30 s). None: "not a kernel", as in a script, where comms are ignored.
-TerminalInteractiveShell.kernel = None
 from trainer_cleanup import clean_trainer  # noqa: E402, F401  (tests import it from here)
 
 from workbench.notebook import api, session  # noqa: E402

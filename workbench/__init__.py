@@ -71,7 +71,9 @@ def load_ipython_extension(ipython) -> None:
     """Register the ``%distrain`` magics (called by ``%load_ext workbench``)."""
     _notebook_side()
     from .notebook.magics import DistrainMagics
+    from .notebook.shell_compat import mark_kernelless
 
+    mark_kernelless(ipython)
     ipython.register_magics(DistrainMagics)
 
 

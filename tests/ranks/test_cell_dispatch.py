@@ -3,6 +3,7 @@
 cell, and output is never lost although a quiet cell does not wait for the output stream."""
 
 import re
+import time
 
 import pytest
 
@@ -132,3 +133,17 @@ def test_output_written_below_python_reaches_the_notebook_tagged_per_rank(shell2
         out, err = capsys.readouterr()
         assert tagged(out) == [f"[rank {r}] {text}" for r in (0, 1) for text in ("from C", "from a child", "fd 1")], out
         assert tagged(err) == ["[rank 0] fd 2", "[rank 1] fd 2"], err
+
+
+def test_a_widget_shown_on_a_rank_does_not_stall_a_terminal_shell(shell2, capsys):
+    """A widget's comm message from a rank (transformers' progress bars are widgets) once left
+    the call's output never complete in a terminal IPython: the cell waited out its 30 s output
+    timeout. ``%load_ext workbench`` marks such a shell as having no kernel, as a script has."""
+    assert shell2.kernel is None
+    capsys.readouterr()
+    t0 = time.monotonic()
+    assert shell2.run_cell("%%distrain\nimport ipywidgets\ndisplay(ipywidgets.IntProgress(3))\nprint('after')").success
+    took = time.monotonic() - t0
+    out, _ = capsys.readouterr()
+    assert "[rank 0] after" in out and "[rank 1] after" in out
+    assert took < 20, f"the cell took {took:.1f} s (an output stall is 30 s)"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ...engine import rpc
 from ...shared.errors import Interrupted, NotRunning, RankDied
 from .. import background
+from ..shell_compat import mark_kernelless
 from . import health, launchers, network, slurm, ssh
 from .gpu_plan import plan_gpus
 from .ranges import parse_ranks
@@ -167,6 +168,10 @@ class RankSet:
         self.start_seconds = time.perf_counter() - t0
         return self
 
+    def _connect_client(self):
+        mark_kernelless()  # a terminal IPython's shell, so that ranks' widgets do not stall calls
+        return self.cluster.connect_client_sync()
+
     def cancel(self, timeout: float = 60.0) -> None:
         """Abandon a start in progress (a job waiting in the queue): cancelled, nothing left."""
         self._cancel.set()
@@ -212,7 +217,7 @@ class RankSet:
                 environment=env,
             )
             self.job_id = self.cluster.engines[esid].job_id
-            self.client = self.cluster.connect_client_sync()
+            self.client = self._connect_client()
             self._await_slurm()
         else:
             for i, slot in enumerate(slots):
@@ -234,7 +239,7 @@ class RankSet:
                         remote_profile_dir=os.path.join(self.cluster.profile_dir, "remote", str(i)),
                     )
             self.started_pids.extend(self._launcher_pids())
-            self.client = self.cluster.connect_client_sync()
+            self.client = self._connect_client()
             self._await_engines(time.monotonic() + self._register_s(), [s.host for s in slots if not s.local])
         background.lower_processes(self._controller_pids())
 
@@ -362,7 +367,7 @@ class RankSet:
         else:
             self.cluster.start_engines_sync()
             self.started_pids.extend(self._launcher_pids())
-        self.client = self.cluster.connect_client_sync()
+        self.client = self._connect_client()
         limit = max(60, 10 * cfg.n)
         deadline = time.monotonic() + limit
         while True:
