@@ -79,6 +79,36 @@ def layout_groups_on_rank() -> dict:
     return out
 
 
+def notebook_flow_on_rank() -> dict:
+    """A training cell re-run with another layout, as a notebook does it: the name ``p`` and
+    the rank's current model both move to the new one."""
+    import gc
+
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    from workbench import engine
+    from workbench.engine import session
+    from workbench.models import GPT, GPTConfig, TextDataset, batch_at
+
+    cfg = GPTConfig.tiny(n_layers=4, n_kv_heads=4)
+    gc.collect()
+    out = {"base": len(c10d._world.pg_map), "after": []}
+    p = None
+    try:
+        for spec in ("fsdp2 tp=2", "ddp", "ddp"):
+            torch.manual_seed(0)
+            p = engine.prepare(GPT(cfg), lambda ps: torch.optim.AdamW(ps, lr=1e-2), spec)
+            out["after"].append(len(c10d._world.pg_map))
+        out["loss"] = p.train_step(batch_at(TextDataset(cfg.max_seq_len), 8, 0, dp_rank=p.dp_rank, dp_size=p.dp_size))
+        out["current_is_last"] = session.prepared() is p
+    finally:
+        if p is not None:
+            p.close()
+        session.clear()
+    return out
+
+
 # ------------------------------------------------------------------ tests
 def test_groups_freed_once_unused_kept_while_used(ranks4):
     for r in ranks4.apply(layout_groups_on_rank):
@@ -98,3 +128,13 @@ def test_groups_freed_once_unused_kept_while_used(ranks4):
         assert r["zero"]["groups"] == base["groups"] + 1, r
         assert r["after_zero"] == base, r
         assert r["zero_again"][-1] < r["zero_again"][0] and r["zero_again"][0] == r["zero_first"][0], r
+
+
+def test_notebook_rerun_with_another_layout_frees_the_old_groups(ranks4):
+    for r in ranks4.apply(notebook_flow_on_rank):
+        fsdp2_tp, ddp_first, ddp_again = r["after"]
+        # while the first ddp prepare runs, ``p`` still names the fsdp2+tp model: its groups
+        # stay; once ``p`` names the ddp one, the next prepare frees them (both of them). The
+        # base may hold an earlier test's unused layout, freed by the first prepare here.
+        assert ddp_first == fsdp2_tp and ddp_again == fsdp2_tp - 2 and ddp_again <= r["base"], r
+        assert math.isfinite(r["loss"]) and r["current_is_last"], r
