@@ -45,7 +45,7 @@ SPECS = {
     "zero": "zero zero_stage=2",
     "tp": "tp",
     "fsdp2_tp": "fsdp2_tp tp=2",
-    "pp": "pp pp_schedule=1f1b",
+    "pp": "pp pp_schedule=1f1b pp_microbatches=4",  # as by hand (the workbench's default is 2 x stages)
 }
 
 
