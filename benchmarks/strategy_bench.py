@@ -45,7 +45,7 @@ SPECS = {
     "zero": "zero zero_stage=2",
     "tp": "tp",
     "fsdp2_tp": "fsdp2_tp tp=2",
-    "pp": "pp pp_schedule=1f1b",
+    "pp": "pp pp_schedule=1f1b pp_microbatches=4",  # as by hand (the workbench's default is 2 x stages)
 }
 
 
@@ -63,6 +63,7 @@ def measure(
     import ctypes
     import gc
     import os
+    import resource
     import statistics
     import threading
     import time
@@ -98,9 +99,11 @@ def measure(
         dist.barrier()
         if step == warmup:
             before, w0 = cpu_census.snapshot(roles), time.perf_counter()
+            faults0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         t0 = time.perf_counter()
         train_step(batch)
         times.append(time.perf_counter() - t0)
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults0
     dist.barrier()
     after, window = cpu_census.snapshot(roles), time.perf_counter() - w0
     census = cpu_census.delta(before, after, cpu_census.python_thread_names())
@@ -119,6 +122,7 @@ def measure(
         "train_tid": threading.get_native_id(),
         "window_s": window,
         "census": census,
+        "faults": faults,
     }
 
 
@@ -179,10 +183,11 @@ SIDES = ("handwritten", "workbench", "torchrun")
 
 def cpu_use(got: list[dict], steps: int) -> dict:
     """One round's census: CPU ms per step of the training threads (summed over ranks), the
-    time they waited for a CPU, and of everything else by ``role / thread`` (with wake-ups
+    time they waited for a CPU, their minor page faults, and of everything else by ``role / thread`` (with wake-ups
     per second): rank helper threads, gloo's and ZMQ's threads, the processes beside."""
     window = max(r["window_s"] for r in got)
     train = wait = 0.0
+    faults = sum(r.get("faults", 0) for r in got)
     threads: dict[str, list[float]] = {}
     for r in got:
         for row in r["census"]:
@@ -197,6 +202,7 @@ def cpu_use(got: list[dict], steps: int) -> dict:
     return {
         "training_ms_per_step": train / steps,
         "training_wait_ms_per_step": wait / steps,
+        "training_page_faults_per_step": faults / steps,
         "outside_ms_per_step": sum(ms for ms, _ in threads.values()),
         "threads": {k: [round(ms, 4), round(w, 2)] for k, (ms, w) in sorted(threads.items())},
     }
@@ -306,6 +312,7 @@ def main(argv=None) -> int:
                 times: dict[str, list] = {side: [] for side in sides}
                 mem = {k: [] for k in times}
                 outside = {k: [] for k in times}
+                faults = {k: [] for k in times}
                 for i in range(repeats):
                     for side in sides[i % len(sides) :] + sides[: i % len(sides)]:
                         got = (
@@ -317,6 +324,7 @@ def main(argv=None) -> int:
                         times[side].append(max(r["step_s"] for r in got))
                         mem[side].append(max(r["uss"] for r in got))
                         outside[side].append(use["outside_ms_per_step"])
+                        faults[side].append(use["training_page_faults_per_step"])
                         for key, (ms, wake) in use["threads"].items():
                             acc = census.setdefault((n, side), {}).setdefault(key, [0.0, 0.0, 0])
                             acc[0], acc[1], acc[2] = acc[0] + ms, acc[1] + wake, acc[2] + 1
@@ -335,6 +343,7 @@ def main(argv=None) -> int:
                     row[f"{side}_ms"] = statistics.median(times[side]) * 1e3
                     row[f"{side}_uss_mb"] = statistics.median(mem[side]) / 2**20
                     row[f"{side}_outside_cpu_ms"] = statistics.median(outside[side])
+                    row[f"{side}_page_faults_per_step"] = statistics.median(faults[side])
                 row["ratio"] = row["workbench_ms"] / row["handwritten_ms"]
                 if "torchrun" in times:
                     row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
@@ -344,7 +353,9 @@ def main(argv=None) -> int:
                     f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  hand-written "
                     f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row.get('torchrun_ms', float('nan')):7.1f} ms  "
                     f"ratio {row['ratio']:.3f}  CPU outside the training threads "
-                    f"{row['workbench_outside_cpu_ms']:.1f} / {row['handwritten_outside_cpu_ms']:.1f} ms/step",
+                    f"{row['workbench_outside_cpu_ms']:.1f} / {row['handwritten_outside_cpu_ms']:.1f} ms/step, "
+                    f"training threads' page faults {row['workbench_page_faults_per_step']:.0f} / "
+                    f"{row['handwritten_page_faults_per_step']:.0f} per step",
                     flush=True,
                 )
         finally:

@@ -104,6 +104,7 @@ class AcceleratePrepared(Prepared):
 
     def close(self) -> None:
         reset_accelerate_state()
+        super().close()
 
 
 def accelerate_prepare(model, optimizer, ctx: Context) -> Prepared:

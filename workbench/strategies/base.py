@@ -297,7 +297,11 @@ class Prepared:
         return contextlib.nullcontext()
 
     def close(self) -> None:
-        """Release process-wide state this strategy holds (override where needed)."""
+        """Release process-wide state this strategy holds (overrides call this too): the
+        model is done with, so its process groups go at the next prepare of another layout."""
+        from .meshes import forget_user
+
+        forget_user(self)
 
     def __repr__(self) -> str:
         m = self.layout["mesh"]

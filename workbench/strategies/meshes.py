@@ -1,19 +1,169 @@
-"""Device meshes for the strategies, built over the EXISTING default process group."""
+"""Device meshes and process groups of the layouts prepared on this rank, built over the
+EXISTING default process group: built once per layout, destroyed once no model uses them.
+
+Every gloo group starts a thread that wakes a hundred times a second for as long as the
+group lives, so a rank that tried several layouts would otherwise carry all their groups.
+A layout (a mesh's device, shape and dimension names; DeepSpeed's engine groups) keeps the
+groups made while preparing models on it. Preparing the same layout again (a re-run
+training cell) reuses them; at the end of a prepare, the groups of every other layout
+whose models are all gone (or ``close()``-d) are destroyed, on every rank at once.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import weakref
+from dataclasses import dataclass, field
+
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .base import Context
 
-__all__ = ["make_mesh", "dp_coords"]
+__all__ = ["make_mesh", "dp_coords", "enter_layout", "layout_scope", "release_unused", "live_layouts"]
 
-# (default group, device, shape, names) -> mesh: one mesh per layout for the life of the
-# process group, so that preparing the same layout again (a re-run training cell, the next
-# strategy on the same degrees) reuses its sub-groups; each new gloo group would start a
-# thread that wakes a hundred times a second for as long as the ranks live
-_MESHES: dict[tuple, DeviceMesh] = {}
+
+@dataclass
+class _Layout:
+    world: object  # the default group the groups were made in
+    mesh: DeviceMesh | None = None
+    groups: list = field(default_factory=list)  # made while preparing models on this layout
+    users: dict = field(default_factory=dict)  # id(prepared) -> weakrefs to it and its modules
+    on_free: list = field(default_factory=list)  # forget library state holding the groups
+
+    def in_use(self) -> bool:
+        return any(r() is not None for refs in self.users.values() for r in refs)
+
+
+# layout description (picklable, the same on every rank) -> what it holds
+_LAYOUTS: dict[tuple, _Layout] = {}
+_SCOPES: list[dict] = []  # the prepares in progress on this rank (innermost last)
+
+
+def _world():
+    return c10d._get_default_group()
+
+
+def _current(key: tuple, world) -> _Layout:
+    for k in [k for k, lay in _LAYOUTS.items() if lay.world is not world]:
+        del _LAYOUTS[k]  # a new default group: the old one's groups went with it
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        lay = _LAYOUTS[key] = _Layout(world=world)
+    return lay
+
+
+def enter_layout(key: tuple, on_free=None) -> None:
+    """Say which layout the prepare in progress builds (its groups are kept under ``key``);
+    ``on_free`` is called after that layout's groups are destroyed."""
+    lay = _current(tuple(key), _world())
+    if on_free is not None and on_free not in lay.on_free:
+        lay.on_free.append(on_free)
+    if _SCOPES:
+        _SCOPES[-1]["key"] = tuple(key)
+
+
+@contextlib.contextmanager
+def layout_scope(fallback_key: tuple):
+    """Around one prepare on every rank: the process groups made inside belong to its layout
+    (``fallback_key`` when no mesh or engine named one). Yields a dict; put the prepared
+    object under ``"prepared"``. After a successful prepare, other unused layouts are freed."""
+    if not (dist.is_available() and dist.is_initialized()):
+        yield {}
+        return
+    scope = {"key": None, "before": set(c10d._world.pg_map), "prepared": None}
+    _SCOPES.append(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPES.pop()
+        key = scope["key"] or tuple(fallback_key)
+        made = [g for g in c10d._world.pg_map if g not in scope["before"]]
+        if made or key in _LAYOUTS or scope["prepared"] is not None:
+            lay = _current(key, _world())
+            lay.groups.extend(g for g in made if all(g is not h for h in lay.groups))
+            if scope["prepared"] is not None:
+                track(scope["prepared"], key)
+    if scope["prepared"] is not None:
+        release_unused(keep=key)
+
+
+def track(prepared, key: tuple) -> None:
+    """Count ``prepared`` (its model and the user's module too) as a user of layout ``key``."""
+    refs = []
+    for obj in (prepared, getattr(prepared, "model", None), getattr(prepared, "_inner", None)):
+        if obj is not None:
+            with contextlib.suppress(TypeError):
+                refs.append(weakref.ref(obj))
+    _LAYOUTS[key].users[id(prepared)] = refs
+    prepared._layout_key = key
+
+
+def forget_user(prepared) -> None:
+    """``prepared`` was closed: it no longer holds its layout's groups."""
+    lay = _LAYOUTS.get(getattr(prepared, "_layout_key", None))
+    if lay is not None:
+        lay.users.pop(id(prepared), None)
+
+
+def live_layouts() -> dict[tuple, int]:
+    """Layout -> how many process groups it holds, on this rank."""
+    return {k: len(lay.groups) for k, lay in _LAYOUTS.items()}
+
+
+def release_unused(keep: tuple | None = None) -> list[tuple]:
+    """Destroy the process groups of every layout no model uses any more (but ``keep``).
+
+    Collective over the default group: a layout is freed only where every rank finds it
+    unused, so that the next prepare of it makes its groups anew on every rank alike.
+    Returns the layouts freed."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    world = _world()
+    others = [k for k, lay in _LAYOUTS.items() if k != keep and lay.world is world]
+    if not others:
+        return []
+    if any(_LAYOUTS[k].in_use() for k in others):
+        gc.collect()  # models in reference cycles (hooks, FSDP state) are gone only after this
+    unused = sorted(repr(k) for k in others if not _LAYOUTS[k].in_use())
+    if dist.get_world_size() > 1:
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, unused)
+        agreed = set.intersection(*(set(u) for u in every))
+    else:
+        agreed = set(unused)
+    freed = [k for k in others if repr(k) in agreed]
+    if any(_LAYOUTS[k].mesh is not None for k in freed):
+        _forget_dtensor_caches()
+    for k in freed:
+        lay = _LAYOUTS.pop(k)
+        lay.mesh = None
+        for g in lay.groups:
+            if g in c10d._world.pg_map:
+                dist.destroy_process_group(g)
+        for fn in lay.on_free:
+            fn(lay.groups)
+        lay.groups.clear()
+    if freed:
+        gc.collect()  # a mesh and its slices refer to each other: their groups go with the cycle
+    return freed
+
+
+def _forget_dtensor_caches() -> None:
+    """DTensor's planning caches are keyed by meshes that compare equal by shape: an entry
+    of a freed mesh keeps its groups alive and would hand them to a new mesh of that shape."""
+    from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop, debug
+
+    debug._clear_sharding_prop_cache()
+    _redistribute._planner_cache.clear()
+    for cached in (
+        _redistribute._gen_transform_infos,
+        _collective_utils.MeshTopoInfo.build_from_mesh,
+        _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached,
+    ):
+        cached.cache_clear()
 
 
 def make_mesh(ctx: Context, shape, names) -> DeviceMesh:
@@ -21,15 +171,16 @@ def make_mesh(ctx: Context, shape, names) -> DeviceMesh:
 
     Never initialises or destroys the default group; sub-groups for 2-D meshes are
     created by torch (collectively, on every rank: every rank prepares the same layout)
-    and left alive with the mesh, which is kept for the next prepare of that layout.
+    and kept with the layout until no model uses it (see the module doc).
     """
-    world = dist.distributed_c10d._get_default_group()
-    for key in [k for k in _MESHES if k[0] is not world]:  # a new process group: old meshes are void
-        del _MESHES[key]
-    key = (world, ctx.mesh_device, tuple(int(s) for s in shape), tuple(names))
-    if key not in _MESHES:
-        _MESHES[key] = init_device_mesh(key[1], key[2], mesh_dim_names=key[3])
-    return _MESHES[key]
+    key = ("mesh", ctx.mesh_device, tuple(int(s) for s in shape), tuple(names))
+    enter_layout(key)
+    lay = _LAYOUTS[key]
+    if lay.mesh is None:
+        before = set(c10d._world.pg_map)
+        lay.mesh = init_device_mesh(key[1], key[2], mesh_dim_names=key[3])
+        lay.groups.extend(g for g in c10d._world.pg_map if g not in before)
+    return lay.mesh
 
 
 def dp_coords(mesh: DeviceMesh, dims) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from torch import nn
 from . import ddp, parallelize, zero  # noqa: F401  (registration)
 from .accelerate_path import accelerate_prepare, choose_path, reset_accelerate_state
 from .base import Context, ModelHints, Prepared, PrepareError, get_strategy, lm_loss
+from .meshes import layout_scope
 from .parallelize import check_layout
 from .spec import SpecError, StrategySpec
 
@@ -113,9 +114,11 @@ def prepare(
         notes=[f"path {path}: {reason}"],
         hints=hints,
     )
-    if path == "accelerate":
-        prepared = accelerate_prepare(model, optimizer, ctx)
-    else:
-        prepared = get_strategy(resolved.kind).apply(model, optimizer, ctx)
+    with layout_scope(("prepare", path, resolved.kind, mesh_device)) as scope:
+        if path == "accelerate":
+            prepared = accelerate_prepare(model, optimizer, ctx)
+        else:
+            prepared = get_strategy(resolved.kind).apply(model, optimizer, ctx)
+        scope["prepared"] = prepared
     object.__setattr__(model, "_workbench_prepared", resolved.kind)
     return prepared

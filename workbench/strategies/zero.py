@@ -20,6 +20,7 @@ import torch
 from .base import Context, Prepared, PrepareError, factory_from_optimizer, over_every_rank, register
 from .blocks import apply_activation_checkpointing, find_blocks
 from .layout import flat_layout
+from .meshes import enter_layout
 
 __all__ = ["ZeroStrategy", "DeepSpeedPrepared", "deepspeed_config", "import_deepspeed"]
 
@@ -81,6 +82,21 @@ def deepspeed_config(spec, *, world_size: int, n_params: int | None = None) -> d
     return cfg
 
 
+def forget_deepspeed_groups(groups) -> None:
+    """After DeepSpeed's groups were destroyed: drop its module-level references to them, so
+    the next ``initialize`` makes new ones and the old ones' threads end."""
+    import deepspeed.utils.groups as ds_groups
+
+    for name, value in list(vars(ds_groups).items()):
+        if not name.startswith("_") or name.startswith("__"):
+            continue
+        if any(value is g for g in groups):
+            setattr(ds_groups, name, None)
+        elif isinstance(value, dict):
+            for k in [k for k, v in value.items() if any(v is g for g in groups)]:
+                del value[k]
+
+
 class DeepSpeedPrepared(Prepared):
     own_train_step = True  # engine.backward / engine.step
     engine_state = True  # ZeRO's flat partitions are read and written through the engine
@@ -110,6 +126,7 @@ class DeepSpeedPrepared(Prepared):
             self.model.destroy()
         except Exception:  # older engines have no destroy()
             pass
+        super().close()
 
 
 @register
@@ -128,6 +145,8 @@ class ZeroStrategy:
             apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
         if isinstance(optimizer, torch.optim.Optimizer):
             optimizer = factory_from_optimizer(optimizer)
+        # DeepSpeed's first initialize makes groups (a copy of the world) it reuses after
+        enter_layout(("deepspeed", ctx.mesh_device), on_free=forget_deepspeed_groups)
         engine, opt, _, _ = ds.initialize(
             model=model,
             optimizer=optimizer,
