@@ -14,10 +14,14 @@ exists), then ``runs`` times each, alternating saves that record a checksum per 
   staging storage, apply (``verify_s`` is the first part); ``staging MB`` is the extra
   memory a rank holds during a load (one copy of its model + optimizer state).
 
-- training while async saves are written: ``--steps`` training steps with an async
+- training while async saves are written: ``--steps`` training steps (40 for the tiny model,
+  30 for the ~100M one; ``--train-rounds`` rounds, 2 for the ~100M one) with an async
   auto-save every ``--every`` steps (``checkpoint_hooks.set_autosave``, as ``ckpt autosave``
   does) against the same steps with no checkpointing, alternating which goes first; steps/s
   is the slowest rank's, counted until the last step ends (the last write may still run).
+  Beside it, CPU time: the training thread's per step (``time.thread_time``), per auto-save
+  its blocking part and the writer thread's (``/proc/self/task/TID/stat``), which say what
+  a save costs training where wall time on a shared machine cannot.
 
 Blocked time is the slowest rank's. Medians over ``runs``. Targets: async blocks <= 1/4
 of sync, with checksums; steps/s while async saves are written >= 0.9 of steps/s without
@@ -25,7 +29,7 @@ of sync, with checksums; steps/s while async saves are written >= 0.9 of steps/s
 core over the ~largest checkpoint file (crc32 from zlib, sha256 from hashlib, xxh3_64
 from xxhash). Results: ``benchmarks/results/checkpoint-*.json`` (``--pool``: every saved run; ``--quick``: checks the script only). Usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs 3] [--models tiny,m100] [--ranks 2,4] [--steps 40 --every 10]
+    OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs 3] [--models tiny,m100] [--ranks 2,4] [--steps N --every 10 --train-rounds N]
 """
 
 from __future__ import annotations
@@ -61,18 +65,45 @@ _state.step = 1
 _nparams = sum(p.numel() for p in _prep.unwrap().parameters())
 
 
+def _writer_ticks():
+    # CPU clock ticks (utime + stime) of this process's checkpoint writer threads, from /proc
+    import threading
+    total = 0
+    for th in threading.enumerate():
+        if th.name.startswith("workbench-ckpt") and th.native_id:
+            try:
+                with open(f"/proc/self/task/{th.native_id}/stat") as fh:
+                    f = fh.read().rsplit(")", 1)[1].split()
+                total += int(f[11]) + int(f[12])
+            except OSError:
+                pass
+    return total
+
+
 def _timed_steps(n, root, every):
-    # seconds for n training steps, with an async auto-save every `every` steps (0: none)
-    import time
+    # n training steps, with an async auto-save every `every` steps (0: none): wall seconds, and CPU
+    # seconds of the training thread in train_step and in step_done (the saves' blocking part) and of
+    # the background writer (the load of other processes inflates these far less than wall time)
+    import os, time
     from workbench.engine.checkpoint import save as _save
     ch.set_autosave(root if every else None, every or None, keep=2, async_=True)
+    tick = os.sysconf("SC_CLK_TCK")
+    train_cpu = hook_cpu = hook_wall = 0.0
     try:
+        w0 = _writer_ticks()
         t0 = time.perf_counter()
         for _ in range(n):
-            ch.step_done(_prep.train_step((_x, _x)))
+            c0 = time.thread_time()
+            loss = _prep.train_step((_x, _x))
+            c1, h0 = time.thread_time(), time.perf_counter()
+            ch.step_done(loss)
+            hook_cpu += time.thread_time() - c1
+            hook_wall += time.perf_counter() - h0
+            train_cpu += c1 - c0
         seconds = time.perf_counter() - t0
         _save.wait()
-        return seconds
+        return {"wall": seconds, "train_cpu": train_cpu, "hook_cpu": hook_cpu, "hook_wall": hook_wall,
+                "writer_cpu": (_writer_ticks() - w0) / tick}
     finally:
         ch.set_autosave(None, None)
 """
@@ -85,7 +116,14 @@ def _set_checksum(algo):
     return algo
 
 
-def bench(model: str, n: int, runs: int, steps: int = 40, every: int = 10) -> dict:
+# Steps timed with and without auto-saves, and rounds of that, per model unless --steps/--train-rounds
+# say: a ~100M-model step is thousands of times the tiny model's work on a CPU rank; 30 steps with a
+# save every 10 still overlap two whole background saves with training.
+TRAIN_STEPS = {"tiny": 40, "m100": 30}
+TRAIN_ROUNDS = {"m100": 2}
+
+
+def bench(model: str, n: int, runs: int, steps: int = 40, every: int = 10, train_rounds: int | None = None) -> dict:
     from workbench.shared.checkpoint import integrity
 
     rs = RankSet.start(n=n, backend="gloo", threads=1)
@@ -116,16 +154,32 @@ def bench(model: str, n: int, runs: int, steps: int = 40, every: int = 10) -> di
                         out["largest_file"] = _largest(os.path.join(root, f"async{i}"))
                 for name in (f"sync{i}", f"async{i}"):
                     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            auto_root = os.path.join(root, "auto")
+        auto_root = os.path.join(root, "auto")
+        for i in range(runs if train_rounds is None else train_rounds):
             for mode, k in (("saving", every), ("plain", 0)) if i % 2 == 0 else (("plain", 0), ("saving", every)):
                 rs.execute(f"_ts = _timed_steps({steps}, {auto_root!r}, {k})", timeout=1800)
-                m.setdefault(f"train_{mode}", []).append(max(rs.pull("_ts")))
+                ts = rs.pull("_ts")
+                m.setdefault(f"train_{mode}", []).append(max(t["wall"] for t in ts))
+                # per rank, per step (CPU: mean over ranks)
+                m.setdefault(f"train_cpu_ms_{mode}", []).append(
+                    1e3 * statistics.mean(t["train_cpu"] for t in ts) / steps
+                )
+                if k:
+                    saves = steps // k
+                    m.setdefault("autosave_blocked_ms", []).append(1e3 * max(t["hook_wall"] for t in ts) / saves)
+                    m.setdefault("autosave_blocked_cpu_ms", []).append(
+                        1e3 * statistics.mean(t["hook_cpu"] for t in ts) / saves
+                    )
+                    m.setdefault("autosave_writer_cpu_ms", []).append(
+                        1e3 * statistics.mean(t["writer_cpu"] for t in ts) / saves
+                    )
             shutil.rmtree(auto_root, ignore_errors=True)
         med = statistics.median
         for k, v in m.items():
-            out[f"{k}_s"] = med(v)
-            out[f"{k}_all_s"] = v
-        out["train_steps"], out["train_save_every"] = steps, every
+            unit = "" if k.endswith("_ms") or "_ms_" in k else "_s"
+            out[f"{k}{unit}"] = med(v)
+            out[f"{k}_all{unit}"] = v
+        out["train_steps"], out["train_save_every"], out["train_rounds"] = steps, every, len(m["train_plain"])
         out["steps_per_s_saving"] = steps / out["train_saving_s"]
         out["steps_per_s_plain"] = steps / out["train_plain_s"]
         # per round (same round, either order), then the median of the rounds
@@ -185,13 +239,30 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--models", default="tiny,m100")
     p.add_argument("--ranks", default="2,4")
-    p.add_argument("--steps", type=int, default=40, help="training steps timed with and without async auto-saves")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"training steps timed with and without async auto-saves (default per model: {TRAIN_STEPS})",
+    )
+    p.add_argument(
+        "--train-rounds",
+        type=int,
+        default=None,
+        help=f"rounds of those (default: --runs; per model: {TRAIN_ROUNDS})",
+    )
     p.add_argument("--every", type=int, default=10, help="auto-save every N of those steps")
     p.add_argument("--quick", action="store_true", help="the tiny model on 2 ranks, 1 run: checks the script only")
     p.add_argument("--pool", action="store_true", help="report every saved run; run nothing")
     a = p.parse_args(argv)
-    if a.every < 1 or a.steps < a.every:
+    models = a.models.split(",")
+    unknown = [x for x in models if x not in TRAIN_STEPS]
+    if unknown:
+        p.error(f"--models {a.models}: unknown {', '.join(unknown)}; the models are {', '.join(TRAIN_STEPS)}")
+    if a.every < 1 or min(a.steps or TRAIN_STEPS[x] for x in models) < a.every:
         p.error(f"--every {a.every} --steps {a.steps}: give --every >= 1 and --steps >= --every (at least one save)")
+    if a.train_rounds is not None and a.train_rounds < 1:
+        p.error(f"--train-rounds {a.train_rounds}: give at least 1")
     if a.pool:
         return results.pool_report("checkpoint")
     if a.quick:
@@ -201,7 +272,9 @@ def main(argv=None) -> int:
     speed = None
     for model in a.models.split(","):
         for n in (int(x) for x in a.ranks.split(",")):
-            rows.append(bench(model, n, a.runs, a.steps, a.every))
+            steps = a.steps or TRAIN_STEPS[model]
+            rounds = a.train_rounds or min(a.runs, TRAIN_ROUNDS.get(model, a.runs))
+            rows.append(bench(model, n, a.runs, steps, a.every, rounds))
             big = rows[-1].pop("largest_file", None)
             if big:
                 sp = checksum_speed(big, a.runs)
@@ -235,14 +308,20 @@ def main(argv=None) -> int:
             f"{r['model']} x{r['ranks']} async blocked / sync save (checksums on)", r["async_over_sync"], "<=", 0.25
         )
     print(
-        f"training while async saves are written: {a.steps} steps, an auto-save every {a.every}, "
-        "against the same steps without checkpoints (median of the rounds' ratios)"
+        f"training while async saves are written: an auto-save every {a.every} steps, against the same steps "
+        "without checkpoints (median of the rounds' ratios); CPU ms per rank (mean over ranks), which the load "
+        "of other processes inflates far less than wall time: the training thread's per step in train_step "
+        "with and without saves, and per auto-save its blocking part (step_done) and the writer thread's"
     )
     for r in rows:
         print(
-            f"{r['model']:<6} x{r['ranks']}: {r['steps_per_s_saving']:.2f} steps/s saving, "
+            f"{r['model']:<6} x{r['ranks']}: {r['train_steps']} steps x {r['train_rounds']} rounds: "
+            f"{r['steps_per_s_saving']:.2f} steps/s saving, "
             f"{r['steps_per_s_plain']:.2f} without: ratio {r['steps_per_s_ratio']:.3f} "
-            f"(rounds {', '.join(f'{x:.3f}' for x in r['steps_per_s_ratio_all'])})"
+            f"(rounds {', '.join(f'{x:.3f}' for x in r['steps_per_s_ratio_all'])}); "
+            f"train CPU/step {r['train_cpu_ms_saving']:.1f} ms saving, {r['train_cpu_ms_plain']:.1f} without; "
+            f"per save: blocked {r['autosave_blocked_ms']:.1f} ms ({r['autosave_blocked_cpu_ms']:.1f} ms CPU), "
+            f"writer {r['autosave_writer_cpu_ms']:.0f} ms CPU"
         )
         run.target(
             f"{r['model']} x{r['ranks']} steps/s while async saves are written / without",

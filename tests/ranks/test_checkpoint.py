@@ -154,3 +154,23 @@ def test_incompatible_model_is_refused_naming_the_tensors(clean2, tmp_path):
     assert "optimizer" in str(err.value) and "--model-only" in str(err.value)
     info = ck.load(root=root, model_only=True, rankset=clean2)
     assert info["model_only"] and clean2.pull("_ck_state.step") == [1, 1]
+
+
+def test_async_saves_in_a_row_each_hold_their_own_step(clean2, tmp_path):
+    """Async FSDP2 saves reuse their staging buffers (and DCP's cached plan while the tensors
+    stay the same): three saves with training between them, the middle one model-only, each
+    load back the parameters of their own step, never those of a later or an earlier one."""
+    root = str(tmp_path)
+    build(clean2, "fsdp2")
+    want = {}
+    for step in (1, 2, 3):
+        clean2.execute("_ck_train(1); _ck_d = _ck_digest()", timeout=120)
+        want[step] = clean2.pull("_ck_d")[0]
+        ck.save(tag=f"s{step}", async_=True, root=root, with_optimizer=step != 2, rankset=clean2)
+    clean2.execute("_ck_train(1)", timeout=120)  # the third save is written while this step runs
+    ck.wait(rankset=clean2)
+    assert len({str(sorted(d.items())) for d in want.values()}) == 3  # each step changed the weights
+    for step in (3, 1, 2):
+        ck.load(f"s{step}", root=root, model_only=step == 2, rankset=clean2)
+        clean2.execute("_ck_d = _ck_digest()", timeout=60)
+        assert clean2.pull("_ck_d") == [want[step]] * 2, step
