@@ -45,18 +45,21 @@ lab: $(BIN)/.installed | $(STATE)
 demo: $(BIN)/.installed | $(STATE)
 	$(BIN)/python -m workbench.notebook.demo notebooks/00_quickstart.ipynb --out runs
 
-# The suite runs one pytest process per tier folder (tests/ranks in three by file name, and any
-# test file still at the top of tests/ in one more), each with rank sets of its own, so that
-# no group inherits another's ranks; every group runs, and the target fails if any group failed.
-TEST_GROUPS := tests/unit tests/gpu tests/notebooks "$(wildcard tests/ranks/test_[a-f]*.py)" \
-	"$(wildcard tests/ranks/test_[g-k]*.py)" "$(wildcard tests/ranks/test_l*.py)" \
-	"$(wildcard tests/ranks/test_[m-p]*.py)" "$(wildcard tests/ranks/test_[q-z]*.py)" \
-	"$(wildcard tests/test_*.py)" tests/browser tests/cluster
+# The suite runs one pytest process per group (a tier folder; tests/ranks in five by file
+# name; any test file still at the top of tests/), each with rank sets of its own, so that no
+# group inherits another's ranks. Each group uses 1.2-1.5 of the 2 cores a CI runner has, so
+# two streams side by side finish well before the groups one after another: the notebook
+# tier beside the rank tiers, then the browser and cluster tiers (whose checks have time bounds
+# of a few seconds) each with nothing beside it. tests/run_streams.py prints each group's
+# log whole when it ends and a table of every group at the end; every group runs, and the
+# target fails if any group failed.
+TEST_LOGS := $(STATE)/test-logs
+TEST_PHASE_1 := "unit=tests/unit,gpu=tests/gpu,top=tests/test_*.py,notebooks=tests/notebooks" \
+	"ranks-a-f=tests/ranks/test_[a-f]*.py,ranks-g-k=tests/ranks/test_[g-k]*.py,\
+	ranks-l=tests/ranks/test_l*.py,ranks-m-p=tests/ranks/test_[m-p]*.py,ranks-q-z=tests/ranks/test_[q-z]*.py"
+TEST_PHASE_2 := "browser=tests/browser" --then "cluster=tests/cluster"
 test: lint | $(STATE)
-	@rc=0; for g in $(TEST_GROUPS); do \
-	  [ -n "$$g" ] || continue; \
-	  OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -ra --durations=10 $$g || rc=1; \
-	done; exit $$rc
+	$(BIN)/python tests/run_streams.py $(TEST_LOGS) $(TEST_PHASE_1) --then $(TEST_PHASE_2)
 
 # Pure logic only (tests/unit, marked `pure`): no ranks, kernels or browser; under a minute.
 test-fast: $(BIN)/.installed | $(STATE)
