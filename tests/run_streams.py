@@ -1,7 +1,8 @@
 """Run the suite's test groups in streams side by side: ``make test``'s runner.
 
 Usage: ``python tests/run_streams.py LOG_DIR STREAM [STREAM ...] [--then STREAM ...]``,
-each STREAM a comma-separated list of ``name=glob[ glob...]`` groups run one after another,
+each STREAM a comma-separated list of ``name=glob[ glob...]`` groups run one after another
+(a glob written ``!glob`` takes its files out of the group),
 one pytest process per group (each with rank sets of its own). The streams of a phase run at
 the same time, so that two groups that each use well under both cores overlap; ``--then``
 starts a phase that begins when the one before has ended (for groups with time bounds that
@@ -44,7 +45,8 @@ class Runner:
         self.results: list[tuple[str, str, float]] = []  # name, outcome, seconds
 
     def group(self, name: str, globs: list[str]) -> None:
-        paths = sorted({p for g in globs for p in glob.glob(g)})
+        left_out = {p for g in globs if g.startswith("!") for p in glob.glob(g[1:])}
+        paths = sorted({p for g in globs if not g.startswith("!") for p in glob.glob(g)} - left_out)
         if not paths:
             self.results.append((name, "empty", 0.0))
             return
