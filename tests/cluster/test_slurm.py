@@ -258,12 +258,16 @@ def test_ctrl_c_while_queued_cancels_the_job(slurm_cluster, no_current):
         if not done.is_set():
             _thread.interrupt_main()
 
+    # Ctrl-C raises KeyboardInterrupt, as in a kernel, even where pytest was started with SIGINT
+    # ignored (in the background from a script), where interrupt_main would do nothing
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_when_queued, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             _start(2, SlurmRequest(nodes=2), progress=lines.append)
     finally:
         done.set()
+        signal.signal(signal.SIGINT, before)
     assert any("PENDING" in x for x in lines), f"interrupted before the job was shown queued: {lines}"
     assert slurm_cluster.squeue() == []
 
