@@ -1,9 +1,9 @@
 """Run the suite's test groups in streams side by side: ``make test``'s runner.
 
 Usage: ``python tests/run_streams.py LOG_DIR STREAM [STREAM ...] [--then STREAM ...]``,
-each STREAM a comma-separated list of ``name=glob[ glob...]`` groups run one after another
-(a glob written ``!glob`` takes its files out of the group),
-one pytest process per group (each with rank sets of its own). The streams of a phase run at
+each STREAM a comma-separated list of ``name=glob[ glob...]`` groups run one after another,
+one pytest process per group (each with rank sets of its own); a glob written ``!glob``
+takes its files out of the group (pytest's ``--ignore``). The streams of a phase run at
 the same time, so that two groups that each use well under both cores overlap; ``--then``
 starts a phase that begins when the one before has ended (for groups with time bounds that
 should run with nothing beside them).
@@ -45,8 +45,8 @@ class Runner:
         self.results: list[tuple[str, str, float]] = []  # name, outcome, seconds
 
     def group(self, name: str, globs: list[str]) -> None:
-        left_out = {p for g in globs if g.startswith("!") for p in glob.glob(g[1:])}
-        paths = sorted({p for g in globs if not g.startswith("!") for p in glob.glob(g)} - left_out)
+        left_out = sorted({p for g in globs if g.startswith("!") for p in glob.glob(g[1:])})
+        paths = sorted({p for g in globs if not g.startswith("!") for p in glob.glob(g)} - set(left_out))
         if not paths:
             self.results.append((name, "empty", 0.0))
             return
@@ -54,7 +54,8 @@ class Runner:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         start = time.monotonic()
         with open(log, "w") as out:
-            rc = subprocess.call([*PYTEST, *paths], stdout=out, stderr=subprocess.STDOUT, env=env)
+            ignore = [f"--ignore={p}" for p in left_out]
+            rc = subprocess.call([*PYTEST, *ignore, *paths], stdout=out, stderr=subprocess.STDOUT, env=env)
         took = time.monotonic() - start
         outcome = "passed" if rc == 0 else f"FAILED (exit {rc})"
         with self.printing:
