@@ -249,14 +249,26 @@ def test_pending_request_shows_queued_with_reason_and_stop_cancels_it(slurm_clus
 
 def test_ctrl_c_while_queued_cancels_the_job(slurm_cluster, no_current):
     lines: list[str] = []
+    done = threading.Event()
 
     def interrupt_when_queued():
-        if _wait_for(lambda: any("PENDING" in x for x in lines), 30):
+        # a start not shown queued in time is interrupted all the same (and named below),
+        # not left waiting for a node that never comes up until the suite's timeout
+        _wait_for(lambda: done.is_set() or any("PENDING" in x for x in lines), 120)
+        if not done.is_set():
             _thread.interrupt_main()
 
+    # Ctrl-C raises KeyboardInterrupt, as in a kernel, even where pytest was started with SIGINT
+    # ignored (in the background from a script), where interrupt_main would do nothing
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_when_queued, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        _start(2, SlurmRequest(nodes=2), progress=lines.append)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _start(2, SlurmRequest(nodes=2), progress=lines.append)
+    finally:
+        done.set()
+        signal.signal(signal.SIGINT, before)
+    assert any("PENDING" in x for x in lines), f"interrupted before the job was shown queued: {lines}"
     assert slurm_cluster.squeue() == []
 
 
