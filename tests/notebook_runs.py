@@ -277,13 +277,43 @@ class RunPool:
     def __contains__(self, key: str) -> bool:
         return key in self._runs
 
+    def close(self) -> None:
+        # runs not started yet are dropped (the module ended early); running ones finish
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._tmp.cleanup()
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
-        # runs not started yet are dropped (the module ended early); running ones finish
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._tmp.cleanup()
+        self.close()
+
+
+_saved: RunPool | None = None
+
+
+def _execute_saved(path: pathlib.Path, state: pathlib.Path, timeout: float) -> NotebookRun:
+    nb = nbformat.read(path, as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"save {path.name} without outputs"
+    return execute_notebook(nb, path.name, state, timeout)
+
+
+def saved_notebook_run(request) -> NotebookRun:
+    """The run of the ``NOTEBOOK`` of ``request``'s test module (``TIMEOUT`` seconds per cell).
+
+    On the first call, every test module of the session that names a ``NOTEBOOK`` and a
+    ``TIMEOUT`` has its notebook submitted, in the order the tests run, to one pool for the
+    session: the notebooks of neighbouring modules then run two at a time."""
+    global _saved
+    if _saved is None:
+        _saved = RunPool("notebooks")
+        request.config.add_cleanup(_saved.close)
+        for item in request.session.items:
+            module = getattr(item, "module", None)
+            path, timeout = getattr(module, "NOTEBOOK", None), getattr(module, "TIMEOUT", None)
+            if path is not None and timeout is not None and path.name not in _saved:
+                _saved.submit(path.name, _execute_saved, path, _saved.folder(path.name), timeout)
+    return _saved.result(request.module.NOTEBOOK.name)
 
 
 def selected(request, test: str, argname: str) -> list:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from notebook_runs import executed, outputs_text
+from notebook_runs import executed, outputs_text, saved_notebook_run
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "lab_07_plan_70b.ipynb"
 TIMEOUT = 120  # seconds per cell
 
 
-def test_lab_07_executes_and_prints_the_plan(saved_notebooks):
-    nb = executed(saved_notebooks.result(NOTEBOOK.name))
+def test_lab_07_executes_and_prints_the_plan(request):
+    nb = executed(saved_notebook_run(request))
     text = outputs_text(nb)
     for needle in (
         "parameters: 70.55B",
