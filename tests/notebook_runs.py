@@ -3,6 +3,10 @@
 The quickstart is executed once, through the ``make demo`` entry point
 (``python -m workbench.notebook.demo``, which drives nbclient with the ``python3`` kernel);
 ``test_demo`` checks the run and its summary, ``test_quickstart`` the notebook's outputs.
+
+The labs, their student versions, the examples, the quick benchmarks and the saved notebooks
+run through a :class:`RunPool`: two at a time, each kernel with its own state folder, a
+test waiting for its own run and asserting on it.
 """
 
 from __future__ import annotations
