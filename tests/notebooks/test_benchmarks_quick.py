@@ -2,12 +2,12 @@
 judged here, the machine is busy with the suite; ``make bench`` judges them)."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
+from notebook_runs import RunPool, private_env, selected
 
 BENCHES = {
     "dispatch": ["dispatch_bench.py", "--quick"],
@@ -19,11 +19,11 @@ BENCHES = {
 }
 
 
-@pytest.mark.parametrize("bench", sorted(BENCHES))
-def test_benchmark_quick_run_writes_its_json(bench, tmp_path):
+def run_bench(bench: str, folder) -> subprocess.CompletedProcess:
+    """``benchmarks/SCRIPT --quick``, its JSON into ``folder/results``, its Jupyter/IPython state in ``folder``."""
     script, *args = BENCHES[bench]
-    env = dict(os.environ, WORKBENCH_BENCH_RESULTS=str(tmp_path), OMP_NUM_THREADS="1")
-    out = subprocess.run(
+    env = dict(private_env(folder), WORKBENCH_BENCH_RESULTS=str(folder / "results"))
+    return subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
         cwd=ROOT,
         env=env,
@@ -31,8 +31,23 @@ def test_benchmark_quick_run_writes_its_json(bench, tmp_path):
         text=True,
         timeout=600,
     )
+
+
+@pytest.fixture(scope="module")
+def runs(request):
+    """The benchmarks this session tests, run two at a time from the module's first test."""
+    with RunPool("benchmarks") as pool:
+        for bench in selected(request, "test_benchmark_quick_run_writes_its_json", "bench"):
+            pool.submit(bench, run_bench, bench, pool.folder(bench))
+        yield pool
+
+
+@pytest.mark.timeout(1200)  # its own run (at most 600 s) and the one it may wait behind
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+def test_benchmark_quick_run_writes_its_json(bench, runs):
+    out = runs.result(bench)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    files = list(tmp_path.glob(f"{bench}-quick-*.json"))
+    files = list((runs.folder(bench) / "results").glob(f"{bench}-quick-*.json"))
     assert len(files) == 1, (files, out.stdout[-1000:])
     doc = json.loads(files[0].read_text())
     assert doc["bench"] == bench and doc["quick"] is True

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from notebook_runs import RunPool, private_env, selected
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -33,14 +33,33 @@ def test_every_example_is_tested():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECTED)
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("script", sorted(EXPECTED))
-def test_example_runs(script):
-    args, expected = EXPECTED[script]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200
+def run_example(script: str, folder: pathlib.Path) -> subprocess.CompletedProcess:
+    """``python examples/SCRIPT`` from the repository root, its Jupyter/IPython state in ``folder``."""
+    args, _ = EXPECTED[script]
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=ROOT,
+        env=private_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=200,
     )
+
+
+@pytest.fixture(scope="module")
+def runs(request):
+    """The examples this session tests, run two at a time from the module's first test."""
+    with RunPool("examples") as pool:
+        for script in selected(request, "test_example_runs", "script"):
+            pool.submit(script, run_example, script, pool.folder(script))
+        yield pool
+
+
+@pytest.mark.timeout(440)  # its own run (at most 200 s) and the one it may wait behind
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_example_runs(script, runs):
+    _, expected = EXPECTED[script]
+    proc = runs.result(script)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     for line in expected:
         assert line in proc.stdout, f"{line!r} missing from the output of {script}:\n{proc.stdout}"

@@ -6,18 +6,17 @@ prints ``rank pids: [...]`` from ``%distrain status``, ends in ``%distrain stop`
 kernel (never on a rank, so the line does not depend on rank output reaching the notebook):
 either directly or through ``workbench.labs.check`` on an answer written between nbgrader's
 solution markers (cells tagged ``solution``; the checks in cells tagged ``tests``).
-The test runs every lab with nbclient, checks that every check cell passed, a few key
-numbers, and that none of the rank processes is alive afterwards.
+The test runs every lab with nbclient (two at a time, each in its own kernel), checks that every
+check cell passed, a few key numbers, and that none of the rank processes is alive afterwards.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_runs import run_lab
+from notebook_runs import RunPool, check_lab_run, check_lab_source, selected
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -70,10 +69,19 @@ def check_cells(nb) -> int:
     )
 
 
+@pytest.fixture(scope="module")
+def runs(request):
+    """The labs this session tests, executed headless two at a time from the module's start."""
+    with RunPool("labs") as pool:
+        for name in selected(request, "test_lab_executes_and_its_checks_pass", "name"):
+            pool.submit_notebook(name, nbformat.read(NOTEBOOKS / name, as_version=4))
+        yield pool
+
+
 @pytest.mark.parametrize("name", sorted(LABS))
-def test_lab_executes_and_its_checks_pass(name, jupyter_dirs):
+def test_lab_executes_and_its_checks_pass(name, runs):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     expected_checks = check_cells(nb)
     assert expected_checks >= 1, "each lab has check-yourself cells"
-    run_lab(nb, name, 2, expected_checks, LABS[name])
-    assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))
+    check_lab_source(nb, 2)
+    check_lab_run(runs.result(name), 2, expected_checks, LABS[name])

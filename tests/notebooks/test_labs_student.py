@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import ast
 import re
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import alive
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
-from notebook_runs import end_lab_ranks as _end
-from notebook_runs import lab_rank_pids as _rank_pids
-from notebook_runs import outputs_text
+from notebook_runs import RunPool, selected
 
 import workbench.labs as labs
 from workbench.labs.build import build
@@ -130,15 +125,22 @@ def test_code_regions_become_not_implemented():
     assert [(b.kind, b.exercise) for b in blanks] == [("code", "square x")]
 
 
-@pytest.mark.parametrize("lab", LABS)
-def test_student_version_stops_at_its_first_blank_with_the_hint(built, lab, jupyter_dirs):
+@pytest.fixture(scope="module")
+def student_runs(request, built):
+    """The student versions this session tests, executed headless two at a time (each to its
+    first blank) from the first test that needs one."""
     out, _ = built
-    nb = nbformat.read(out / "student" / lab, as_version=4)
-    client = NotebookClient(nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(ROOT)}})
-    t0 = time.perf_counter()
-    with pytest.raises(CellExecutionError) as err:
-        client.execute()
-    pids = _rank_pids(outputs_text(nb))
+    with RunPool("labs_student") as pool:
+        for lab in selected(request, "test_student_version_stops_at_its_first_blank_with_the_hint", "lab"):
+            pool.submit_notebook(lab, nbformat.read(out / "student" / lab, as_version=4))
+        yield pool
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_student_version_stops_at_its_first_blank_with_the_hint(student_runs, lab):
+    run = student_runs.result(lab)
+    nb = run.nb
+    assert isinstance(run.error, CellExecutionError), f"{lab}: the student version ran to the end: {run.error!r}"
     failed = [
         c for c in nb.cells if c.cell_type == "code" and any(o.output_type == "error" for o in c.get("outputs", []))
     ]
@@ -149,16 +151,12 @@ def test_student_version_stops_at_its_first_blank_with_the_hint(built, lab, jupy
     assert error.ename == "CheckFailed", (error.ename, error.evalue)
     assert error.evalue.startswith(f"{name}: no answer yet: replace the `...` ("), error.evalue
     question = lookup(name).__doc__.strip().splitlines()[0]
-    assert question in error.evalue and name in str(err.value)
+    assert question in error.evalue and name in str(run.error)
     # every cell before the blank ran and no check before it failed
     first = nb.cells.index(failed[0])
     assert all(c.execution_count is not None for c in nb.cells[:first] if c.cell_type == "code")
     if "%distrain start" in "".join(c.source for c in nb.cells):
-        assert len(pids) == (4 if "%distrain start -n 4" in "".join(c.source for c in nb.cells) else 2)
-        deadline = time.monotonic() + 15  # the kernel's exit stops its ranks
-        while alive(pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = alive(pids)
-        _end(left)
-        assert left == [], f"{lab}: the student run left rank processes behind: {left}"
-    print(f"{lab} (student, to the first blank): {time.perf_counter() - t0:.1f} s")
+        assert len(run.pids) == (4 if "%distrain start -n 4" in "".join(c.source for c in nb.cells) else 2)
+        # the kernel's exit stops its ranks (``execute_notebook`` gives them 15 s)
+        assert run.left == [], f"{lab}: the student run left rank processes behind: {run.left}"
+    print(f"{lab} (student, to the first blank): {run.seconds:.1f} s")

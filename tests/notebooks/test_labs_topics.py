@@ -9,12 +9,11 @@ student versions are run to the first blank by test_labs_student.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_runs import run_lab
+from notebook_runs import RunPool, check_lab_run, check_lab_source, selected
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -72,11 +71,20 @@ def expected_passes(nb) -> int:
     )
 
 
+@pytest.fixture(scope="module")
+def runs(request):
+    """The labs this session tests, executed headless two at a time from the module's start."""
+    with RunPool("labs_topics") as pool:
+        for name in selected(request, "test_new_lab_executes_and_its_checks_pass", "name"):
+            pool.submit_notebook(name, nbformat.read(NOTEBOOKS / name, as_version=4))
+        yield pool
+
+
 @pytest.mark.parametrize("name", sorted(LABS))
-def test_new_lab_executes_and_its_checks_pass(name, jupyter_dirs):
+def test_new_lab_executes_and_its_checks_pass(name, runs):
     ranks, needles = LABS[name]
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     solutions = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
     assert len(solutions) >= 2 and all("### BEGIN SOLUTION" in c.source for c in solutions)
-    run_lab(nb, name, ranks, expected_passes(nb), needles)
-    assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))
+    check_lab_source(nb, ranks)
+    check_lab_run(runs.result(name), ranks, expected_passes(nb), needles)

@@ -12,14 +12,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from notebook_runs import execute_saved_notebook, outputs_text
+from notebook_runs import executed, outputs_text, saved_notebook_run
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "03_your_own_model.ipynb"
+TIMEOUT = 300  # seconds per cell
 
 
-def test_own_model_and_hf_llama_train_export_and_load_back(jupyter_dirs):
-    nb = execute_saved_notebook(NOTEBOOK, timeout=300)
+def test_own_model_and_hf_llama_train_export_and_load_back(request):
+    nb = executed(saved_notebook_run(request))
     text = outputs_text(nb)
     for label, steps in (("TinyLM DDP", 12), ("TinyLM FSDP2", 12), ("Llama DDP", 10), ("Llama FSDP2", 10)):
         assert f"{label} run: {{0: 'finished', 1: 'finished'}}" in text, label

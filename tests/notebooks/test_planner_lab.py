@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from notebook_runs import execute_saved_notebook, outputs_text
+from notebook_runs import executed, outputs_text, saved_notebook_run
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "notebooks" / "lab_07_plan_70b.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "lab_07_plan_70b.ipynb"
+TIMEOUT = 120  # seconds per cell
 
 
-def test_lab_07_executes_and_prints_the_plan(jupyter_dirs):
-    nb = execute_saved_notebook(LAB, timeout=120)
+def test_lab_07_executes_and_prints_the_plan(request):
+    nb = executed(saved_notebook_run(request))
     text = outputs_text(nb)
     for needle in (
         "parameters: 70.55B",
@@ -37,4 +37,3 @@ def test_lab_07_executes_and_prints_the_plan(jupyter_dirs):
     passed = [line for line in text.splitlines() if line.startswith("check passed: ")]
     assert len(checks) == len(passed) == 5, (checks, passed)
     assert "check passed: ZeRO-3 model states per GPU: 4.41 GB" in text
-    assert os.environ["IPYTHONDIR"].startswith(str(jupyter_dirs))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from notebook_runs import execute_saved_notebook, outputs_text
+from notebook_runs import executed, outputs_text, saved_notebook_run
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "notebooks" / "01_train_and_watch.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "01_train_and_watch.ipynb"
+TIMEOUT = 180  # seconds per cell
 
 
-def test_lab_01_trains_ddp_then_fsdp2_with_the_dashboard(jupyter_dirs):
-    nb = execute_saved_notebook(LAB, timeout=180)
+def test_lab_01_trains_ddp_then_fsdp2_with_the_dashboard(request):
+    nb = executed(saved_notebook_run(request))
     text = outputs_text(nb)
     assert "2 ranks up" in text
     assert "DDP run: {0: 'finished', 1: 'finished'}" in text
