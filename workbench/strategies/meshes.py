@@ -20,8 +20,6 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .base import Context
-
 __all__ = ["make_mesh", "dp_coords", "enter_layout", "layout_scope", "release_unused", "live_layouts"]
 
 
@@ -166,14 +164,14 @@ def _forget_dtensor_caches() -> None:
         cached.cache_clear()
 
 
-def make_mesh(ctx: Context, shape, names) -> DeviceMesh:
+def make_mesh(mesh_device: str, shape, names) -> DeviceMesh:
     """``init_device_mesh(mesh_device, shape, mesh_dim_names=names)``, built once per layout.
 
     Never initialises or destroys the default group; sub-groups for 2-D meshes are
     created by torch (collectively, on every rank: every rank prepares the same layout)
     and kept with the layout until no model uses it (see the module doc).
     """
-    key = ("mesh", ctx.mesh_device, tuple(int(s) for s in shape), tuple(names))
+    key = ("mesh", mesh_device, tuple(int(s) for s in shape), tuple(names))
     enter_layout(key)
     lay = _LAYOUTS[key]
     if lay.mesh is None:

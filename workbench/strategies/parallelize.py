@@ -157,7 +157,7 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     d = s.dims(ctx.world_size)
     check = check_layout(model, s, ctx.world_size, ctx.hints)
     shape, names = d.mesh_dims(PRESET_DIMS[s.kind])
-    mesh = make_mesh(ctx, shape, names)
+    mesh = make_mesh(ctx.mesh_device, shape, names)
     ctx.notes.append(
         f"degrees {d.describe()}; order: pipeline, tp, cp, activation checkpointing, compile, data parallel"
     )
