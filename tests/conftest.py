@@ -70,20 +70,13 @@ def jupyter_dirs(monkeypatch, request):
     """
     import tempfile
 
+    from notebook_runs import private_env
+
     STATE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=STATE, prefix=f"{request.node.name[:40]}-") as tmp:
-        for var, sub in (
-            ("JUPYTER_RUNTIME_DIR", "runtime"),
-            ("IPYTHONDIR", "ipython"),
-            ("JUPYTER_CONFIG_DIR", "config"),
-            ("JUPYTER_DATA_DIR", "data"),
-            ("MPLCONFIGDIR", "mpl"),
-        ):
-            path = pathlib.Path(tmp) / sub
-            path.mkdir()
-            monkeypatch.setenv(var, str(path))
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        monkeypatch.setenv("WORKBENCH_RUN_DIR", str(tmp))
+        for var, value in private_env(pathlib.Path(tmp)).items():
+            if os.environ.get(var) != value:  # its state folders, OMP_NUM_THREADS, WORKBENCH_RUN_DIR
+                monkeypatch.setenv(var, value)
         yield pathlib.Path(tmp)
 
 
