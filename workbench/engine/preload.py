@@ -75,6 +75,9 @@ def main() -> None:
     for _ in range(ranks):
         pid = os.fork()
         if pid == 0:
+            # each rank its own session, as torchrun starts its workers: Linux's scheduler
+            # autogroups are per session, and 4 ranks in one group doubled gloo's loop CPU
+            os.setsid()
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _reseed()
             engine_main()
