@@ -57,13 +57,14 @@ def prepare(model, optimizer, spec="ddp", **kwargs):
     ``"fsdp2 tp=2"``); returns the ``Prepared`` (model, optimizer, layout, train_step)
     and keeps it as this rank's current model for the trainer and checkpoints."""
     from ..strategies import prepare as _prepare
-    from ..strategies.meshes import release_unused
+    from ..strategies.meshes import adopt_with
     from . import session
 
-    prepared = _prepare(model, optimizer, spec, **kwargs)
-    session.set_prepared(prepared)
-    # the rank's previous model was only now let go: if nothing else holds it, free its groups
-    release_unused(keep=getattr(prepared, "_layout_key", None))
+    # the new model becomes current before the prepare frees unused layouts, so that the
+    # previous one's groups go now if nothing else holds it (on success only)
+    with adopt_with(session.set_prepared):
+        prepared = _prepare(model, optimizer, spec, **kwargs)
+    session.set_prepared(prepared)  # also without a process group (no layout scope ran)
     return prepared
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["make_mesh", "dp_coords", "enter_layout", "layout_scope", "release_unused", "live_layouts"]
+__all__ = ["make_mesh", "dp_coords", "enter_layout", "layout_scope", "adopt_with", "release_unused", "live_layouts"]
 
 
 @dataclass
@@ -38,6 +38,7 @@ class _Layout:
 # layout description (picklable, the same on every rank) -> what it holds
 _LAYOUTS: dict[tuple, _Layout] = {}
 _SCOPES: list[dict] = []  # the prepares in progress on this rank (innermost last)
+_ADOPT: list = []  # called with the prepared object of a successful outermost prepare
 
 
 def _world():
@@ -85,7 +86,22 @@ def layout_scope(fallback_key: tuple):
             if scope["prepared"] is not None:
                 track(scope["prepared"], key)
     if scope["prepared"] is not None:
+        if not _SCOPES:
+            for fn in _ADOPT:
+                fn(scope["prepared"])  # e.g. the rank's current model moves on: the old one may go now
         release_unused(keep=key)
+
+
+@contextlib.contextmanager
+def adopt_with(fn):
+    """Inside: ``fn(prepared)`` is called at the end of a successful (outermost) prepare,
+    before unused layouts are freed, so that whatever ``fn`` lets go of is freed by this
+    prepare's one ``release_unused`` rather than the next."""
+    _ADOPT.append(fn)
+    try:
+        yield
+    finally:
+        _ADOPT.remove(fn)
 
 
 def track(prepared, key: tuple) -> None:
