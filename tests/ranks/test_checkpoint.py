@@ -159,7 +159,8 @@ def test_incompatible_model_is_refused_naming_the_tensors(clean2, tmp_path):
 def test_async_saves_in_a_row_each_hold_their_own_step(clean2, tmp_path):
     """Async FSDP2 saves reuse their staging buffers (and DCP's cached plan while the tensors
     stay the same): three saves with training between them, the middle one model-only, each
-    load back the parameters of their own step, never those of a later or an earlier one."""
+    load back the parameters of their own step, never those of a later or an earlier one; then
+    a model of other shapes on the same ranks: its async save writes (and loads) its own shapes."""
     root = str(tmp_path)
     build(clean2, "fsdp2")
     want = {}
@@ -174,3 +175,12 @@ def test_async_saves_in_a_row_each_hold_their_own_step(clean2, tmp_path):
         ck.load(f"s{step}", root=root, model_only=step == 2, rankset=clean2)
         clean2.execute("_ck_d = _ck_digest()", timeout=60)
         assert clean2.pull("_ck_d") == [want[step]] * 2, step
+    build(clean2, "fsdp2", cfg="ffn_dim=48")
+    clean2.execute("_ck_train(1); _ck_d = _ck_digest()", timeout=120)
+    wider = clean2.pull("_ck_d")[0]
+    ck.save(tag="s4", async_=True, root=root, rankset=clean2)
+    ck.wait(rankset=clean2)
+    clean2.execute("_ck_train(1)", timeout=120)
+    ck.load("s4", root=root, rankset=clean2)
+    clean2.execute("_ck_d = _ck_digest()", timeout=60)
+    assert clean2.pull("_ck_d") == [wider] * 2

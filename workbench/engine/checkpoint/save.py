@@ -447,19 +447,55 @@ def _dcp_failure(exc, verb: str = "write") -> str:
     return str(exc)
 
 
-def _planner():
+def _planner(staged: bool = False):
     """DCP's default planner with its plan cache: when no rank's list of tensors changed since the
     last save (every auto-save of a run), the ranks send rank 0 an empty plan instead of theirs and
-    rank 0 reuses the global plan and metadata (a class of our own: its own cache in DCP)."""
+    rank 0 reuses the global plan and metadata (a class of our own: its own cache in DCP).
+
+    ``staged``: the state holds this module's staging buffers (an async save). Those are the same
+    objects from save to save while their shapes hold, so when every one of them is the object
+    the cached plan was made from, this rank's local plan is that plan, and building it again
+    (~8 ms of the writer's CPU a save on the tiny model, one write item per tensor) is skipped.
+    """
     global _PLANNER_CLS
     if _PLANNER_CLS is None:
-        from torch.distributed.checkpoint import DefaultSavePlanner
+        from torch.distributed.checkpoint import DefaultSavePlanner, SavePlan, SavePlanner
 
         class WorkbenchSavePlanner(DefaultSavePlanner):
-            pass
+            planned_for: tuple | None = None  # the staged tensors DCP's cached local plan was made from
+
+            def __init__(self, staged: bool):
+                super().__init__(enable_plan_caching=True)
+                self._staged = staged
+
+            def create_local_plan(self):
+                key = self._objects() if self._staged else None
+                cached = SavePlanner._cached_save_plan.get(self._cached_plans_key)
+                if key is not None and key == type(self).planned_for and cached is not None:
+                    self.plan = cached
+                    return SavePlan([], usable=False)
+                type(self).planned_for = None  # until this plan is in DCP's cache (finish_plan)
+                self._new_key = key
+                return super().create_local_plan()
+
+            def finish_plan(self, new_plan):
+                out = super().finish_plan(new_plan)
+                if hasattr(self, "_new_key"):
+                    type(self).planned_for = self._new_key
+                return out
+
+            def _objects(self) -> tuple | None:
+                """(this rank's role, every name and the identity of its staged tensor); None where a
+                value is not a tensor (a plan for it could differ with its value)."""
+                items = []
+                for k, v in self.state_dict.items():
+                    if not isinstance(v, torch.Tensor):
+                        return None
+                    items.append((k, id(v)))
+                return (self.is_coordinator, tuple(items))
 
         _PLANNER_CLS = WorkbenchSavePlanner
-    return _PLANNER_CLS(enable_plan_caching=True)
+    return _PLANNER_CLS(staged)
 
 
 _PLANNER_CLS = None
@@ -479,7 +515,13 @@ def _write_and_commit(state, root, tmp, name, manifest: Manifest, pg, rank, keep
     writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True, thread_count=1)
     try:
         with _quiet_single_process():
-            dcp.save(state, storage_writer=writer, planner=_planner(), process_group=pg, no_dist=dist is None)
+            dcp.save(
+                state,
+                storage_writer=writer,
+                planner=_planner(manifest.async_save),
+                process_group=pg,
+                no_dist=dist is None,
+            )
     except CheckpointException as exc:  # raised alike on every rank
         err = _dcp_failure(exc)
     except Exception as exc:  # noqa: BLE001 - told to every rank below
