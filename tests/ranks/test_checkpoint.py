@@ -184,3 +184,35 @@ def test_async_saves_in_a_row_each_hold_their_own_step(clean2, tmp_path):
     ck.load("s4", root=root, rankset=clean2)
     clean2.execute("_ck_d = _ck_digest()", timeout=60)
     assert clean2.pull("_ck_d") == [wider] * 2
+
+
+OLD_WRITER = """
+from torch.distributed.checkpoint import FileSystemWriter
+from workbench.engine.checkpoint import raw_shards as _ck_raw
+_ck_raw_writer = _ck_raw.writer
+_ck_raw.writer = lambda path: FileSystemWriter(path, single_file_per_rank=True, sync_files=True, thread_count=1)
+"""
+
+
+def test_checkpoint_with_torch_save_shards_still_loads(clean2, tmp_path):
+    """Shards are written as raw bytes now; a checkpoint whose shards DCP wrote with
+    ``torch.save`` (every one saved before) loads back its own step, as a new one does."""
+    root = str(tmp_path)
+    build(clean2, "fsdp2")
+    clean2.execute("_ck_train(1); _ck_d = _ck_digest()", timeout=120)
+    want = clean2.pull("_ck_d")[0]
+    clean2.execute(OLD_WRITER, timeout=60)
+    try:
+        ck.save(tag="old", root=root, rankset=clean2)
+    finally:
+        clean2.execute("_ck_raw.writer = _ck_raw_writer", timeout=60)
+    ck.save(tag="new", root=root, async_=True, rankset=clean2)
+    ck.wait(rankset=clean2)
+    for tag, zipped in (("old", True), ("new", False)):
+        with open(f"{root}/{tag}/__0_0.distcp", "rb") as fh:  # torch.save's files are zip archives
+            assert (fh.read(2) == b"PK") == zipped, tag
+    for tag in ("old", "new"):
+        clean2.execute("_ck_train(2)", timeout=120)
+        ck.load(tag, root=root, rankset=clean2)
+        clean2.execute("_ck_d = _ck_digest()", timeout=60)
+        assert clean2.pull("_ck_d") == [want] * 2, tag

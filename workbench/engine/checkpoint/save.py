@@ -5,8 +5,8 @@ that it sees that folder (one folder shared by all ranks), writes its
 ``rank-RRRRR.json`` (RNG states, data position) into it, and that the estimated size
 fits the free space: a failure is one :class:`StorageError` naming the rank, the path
 and the cause, on every rank, the folder removed. Then every rank writes its own part
-with ``torch.distributed.checkpoint`` (DCP writes ``.metadata`` once all parts are
-written), reads its files back for their size and checksum (:mod:`.integrity`), and the
+with ``torch.distributed.checkpoint``, its tensors as raw bytes (:mod:`.raw_shards`; DCP
+writes ``.metadata`` once all parts are written), reads its files back for their size and checksum (:mod:`.integrity`), and the
 ranks exchange what they wrote (or the error they met: ENOSPC, EROFS...). Rank 0 writes
 ``manifest.json`` with every file's size and checksum, fsyncs it and the folder, and
 renames ``NAME.tmp-TOKEN`` to ``NAME`` (replacing an older checkpoint of the same name
@@ -39,6 +39,7 @@ import torch
 from ...shared.checkpoint import catalog, integrity
 from ...shared.checkpoint.manifest import MANIFEST, Manifest, check_tag, fsync_dir, step_name, write_json_atomic
 from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
+from . import raw_shards
 from .pretrained import model_config
 from .state import Target, capture, rng_state, split_optimizer, tensor_shapes
 
@@ -503,7 +504,6 @@ _PLANNER_CLS = None
 
 def _write_and_commit(state, root, tmp, name, manifest: Manifest, pg, rank, keep, t0) -> dict:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.api import CheckpointException
 
     dist = _dist()
@@ -512,7 +512,7 @@ def _write_and_commit(state, root, tmp, name, manifest: Manifest, pg, rank, keep
     if DRILL.get("before_write"):
         time.sleep(DRILL["before_write"])
     err, records = None, {}
-    writer = FileSystemWriter(tmp, single_file_per_rank=True, sync_files=True, thread_count=1)
+    writer = raw_shards.writer(tmp)
     try:
         with _quiet_single_process():
             dcp.save(
