@@ -188,29 +188,42 @@ def test_async_saves_in_a_row_each_hold_their_own_step(clean2, tmp_path):
 
 OLD_WRITER = """
 from torch.distributed.checkpoint import FileSystemWriter
-from workbench.engine.checkpoint import raw_shards as _ck_raw
-_ck_raw_writer = _ck_raw.writer
-_ck_raw.writer = lambda path: FileSystemWriter(path, single_file_per_rank=True, sync_files=True, thread_count=1)
+from workbench.engine.checkpoint import shard_writer as _ck_sw
+_ck_sw_writer = _ck_sw.writer
+_ck_sw.writer = lambda path: FileSystemWriter(path, single_file_per_rank=True, sync_files=True, thread_count=1)
 """
 
 
-def test_checkpoint_with_torch_save_shards_still_loads(clean2, tmp_path):
-    """Shards are written as raw bytes now; a checkpoint whose shards DCP wrote with
-    ``torch.save`` (every one saved before) loads back its own step, as a new one does."""
+def test_shards_load_with_stock_dcp_and_older_zip_shards_still_load(clean2, tmp_path):
+    """Shards are written in torch.save's legacy format, header and bytes (no torch.save a tensor):
+    DCP's stock reader, outside the workbench, reads every parameter back equal; a checkpoint
+    whose shards DCP wrote with zip ``torch.save`` (every one saved before) loads back its own
+    step, as a new one does."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     root = str(tmp_path)
     build(clean2, "fsdp2")
     clean2.execute("_ck_train(1); _ck_d = _ck_digest()", timeout=120)
     want = clean2.pull("_ck_d")[0]
+    clean2.execute(LIVE, timeout=60)
+    live = clean2.pull("_ck_live")[0]
     clean2.execute(OLD_WRITER, timeout=60)
     try:
         ck.save(tag="old", root=root, rankset=clean2)
     finally:
-        clean2.execute("_ck_raw.writer = _ck_raw_writer", timeout=60)
+        clean2.execute("_ck_sw.writer = _ck_sw_writer", timeout=60)
     ck.save(tag="new", root=root, async_=True, rankset=clean2)
     ck.wait(rankset=clean2)
     for tag, zipped in (("old", True), ("new", False)):
-        with open(f"{root}/{tag}/__0_0.distcp", "rb") as fh:  # torch.save's files are zip archives
+        with open(f"{root}/{tag}/__0_0.distcp", "rb") as fh:  # zip torch.save files start "PK"
             assert (fh.read(2) == b"PK") == zipped, tag
+    dcp_to_torch_save(f"{root}/new", str(tmp_path / "new.pt"))
+    flat = torch.load(tmp_path / "new.pt", weights_only=True)
+    params = flat["model"]
+    assert sorted(params) == sorted(live)
+    for name, value in live.items():
+        assert torch.equal(params[name], value), name
     for tag in ("old", "new"):
         clean2.execute("_ck_train(2)", timeout=120)
         ck.load(tag, root=root, rankset=clean2)

@@ -12,8 +12,7 @@ Two ways a DCP checkpoint could run code on load, both closed here:
    never writes such entries (non-tensor state goes to JSON), so :func:`check_metadata`
    refuses a checkpoint that has any, and :class:`SafeLoadPlanner` refuses them again.
 
-Tensor payloads are raw bytes (:mod:`.raw_shards`), or, in checkpoints written before,
-read by DCP with ``torch.load(weights_only=True)``.
+Tensor payloads are read by DCP with ``torch.load(weights_only=True)``.
 
 :func:`compare` names the tensors whose keys or shapes do not match the model.
 """
@@ -118,8 +117,7 @@ def _reader_cls():
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class SafeReader(FileSystemReader):
-        """``FileSystemReader`` whose ``.metadata`` goes through :class:`MetadataUnpickler`, and
-        which reads raw tensor shards (:mod:`.raw_shards`)."""
+        """``FileSystemReader`` whose ``.metadata`` goes through :class:`MetadataUnpickler`."""
 
         def read_metadata(self, *args, **kwargs):
             path = self._get_metadata_path(kwargs.get("rank"))
@@ -130,15 +128,6 @@ def _reader_cls():
                 meta.storage_meta = StorageMeta()
             meta.storage_meta.load_id = self.load_id
             return meta
-
-        def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
-            super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
-            self.state_dict_metadata = metadata.state_dict_metadata  # dtypes, chunk shapes of raw shards
-
-        def read_data(self, plan, planner):
-            from .raw_shards import read_raw_items
-
-            return super().read_data(read_raw_items(self, plan, planner), planner)
 
     return SafeReader
 

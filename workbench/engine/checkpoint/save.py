@@ -5,8 +5,9 @@ that it sees that folder (one folder shared by all ranks), writes its
 ``rank-RRRRR.json`` (RNG states, data position) into it, and that the estimated size
 fits the free space: a failure is one :class:`StorageError` naming the rank, the path
 and the cause, on every rank, the folder removed. Then every rank writes its own part
-with ``torch.distributed.checkpoint``, its tensors as raw bytes (:mod:`.raw_shards`; DCP
-writes ``.metadata`` once all parts are written), reads its files back for their size and checksum (:mod:`.integrity`), and the
+with ``torch.distributed.checkpoint`` (its tensors written by :mod:`.shard_writer`; DCP
+writes ``.metadata`` once all parts are written), reads its files back for their size and
+checksum (:mod:`.integrity`), and the
 ranks exchange what they wrote (or the error they met: ENOSPC, EROFS...). Rank 0 writes
 ``manifest.json`` with every file's size and checksum, fsyncs it and the folder, and
 renames ``NAME.tmp-TOKEN`` to ``NAME`` (replacing an older checkpoint of the same name
@@ -31,6 +32,7 @@ import shutil
 import sys
 import threading
 import time
+import weakref
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -39,7 +41,7 @@ import torch
 from ...shared.checkpoint import catalog, integrity
 from ...shared.checkpoint.manifest import MANIFEST, Manifest, check_tag, fsync_dir, step_name, write_json_atomic
 from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
-from . import raw_shards
+from . import shard_writer
 from .pretrained import model_config
 from .state import Target, capture, rng_state, split_optimizer, tensor_shapes
 
@@ -472,7 +474,7 @@ def _planner(staged: bool = False):
             def create_local_plan(self):
                 key = self._objects() if self._staged else None
                 cached = SavePlanner._cached_save_plan.get(self._cached_plans_key)
-                if key is not None and key == type(self).planned_for and cached is not None:
+                if key is not None and _same_objects(key, type(self).planned_for) and cached is not None:
                     self.plan = cached
                     return SavePlan([], usable=False)
                 type(self).planned_for = None  # until this plan is in DCP's cache (finish_plan)
@@ -486,13 +488,14 @@ def _planner(staged: bool = False):
                 return out
 
             def _objects(self) -> tuple | None:
-                """(this rank's role, every name and the identity of its staged tensor); None where a
-                value is not a tensor (a plan for it could differ with its value)."""
+                """(this rank's role, every name and a weak reference to its staged tensor); None
+                where a value is not a tensor (a plan for it could differ with its value). Weak
+                references, not ids: a freed buffer's id can come back as a tensor of other shapes."""
                 items = []
                 for k, v in self.state_dict.items():
                     if not isinstance(v, torch.Tensor):
                         return None
-                    items.append((k, id(v)))
+                    items.append((k, weakref.ref(v)))
                 return (self.is_coordinator, tuple(items))
 
         _PLANNER_CLS = WorkbenchSavePlanner
@@ -500,6 +503,13 @@ def _planner(staged: bool = False):
 
 
 _PLANNER_CLS = None
+
+
+def _same_objects(key: tuple, planned: tuple | None) -> bool:
+    """Whether ``key`` names the very tensors, under the same names and role, that ``planned`` did."""
+    if planned is None or key[0] != planned[0] or len(key[1]) != len(planned[1]):
+        return False
+    return all(k == pk and r() is not None and r() is pr() for (k, r), (pk, pr) in zip(key[1], planned[1]))
 
 
 def _write_and_commit(state, root, tmp, name, manifest: Manifest, pg, rank, keep, t0) -> dict:
@@ -512,7 +522,7 @@ def _write_and_commit(state, root, tmp, name, manifest: Manifest, pg, rank, keep
     if DRILL.get("before_write"):
         time.sleep(DRILL["before_write"])
     err, records = None, {}
-    writer = raw_shards.writer(tmp)
+    writer = shard_writer.writer(tmp)
     try:
         with _quiet_single_process():
             dcp.save(
