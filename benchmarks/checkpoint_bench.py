@@ -21,7 +21,10 @@ exists), then ``runs`` times each, alternating saves that record a checksum per 
   is the slowest rank's, counted until the last step ends (the last write may still run).
   Beside it, CPU time: the training thread's per step (``time.thread_time``), per auto-save
   its blocking part and the writer thread's (``/proc/self/task/TID/stat``), which say what
-  a save costs training where wall time on a shared machine cannot.
+  a save costs training where wall time on a shared machine cannot; and the training thread's
+  "sleep" per step (in ``train_step``, neither on a CPU nor queued for one, from
+  ``/proc/self/task/TID/schedstat``): its collectives' waits, plus, while a save is written,
+  its waits for the GIL the writer holds.
 
 Blocked time is the slowest rank's. Medians over ``runs``. Targets: async blocks <= 1/4
 of sync, with checksums; steps/s while async saves are written >= 0.9 of steps/s without
@@ -80,22 +83,36 @@ def _writer_ticks():
     return total
 
 
+def _schedstat():
+    # this thread's (ns on a CPU, ns waiting in the run queue); 0s where /proc has no schedstat
+    import threading
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as fh:
+            return tuple(int(v) for v in fh.read().split()[:2])
+    except OSError:
+        return 0, 0
+
+
 def _timed_steps(n, root, every):
     # n training steps, with an async auto-save every `every` steps (0: none): wall seconds, and CPU
     # seconds of the training thread in train_step and in step_done (the saves' blocking part) and of
-    # the background writer (the load of other processes inflates these far less than wall time)
+    # the background writer (the load of other processes inflates these far less than wall time);
+    # and the training thread's time in train_step neither on a CPU nor waiting for one ("sleep": its
+    # collectives' waits, and the GIL's while another thread of the rank holds it)
     import os, time
     from workbench.engine.checkpoint import save as _save
     ch.set_autosave(root if every else None, every or None, keep=2, async_=True)
     tick = os.sysconf("SC_CLK_TCK")
-    train_cpu = hook_cpu = hook_wall = 0.0
+    train_cpu = hook_cpu = hook_wall = sleep = 0.0
     try:
         w0 = _writer_ticks()
         t0 = time.perf_counter()
         for _ in range(n):
-            c0 = time.thread_time()
+            s0, c0, a0 = _schedstat(), time.thread_time(), time.perf_counter()
             loss = _prep.train_step((_x, _x))
             c1, h0 = time.thread_time(), time.perf_counter()
+            s1 = _schedstat()
+            sleep += (h0 - a0) - ((s1[0] - s0[0]) + (s1[1] - s0[1])) / 1e9
             ch.step_done(loss)
             hook_cpu += time.thread_time() - c1
             hook_wall += time.perf_counter() - h0
@@ -103,7 +120,7 @@ def _timed_steps(n, root, every):
         seconds = time.perf_counter() - t0
         _save.wait()
         return {"wall": seconds, "train_cpu": train_cpu, "hook_cpu": hook_cpu, "hook_wall": hook_wall,
-                "writer_cpu": (_writer_ticks() - w0) / tick}
+                "writer_cpu": (_writer_ticks() - w0) / tick, "train_sleep": sleep}
     finally:
         ch.set_autosave(None, None)
 """
@@ -163,6 +180,9 @@ def bench(model: str, n: int, runs: int, steps: int = 40, every: int = 10, train
                 # per rank, per step (CPU: mean over ranks)
                 m.setdefault(f"train_cpu_ms_{mode}", []).append(
                     1e3 * statistics.mean(t["train_cpu"] for t in ts) / steps
+                )
+                m.setdefault(f"train_sleep_ms_{mode}", []).append(
+                    1e3 * statistics.mean(t["train_sleep"] for t in ts) / steps
                 )
                 if k:
                     saves = steps // k
@@ -320,6 +340,7 @@ def main(argv=None) -> int:
             f"{r['steps_per_s_plain']:.2f} without: ratio {r['steps_per_s_ratio']:.3f} "
             f"(rounds {', '.join(f'{x:.3f}' for x in r['steps_per_s_ratio_all'])}); "
             f"train CPU/step {r['train_cpu_ms_saving']:.1f} ms saving, {r['train_cpu_ms_plain']:.1f} without; "
+            f"train sleep/step {r['train_sleep_ms_saving']:.1f} ms saving, {r['train_sleep_ms_plain']:.1f} without; "
             f"per save: blocked {r['autosave_blocked_ms']:.1f} ms ({r['autosave_blocked_cpu_ms']:.1f} ms CPU), "
             f"writer {r['autosave_writer_cpu_ms']:.0f} ms CPU"
         )

@@ -159,7 +159,8 @@ def test_incompatible_model_is_refused_naming_the_tensors(clean2, tmp_path):
 def test_async_saves_in_a_row_each_hold_their_own_step(clean2, tmp_path):
     """Async FSDP2 saves reuse their staging buffers (and DCP's cached plan while the tensors
     stay the same): three saves with training between them, the middle one model-only, each
-    load back the parameters of their own step, never those of a later or an earlier one."""
+    load back the parameters of their own step, never those of a later or an earlier one; then
+    a model of other shapes on the same ranks: its async save writes (and loads) its own shapes."""
     root = str(tmp_path)
     build(clean2, "fsdp2")
     want = {}
@@ -174,3 +175,57 @@ def test_async_saves_in_a_row_each_hold_their_own_step(clean2, tmp_path):
         ck.load(f"s{step}", root=root, model_only=step == 2, rankset=clean2)
         clean2.execute("_ck_d = _ck_digest()", timeout=60)
         assert clean2.pull("_ck_d") == [want[step]] * 2, step
+    build(clean2, "fsdp2", cfg="ffn_dim=48")
+    clean2.execute("_ck_train(1); _ck_d = _ck_digest()", timeout=120)
+    wider = clean2.pull("_ck_d")[0]
+    ck.save(tag="s4", async_=True, root=root, rankset=clean2)
+    ck.wait(rankset=clean2)
+    clean2.execute("_ck_train(1)", timeout=120)
+    ck.load("s4", root=root, rankset=clean2)
+    clean2.execute("_ck_d = _ck_digest()", timeout=60)
+    assert clean2.pull("_ck_d") == [wider] * 2
+
+
+OLD_WRITER = """
+from torch.distributed.checkpoint import FileSystemWriter
+from workbench.engine.checkpoint import shard_writer as _ck_sw
+_ck_sw_writer = _ck_sw.writer
+_ck_sw.writer = lambda path: FileSystemWriter(path, single_file_per_rank=True, sync_files=True, thread_count=1)
+"""
+
+
+def test_shards_load_with_stock_dcp_and_older_zip_shards_still_load(clean2, tmp_path):
+    """Shards are written in torch.save's legacy format, header and bytes (no torch.save a tensor):
+    DCP's stock reader, outside the workbench, reads every parameter back equal; a checkpoint
+    whose shards DCP wrote with zip ``torch.save`` (every one saved before) loads back its own
+    step, as a new one does."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    root = str(tmp_path)
+    build(clean2, "fsdp2")
+    clean2.execute("_ck_train(1); _ck_d = _ck_digest()", timeout=120)
+    want = clean2.pull("_ck_d")[0]
+    clean2.execute(LIVE, timeout=60)
+    live = clean2.pull("_ck_live")[0]
+    clean2.execute(OLD_WRITER, timeout=60)
+    try:
+        ck.save(tag="old", root=root, rankset=clean2)
+    finally:
+        clean2.execute("_ck_sw.writer = _ck_sw_writer", timeout=60)
+    ck.save(tag="new", root=root, async_=True, rankset=clean2)
+    ck.wait(rankset=clean2)
+    for tag, zipped in (("old", True), ("new", False)):
+        with open(f"{root}/{tag}/__0_0.distcp", "rb") as fh:  # zip torch.save files start "PK"
+            assert (fh.read(2) == b"PK") == zipped, tag
+    dcp_to_torch_save(f"{root}/new", str(tmp_path / "new.pt"))
+    flat = torch.load(tmp_path / "new.pt", weights_only=True)
+    params = flat["model"]
+    assert sorted(params) == sorted(live)
+    for name, value in live.items():
+        assert torch.equal(params[name], value), name
+    for tag in ("old", "new"):
+        clean2.execute("_ck_train(2)", timeout=120)
+        ck.load(tag, root=root, rankset=clean2)
+        clean2.execute("_ck_d = _ck_digest()", timeout=60)
+        assert clean2.pull("_ck_d") == [want] * 2, tag
