@@ -44,6 +44,16 @@ def _first_solution(nb) -> int:
     return next(i for i, c in enumerate(nb.cells) if SOLUTION_TAG in tags(c))
 
 
+def _same_until_first_blank(instructor, student) -> bool:
+    """Whether the cells before the first solution cell are the same in both versions (only
+    then can one run of them stand for both; otherwise each version runs alone)."""
+    first = _first_solution(instructor)
+    cells = [(c.cell_type, c.source) for c in instructor.cells[:first]]
+    return len(student.cells) == len(instructor.cells) and cells == [
+        (c.cell_type, c.source) for c in student.cells[:first]
+    ]
+
+
 def _check_after(nb, index: int) -> int:
     from workbench.labs.student import TESTS_TAG, tags
 
@@ -154,7 +164,7 @@ class LabRuns:
         for lab, versions in wanted.items():
             instructor = nbformat.read(NOTEBOOKS / lab, as_version=4)
             student = nbformat.read(built[lab].student, as_version=4)
-            if versions == {INSTRUCTOR, STUDENT} and lab not in ALONE:
+            if versions == {INSTRUCTOR, STUDENT} and lab not in ALONE and _same_until_first_blank(instructor, student):
                 self.pool.submit(lab, execute_both, instructor, student, lab, self.pool.folder(lab))
                 self._keys[(INSTRUCTOR, lab)], self._keys[(STUDENT, lab)] = (lab, 0), (lab, 1)
                 continue
