@@ -7,7 +7,9 @@
   It is stopped by its process group afterwards, and anything it left behind (kernels,
   their rank processes) is ended by pid.
 * ``page``: a Playwright page in Debian's ``/usr/bin/chromium`` (never a downloaded
-  browser) with a fresh user-data-dir under ``.state/browser``.
+  browser) with a fresh user-data-dir under ``.state/browser``; the browsers of a session
+  share one disk cache (emptied when the session starts), so that Lab's scripts are fetched
+  and compiled once, not once per test.
 * Screenshots go to ``test-artifacts/``; a failing test leaves ``FAILED-<test>.png``.
 """
 
@@ -33,6 +35,7 @@ import pytest
 from .helpers import ARTIFACTS, ROOT, STATE, shot
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
+CACHE = STATE / "chromium-cache"  # the session's browsers' HTTP and compiled-script cache
 BUILT = ROOT / "workbench" / "labextension"  # the Lab extension as `make` builds it
 CHROMIUM_ARGS = [
     "--headless",
@@ -293,6 +296,8 @@ def playwright_driver():
     _need_browser()
     from playwright.sync_api import sync_playwright
 
+    shutil.rmtree(CACHE, ignore_errors=True)
+    CACHE.mkdir(parents=True)
     pw = sync_playwright().start()
     yield pw
     pw.stop()
@@ -305,7 +310,7 @@ def open_browser(playwright_driver, profile: pathlib.Path, width: int):
         str(profile),
         executable_path=str(CHROMIUM),
         headless=True,
-        args=CHROMIUM_ARGS,
+        args=[*CHROMIUM_ARGS, f"--disk-cache-dir={CACHE}"],
         viewport={"width": width, "height": 1000},
         timezone_id="UTC",
     )

@@ -6,7 +6,8 @@ prints ``rank pids: [...]`` from ``%distrain status``, ends in ``%distrain stop`
 kernel (never on a rank, so the line does not depend on rank output reaching the notebook):
 either directly or through ``workbench.labs.check`` on an answer written between nbgrader's
 solution markers (cells tagged ``solution``; the checks in cells tagged ``tests``).
-The test runs every lab with nbclient (two at a time, each in its own kernel), checks that every
+The test runs every lab with nbclient (two at a time, each in its own kernel, which the lab's
+student version shares where the session tests it too: see lab_runs), checks that every
 check cell passed, a few key numbers, and that none of the rank processes is alive afterwards.
 """
 
@@ -16,10 +17,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_runs import RunPool, check_lab_run, check_lab_source, selected
+from lab_runs import lab_run
+from notebook_runs import check_lab_run, check_lab_source
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
+LAB_VERSION, LAB_PARAM = "instructor", "name"  # the runs: lab_runs.lab_run
 
 # lab file -> strings its outputs must contain (key numbers of the lesson)
 LABS = {
@@ -69,19 +72,10 @@ def check_cells(nb) -> int:
     )
 
 
-@pytest.fixture(scope="module")
-def runs(request):
-    """The labs this session tests, executed headless two at a time from the module's start."""
-    with RunPool("labs") as pool:
-        for name in selected(request, "test_lab_executes_and_its_checks_pass", "name"):
-            pool.submit_notebook(name, nbformat.read(NOTEBOOKS / name, as_version=4))
-        yield pool
-
-
 @pytest.mark.parametrize("name", sorted(LABS))
-def test_lab_executes_and_its_checks_pass(name, runs):
+def test_lab_executes_and_its_checks_pass(name, request):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     expected_checks = check_cells(nb)
     assert expected_checks >= 1, "each lab has check-yourself cells"
     check_lab_source(nb, 2)
-    check_lab_run(runs.result(name), 2, expected_checks, LABS[name])
+    check_lab_run(lab_run(request, name), 2, expected_checks, LABS[name])

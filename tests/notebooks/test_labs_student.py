@@ -1,7 +1,8 @@
 """The student versions ``make labs`` writes: deterministic, a blank for every solution,
 and each one, executed on 2 gloo ranks, stops at its first blank with that check's hint.
 
-The instructor versions (the notebooks themselves) run in test_labs / test_planner_lab.
+The instructor versions (the notebooks themselves) run in test_labs, test_labs_topics and
+test_planner_lab; where a session runs both versions of a lab they share one kernel (lab_runs).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from lab_runs import lab_run
 from nbclient.exceptions import CellExecutionError
-from notebook_runs import RunPool, selected
 
 import workbench.labs as labs
 from workbench.labs.build import build
@@ -34,6 +35,7 @@ from workbench.labs.student import (
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 LABS = sorted(p.name for p in NOTEBOOKS.glob("lab_*.ipynb"))
+LAB_VERSION, LAB_PARAM = "student", "lab"  # the runs: lab_runs.lab_run
 
 # lab -> the check its student version stops at (the first blank's)
 FIRST_CHECK = {
@@ -125,20 +127,9 @@ def test_code_regions_become_not_implemented():
     assert [(b.kind, b.exercise) for b in blanks] == [("code", "square x")]
 
 
-@pytest.fixture(scope="module")
-def student_runs(request, built):
-    """The student versions this session tests, executed headless two at a time (each to its
-    first blank) from the first test that needs one."""
-    out, _ = built
-    with RunPool("labs_student") as pool:
-        for lab in selected(request, "test_student_version_stops_at_its_first_blank_with_the_hint", "lab"):
-            pool.submit_notebook(lab, nbformat.read(out / "student" / lab, as_version=4))
-        yield pool
-
-
 @pytest.mark.parametrize("lab", LABS)
-def test_student_version_stops_at_its_first_blank_with_the_hint(student_runs, lab):
-    run = student_runs.result(lab)
+def test_student_version_stops_at_its_first_blank_with_the_hint(request, lab):
+    run = lab_run(request, lab)
     nb = run.nb
     assert isinstance(run.error, CellExecutionError), f"{lab}: the student version ran to the end: {run.error!r}"
     failed = [
@@ -157,6 +148,7 @@ def test_student_version_stops_at_its_first_blank_with_the_hint(student_runs, la
     assert all(c.execution_count is not None for c in nb.cells[:first] if c.cell_type == "code")
     if "%distrain start" in "".join(c.source for c in nb.cells):
         assert len(run.pids) == (4 if "%distrain start -n 4" in "".join(c.source for c in nb.cells) else 2)
-        # the kernel's exit stops its ranks (``execute_notebook`` gives them 15 s)
+        # no rank is left: run alone (lab_runs.ALONE), the kernel's exit stops them; run in the
+        # instructor version's kernel, its ``%distrain stop`` (each gets 15 s, see lab_runs)
         assert run.left == [], f"{lab}: the student run left rank processes behind: {run.left}"
     print(f"{lab} (student, to the first blank): {run.seconds:.1f} s")

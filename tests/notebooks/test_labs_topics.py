@@ -13,10 +13,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_runs import RunPool, check_lab_run, check_lab_source, selected
+from lab_runs import lab_run
+from notebook_runs import check_lab_run, check_lab_source
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
+LAB_VERSION, LAB_PARAM = "instructor", "name"  # the runs: lab_runs.lab_run
 
 # lab -> (ranks, strings its outputs must contain)
 LABS = {
@@ -71,20 +73,11 @@ def expected_passes(nb) -> int:
     )
 
 
-@pytest.fixture(scope="module")
-def runs(request):
-    """The labs this session tests, executed headless two at a time from the module's start."""
-    with RunPool("labs_topics") as pool:
-        for name in selected(request, "test_new_lab_executes_and_its_checks_pass", "name"):
-            pool.submit_notebook(name, nbformat.read(NOTEBOOKS / name, as_version=4))
-        yield pool
-
-
 @pytest.mark.parametrize("name", sorted(LABS))
-def test_new_lab_executes_and_its_checks_pass(name, runs):
+def test_new_lab_executes_and_its_checks_pass(name, request):
     ranks, needles = LABS[name]
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     solutions = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
     assert len(solutions) >= 2 and all("### BEGIN SOLUTION" in c.source for c in solutions)
     check_lab_source(nb, ranks)
-    check_lab_run(runs.result(name), ranks, expected_passes(nb), needles)
+    check_lab_run(lab_run(request, name), ranks, expected_passes(nb), needles)
