@@ -8,7 +8,7 @@ and for environments where those are not available::
 Each process initialises the default group itself (tests only: the workbench runtime
 does this on real ranks), runs ``fn``, destroys the group and returns the result.
 
-The processes are forked by a fork server that imported torch once for the whole test
+The processes are forked by a fork server that imported torch (see PRELOAD) once for the whole test
 session (``workbench.engine.preload`` does the same for real ranks): a torch import costs
 seconds of CPU per process, and nothing in it starts a thread or touches CUDA, so each fork
 is as fresh as a new process. Everything else (DeepSpeed, which picks its accelerator once
@@ -33,7 +33,9 @@ import torch.multiprocessing as mp
 
 __all__ = ["run_ranks", "RankFailure"]
 
-PRELOAD = ["torch", "torch.distributed"]
+# what the first torch.optim optimizer in a process imports (torch._dynamo, ~2 s of CPU), and
+# the first torch.compile (inductor's compile_fx, ~1.7 s; DeepSpeed calls it at its first ZeRO setup)
+PRELOAD = ["torch", "torch._dynamo", "torch._inductor.compile_fx", "torch.distributed"]
 
 
 class RankFailure(RuntimeError):
