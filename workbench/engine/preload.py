@@ -22,7 +22,6 @@ import signal
 import sys
 
 import torch  # noqa: F401
-import torch._dynamo  # noqa: F401  (a rank's first optimizer imports it: ~2 s of CPU per rank)
 import torch.distributed  # noqa: F401
 
 
