@@ -49,7 +49,7 @@ demo: $(BIN)/.installed | $(STATE)
 # name; any test file still at the top of tests/), each with rank sets of its own, so that no
 # group inherits another's ranks. Each group keeps 0.9-1.7 of the 2 cores a CI runner has busy, so
 # two streams side by side finish before the groups one after another: the notebook tier
-# and the short rank groups beside the long ones (~12.5 min each here). The test files whose
+# and the layout tests beside the other rank groups (~14.5 min each here). The test files whose
 # checks allow a second or a few (a rank's death named at once, no orphan after 3 s, a cut at
 # a timeout), the browser and the cluster tiers then run one after another with nothing
 # beside them. tests/run_streams.py prints each group's log whole when it ends and a table
@@ -59,9 +59,9 @@ RANKS_TIMED := $(patsubst %,tests/ranks/test_%.py,failures health orphans rank_l
 NOTEBOOKS_TIMED := $(patsubst %,tests/notebooks/test_%.py,cells_kernel gpu_check)
 UNTIMED := $(addprefix !,$(RANKS_TIMED) $(NOTEBOOKS_TIMED))
 TEST_STREAM_1 := unit=tests/unit,gpu=tests/gpu,top=tests/test_*.py,notebooks=tests/notebooks $(UNTIMED),\
+	ranks-l=tests/ranks/test_l*.py
+TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED),ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED),\
 	ranks-g-k=tests/ranks/test_[g-k]*.py $(UNTIMED),ranks-m-p=tests/ranks/test_[m-p]*.py $(UNTIMED)
-TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED),ranks-l=tests/ranks/test_l*.py,\
-	ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED)
 TEST_ALONE := ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),browser=tests/browser,cluster=tests/cluster
 test: lint | $(STATE)
 	$(BIN)/python tests/run_streams.py $(TEST_LOGS) "$(TEST_STREAM_1)" "$(TEST_STREAM_2)" --then "$(TEST_ALONE)"
