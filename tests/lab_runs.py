@@ -28,6 +28,7 @@ from notebook_runs import (
     lab_rank_pids,
     outputs_text,
     private_env,
+    ranks_after,
 )
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -130,12 +131,7 @@ def execute_both(instructor, student, name: str, state: pathlib.Path, timeout: f
         end_lab_ranks(lab_rank_pids(outputs_text(instructor)))
         raise
     seconds = time.perf_counter() - t0
-    pids = lab_rank_pids(outputs_text(instructor))
-    deadline = time.monotonic() + 15
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = alive(pids)
-    end_lab_ranks(left)
+    pids, left = ranks_after(instructor)
     s_pids = lab_rank_pids(outputs_text(student))
     return (
         NotebookRun(name, instructor, error, seconds, pids, left, state, env),

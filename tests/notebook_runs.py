@@ -233,13 +233,20 @@ def execute_notebook(nb, name: str, state: pathlib.Path, timeout: float = 180) -
         end_lab_ranks(lab_rank_pids(outputs_text(nb)))
         raise
     seconds = time.perf_counter() - t0
+    pids, left = ranks_after(nb)
+    return NotebookRun(name, nb, error, seconds, pids, left, state, env)
+
+
+def ranks_after(nb, grace: float = 15.0) -> tuple[list[int], list[int]]:
+    """The rank pids an executed notebook printed, and those still alive ``grace`` seconds after
+    its run (ended here, so that a failing test leaves no process behind)."""
     pids = lab_rank_pids(outputs_text(nb))
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + grace
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = alive(pids)
     end_lab_ranks(left)
-    return NotebookRun(name, nb, error, seconds, pids, left, state, env)
+    return pids, left
 
 
 # Runs (notebooks, scripts) at a time. One run mostly waits on a single process (a kernel or
