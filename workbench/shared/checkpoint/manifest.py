@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 __all__ = [
     "MANIFEST",
@@ -71,7 +71,10 @@ class Manifest:
     model_config: dict = field(default_factory=dict)  # a transformers model's config.json (for export_hf)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        """One field a line, each value in C-encoded compact JSON: ``asdict`` + ``indent`` (Python's
+        encoder over every tensor entry) cost ~5 ms of a save's writer on a tiny model."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(d[k], sort_keys=True)}" for k in sorted(d)) + "\n}"
 
     @classmethod
     def from_dict(cls, d: dict) -> Manifest:
