@@ -63,6 +63,16 @@ def test_queued_set_shows_job_and_reason_then_starting(unstarted, view):
     assert registry.read(entry_id) is None
 
 
+def test_a_stop_from_the_sidebar_is_seen_by_the_next_cell(unstarted):
+    """The kernel asks before every cell whether its set was stopped elsewhere; it reads the
+    entry again only when the file changed, and the server's update changes it."""
+    entry_id = registry.queued(unstarted, JobState("812", "RUNNING", "None", ("node1",)))
+    assert registry.stopped_elsewhere(unstarted) is None
+    assert registry.stopped_elsewhere(unstarted) is None  # unchanged file: the answer kept
+    registry.update(entry_id, stopped_by=registry.STOP_NOTE)
+    assert registry.stopped_elsewhere(unstarted) == registry.STOP_NOTE
+
+
 def _entry_with_this_process_as_rank() -> dict:
     """An entry whose one rank is this process (real pid and memory; its controller unreachable)."""
     return {

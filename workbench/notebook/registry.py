@@ -27,6 +27,8 @@ STOP_NOTE = "stopped from the JupyterLab ranks sidebar"
 
 _lock = threading.Lock()
 _entries: dict[int, str] = {}  # id(rankset) -> entry id written by this kernel
+_own_paths: dict[str, str] = {}  # entry id -> its file (this kernel's entries)
+_own_seen: dict[str, tuple] = {}  # entry id -> (file stamp, stopped_by) last read
 
 
 def folder() -> str:
@@ -271,6 +273,8 @@ def withdraw(rankset) -> None:
     with _lock:
         entry_id = _entries.pop(id(rankset), None)
     if entry_id is not None:
+        _own_paths.pop(entry_id, None)
+        _own_seen.pop(entry_id, None)
         remove(entry_id)
 
 
@@ -279,8 +283,21 @@ def stopped_elsewhere(rankset) -> str | None:
     entry_id = entry_id_of(rankset)
     if entry_id is None:
         return None
+    # asked before every cell: the entry is read again only when its file changed (a stat,
+    # not the runtime folder's look-up and a JSON read, ~0.3 ms of a ~20 ms trivial cell)
+    path = _own_paths.get(entry_id) or _own_paths.setdefault(entry_id, path_of(entry_id))
+    try:
+        st = os.stat(path)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    except OSError:
+        stamp = None
+    seen = _own_seen.get(entry_id)
+    if seen is not None and stamp is not None and seen[0] == stamp:
+        return seen[1]
     entry = _load(entry_id)  # this kernel's own entry: not stale while it runs this
-    return entry.get("stopped_by") if entry else None
+    why = entry.get("stopped_by") if entry else None
+    _own_seen[entry_id] = (stamp, why)
+    return why
 
 
 def _on_started(rankset) -> None:
