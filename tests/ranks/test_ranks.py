@@ -162,6 +162,6 @@ def _pid_and_session():
 def test_local_ranks_each_lead_their_own_session(ranks2):
     """As ``torchrun`` starts its workers: Linux's scheduler groups processes by session
     (autogroups), and ranks sharing one session made gloo's loops spin twice as much on a
-    4-stage pipeline (README, "Measured figures")."""
+    4-stage pipeline (benchmarks/FINDINGS.md)."""
     rows = ranks2.apply(_pid_and_session)
     assert all(pid == sid for pid, sid in rows), rows
