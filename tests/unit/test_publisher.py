@@ -54,18 +54,19 @@ def test_a_stepping_rank_sends_batches_and_flush_does_not_wait_for_the_window(pa
     from workbench.notebook.background import NICE, thread_nice
 
     collector, pub = pair
-    before = _wakeups(pub._thread)
+    before, started = _wakeups(pub._thread), time.monotonic()
     for i in range(1, 101):
         pub.emit(events.step_event(run="b", rank=0, step=i, metrics={"loss": 1.0 / i}))
         time.sleep(0.01)
     woke = _wakeups(pub._thread) - before
+    windows = (time.monotonic() - started) / 0.1  # ~12; more where the sleeps overran (a loaded machine)
     t0 = time.monotonic()
     pub.emit(events.step_event(run="b", rank=0, step=101, metrics={"loss": 0.0}))
     assert pub.flush(5.0)
     took = time.monotonic() - t0
-    # ~1.2 s of stepping, a message per 0.1 s window, one wake-up each while the steps go on;
-    # woken per step it was >= 100, woken by the window's first event as well 20-22
-    assert woke <= 15, woke
+    # a message per 0.1 s window, one wake-up each while the steps go on (+3: the first window
+    # and the ends); woken per step it was >= 100, woken by the window's first event as well ~2 a window
+    assert woke <= windows + 3, (woke, windows)
     assert took < 0.05, took
     assert collector.store.wait(lambda s: s.last_steps("b") == {0: 101}, 5.0)
     assert [r["step"] for r in collector.store.snapshot_rows("b")] == list(range(1, 102))
