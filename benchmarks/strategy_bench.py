@@ -7,9 +7,12 @@ workbench's ranks (ipyparallel engines, ``engine.prepare``), (b) as a plain scri
 ``pipelining``) — what a user would otherwise run — and, with ``--with-prepare``, (c) the
 workbench's ``prepare`` under ``torchrun`` (hosting on engines alone). Each side reports its
 median step time and per-rank memory (USS after ``malloc_trim``); the figure of merit is
-the step-time ratio workbench / hand-written (target at most 1.03 for every row). Runs
-alternate between the sides so that all see the same machine load; 5 of each by default,
-as a fresh ``torchrun`` job's step time varies by 10-20% from one launch to the next.
+the step-time ratio workbench / hand-written (target at most 1.03 for every row), with a
+90% bootstrap interval over the rounds. Runs alternate between the sides so that all see
+the same machine load; 5 rounds by default. Each round starts a fresh rank set, which runs
+every strategy in turn (as a notebook does), beside a fresh ``torchrun`` job per strategy:
+how fast a set of processes runs the same steps is a draw of its own (a fresh job's step
+time varies by 10-20% from one launch to the next), so both sides take one draw a round.
 
 Each round also takes a CPU census (``cpu_census``): CPU ms per step of every thread
 beside the training threads (the ranks' helpers, gloo's threads, the controller and its
@@ -181,6 +184,42 @@ def torchrun(kind: str, n: int, args, handwritten: bool = False) -> list[dict]:
 SIDES = ("handwritten", "workbench", "torchrun")
 
 
+def ratio_interval(wb: list[float], hand: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """90% bootstrap interval of median(wb) / median(hand), resampling each side's rounds
+    (each round a fresh rank set and a fresh torchrun job)."""
+    import random
+
+    rng = random.Random(0)
+    boot = sorted(
+        statistics.median(rng.choices(wb, k=len(wb))) / statistics.median(rng.choices(hand, k=len(hand)))
+        for _ in range(resamples)
+    )
+    return boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1]
+
+
+def pooled_rows(folder=None) -> int:
+    """Every row's ratio over the rounds of every saved run that started a fresh rank set a
+    round (their rounds carry ``round``), with its 90% interval: more rounds, a narrower one."""
+    pooled: dict = {}
+    runs = 0
+    for doc in results.saved("strategy", folder):
+        rounds = [r for r in doc["rounds"] if "round" in r]
+        runs += bool(rounds)
+        for r in rounds:
+            pooled.setdefault((r["world"], r["strategy"]), {}).setdefault(r["side"], []).append(r["step_s"])
+    if not pooled:
+        print("no saved run with a fresh rank set a round")
+        return 0
+    print(f"pooled over the {runs} runs with a fresh rank set a round:")
+    for (n, kind), sides in sorted(pooled.items()):
+        wb, hand = sides.get("workbench", []), sides.get("handwritten", [])
+        if wb and hand:
+            lo, hi = ratio_interval(wb, hand)
+            value = statistics.median(wb) / statistics.median(hand)
+            print(f"  {kind:>9} x{n}: {value:.3f} (90% interval {lo:.3f}-{hi:.3f}), {len(wb)} / {len(hand)} rounds")
+    return 0
+
+
 def cpu_use(got: list[dict], steps: int) -> dict:
     """One round's census: CPU ms per step of the training threads (summed over ranks), the
     time they waited for a CPU, their minor page faults, and of everything else by ``role / thread`` (with wake-ups
@@ -284,7 +323,8 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args)
     if args.pool:
-        return results.pool_report("strategy")
+        results.pool_report("strategy")
+        return pooled_rows()
     os.environ.setdefault("IPYTHONDIR", str(ROOT / ".state" / "bench" / "ipython"))
     sys.path.insert(0, str(ROOT))
     import workbench
@@ -301,19 +341,19 @@ def main(argv=None) -> int:
         )
     rows = []
     repeats = 1 if args.quick else args.repeats
+    sides = SIDES if args.with_prepare else SIDES[:2]
     census: dict = {}  # (world, side) -> {thread key: [ms/step, wake-ups/s]} summed over rounds
     for n in worlds:
         kinds = ["ddp", "fsdp2"] if args.quick else [k for k in STRATEGIES[n] if k in chosen]
-        rs = workbench.start(n, backend="gloo", threads=1, sys_path=(str(HERE),))
-        roles = workbench_roles(rs)
-        try:
-            for kind in kinds:
-                sides = SIDES if args.with_prepare else SIDES[:2]
-                times: dict[str, list] = {side: [] for side in sides}
-                mem = {k: [] for k in times}
-                outside = {k: [] for k in times}
-                faults = {k: [] for k in times}
-                for i in range(repeats):
+        seen = {kind: {side: {"step": [], "uss": [], "outside": [], "faults": []} for side in sides} for kind in kinds}
+        for i in range(repeats):
+            # a fresh rank set each round, as each hand-written run is a fresh torchrun job: how
+            # fast a set of processes runs the same steps is a draw of its own, and one set for
+            # the whole run would give the workbench's side a single draw against five
+            rs = workbench.start(n, backend="gloo", threads=1, sys_path=(str(HERE),))
+            roles = workbench_roles(rs)
+            try:
+                for kind in kinds:
                     for side in sides[i % len(sides) :] + sides[: i % len(sides)]:
                         got = (
                             workbench_run(rs, kind, args, roles)
@@ -321,45 +361,52 @@ def main(argv=None) -> int:
                             else torchrun(kind, n, args, handwritten=side == "handwritten")
                         )
                         use = cpu_use(got, args.steps)
-                        times[side].append(max(r["step_s"] for r in got))
-                        mem[side].append(max(r["uss"] for r in got))
-                        outside[side].append(use["outside_ms_per_step"])
-                        faults[side].append(use["training_page_faults_per_step"])
+                        acc = seen[kind][side]
+                        acc["step"].append(max(r["step_s"] for r in got))
+                        acc["uss"].append(max(r["uss"] for r in got))
+                        acc["outside"].append(use["outside_ms_per_step"])
+                        acc["faults"].append(use["training_page_faults_per_step"])
                         for key, (ms, wake) in use["threads"].items():
-                            acc = census.setdefault((n, side), {}).setdefault(key, [0.0, 0.0, 0])
-                            acc[0], acc[1], acc[2] = acc[0] + ms, acc[1] + wake, acc[2] + 1
+                            th = census.setdefault((n, side), {}).setdefault(key, [0.0, 0.0, 0])
+                            th[0], th[1], th[2] = th[0] + ms, th[1] + wake, th[2] + 1
                         run.rounds.append(
                             {
                                 "world": n,
                                 "strategy": kind,
                                 "side": side,
-                                "step_s": times[side][-1],
-                                "uss": mem[side][-1],
+                                "round": i,
+                                "step_s": acc["step"][-1],
+                                "uss": acc["uss"][-1],
                                 "cpu": use,
                             }
                         )
-                row = {"world": n, "strategy": kind}
-                for side in times:
-                    row[f"{side}_ms"] = statistics.median(times[side]) * 1e3
-                    row[f"{side}_uss_mb"] = statistics.median(mem[side]) / 2**20
-                    row[f"{side}_outside_cpu_ms"] = statistics.median(outside[side])
-                    row[f"{side}_page_faults_per_step"] = statistics.median(faults[side])
-                row["ratio"] = row["workbench_ms"] / row["handwritten_ms"]
-                if "torchrun" in times:
-                    row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
-                rows.append(row)
-                run.target(f"{kind} x{n} workbench / hand-written torchrun", row["ratio"], "<=", 1.03)
-                print(
-                    f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  hand-written "
-                    f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row.get('torchrun_ms', float('nan')):7.1f} ms  "
-                    f"ratio {row['ratio']:.3f}  CPU outside the training threads "
-                    f"{row['workbench_outside_cpu_ms']:.1f} / {row['handwritten_outside_cpu_ms']:.1f} ms/step, "
-                    f"training threads' page faults {row['workbench_page_faults_per_step']:.0f} / "
-                    f"{row['handwritten_page_faults_per_step']:.0f} per step",
-                    flush=True,
-                )
-        finally:
-            workbench.stop()
+            finally:
+                workbench.stop()
+        for kind in kinds:
+            row = {"world": n, "strategy": kind}
+            for side, acc in seen[kind].items():
+                row[f"{side}_ms"] = statistics.median(acc["step"]) * 1e3
+                row[f"{side}_uss_mb"] = statistics.median(acc["uss"]) / 2**20
+                row[f"{side}_outside_cpu_ms"] = statistics.median(acc["outside"])
+                row[f"{side}_page_faults_per_step"] = statistics.median(acc["faults"])
+            row["ratio"] = row["workbench_ms"] / row["handwritten_ms"]
+            row["ratio_interval_90"] = list(
+                ratio_interval(seen[kind]["workbench"]["step"], seen[kind]["handwritten"]["step"])
+            )
+            if "torchrun" in seen[kind]:
+                row["ratio_prepare"] = row["workbench_ms"] / row["torchrun_ms"]
+            rows.append(row)
+            run.target(f"{kind} x{n} workbench / hand-written torchrun", row["ratio"], "<=", 1.03)
+            lo, hi = row["ratio_interval_90"]
+            print(
+                f"  {kind:>9} x{n}: workbench {row['workbench_ms']:7.1f} ms  hand-written "
+                f"{row['handwritten_ms']:7.1f} ms  prepare under torchrun {row.get('torchrun_ms', float('nan')):7.1f} ms  "
+                f"ratio {row['ratio']:.3f} (90% interval {lo:.3f}-{hi:.3f})  CPU outside the training threads "
+                f"{row['workbench_outside_cpu_ms']:.1f} / {row['handwritten_outside_cpu_ms']:.1f} ms/step, "
+                f"training threads' page faults {row['workbench_page_faults_per_step']:.0f} / "
+                f"{row['handwritten_page_faults_per_step']:.0f} per step",
+                flush=True,
+            )
     print()
     print(
         f"median step time (slowest rank) and per-rank USS, {repeats} alternating runs of "

@@ -58,6 +58,9 @@ def test_benchmark_quick_run_writes_its_json(bench, runs):
     if bench == "strategy":  # a saved result carries the CPU spent beside the training threads
         for row in doc["summary"]["rows"]:
             assert row["workbench_outside_cpu_ms"] > 0 and row["handwritten_outside_cpu_ms"] > 0, row
+            lo, hi = row["ratio_interval_90"]
+            assert lo <= row["ratio"] <= hi, row
+        assert all(r["round"] == 0 for r in doc["rounds"])  # a fresh rank set a round, numbered
         threads = {(t["side"], t["thread"].split(" / ")[0]) for t in doc["summary"]["threads"]}
         assert {("workbench", "heartmonitor"), ("workbench", "rank"), ("handwritten", "torchrun agent")} <= threads
 
@@ -77,3 +80,29 @@ def test_a_missed_target_fails_the_run_and_pool_counts_every_run(tmp_path, capsy
     assert [d["targets"][0]["value"] for d in results.saved("demo", tmp_path)] == [0.9, 1.1]
     assert results.pool_report("demo", tmp_path) == 0
     assert "met in 1 of 2 runs: 0.900, 1.100" in capsys.readouterr().out
+
+
+def test_strategy_pool_puts_together_the_rounds_of_runs_with_a_fresh_rank_set_a_round(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import results
+    import strategy_bench
+
+    def rnd(side, ms, i=None):
+        r = {"world": 2, "strategy": "ddp", "side": side, "step_s": ms / 1e3}
+        return r if i is None else dict(r, round=i)
+
+    old = results.Run("strategy", {}, started="20260101T000000Z")  # one rank set for the whole run: left out
+    old.rounds = [rnd("workbench", 500), rnd("handwritten", 100)]
+    old.finish(tmp_path)
+    for day, (wb, hand) in (("02", (110, 100)), ("03", (90, 100))):
+        run = results.Run("strategy", {}, started=f"202601{day}T000000Z")
+        run.rounds = [rnd("workbench", wb + i, i) for i in range(3)] + [
+            rnd("handwritten", hand + i, i) for i in range(3)
+        ]
+        run.finish(tmp_path)
+    capsys.readouterr()
+    assert strategy_bench.pooled_rows(tmp_path) == 0
+    out = capsys.readouterr().out
+    # medians over the 6 rounds a side: workbench 90-92 and 110-112 -> 101, by hand 100-102 -> 101
+    assert "pooled over the 2 runs with a fresh rank set a round" in out
+    assert "ddp x2: 1.000 (90% interval" in out and "6 / 6 rounds" in out

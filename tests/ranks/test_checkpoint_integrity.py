@@ -358,3 +358,24 @@ def test_unshared_folder_refused_then_a_rank_killed_mid_load(fresh_ranks, tmp_pa
     assert "rank 1" in msg and "killed by SIGKILL" in msg and "a restart is needed" in msg
     rs.execute("_ci_out = _ci_fp()", ranks=[0], timeout=30)
     assert rs.pull("_ci_out", ranks=[0]) == before[:1]  # rank 0 applied nothing
+
+
+def _gather_with_a_long_cause():
+    import torch.distributed as dist
+
+    from workbench.engine.checkpoint import save
+
+    rank = dist.get_rank()
+    mine = {"rank": rank, "err": "é" * 5000 if rank == 1 else None, "free": 7, "plain": 1, "names": 2, "shards": 3}
+    return save._gather_reports(mine, save.ckpt_group())
+
+
+def test_preflight_reports_reach_every_rank_a_long_cause_cut_to_its_start(rs):
+    """The preflight's one fixed-size all-gather: short reports arrive whole, a cause longer
+    than the buffer (non-ASCII: 6 bytes each as JSON) arrives cut, its start kept."""
+    got = rs.apply(_gather_with_a_long_cause)
+    assert got[0] == got[1] and len(got[0]) == 2
+    assert got[0][0] == {"rank": 0, "err": None, "free": 7, "plain": 1, "names": 2, "shards": 3}
+    cut = got[0][1]
+    assert cut["rank"] == 1 and cut["free"] == 7 and cut["shards"] == 3
+    assert cut["err"].endswith(" ...") and set(cut["err"][:-4]) == {"é"} and 100 < len(cut["err"]) < 5000

@@ -411,7 +411,7 @@ def _preflight(state, rank_info, root, tmp, name, made, pg, rank) -> None:
             err = f"rank {rank} cannot read the free space of {root}: {_cause(exc)}"
     plain, names, shards = _sizes(state)
     mine = {"rank": rank, "err": err, "free": free, "plain": plain, "names": names, "shards": shards}
-    reports = _all_gather(mine, pg)
+    reports = _gather_reports(mine, pg)
     errors = [r["err"] for r in reports if r["err"]]
     need = estimate_bytes(reports)
     if not errors:
@@ -438,6 +438,27 @@ def _failure_text(name: str, root: str, cause: str) -> str:
     return f"checkpoint {name!r} was not saved: {cause}. Nothing of it was left in {root}; `latest` is " + (
         f"still {latest}" if latest else "unchanged (there is none)"
     )
+
+
+REPORT_BYTES = 4096  # a preflight report as JSON: ~100 bytes, plus the cause of a failure
+
+
+def _gather_reports(mine: dict, pg) -> list[dict]:
+    """Every rank's preflight report in one fixed-size all-gather: it is on the blocking
+    path of an async save, and ``all_gather_object`` takes two collectives (sizes, then
+    data), each a wait for the last rank to be scheduled when ranks outnumber cores."""
+    dist = _dist()
+    if dist is None:
+        return [mine]
+    blob, keep = json.dumps(mine).encode(), REPORT_BYTES // 2
+    while len(blob) > REPORT_BYTES:  # only a very long cause: keep its start
+        blob, keep = json.dumps(dict(mine, err=mine["err"][:keep] + " ...")).encode(), keep // 2
+    buf = torch.zeros(REPORT_BYTES, dtype=torch.uint8)
+    buf[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    out = [torch.empty_like(buf) for _ in range(dist.get_world_size(pg))]
+    dist.all_gather(out, buf, group=pg)
+    # JSON escapes control characters, so the first zero byte ends a report
+    return [json.loads(bytes(t.numpy()).split(b"\0", 1)[0]) for t in out]
 
 
 def _all_gather(obj, pg) -> list:
