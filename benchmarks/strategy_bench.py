@@ -323,8 +323,7 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args)
     if args.pool:
-        results.pool_report("strategy")
-        return pooled_rows()
+        return results.pool_report("strategy") or pooled_rows()  # 2: nothing saved yet
     os.environ.setdefault("IPYTHONDIR", str(ROOT / ".state" / "bench" / "ipython"))
     sys.path.insert(0, str(ROOT))
     import workbench
