@@ -186,6 +186,10 @@ def stop(name: str | None = None) -> list[int]:
 
     Returns pids that could not be ended (normally none)."""
     sess = KERNEL.current() if name is None else KERNEL.get(name)
+    return _stop_session(sess)
+
+
+def _stop_session(sess: Session | None) -> list[int]:
     if sess is None:
         return []
     if sess.starting is not None:  # still starting (queued): cancel the job, stop what started
@@ -202,9 +206,11 @@ def stop(name: str | None = None) -> list[int]:
     return rs.stop()
 
 
-def restart(n: int | None = None, **overrides) -> RankSet:
-    """Stop the ranks (dead or alive) and start a new set with the same settings, or ``n`` ranks."""
-    sess = KERNEL.current()
+def restart(n: int | None = None, *, of: Session | None = None, **overrides) -> RankSet:
+    """Stop the ranks (dead or alive) and start a new set with the same settings, or ``n`` ranks.
+
+    ``of``: the session to restart (default the current one; a recovery names its own)."""
+    sess = of if of is not None else KERNEL.current()
     if sess is None or sess.rankset is None:
         raise NotRunning("there is nothing to restart: start ranks with `%distrain start -n 2`")
     import dataclasses
@@ -215,7 +221,7 @@ def restart(n: int | None = None, **overrides) -> RankSet:
         changes["n"] = n
     config = dataclasses.replace(config, **changes)
     config.validate()
-    stop()
+    _stop_session(sess)
     return _launch(sess, config)
 
 

@@ -329,9 +329,22 @@ def resume(
     ``workbench.notebook.training.setup`` (``train start --model ...``) is repeated.
     ``restart_options``: ``backend=``, ``timeout=`` for :func:`workbench.notebook.api.restart`.
     """
+    from . import api
+
+    which = "latest" if which is None else which
+    return resume_session(api.session(), setup, which, n=n, root=root, **restart_options)
+
+
+def resume_session(
+    sess, setup=None, which: str | int | None = "latest", *, n=None, root=None, before_load=None, **restart_options
+) -> dict:
+    """:func:`resume` for the session ``sess`` (a recovery's, current or not).
+
+    ``which=None``: restart and set up without loading (nothing was saved yet).
+    ``before_load(rankset)`` is called once the setup ran, before the load.
+    """
     from . import api, training
 
-    sess = api.session()
     setup = setup if setup is not None else sess.resume_setup or training.last_setup(sess)
     if setup is None:
         raise ValueError(
@@ -339,22 +352,29 @@ def resume(
             "workbench.notebook.checkpoints.resume(setup_code) or `%distrain ckpt resume --setup VAR` "
             "(or build the trainer with `%distrain train start --model tiny` first)"
         )
-    latest = which in (None, "", "latest")
-    try:  # refuse before restarting when there is nothing to load
-        catalog.resolve(get_dir(root), which)
-    except DamagedCheckpoint:
-        if not (latest and catalog.entries(get_dir(root))):
-            raise
+    root = os.path.abspath(os.path.expanduser(root)) if root else sess.checkpoint_dir
+    latest = which in ("", "latest")
+    if which is not None:
+        try:  # refuse before restarting when there is nothing to load
+            catalog.resolve(root, which)
+        except DamagedCheckpoint:
+            if not (latest and catalog.entries(root)):
+                raise
     sess.resume_setup = setup
-    rs = api.restart(n, **restart_options)
+    rs = api.restart(n, of=sess, **restart_options)
     if isinstance(setup, str):
         api.run(setup, display=False)
     else:
         setup()
     if sess.autosave:
         again = sess.autosave
-        autosave(again["every"], keep=again["keep"], async_=again["async_"], root=again["root"])
-    info = load(which, root=root, skip_damaged=latest)  # `latest`: the newest good one
+        autosave(again["every"], keep=again["keep"], async_=again["async_"], root=again["root"], rankset=rs)
+    if before_load is not None:
+        before_load(rs)
+    if which is None:
+        info = {"name": None, "step": 0}
+    else:
+        info = load(which, root=root, skip_damaged=latest, rankset=rs)  # `latest`: the newest good one
     info["restarted"] = rs.world_size
     return info
 

@@ -43,10 +43,17 @@ class Session:
         self.marks: dict[str, int] = {}  # run -> index of the first status event of its latest start
         self.started_run: str | None = None  # run id of the latest start (its events may not be here yet)
         self.hangs: list[dict] = []  # step-timeout diagnoses, newest last
+        self.supervisor = None  # the recovery.Supervisor of the latest `train start --max-failures`
+        self.recovering = False  # a supervisor restarts the set: its store and dashboard carry over
 
     @property
     def running(self) -> bool:
         return self.rankset is not None and self.rankset.running
+
+    @property
+    def recoveries(self) -> list[dict]:
+        """What the failure budget's supervisor did (``train start --max-failures``), oldest first."""
+        return list(self.store.recoveries) if self.store is not None else []
 
     @property
     def checkpoint_dir(self) -> str:

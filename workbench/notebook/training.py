@@ -47,28 +47,62 @@ def last_setup(sess=None):
     return again
 
 
-def start(steps: int, *, step_timeout: float | None = None, rankset=None) -> str:
+def start(
+    steps: int,
+    *,
+    step_timeout: float | None = None,
+    max_failures: int | None = None,
+    setup=None,
+    rankset=None,
+) -> str:
     """Run ``steps`` more steps on every rank's trainer in the background; returns the run id.
 
     ``step_timeout``: when no step arrives for that many seconds while the run is
     running, print which ranks are stuck and where (:mod:`workbench.notebook.watchdog`).
+    ``max_failures``: a failure budget: up to that many times, a dead rank, a hang past
+    ``step_timeout`` or a NaN/spike pause restarts the set, repeats the setup, loads the
+    newest verified checkpoint and trains on to the same target step
+    (:mod:`workbench.notebook.recovery`); needs a recorded setup, or ``setup``: the code
+    (a str run on every rank) or function that builds the trainer, as ``resume`` takes it.
     """
     from ..engine import control
 
     if step_timeout is not None and step_timeout <= 0:
         raise ValueError(f"step_timeout must be positive seconds, got {step_timeout}")
+    if max_failures is not None and (
+        isinstance(max_failures, bool) or int(max_failures) != max_failures or max_failures < 1
+    ):
+        raise ValueError(
+            f"max_failures is how many recoveries to allow: a whole number of at least 1, got {max_failures!r}"
+        )
+    if setup is not None and max_failures is None:
+        raise ValueError("setup= is the code a recovery repeats: it goes with max_failures=K")
     rs = _rs(rankset)
+    sess = session.of(rs)
+    if max_failures is not None:
+        from . import recovery
+
+        if setup is None and recovery.repeatable_setup(sess) is None:
+            raise ValueError(recovery.NO_SETUP)
     store = stream.attach(rs).store
     mark = len(store.statuses)
     states = rs.apply(control.start, int(steps))
     run = states[0]["run"]
-    sess = session.of(rs)
     sess.marks[run] = mark
     sess.started_run = run
     old, sess.watchdog = sess.watchdog, None
     if old is not None:
         old.close()
-    if step_timeout:
+    if sess.supervisor is not None:
+        sess.supervisor.close()
+        sess.supervisor = None
+    if setup is not None:
+        sess.resume_setup = setup  # remembered as `restart --resume --setup` remembers it
+    if max_failures is not None:  # the supervisor owns the step watchdog: a hang is one of its failures
+        sess.supervisor = recovery.Supervisor(
+            sess, run, int(states[0]["target"]), int(max_failures), step_timeout=step_timeout
+        )
+    elif step_timeout:
         from .watchdog import StepWatchdog
 
         sess.watchdog = StepWatchdog(
@@ -155,8 +189,11 @@ def wait(
 
     sess = session.of(rs)
     run = run or sess.started_run
+    sup = sess.supervisor if sess.supervisor is not None and sess.supervisor.run == run else None
 
     def done(s) -> bool:
+        if sup is not None and sup.state == "gave up":
+            return True
         r = run or s.latest_run()
         if r is None:
             return False
@@ -166,7 +203,15 @@ def wait(
         st = s.run_state(r, sess.marks.get(r, 0))
         return len(st) == n and all(e["state"] in until for e in st.values())
 
-    if not store.wait(done, timeout):
+    ok = store.wait(done, timeout)
+    if ok and sup is not None and step is None:
+        sup.wait(5.0)  # it sees the same end at its next look: its state and records are final
+    if sup is not None and sup.state == "gave up":
+        from .recovery import BudgetSpent
+
+        raise BudgetSpent(sup.summary)
+    rs = sess.rankset if sup is not None and sess.rankset is not None else rs  # a recovery's new set
+    if not ok:
         raise TimeoutError(
             f"training did not reach {step if step is not None else '/'.join(until)} within "
             f"{timeout} s; last states: {states(run, rankset=rs)}"

@@ -48,6 +48,21 @@ def _start_args(p) -> None:
         metavar="S",
         help="after S s without a step, show which ranks are stuck and where",
     )
+    p.add_argument(
+        "--max-failures",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="recover by itself up to K times (dead rank, hang past --step-timeout, NaN/spike pause): "
+        "restart, repeat the setup, load the newest verified checkpoint, train on to the same step",
+    )
+    p.add_argument(
+        "--setup",
+        default=None,
+        metavar="VAR",
+        help="with --max-failures: notebook variable holding the setup code a recovery repeats "
+        "(default: the trainer's recorded setup)",
+    )
     p.add_argument("--no-dashboard", action="store_true", help="do not open the dashboard")
 
 
@@ -96,7 +111,7 @@ def parse_pairs(values: list[str]) -> dict:
 )
 def _train(args, shell):
     if args.action == "start":
-        return _start(args)
+        return _start(args, shell)
     if args.action == "set":
         applied = training.set(**parse_pairs(args.values))
         print(
@@ -111,14 +126,31 @@ def _train(args, shell):
         return training.wait(timeout=args.timeout)
     import pandas as pd
 
+    sup = api.session().supervisor
+    if sup is not None:
+        print(sup.status_text())
+        if not api.is_running() or (sup.state == "gave up" and api.current().dead()):
+            return None  # a dead rank answers nothing: the summary above says what happened
     rows = training.status()  # a rank without a trainer answers without its rank number
     return pd.DataFrame([{"rank": i, **r} for i, r in enumerate(rows)]).set_index("rank")
 
 
-def _start(args):
+def _start(args, shell):
     """Build the teaching trainer when asked (--model/--strategy); otherwise --lr/--grad-accum
     change the trainer already on the ranks. Every refusal comes before anything changes."""
     build = args.model is not None or args.strategy is not None
+    if args.setup is not None and args.max_failures is None:
+        raise UsageError("--setup names the code a recovery repeats: it goes with --max-failures K")
+    setup = None
+    if args.setup is not None:
+        from .ckpt import setup_from
+
+        setup = setup_from(args.setup, shell)
+    elif args.max_failures is not None and not build:
+        from ..recovery import NO_SETUP, repeatable_setup
+
+        if repeatable_setup(api.session()) is None:
+            raise UsageError(NO_SETUP)
     changes = {k: v for k, v in (("lr", args.lr), ("grad_accum", args.grad_accum)) if v is not None}
     if build:
         training.setup(
@@ -149,9 +181,10 @@ def _start(args):
             )
         if changes:
             training.set(**changes)
-    run = training.start(args.steps, step_timeout=args.step_timeout)
+    run = training.start(args.steps, step_timeout=args.step_timeout, max_failures=args.max_failures, setup=setup)
     with_ = f" with {', '.join(f'{k}={v}' for k, v in changes.items())}" if changes else ""
-    print(f"training {run}: {args.steps} steps on {api.current().world_size} ranks{with_} (in the background)")
+    budget = f", recovering by itself up to {args.max_failures} times" if args.max_failures else ""
+    print(f"training {run}: {args.steps} steps on {api.current().world_size} ranks{with_}{budget} (in the background)")
     if not args.no_dashboard:
         from ..dashboard import dashboard
 

@@ -234,6 +234,8 @@ def dashboard(
 
 def _close_for(rankset) -> None:
     sess = session.of(rankset)
+    if sess.recovering:  # the same run goes on on new ranks: the supervisor hands it their set
+        return
     dash, sess.dashboard = sess.dashboard, None
     if dash is not None:
         dash.refresh()

@@ -31,7 +31,11 @@ def attach(rankset) -> Collector:
 
     local = _all_local(rankset)
     ip = getattr(rankset, "listen_ip", "127.0.0.1")
-    collector = Collector(local_only=local, bind_ip=None if local else ip, key=getattr(rankset, "secret", None))
+    # a recovery's new ranks report into the store of the run they continue
+    carried = sess.store if sess.recovering else None
+    collector = Collector(
+        carried, local_only=local, bind_ip=None if local else ip, key=getattr(rankset, "secret", None)
+    )
     try:
         rankset.apply(publisher.connect, collector.address, key=collector.key, timeout=60)
     except BaseException:

@@ -13,6 +13,10 @@ loaded into the running run (a rollback after a NaN), and the trainer goes on fr
 checkpoint's step. The run as it now stands is what ``metrics()`` and the plots show: that
 rank's rows and plotted points from that step on are moved to ``superseded`` (kept, for
 a look at what was rolled back) and ``rollbacks`` is counted.
+
+A recovery (``notebook.recovery``) rebuilds the trainer on new ranks, which names a new
+run; :meth:`EventStore.continue_run` files that run's events under the run it recovers,
+so the same rule makes the recovered run one run with every step once.
 """
 
 from __future__ import annotations
@@ -105,6 +109,8 @@ class EventStore:
         self.last_step: dict[tuple, int] = {}  # (run, rank) -> latest step received
         self._trainer_step: dict[tuple, int] = {}  # (run, rank) -> latest trainer step
         self.changed = threading.Condition()
+        self.aliases: dict[str, str] = {}  # run id of a recovered trainer -> the run it continues
+        self.recoveries: list[dict] = []  # what a failure budget's supervisor did, oldest first
 
     @property
     def dropped_rows(self) -> int:
@@ -117,6 +123,8 @@ class EventStore:
         with self.lock:
             for e in batch:
                 self._check_seq(e)
+                if e["run"] in self.aliases:  # sequence numbers stay the trainer's own (see continue_run)
+                    e = {**e, "run": self.aliases[e["run"]], "sent_as": e["run"]}
                 run = e["run"]
                 if run not in self.states:
                     self.states[run] = {}
@@ -143,7 +151,7 @@ class EventStore:
         self._last_seq[key] = max(e["seq"], last if last is not None else -1)
 
     def _add_step(self, e: dict) -> None:
-        key = (e["run"], e["rank"], e["seq"])
+        key = (e.get("sent_as", e["run"]), e["rank"], e["seq"])
         if key in self._seen:
             self.duplicates += 1
             return
@@ -183,6 +191,21 @@ class EventStore:
         for (r, _name, k), line in self.series.items():
             if r == run and k == rank:
                 line.truncate(step)
+
+    def continue_run(self, new_run: str, run: str) -> None:
+        """File ``new_run``'s events under ``run`` from now on: a recovered trainer goes on
+        with the run it replaces, its first step (the loaded checkpoint's next) moves the
+        redone steps aside as a rollback does. Duplicates are still told by the sender's id."""
+        with self.lock:
+            self.aliases[new_run] = self.aliases.get(run, run)
+
+    def note_recovery(self, record: dict) -> None:
+        """Keep a recovery's record where the dashboard and ``train status`` read it."""
+        with self.lock:
+            self.recoveries.append(dict(record))
+            self.version += 1
+        with self.changed:
+            self.changed.notify_all()
 
     # ------------------------------------------------------------------ reading
     def latest_run(self) -> str | None:

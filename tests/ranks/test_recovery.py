@@ -1,0 +1,112 @@
+"""A failure budget (``train start --max-failures K``): the workbench recovers a run by itself.
+
+Nobody types after the start: a rank kills itself from a step hook (SIGKILL, as the OOM
+killer or a lost node would end it), and the test only waits. Fresh rank sets: they die.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.notebook import api, metrics, session, training
+from workbench.notebook import checkpoints as ck
+from workbench.notebook.commands import UsageError, dispatch
+from workbench.notebook.recovery import NO_SETUP, BudgetSpent
+
+# rank 1 ends itself with SIGKILL right after step AT (a step hook on its training thread)
+KILL_HOOK = """
+import os, signal
+from workbench.engine import trainer as _t
+def _crash(record, _at={at}):
+    if record["step"] == _at:
+        os.kill(os.getpid(), signal.SIGKILL)
+_t.current().add_hook(_crash, pauses=False)
+"""
+
+# a setup whose run always dies at step 15: every recovery meets the same failure
+CRASHING_SETUP = (
+    "from workbench.engine import control\n"
+    "control.build_default('ddp')\n"
+    "if __import__('workbench.engine.trainer', fromlist=['x']).current().rank == 1:\n"
+    + "\n".join("    " + line for line in KILL_HOOK.format(at=15).strip().splitlines())
+    + "\n"
+)
+
+
+def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tmp_path, capsys):
+    root = str(tmp_path)
+    rs = fresh_ranks(2)
+    training.setup("ddp", rankset=rs)
+    ck.autosave(10, keep=3, async_=False, root=root, rankset=rs)  # sync: step 20 is on disk at step 21
+    api.run(KILL_HOOK.format(at=25), ranks=[1], display=False)
+    try:
+        run = training.start(80, max_failures=2, rankset=rs)
+        assert training.wait(timeout=300) == {0: "finished", 1: "finished"}  # only waiting
+        sess = api.session()
+        assert sess.rankset is not rs and not rs.running and sess.rankset.world_size == 2
+        (rec,) = sess.recoveries
+        assert (rec["kind"], rec["rank"], rec["detail"]) == ("died", 1, "killed by SIGKILL"), rec
+        assert rec["checkpoint"] == "step-00000020" and rec["checkpoint_step"] == 20, rec
+        assert 0 < rec["steps_redone"] <= 10 and rec["down_s"] > 0, rec
+        assert rec["lost_s"] is not None and rec["lost_s"] >= rec["down_s"], rec
+        assert sess.supervisor.state == "finished" and sess.supervisor.failures == 1
+        frame = metrics.metrics()
+        assert set(frame["run"]) == {run}  # the recovered trainer's steps continue the same run
+        loss = frame[frame["metric"] == "loss"]
+        for rank in (0, 1):  # every step exactly once: the redone ones replaced, not doubled
+            assert loss[loss["rank"] == rank]["step"].tolist() == list(range(1, 81))
+        assert [s["step"] for s in training.status()] == [80, 80]
+        capsys.readouterr()
+        dispatch("train status")
+        out = capsys.readouterr().out
+        assert f"training {run}: finished; failure budget 1/2 used, target step 80" in out
+        assert "failure 1: rank 1 (host " in out and "died at step" in out and "killed by SIGKILL" in out
+        assert "restarted 2 ranks, loaded step-00000020 (step 20)" in out and "s lost" in out
+    finally:
+        api.session().autosave = None
+
+
+def test_a_spent_budget_stops_the_run_with_its_summary(fresh_ranks, tmp_path, ipshell, capsys):
+    root = str(tmp_path)
+    rs = fresh_ranks(2)
+    api.run(CRASHING_SETUP, display=False)
+    ck.autosave(10, keep=3, async_=False, root=root, rankset=rs)
+    ipshell.user_ns["crashing_setup"] = CRASHING_SETUP
+    try:
+        dispatch("train start --steps 40 --max-failures 1 --setup crashing_setup --no-dashboard", ipshell)
+        with pytest.raises(BudgetSpent) as spent:
+            training.wait(timeout=300)
+        text = str(spent.value)
+        first = text.splitlines()[0]
+        assert "failure budget spent (1 of 1 recoveries used); rank 1 (host " in first, text
+        assert "died at step 1" in first and "killed by SIGKILL" in first and "restart --resume" in first
+        assert "failure 1: rank 1" in text and "loaded step-00000010 (step 10)" in text, text
+        sess = api.session()
+        assert sess.supervisor.state == "gave up" and len(sess.recoveries) == 1
+        assert [d["rank"] for d in sess.rankset.dead()] == [1]  # left as it failed, for a look
+        capsys.readouterr()
+        dispatch("train status")
+        out = capsys.readouterr().out
+        assert "gave up; failure budget 1/1 used" in out and "failure budget spent" in out
+    finally:
+        ipshell.user_ns.pop("crashing_setup", None)
+        api.session().autosave = None
+
+
+def test_max_failures_without_a_setup_is_refused_before_anything_changes(current2):
+    sess = session.of(current2)
+    kept = sess.setup_recipe, sess.resume_setup
+    sess.setup_recipe = sess.resume_setup = None
+    try:
+        with pytest.raises(UsageError) as refused:
+            dispatch("train start --steps 5 --max-failures 2 --no-dashboard")
+        assert str(refused.value) == NO_SETUP
+        with pytest.raises(UsageError, match="--setup names the code a recovery repeats"):
+            dispatch("train start --steps 5 --setup code --no-dashboard")
+        with pytest.raises(UsageError, match="argument --max-failures"):
+            dispatch("train start --steps 5 --max-failures 0")
+        with pytest.raises(ValueError, match="this session has none recorded"):
+            training.start(5, max_failures=1)
+        assert sess.supervisor is None and [s["state"] for s in training.status()] == ["none", "none"]
+    finally:
+        sess.setup_recipe, sess.resume_setup = kept

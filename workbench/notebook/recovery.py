@@ -1,0 +1,326 @@
+"""Notebook side: a failure budget (``train start --max-failures K``), recovery without a person.
+
+A :class:`Supervisor` thread, owned by the session like the step watchdog, watches the
+health signals that already exist: a rank's death (the rank watcher's pidfds), a step
+that hangs past ``--step-timeout`` (the watchdog's report), a trainer that raised, and
+the NaN/spike guard pausing the run. Within the budget it does what a person does at the
+keyboard: ``restart --resume`` (same size, the session's recorded setup repeated, the
+newest *verified* checkpoint loaded) and ``train start`` of the steps left to the target.
+The recovered trainer names a new run; the store files it under the run it continues
+(``EventStore.continue_run``), so ``metrics()`` and the dashboard show one run with every
+step once. Each recovery is a record (what failed, rank/host, exit or stack, checkpoint
+step, steps redone, seconds lost) in the store; a spent budget stops with their summary.
+Works with no cell running and in a plain script: nothing here needs a kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..shared.errors import WorkbenchError
+
+NO_SETUP = (
+    "--max-failures repeats the run's setup after a restart, and this session has none recorded: "
+    "build the trainer with `%distrain train start --model tiny ...` (workbench.train.setup(...)), "
+    "or name the notebook variable holding your setup code: `--setup VAR` (setup=code); nothing was started"
+)
+LOSS_WORDS = ("non-finite", "spike")  # the guard's pause reasons (engine.trainer.REASONS)
+
+
+class BudgetSpent(WorkbenchError, RuntimeError):
+    """The run failed more often than ``--max-failures`` allows; the message is the summary."""
+
+
+def repeatable_setup(sess):
+    """The setup a recovery repeats: the code given to ``restart --resume --setup``, else
+    the latest ``train setup``; None with neither (then ``--max-failures`` is refused)."""
+    from . import training
+
+    return sess.resume_setup or training.last_setup(sess)
+
+
+def describe(rec: dict) -> str:
+    """One line of a recovery record."""
+    where = f"rank {rec['rank']} (host {rec['host']})" if rec.get("rank") is not None else "the run"
+    what = rec["detail"].splitlines()[0][:200] if rec.get("detail") else ""
+    head = f"failure {rec['n']}: {where} {rec['kind']} at step {rec['failed_step']}" + (f": {what}" if what else "")
+    if rec.get("error"):
+        return f"{head}; the recovery failed: {rec['error']}"
+    if rec.get("checkpoint_step") is None:
+        return head
+    ck = rec["checkpoint"] or "no checkpoint yet: from the setup's step 0"
+    lost = f"{rec['lost_s']:.1f} s lost" if rec.get("lost_s") is not None else f"down {rec['down_s']:.1f} s"
+    return f"{head}; restarted {rec['world_size']} ranks, loaded {ck} (step {rec['checkpoint_step']}), {rec['steps_redone']} steps redone, {lost}"
+
+
+class Supervisor:
+    """Watches one run of ``sess`` and recovers it up to ``max_failures`` times (module doc)."""
+
+    def __init__(
+        self, sess, run: str, target: int, max_failures: int, *, step_timeout: float | None = None, poll: float = 0.25
+    ):
+        if max_failures < 0:
+            raise ValueError(f"max_failures must be 0 or more, got {max_failures}")
+        self.sess, self.run, self.target = sess, run, int(target)
+        self.max_failures, self.step_timeout, self.poll = int(max_failures), step_timeout, poll
+        self.failures = 0
+        self.state = "watching"  # -> recovering -> watching ... -> finished | stopped | gave up | closed
+        self.summary = ""
+        self._hang: dict | None = None
+        self._stop = threading.Event()
+        self.done = threading.Event()
+        self.watchdog = None
+        self.rankset = sess.rankset  # the set it watches: another one (a restart by hand) ends the watch
+        self._watch(sess.rankset)
+        self._thread = threading.Thread(target=self._loop, name="workbench-recovery", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def store(self):
+        return self.sess.store
+
+    @property
+    def records(self) -> list[dict]:
+        return [r for r in self.store.recoveries if r.get("run") == self.run]
+
+    def status_text(self) -> str:
+        """What ``train status`` prints: the budget and every recovery so far."""
+        head = (
+            f"training {self.run}: {self.state}; failure budget {self.failures}/{self.max_failures} used, "
+            f"target step {self.target}"
+        )
+        lines = [head, *("  " + describe(r) for r in self.records)]
+        if self.summary and self.state == "gave up":
+            lines.append(self.summary.splitlines()[0])
+        return "\n".join(lines)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the supervisor is done (finished, stopped, gave up)."""
+        return self.done.wait(timeout)
+
+    def close(self) -> None:
+        """Stop watching (a new ``train start``, the set stopped by hand); changes nothing on the ranks."""
+        self._stop.set()
+        if self.watchdog is not None:
+            self.watchdog.close()
+        if not self.done.is_set():
+            self.state = "closed"
+            self.done.set()
+
+    # ------------------------------------------------------------------ watching
+    def _watch(self, rankset) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
+            self.watchdog = None
+        if self.step_timeout:
+            from .training import _on_hang
+            from .watchdog import StepWatchdog
+
+            def on_hang(rep):
+                _on_hang(self.sess, self.store, rep)
+                self._hang = rep
+
+            mark = self.sess.marks.get(self.run, 0)
+            self.watchdog = StepWatchdog(rankset, self.store, self.run, self.step_timeout, mark=mark, on_hang=on_hang)
+
+    def _loop(self) -> None:
+        from .background import lower_this_thread
+
+        lower_this_thread()  # gives way to ranks training on the same cores
+        try:
+            while not self._stop.wait(self.poll):
+                rs = self.sess.rankset
+                if rs is not self.rankset or not rs.running:
+                    self._finish("stopped", "the rank set was stopped or restarted by hand")
+                    return
+                failure = self._failure(rs)
+                if failure is None:
+                    ended = self._ended(rs)
+                    if ended:
+                        self._finish(*ended)
+                        return
+                    self._note_caught_up()
+                    continue
+                if self.failures >= self.max_failures:
+                    self._give_up(failure)
+                    return
+                self.failures += 1
+                if not self._recover(failure):
+                    return
+        except Exception as exc:  # never die silently: the run would wait for a person unannounced
+            self._give_up({"kind": "supervisor error", "rank": None, "detail": f"{type(exc).__name__}: {exc}"})
+
+    def _failure(self, rs, retold: bool = False) -> dict | None:
+        """The first failure seen now, or None."""
+        deaths = rs.watcher.known() if rs.watcher is not None else {}
+        if deaths:
+            d = deaths[min(deaths)]
+            return {"kind": "died", "rank": d["rank"], "host": d["host"], "detail": d["exit"], "time": d["time"]}
+        if self._hang is not None:
+            rep, self._hang = self._hang, None
+            stuck = rep.get("stuck") or []
+            rank = stuck[0] if stuck else None
+            return {
+                "kind": "hung",
+                "rank": rank,
+                "host": self._host(rs, rank),
+                "detail": rep["text"],
+                "time": rep.get("time", time.time()),
+            }
+        for rank, e in sorted(self.store.run_state(self.run, self.sess.marks.get(self.run, 0)).items()):
+            reason = e.get("reason") or ""
+            if e["state"] == "error":
+                kind = "raised"
+            elif e["state"] == "paused" and any(w in reason for w in LOSS_WORDS):
+                kind = "paused on its loss"
+            else:
+                continue
+            if not retold:  # a peer's death shows on the others as a raised collective: look once more
+                time.sleep(1.0)
+                return self._failure(rs, retold=True)
+            return {"kind": kind, "rank": rank, "host": self._host(rs, rank), "detail": reason, "time": e["time"]}
+        return None
+
+    @staticmethod
+    def _host(rs, rank) -> str | None:
+        try:
+            return rs.procs[rank].host if rank is not None else None
+        except (AttributeError, IndexError, TypeError):
+            return None
+
+    def _ended(self, rs) -> tuple[str, str] | None:
+        states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
+        if len(states) < rs.world_size:
+            return None
+        kinds = {e["state"] for e in states.values()}
+        if kinds == {"finished"}:
+            return "finished", f"reached step {self.target}"
+        if kinds <= {"finished", "stopped"} and "stopped" in kinds:
+            return "stopped", "stopped from the notebook"
+        return None
+
+    def _note_caught_up(self) -> None:
+        """Seconds lost: from the failure until the run is back at the step it had reached."""
+        pending = [r for r in self.records if r.get("lost_s") is None and r.get("checkpoint_step") is not None]
+        if not pending:
+            return
+        steps = self.store.last_steps(self.run)
+        rec = pending[-1]
+        if steps and min(steps.values()) >= rec["failed_step"]:
+            with self.store.lock:
+                rec["lost_s"] = round(time.time() - rec["time"], 3)
+                self.store.version += 1
+
+    # ------------------------------------------------------------------ acting
+    def _recover(self, failure: dict) -> bool:
+        """Restart, set up, load, start the steps left; False (and the run given up) when
+        the recovery itself failed: a second try would rebuild the same broken thing."""
+        from ..engine import control
+        from ..shared.checkpoint import catalog
+        from . import checkpoints
+
+        self.state = "recovering"
+        steps = self.store.last_steps(self.run)
+        rs = self.sess.rankset
+        rec = {
+            "run": self.run,
+            "n": self.failures,
+            **{k: failure.get(k) for k in ("kind", "rank", "host", "detail")},
+            "time": failure.get("time") or time.time(),
+            "failed_step": max(steps.values()) if steps else 0,
+            "world_size": rs.world_size,
+        }
+        root = (self.sess.autosave or {}).get("root") or self.sess.checkpoint_dir
+        which = "latest" if catalog.entries(root) else None
+        dash = self.sess.dashboard
+        new_run: list[str] = []
+
+        def before_load(new_rs) -> None:
+            status = new_rs.apply(control.status)
+            if status[0]["state"] == "none":
+                raise RuntimeError("the setup built no trainer on the ranks")
+            new_run.append(status[0]["run"])
+            self.store.continue_run(status[0]["run"], self.run)
+            self.sess.marks[self.run] = len(self.store.statuses)
+
+        self.sess.recovering = True
+        try:
+            if self.watchdog is not None:
+                self.watchdog.close()
+            info = checkpoints.resume_session(self.sess, None, which, root=root, before_load=before_load)
+            new_rs = self.sess.rankset
+            left = self.target - int(info["step"])
+            if left > 0:
+                new_rs.apply(control.start, left)
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self._record(rec)
+            self._give_up(failure, why=f"the recovery failed ({rec['error']})")
+            return False
+        finally:
+            self.sess.recovering = False
+        if dash is not None and not dash.closed:
+            dash.rankset = new_rs  # the same live dashboard follows the run onto the new ranks
+            self.sess.dashboard = dash
+        self.sess.started_run = self.run
+        rec.update(
+            checkpoint=info.get("name"),
+            checkpoint_step=int(info["step"]),
+            steps_redone=max(0, rec["failed_step"] - int(info["step"])),
+            down_s=round(time.time() - rec["time"], 3),
+            lost_s=None,
+            new_run=new_run[0] if new_run else None,
+        )
+        self.rankset = new_rs
+        self._record(rec)
+        self._watch(new_rs)
+        self.state = "watching"
+        return True
+
+    def _record(self, rec: dict) -> None:
+        from ..shared import events
+
+        self.store.note_recovery(rec)
+        text = "recovery " + describe(rec)
+        self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
+        print(text, flush=True)
+
+    def _finish(self, state: str, why: str) -> None:
+        self.state = state
+        self.summary = f"training {self.run}: {state} ({why}) after {self.failures} recoveries"
+        if self.watchdog is not None:
+            self.watchdog.close()
+        self.done.set()
+
+    def _give_up(self, failure: dict, why: str = "") -> None:
+        from ..shared import events
+
+        steps = self.store.last_steps(self.run)
+        where = f"rank {failure['rank']} (host {failure.get('host')})" if failure.get("rank") is not None else "the run"
+        detail = (failure.get("detail") or "").strip()
+        lines = [
+            f"training {self.run}: "
+            + (why or f"failure budget spent ({self.failures} of {self.max_failures} recoveries used)")
+            + "; "
+            f"{where} {failure['kind']} at step {max(steps.values()) if steps else 0}"
+            + (f": {detail.splitlines()[0][:300]}" if detail else "")
+            + ". The run is stopped there; `%distrain restart --resume` continues from the newest verified checkpoint.",
+            *("  " + describe(r) for r in self.records),
+        ]
+        self.summary = "\n".join(lines)
+        self.state = "gave up"
+        if self.watchdog is not None:
+            self.watchdog.close()
+        rs = self.sess.rankset
+        if rs is not None and rs.running and rs.watcher is not None and not rs.watcher.known():
+            try:  # every rank alive (a loss pause, a hang): end the run so nothing waits on it
+                from . import training
+
+                training.stop(rankset=rs)
+            except Exception:
+                pass
+        self.store.add([events.log_event(run=self.run, rank=-1, text=self.summary)])
+        print(self.summary, flush=True)
+        self.done.set()
