@@ -39,6 +39,9 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
     training.setup("ddp", rankset=rs)
     ck.autosave(10, keep=3, async_=False, root=root, rankset=rs)  # sync: step 20 is on disk at step 21
     api.run(KILL_HOOK.format(at=25), ranks=[1], display=False)
+    from workbench.notebook.dashboard import dashboard
+
+    dash = dashboard(rs, show=False)
     try:
         run = training.start(80, max_failures=2, rankset=rs)
         assert training.wait(timeout=300) == {0: "finished", 1: "finished"}  # only waiting
@@ -56,6 +59,10 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
         for rank in (0, 1):  # every step exactly once: the redone ones replaced, not doubled
             assert loss[loss["rank"] == rank]["step"].tolist() == list(range(1, 81))
         assert [s["step"] for s in training.status()] == [80, 80]
+        assert sess.dashboard is dash and dash.rankset is sess.rankset and not dash.closed  # followed the run
+        dash.refresh()
+        assert "recovered: failure 1: rank 1" in dash.status_line(run)
+        assert [(m.x0, m.line.dash) for m in dash.figure.layout.shapes] == [(20, "dot")]
         capsys.readouterr()
         dispatch("train status")
         out = capsys.readouterr().out

@@ -44,15 +44,28 @@ def metrics(run: str | None = "latest", *, wide: bool = False, store=None, sessi
     if run == "latest":
         run = store.latest_run()
     rows = store.snapshot_rows(run)
-    if not rows:
+    spilled = store.history.tidy(run) if store.history is not None and store.spilled else None
+    if not rows and spilled is None:
         return pd.DataFrame(columns=COLUMNS)
-    frame = pd.DataFrame(rows)
-    if wide:
-        return frame.sort_values(["run", "step", "rank"], kind="stable").reset_index(drop=True)
+    if wide and spilled is None:
+        return pd.DataFrame(rows).sort_values(["run", "step", "rank"], kind="stable").reset_index(drop=True)
+    tidy = _tidy(pd.DataFrame(rows)) if rows else pd.DataFrame(columns=COLUMNS)
+    if spilled is not None:  # the rows that left the store's window, read back from its Parquet history
+        tidy = pd.concat([spilled[COLUMNS], tidy], ignore_index=True) if len(tidy) else spilled[COLUMNS]
+    tidy = tidy.sort_values(["run", "step", "rank", "metric"], kind="stable")[COLUMNS].reset_index(drop=True)
+    if not wide:
+        return tidy
+    ids = ["run", "rank", "step", "time", "source"]
+    out = tidy.pivot_table(index=ids, columns="metric", values="value", aggfunc="last").reset_index()
+    out.columns.name = None
+    return out.sort_values(["run", "step", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _tidy(frame):
     ids = ["run", "step", "rank", "time", "source"]
     tidy = frame.melt(id_vars=ids, var_name="metric", value_name="value").dropna(subset=["value"])
     tidy["value"] = tidy["value"].astype(float)
-    return tidy.sort_values(["run", "step", "rank", "metric"], kind="stable")[COLUMNS].reset_index(drop=True)
+    return tidy
 
 
 def export_metrics(path, run: str | None = "latest", *, store=None) -> pathlib.Path:

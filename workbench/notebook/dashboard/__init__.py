@@ -82,6 +82,7 @@ class Dashboard(LiveView):
             return False  # drawn at a later tick, with everything that arrived meanwhile
         self._version = version
         self._drew(figures.draw(self.figure, figures.lines_for(self.store, run)))
+        figures.mark_recoveries(self.figure, self._recoveries(run))
         if self.controls.message.value.startswith(_FAILED):
             self.controls.message.value = ""  # drawing works again
         return True
@@ -131,10 +132,23 @@ class Dashboard(LiveView):
                 )
                 + "</span>"
             )
+        recovered = self._recoveries(run)
+        if recovered:
+            from ..recovery import describe
+
+            line += (
+                "<br><span class='wb-recoveries' style='color:#c00'>"
+                + html.escape("recovered: " + " | ".join(describe(r) for r in recovered))[:1200]
+                + "</span>"
+            )
         failed = autosave_failure(s, run)
         if failed:
             line += "<br><span style='color:#c00'>" + html.escape(failed[:600]) + "</span>"
         return line
+
+    def _recoveries(self, run: str) -> list[dict]:
+        with self.store.lock:
+            return [r for r in self.store.recoveries if r.get("run") == run]
 
     def save_checkpoint(self) -> dict:
         """The checkpoint button: save now into the session's checkpoints folder."""

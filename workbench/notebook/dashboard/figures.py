@@ -296,3 +296,33 @@ def draw(fig, lines: dict[str, list[tuple]]) -> bool:
 def _lock(fig):
     lock = getattr(fig, "_edit_lock", None)
     return lock if lock is not None else contextlib.nullcontext()
+
+
+def recovery_shapes(recoveries: list[dict]) -> list[dict]:
+    """A dotted red line across every panel at each recovery's checkpoint step (where the run
+    went on from), for ``train start --max-failures`` (``notebook.recovery``)."""
+    return [
+        {
+            "type": "line",
+            "xref": "x",
+            "yref": "paper",
+            "x0": r["checkpoint_step"],
+            "x1": r["checkpoint_step"],
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": "#c00", "dash": "dot", "width": 1},
+            "name": f"recovery {r['n']}",
+        }
+        for r in recoveries
+        if r.get("checkpoint_step") is not None
+    ]
+
+
+def mark_recoveries(fig, recoveries: list[dict]) -> bool:
+    """Put the recovery markers on ``fig``; True when they changed."""
+    shapes = recovery_shapes(recoveries)
+    with _lock(fig):
+        if len(fig.layout.shapes or ()) == len(shapes):
+            return False
+        fig.update_layout(shapes=shapes)
+    return True

@@ -32,7 +32,7 @@ def attach(rankset) -> Collector:
     local = _all_local(rankset)
     ip = getattr(rankset, "listen_ip", "127.0.0.1")
     # a recovery's new ranks report into the store of the run they continue
-    carried = sess.store if sess.recovering else None
+    carried = sess.store if sess.recovering else new_store(sess)
     collector = Collector(
         carried, local_only=local, bind_ip=None if local else ip, key=getattr(rankset, "secret", None)
     )
@@ -43,6 +43,22 @@ def attach(rankset) -> Collector:
         raise
     sess.collector, sess.collector_of, sess.store = collector, rankset, collector.store
     return collector
+
+
+WINDOW_ROWS = 50_000  # step rows a store keeps in memory; older ones are read back from its history
+
+
+def new_store(sess) -> EventStore:
+    """A store for ``sess``'s new rank set: a window of rows in memory, the rest spilled to a
+    Parquet history beside the session's checkpoints (written only once the window is full)."""
+    import os
+    import time
+
+    from .history import History
+
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{int(time.time() * 1000) % 1000:03d}"
+    path = os.path.join(sess.checkpoint_dir, "metrics", f"{sess.name}-{stamp}")
+    return EventStore(WINDOW_ROWS, history=History(path))
 
 
 def last_store(name: str | None = None) -> EventStore | None:

@@ -1,7 +1,8 @@
 """Where the notebook keeps what the ranks sent: every step row, and thinned series for plots.
 
 Two copies, for two readers. ``rows`` holds every step record of every rank (bounded by
-``max_rows``, oldest dropped first, counted) for ``workbench.metrics()``; ``series``
+``max_rows``: the oldest spilled to a Parquet ``history`` when the store has one, else
+dropped and counted) for ``workbench.metrics()``; ``series``
 holds, per (run, metric, rank), at most ~2x``max_points`` points, thinned by doubling
 the stride whenever it fills, so a plot redraw costs the same at step 100 and at step
 1,000,000. Duplicates (an event with a run, rank and sequence number already seen) are
@@ -88,9 +89,12 @@ class Thinned:
 class EventStore:
     """Thread-safe: the collector thread adds, the notebook and dashboard read."""
 
-    def __init__(self, max_rows: int = 1_000_000, max_points: int = 1000):
+    def __init__(self, max_rows: int = 1_000_000, max_points: int = 1000, *, history=None):
         self.lock = threading.Lock()
-        self.rows: deque = deque(maxlen=max_rows)
+        self.history = history  # a stream.history.History: rows past the window go there
+        self.window = max_rows
+        self.spilled = 0  # rows moved to the history
+        self.rows: deque = deque(maxlen=None if history is not None else max_rows)
         self.max_points = max_points
         self.series: dict[tuple, Thinned] = {}
         self.states: dict[str, dict[int, dict]] = {}  # run -> rank -> last status event
@@ -99,7 +103,9 @@ class EventStore:
         self.runs: list[str] = []
         self.superseded: deque = deque(maxlen=max(1, max_rows // 10))  # rows a rollback replaced
         self.rollbacks = 0
-        self._seen: set = set()  # (run, rank, seq) of every event kept
+        self._seen: set = set()  # (run, rank, seq) of the latest events kept (duplicates are recent)
+        self._seen_order: deque = deque()
+        self._seen_limit = max(100_000, 2 * max_rows)
         self._last_seq: dict = {}
         self.duplicates = 0
         self.gaps = 0
@@ -114,7 +120,7 @@ class EventStore:
 
     @property
     def dropped_rows(self) -> int:
-        return max(0, self._n_rows - len(self.rows))
+        return max(0, self._n_rows - len(self.rows) - self.spilled)
 
     _n_rows = 0
 
@@ -156,6 +162,9 @@ class EventStore:
             self.duplicates += 1
             return
         self._seen.add(key)
+        self._seen_order.append(key)
+        if len(self._seen_order) > self._seen_limit:
+            self._seen.discard(self._seen_order.popleft())
         if e["source"] == "trainer" and e["step"] <= self._trainer_step.get((e["run"], e["rank"]), 0):
             self._roll_back(e["run"], e["rank"], e["step"])
         if e["source"] == "trainer":
@@ -165,6 +174,9 @@ class EventStore:
             {"run": e["run"], "rank": e["rank"], "step": e["step"], "time": e["time"], "source": e["source"], **flat}
         )
         self._n_rows += 1
+        if self.history is not None and len(self.rows) > self.window:
+            self.history.add_row(self.rows.popleft())
+            self.spilled += 1
         run, rank, step = e["run"], e["rank"], e["step"]
         self.last_step[(run, rank)] = (
             step if e["source"] == "trainer" else max(step, self.last_step.get((run, rank), 0))
@@ -188,6 +200,8 @@ class EventStore:
                 kept.append(r)
         self._n_rows -= len(self.rows) - len(kept)
         self.rows = kept
+        if self.history is not None and self.spilled:
+            self.history.roll_back(run, rank, step, time.time())
         for (r, _name, k), line in self.series.items():
             if r == run and k == rank:
                 line.truncate(step)
@@ -208,6 +222,20 @@ class EventStore:
             self.changed.notify_all()
 
     # ------------------------------------------------------------------ reading
+    def footprint(self) -> dict[str, int]:
+        """How much the store holds in memory, by part (what a soak run watches stay flat)."""
+        with self.lock:
+            return {
+                "rows": len(self.rows),
+                "points": sum(len(t.xs) for t in self.series.values()),
+                "lines": len(self.series),
+                "seen": len(self._seen),
+                "statuses": len(self.statuses),
+                "logs": len(self.logs),
+                "superseded": len(self.superseded),
+                "spilled": self.spilled,
+            }
+
     def latest_run(self) -> str | None:
         with self.lock:
             return self.runs[-1] if self.runs else None

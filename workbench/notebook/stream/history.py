@@ -1,0 +1,101 @@
+"""The whole step history of a long run, on disk: a Parquet file the event store spills into.
+
+The store keeps a bounded window of step rows in memory (a run of hours would otherwise grow
+the notebook without end); a row that falls out of the window is written here, so
+``workbench.metrics()`` still gives every step: the file's rows, then the window's. Rows go
+in tidy form (run, rank, step, time, source, metric, value), one schema whatever metrics a
+trainer reports, in row groups of ``flush_every`` rows. A rollback that reaches rows already
+written (a recovery or a NaN rollback further back than the window) is written as a
+``ROLLBACK`` row: readers drop that rank's earlier-written rows from that step on.
+The file is opened on the first spill: a run that fits in the window writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+ROLLBACK = "__rollback__"  # metric name of a rollback mark (value: the step it goes back to)
+COLUMNS = ("run", "rank", "step", "time", "source", "metric", "value")
+
+
+class History:
+    """Spilled step rows under folder ``path``: one Parquet part per flush (thread-safe).
+
+    Whole files per flush (``part-00000.parquet``...) rather than one open writer: nothing
+    is held open between flushes (no file descriptor for the run's lifetime), and every part
+    is readable at once; together they are one Parquet dataset (``pd.read_parquet(path)``).
+    """
+
+    def __init__(self, path: str, *, flush_every: int = 10_000):
+        self.path = path
+        self.flush_every = flush_every
+        self.written = 0  # tidy rows in the parts
+        self._parts = 0
+        self._pending: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def add_row(self, row: dict) -> None:
+        """One wide store row (ids + metrics), as tidy rows."""
+        ids = (row["run"], int(row["rank"]), int(row["step"]), float(row["time"]), row["source"])
+        items = [(*ids, k, float(v)) for k, v in row.items() if k not in _IDS and v is not None]
+        with self._lock:
+            self._pending.extend(items)
+            if len(self._pending) >= self.flush_every:
+                self._flush()
+
+    def roll_back(self, run: str, rank: int, step: int, when: float) -> None:
+        """Rows of ``run``/``rank`` written so far from ``step`` on were replaced."""
+        with self._lock:
+            self._pending.append((run, int(rank), int(step), float(when), "store", ROLLBACK, float(step)))
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        cols = list(zip(*self._pending, strict=True))
+        types = (pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.string(), pa.float64())
+        table = pa.table({name: pa.array(c, t) for name, c, t in zip(COLUMNS, cols, types, strict=True)})
+        os.makedirs(self.path, exist_ok=True)
+        pq.write_table(table, os.path.join(self.path, f"part-{self._parts:05d}.parquet"))
+        self._parts += 1
+        self.written += len(self._pending)
+        self._pending = []
+
+    def parts(self) -> list[str]:
+        return [os.path.join(self.path, f"part-{i:05d}.parquet") for i in range(self._parts)]
+
+    def bytes(self) -> int:
+        return sum(os.path.getsize(p) for p in self.parts())
+
+    def tidy(self, run: str | None = None):
+        """Every spilled row of ``run`` (None: all) as a tidy DataFrame, rollbacks applied."""
+        import pandas as pd
+
+        with self._lock:
+            self._flush()
+            parts = self.parts()
+        if not parts:
+            return pd.DataFrame(columns=list(COLUMNS))
+        frame = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)  # in write order
+        if run is not None:
+            frame = frame[frame["run"] == run]
+        marks = frame[frame["metric"] == ROLLBACK]
+        keep = frame["metric"] != ROLLBACK
+        for i, m in marks.iterrows():  # rows written before the mark, at or past its step
+            keep &= ~(
+                (frame["run"] == m["run"])
+                & (frame["rank"] == m["rank"])
+                & (frame["step"] >= m["step"])
+                & (frame.index < i)
+            )
+        return frame[keep].reset_index(drop=True)
+
+
+_IDS = frozenset({"run", "rank", "step", "time", "source"})
