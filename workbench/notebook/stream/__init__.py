@@ -57,8 +57,9 @@ def new_store(sess) -> EventStore:
     from .history import History
 
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{int(time.time() * 1000) % 1000:03d}"
-    path = os.path.join(sess.checkpoint_dir, "metrics", f"{sess.name}-{stamp}")
-    return EventStore(WINDOW_ROWS, history=History(path))
+    return EventStore(
+        WINDOW_ROWS, history=History(lambda: os.path.join(sess.checkpoint_dir, "metrics", f"{sess.name}-{stamp}"))
+    )
 
 
 def last_store(name: str | None = None) -> EventStore | None:

@@ -27,8 +27,9 @@ class History:
     is readable at once; together they are one Parquet dataset (``pd.read_parquet(path)``).
     """
 
-    def __init__(self, path: str, *, flush_every: int = 10_000):
-        self.path = path
+    def __init__(self, path, *, flush_every: int = 10_000):
+        self._where = path  # a folder, or a function naming it at the first spill (`ckpt dir` may change)
+        self.path: str | None = path if isinstance(path, str) else None
         self.flush_every = flush_every
         self.written = 0  # tidy rows in the parts
         self._parts = 0
@@ -62,6 +63,8 @@ class History:
         cols = list(zip(*self._pending, strict=True))
         types = (pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.string(), pa.float64())
         table = pa.table({name: pa.array(c, t) for name, c, t in zip(COLUMNS, cols, types, strict=True)})
+        if self.path is None:
+            self.path = os.path.abspath(self._where())
         os.makedirs(self.path, exist_ok=True)
         pq.write_table(table, os.path.join(self.path, f"part-{self._parts:05d}.parquet"))
         self._parts += 1
