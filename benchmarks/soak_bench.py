@@ -106,6 +106,7 @@ def soak(steps: int, every: int, sample_every: int, window: int, folder: str) ->
             "max_points": store.max_points,
             "seen_limit": store._seen_limit,
             "window": store.window,
+            "started_pids": list(rs.started_pids),
         }
         return samples, end
     finally:
