@@ -1,7 +1,8 @@
 """A failure budget (``train start --max-failures K``): the workbench recovers a run by itself.
 
 Nobody types after the start: a rank kills itself from a step hook (SIGKILL, as the OOM
-killer or a lost node would end it), and the test only waits. Fresh rank sets: they die.
+killer or a lost node would end it), or the setup plants a NaN loss the guard pauses on, and
+the test only waits. Fresh rank sets: they die or are restarted.
 """
 
 from __future__ import annotations
@@ -23,14 +24,12 @@ def _crash(record, _at={at}):
 _t.current().add_hook(_crash, pauses=False)
 """
 
-# a setup whose run always dies at step 15: every recovery meets the same failure
-CRASHING_SETUP = (
-    "from workbench.engine import control\n"
-    "control.build_default('ddp')\n"
-    "if __import__('workbench.engine.trainer', fromlist=['x']).current().rank == 1:\n"
-    + "\n".join("    " + line for line in KILL_HOOK.format(at=15).strip().splitlines())
-    + "\n"
-)
+# a setup whose run always meets a NaN loss at step 15: the NaN guard pauses it every time
+NAN_SETUP = """
+from workbench.engine import control, trainer
+control.build_default("ddp")
+trainer.current().inject("nan", 15)
+"""
 
 
 def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tmp_path, capsys):
@@ -76,27 +75,29 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
 def test_a_spent_budget_stops_the_run_with_its_summary(fresh_ranks, tmp_path, ipshell, capsys):
     root = str(tmp_path)
     rs = fresh_ranks(2)
-    api.run(CRASHING_SETUP, display=False)
+    api.run(NAN_SETUP, display=False)
     ck.autosave(10, keep=3, async_=False, root=root, rankset=rs)
-    ipshell.user_ns["crashing_setup"] = CRASHING_SETUP
+    ipshell.user_ns["nan_setup"] = NAN_SETUP
     try:
-        dispatch("train start --steps 40 --max-failures 1 --setup crashing_setup --no-dashboard", ipshell)
+        dispatch("train start --steps 40 --max-failures 1 --setup nan_setup --no-dashboard", ipshell)
         with pytest.raises(BudgetSpent) as spent:
             training.wait(timeout=300)
         text = str(spent.value)
         first = text.splitlines()[0]
-        assert "failure budget spent (1 of 1 recoveries used); rank 1 (host " in first, text
-        assert "died at step 1" in first and "killed by SIGKILL" in first and "restart --resume" in first
-        assert "failure 1: rank 1" in text and "loaded step-00000010 (step 10)" in text, text
+        assert "failure budget spent (1 of 1 recoveries used); rank 0 (host " in first, text
+        assert "paused on its loss at step 15: non-finite loss" in first and "restart --resume" in first, text
+        assert "failure 1: rank 0" in text and "loaded step-00000010 (step 10), 5 steps redone" in text, text
         sess = api.session()
         assert sess.supervisor.state == "gave up" and len(sess.recoveries) == 1
-        assert [d["rank"] for d in sess.rankset.dead()] == [1]  # left as it failed, for a look
+        assert sess.rankset is not rs and sess.rankset.dead() == []
+        assert sess.store.wait(lambda _: training.states() == {0: "stopped", 1: "stopped"}, 60)  # ended
+
         capsys.readouterr()
         dispatch("train status")
         out = capsys.readouterr().out
         assert "gave up; failure budget 1/1 used" in out and "failure budget spent" in out
     finally:
-        ipshell.user_ns.pop("crashing_setup", None)
+        ipshell.user_ns.pop("nan_setup", None)
         api.session().autosave = None
 
 
