@@ -50,9 +50,14 @@ WINDOW_ROWS = 50_000  # step rows a store keeps in memory; older ones are read b
 
 def new_store(sess) -> EventStore:
     """A store for ``sess``'s new rank set: a window of rows in memory, the rest spilled to a
-    Parquet history beside the session's checkpoints (written only once the window is full)."""
+    Parquet history beside the session's checkpoints (written only once the window is full).
+    Without pyarrow (the ``parquet`` extra) the store keeps its newest million rows instead."""
+    import importlib.util
     import os
     import time
+
+    if importlib.util.find_spec("pyarrow") is None:
+        return EventStore()
 
     from .history import History
 

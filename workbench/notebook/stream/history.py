@@ -32,6 +32,8 @@ class History:
         self.path: str | None = path if isinstance(path, str) else None
         self.flush_every = flush_every
         self.written = 0  # tidy rows in the parts
+        self.lost = 0  # tidy rows a failed write could not keep (a full disk): counted, never raised
+        self.errors: list[str] = []
         self._parts = 0
         self._pending: list[tuple] = []
         self._lock = threading.Lock()
@@ -43,7 +45,7 @@ class History:
         with self._lock:
             self._pending.extend(items)
             if len(self._pending) >= self.flush_every:
-                self._flush()
+                self._flush_or_count()
 
     def roll_back(self, run: str, rank: int, step: int, when: float) -> None:
         """Rows of ``run``/``rank`` written so far from ``step`` on were replaced."""
@@ -52,7 +54,16 @@ class History:
 
     def flush(self) -> None:
         with self._lock:
+            self._flush_or_count()
+
+    def _flush_or_count(self) -> None:
+        """On the collector's thread: a write that fails must not stop the stream."""
+        try:
             self._flush()
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.lost += len(self._pending)
+            self._pending = []
 
     def _flush(self) -> None:
         if not self._pending:
@@ -82,7 +93,7 @@ class History:
         import pandas as pd
 
         with self._lock:
-            self._flush()
+            self._flush_or_count()
             parts = self.parts()
         if not parts:
             return pd.DataFrame(columns=list(COLUMNS))
