@@ -46,6 +46,7 @@ def attach(rankset) -> Collector:
 
 
 WINDOW_ROWS = 50_000  # step rows a store keeps in memory; older ones are read back from its history
+HISTORY_PART_ROWS = 10_000  # tidy rows (a metric of a step of a rank) per Parquet part of the history
 
 
 def new_store(sess) -> EventStore:
@@ -63,7 +64,10 @@ def new_store(sess) -> EventStore:
 
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{int(time.time() * 1000) % 1000:03d}"
     return EventStore(
-        WINDOW_ROWS, history=History(lambda: os.path.join(sess.checkpoint_dir, "metrics", f"{sess.name}-{stamp}"))
+        WINDOW_ROWS,
+        history=History(
+            lambda: os.path.join(sess.checkpoint_dir, "metrics", f"{sess.name}-{stamp}"), flush_every=HISTORY_PART_ROWS
+        ),
     )
 
 
