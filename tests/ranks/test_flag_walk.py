@@ -98,6 +98,9 @@ CASES: dict[tuple[str, str], object] = {
     ("train start", "--grad-accum"): TRAIN,
     ("train start", "--step-timeout"): TRAIN,
     ("train start", "--no-dashboard"): TRAIN,
+    # their effect (a run recovered by itself, a budget spent): tests/ranks/test_recovery.py
+    ("train start", "--max-failures"): refused("train start --max-failures 0", "argument --max-failures"),
+    ("train start", "--setup"): refused("train start --setup code", "--setup names the code a recovery repeats"),
     ("train wait", "--timeout"): TRAIN,
     ("dashboard", "--export"): TRAIN,
     ("dashboard", "--run"): TRAIN,
