@@ -1,8 +1,8 @@
 """A failure budget (``train start --max-failures K``): the workbench recovers a run by itself.
 
 Nobody types after the start: a rank kills itself from a step hook (SIGKILL, as the OOM
-killer or a lost node would end it), or the setup plants a NaN loss the guard pauses on, and
-the test only waits. Fresh rank sets: they die or are restarted.
+killer or a lost node would end it), or the setup plants a NaN loss the guard pauses on and
+a step hook that hangs; the test only waits. Fresh rank sets: they die or are restarted.
 """
 
 from __future__ import annotations
@@ -24,11 +24,19 @@ def _crash(record, _at={at}):
 _t.current().add_hook(_crash, pauses=False)
 """
 
-# a setup whose run always meets a NaN loss at step 15: the NaN guard pauses it every time
-NAN_SETUP = """
+# the first build meets a NaN loss at step 15 (the guard pauses the run); every later one
+# hangs after step 15 on rank 1 (a step hook that sleeps): a NaN recovered, then a hang
+DRILL_SETUP = """
+import os, time
 from workbench.engine import control, trainer
 control.build_default("ddp")
-trainer.current().inject("nan", 15)
+_t = trainer.current()
+_mark = os.path.join({folder!r}, f"built-{{_t.rank}}")
+if not os.path.exists(_mark):
+    open(_mark, "w").close()
+    _t.inject("nan", 15)
+elif _t.rank == 1:
+    _t.add_hook(lambda record: record["step"] == 15 and time.sleep(600), pauses=False)
 """
 
 
@@ -72,32 +80,37 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
         api.session().autosave = None
 
 
-def test_a_spent_budget_stops_the_run_with_its_summary(fresh_ranks, tmp_path, ipshell, capsys):
-    root = str(tmp_path)
+def test_a_nan_is_recovered_then_a_hang_spends_the_budget(fresh_ranks, tmp_path, ipshell, capsys):
+    root = str(tmp_path / "ckpt")
     rs = fresh_ranks(2)
-    api.run(NAN_SETUP, display=False)
+    setup = DRILL_SETUP.format(folder=str(tmp_path))
+    api.run(setup, display=False)
     ck.autosave(10, keep=3, async_=False, root=root, rankset=rs)
-    ipshell.user_ns["nan_setup"] = NAN_SETUP
+    ipshell.user_ns["drill_setup"] = setup
     try:
-        dispatch("train start --steps 40 --max-failures 1 --setup nan_setup --no-dashboard", ipshell)
+        dispatch(
+            "train start --steps 40 --max-failures 1 --step-timeout 10 --setup drill_setup --no-dashboard", ipshell
+        )
         with pytest.raises(BudgetSpent) as spent:
             training.wait(timeout=300)
         text = str(spent.value)
         first = text.splitlines()[0]
-        assert "failure budget spent (1 of 1 recoveries used); rank 0 (host " in first, text
-        assert "paused on its loss at step 15: non-finite loss" in first and "restart --resume" in first, text
-        assert "failure 1: rank 0" in text and "loaded step-00000010 (step 10), 5 steps redone" in text, text
+        assert "failure budget spent (1 of 1 recoveries used); rank 1 (host " in first, text
+        assert "hung at step 15: training run-" in first and "(step timeout 10 s)" in first, text
+        assert "restart --resume" in first, text
+        (rec,) = api.session().recoveries
+        assert (rec["kind"], rec["failed_step"], rec["checkpoint_step"]) == ("paused on its loss", 15, 10), rec
+        assert "non-finite loss" in rec["detail"] and rec["steps_redone"] == 5, rec
+        assert "failure 1: rank 0 (host " in text and "loaded step-00000010 (step 10), 5 steps redone" in text, text
         sess = api.session()
-        assert sess.supervisor.state == "gave up" and len(sess.recoveries) == 1
-        assert sess.rankset is not rs and sess.rankset.dead() == []
-        assert sess.store.wait(lambda _: training.states() == {0: "stopped", 1: "stopped"}, 60)  # ended
-
+        assert sess.supervisor.state == "gave up" and sess.rankset is not rs and sess.rankset.dead() == []
+        assert sess.hangs and sess.hangs[-1]["stuck"] == [1]  # the watchdog's diagnosis, kept
         capsys.readouterr()
         dispatch("train status")
         out = capsys.readouterr().out
         assert "gave up; failure budget 1/1 used" in out and "failure budget spent" in out
     finally:
-        ipshell.user_ns.pop("nan_setup", None)
+        ipshell.user_ns.pop("drill_setup", None)
         api.session().autosave = None
 
 
