@@ -43,6 +43,7 @@ class Session:
         self.marks: dict[str, int] = {}  # run -> index of the first status event of its latest start
         self.started_run: str | None = None  # run id of the latest start (its events may not be here yet)
         self.hangs: list[dict] = []  # step-timeout diagnoses, newest last
+        self.trackers: dict = {}  # tracker name -> trackers.Tracker mirroring this session's stream
 
     @property
     def running(self) -> bool:
