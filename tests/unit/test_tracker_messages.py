@@ -50,3 +50,43 @@ def test_the_magics_and_the_tracker_api_import_no_tracker_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
+
+
+def test_step_values_per_rank_and_mean_and_metric_patterns():
+    from workbench.notebook.trackers.mirror import step_values
+
+    rows = {
+        r: {
+            "run": "r1",
+            "rank": r,
+            "step": 3,
+            "time": 0.0,
+            "source": "user",
+            "loss": 1.0 + r,
+            "tps": 10.0 * (r + 1),
+            "memory_rss_bytes": 5.0,
+            "grad_norm": None,
+        }
+        for r in (0, 1)
+    }
+    assert step_values("r1", rows) == {
+        "r1/loss/rank0": 1.0,
+        "r1/tps/rank0": 10.0,
+        "r1/memory_rss_bytes/rank0": 5.0,
+        "r1/loss/rank1": 2.0,
+        "r1/tps/rank1": 20.0,
+        "r1/memory_rss_bytes/rank1": 5.0,
+        "r1/loss/mean": 1.5,
+        "r1/tps/mean": 15.0,
+        "r1/memory_rss_bytes/mean": 5.0,
+    }
+    assert sorted(step_values("r1", rows, trackers.parse_metrics("loss, memory_*"))) == [
+        "r1/loss/mean",
+        "r1/loss/rank0",
+        "r1/loss/rank1",
+        "r1/memory_rss_bytes/mean",
+        "r1/memory_rss_bytes/rank0",
+        "r1/memory_rss_bytes/rank1",
+    ]
+    with pytest.raises(trackers.TrackerError, match="names no metric"):
+        trackers.parse_metrics(" , ")

@@ -11,6 +11,11 @@ KINDS = ("tensorboard", "mlflow", "wandb", "trackio")  # as trackers.KINDS, with
 def _dir_arg(kind: str):
     def build(p) -> None:
         p.add_argument("--dir", default=None, help=f"folder for the {kind} run (default workbench-tracking/{kind})")
+        p.add_argument(
+            "--metrics",
+            default=None,
+            help="only these metrics, comma-separated names or patterns: loss,lr,memory_* (default all)",
+        )
 
     return build
 
@@ -36,7 +41,7 @@ def _track(args, shell):
             for info in done:
                 print(f"{info['tracker']}: {info['steps']} steps written, ended; read it with: {info['where']}")
             return None
-        tracker = trackers.track(args.action, args.dir)
+        tracker = trackers.track(args.action, args.dir, metrics=args.metrics)
     except trackers.TrackerError as exc:
         raise UsageError(str(exc)) from None
     info = tracker.info()

@@ -17,7 +17,17 @@ from .. import session as sessions
 from .backends import BACKENDS, TrackerError
 from .mirror import Tracker, series_name
 
-__all__ = ["KINDS", "Tracker", "TrackerError", "default_dir", "series_name", "track", "tracking", "untrack"]
+__all__ = [
+    "KINDS",
+    "Tracker",
+    "TrackerError",
+    "default_dir",
+    "parse_metrics",
+    "series_name",
+    "track",
+    "tracking",
+    "untrack",
+]
 
 KINDS = tuple(BACKENDS)
 ROOT = "workbench-tracking"  # default: a folder per tracker under the notebook's folder
@@ -48,12 +58,32 @@ def _backend(kind: str):
     return cls()
 
 
-def track(kind: str, dir: str | None = None, *, session: str | None = None) -> Tracker:  # noqa: A002 - the flag's name
+def parse_metrics(text: str | list | tuple | None) -> tuple[str, ...] | None:
+    """``"loss,lr,memory_*"`` (or a list) -> patterns; None or ``"all"``: every metric."""
+    if text is None or text == "all":
+        return None
+    items = text.split(",") if isinstance(text, str) else list(text)
+    patterns = tuple(p.strip() for p in items if p.strip())
+    if not patterns:
+        raise TrackerError(
+            f"metrics={text!r} names no metric: give names or patterns like 'loss,lr,memory_*', or 'all'"
+        )
+    return patterns
+
+
+def track(
+    kind: str,
+    dir: str | None = None,  # noqa: A002 - the flag's name
+    *,
+    metrics: str | list | None = None,
+    session: str | None = None,
+) -> Tracker:
     """Mirror the session's stream (default: the current one) into tracker ``kind``
     (``tensorboard``, ``mlflow``, ``wandb``, ``trackio``) under ``dir`` (default
-    ``workbench-tracking/<kind>``). The same tracker again with the same folder: the one
-    already running."""
+    ``workbench-tracking/<kind>``); ``metrics``: only these (``"loss,lr,memory_*"``),
+    default all. The same tracker again with the same folder: the one already running."""
     backend = _backend(kind)
+    patterns = parse_metrics(metrics)
     sess = _session(session)
     directory = os.path.abspath(dir or default_dir(kind))
     have = sess.trackers.get(kind)
@@ -64,7 +94,7 @@ def track(kind: str, dir: str | None = None, *, session: str | None = None) -> T
             f"session {sess.name!r} already mirrors to {kind} in {have.directory}: "
             f"`%distrain track stop {kind}` first to start one in {directory}"
         )
-    tracker = Tracker(backend, sess, directory)
+    tracker = Tracker(backend, sess, directory, patterns)
     sess.trackers[kind] = tracker
     return tracker
 

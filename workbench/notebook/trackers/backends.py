@@ -28,6 +28,7 @@ class Backend(Protocol):
     def params(self, params: dict) -> None: ...
     def log(self, run: str, step: int, values: dict[str, float], wall: float) -> None: ...
     def artifact(self, folder: str) -> None: ...
+    def flush(self) -> None: ...  # the mirror has nothing more queued: write what is buffered
     def where(self) -> str: ...
     def close(self) -> None: ...
 
@@ -68,6 +69,9 @@ class TensorBoard:
     def artifact(self, folder: str) -> None:
         pass
 
+    def flush(self) -> None:
+        self.writer.flush()
+
     def where(self) -> str:
         return f"tensorboard --logdir {self.logdir}"
 
@@ -83,6 +87,7 @@ class MLflow:
     name = package = "mlflow"
     has_artifacts = True
     EXPERIMENT = "workbench"
+    BATCH = 1000
 
     def open(self, session: str, directory: str, params: dict) -> None:
         from mlflow.tracking import MlflowClient
@@ -99,6 +104,7 @@ class MLflow:
             )
         )
         self.run_id = self.client.create_run(experiment, run_name=session).info.run_id
+        self.buffer: list = []
         self.params(params)
 
     def params(self, params: dict) -> None:
@@ -110,9 +116,16 @@ class MLflow:
         from mlflow.entities import Metric
 
         ms = int(wall * 1000)
-        metrics = [Metric(k, v, ms, step) for k, v in values.items()]
-        for i in range(0, len(metrics), 1000):  # MLflow's limit per batch
-            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+        self.buffer.extend(Metric(k, v, ms, step) for k, v in values.items())
+        if len(self.buffer) >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """One database transaction per 1000 values (MLflow's limit per batch), not per step:
+        a step of 2 ranks is ~80 values, and a transaction per step kept up with ~15 steps/s."""
+        while self.buffer:
+            self.client.log_batch(self.run_id, metrics=self.buffer[: self.BATCH])
+            del self.buffer[: self.BATCH]
 
     def artifact(self, folder: str) -> None:
         self.client.log_artifacts(self.run_id, folder, artifact_path=f"checkpoints/{os.path.basename(folder)}")
@@ -121,6 +134,7 @@ class MLflow:
         return f"mlflow ui --backend-store-uri {self.uri}  (run {self.run_id})"
 
     def close(self) -> None:
+        self.flush()
         self.client.set_terminated(self.run_id)
 
 
@@ -163,6 +177,9 @@ class WandB:
         art = wandb.Artifact(f"checkpoint-{os.path.basename(folder)}", type="checkpoint")
         art.add_reference(f"file://{os.path.abspath(folder)}", checksum=False)
         self.run.log_artifact(art)
+
+    def flush(self) -> None:
+        pass  # W&B's own service writes as it goes
 
     def where(self) -> str:
         return f"{self.run.dir}  (wandb sync {os.path.dirname(self.run.dir)})"
@@ -209,6 +226,9 @@ class Trackio:
 
     def artifact(self, folder: str) -> None:
         pass
+
+    def flush(self) -> None:
+        pass  # trackio's own thread writes as it goes
 
     def where(self) -> str:
         return f"TRACKIO_DIR={self.directory} trackio show --project {self.PROJECT}"

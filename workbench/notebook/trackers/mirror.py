@@ -18,6 +18,7 @@ become artifacts where the tracker has them (looked for at most every few second
 
 from __future__ import annotations
 
+import fnmatch
 import queue
 import threading
 import time
@@ -34,13 +35,18 @@ def series_name(run: str, metric: str, rank: int | str) -> str:
     return f"{run}/{metric}/{rank if rank == 'mean' else f'rank{rank}'}"
 
 
-def step_values(run: str, by_rank: dict[int, dict]) -> dict[str, float]:
+def wanted(metric: str, patterns: tuple[str, ...] | None) -> bool:
+    """Whether ``metric`` is mirrored: every metric without patterns, else those matching one."""
+    return patterns is None or any(fnmatch.fnmatchcase(metric, p) for p in patterns)
+
+
+def step_values(run: str, by_rank: dict[int, dict], patterns: tuple[str, ...] | None = None) -> dict[str, float]:
     """One step of one run as tracker values: each rank's numbers and their mean."""
     out: dict[str, float] = {}
     sums: dict[str, list] = {}
     for rank in sorted(by_rank):
         for metric, value in by_rank[rank].items():
-            if metric in ID_COLUMNS or value is None:
+            if metric in ID_COLUMNS or value is None or not wanted(metric, patterns):
                 continue
             value = float(value)
             out[series_name(run, metric, rank)] = value
@@ -53,8 +59,9 @@ def step_values(run: str, by_rank: dict[int, dict]) -> dict[str, float]:
 class Tracker:
     """The mirror of one session into one backend (see the module docstring)."""
 
-    def __init__(self, backend, session, directory: str):
+    def __init__(self, backend, session, directory: str, metrics: tuple[str, ...] | None = None):
         self.backend = backend
+        self.metrics = metrics
         self.name = backend.name
         self.session = session
         self.directory = directory
@@ -108,12 +115,14 @@ class Tracker:
                             self._queue.put(more)  # handled by the outer loop, in order
                             break
                         self._take(more)
+                    self.backend.flush()
                 self._scan_checkpoints()
             except Exception as exc:  # a tracker failure is reported, never kills the mirror
                 self.errors.append(f"{type(exc).__name__}: {exc}")
         try:
             while self._waiting:
                 self._write(*self._waiting.popitem(last=False))
+            self.backend.flush()
             self._scan_checkpoints(force=True)
         except Exception as exc:
             self.errors.append(f"{type(exc).__name__}: {exc}")
@@ -137,7 +146,7 @@ class Tracker:
     def _write(self, key: tuple, by_rank: dict) -> None:
         run, step = key
         wall = max(r["time"] for r in by_rank.values())
-        self.backend.log(run, step, step_values(run, by_rank), wall)
+        self.backend.log(run, step, step_values(run, by_rank, self.metrics), wall)
         self.steps_written += 1
 
     def _scan_checkpoints(self, force: bool = False) -> None:
@@ -185,6 +194,7 @@ class Tracker:
             "session": self.session.name,
             "tracker": self.name,
             "dir": self.directory,
+            "metrics": ",".join(self.metrics) if self.metrics else "all",
             "where": self.backend.where(),
             "steps": self.steps_written,
             "artifacts": len(self.artifacts),
