@@ -28,7 +28,7 @@ class Backend(Protocol):
     def params(self, params: dict) -> None: ...
     def log(self, run: str, step: int, values: dict[str, float], wall: float) -> None: ...
     def artifact(self, folder: str) -> None: ...
-    def flush(self) -> None: ...  # the mirror has nothing more queued: write what is buffered
+    def flush(self) -> None: ...  # the mirror has nothing more queued (or a second passed): write what is due
     def where(self) -> str: ...
     def close(self) -> None: ...
 
@@ -88,6 +88,7 @@ class MLflow:
     has_artifacts = True
     EXPERIMENT = "workbench"
     BATCH = 1000
+    WAIT_S = 2.0  # the most a value waits in the buffer while the mirror is busy or idle
 
     def open(self, session: str, directory: str, params: dict) -> None:
         from mlflow.tracking import MlflowClient
@@ -105,6 +106,7 @@ class MLflow:
         )
         self.run_id = self.client.create_run(experiment, run_name=session).info.run_id
         self.buffer: list = []
+        self.written = 0.0
         self.params(params)
 
     def params(self, params: dict) -> None:
@@ -118,14 +120,21 @@ class MLflow:
         ms = int(wall * 1000)
         self.buffer.extend(Metric(k, v, ms, step) for k, v in values.items())
         if len(self.buffer) >= self.BATCH:
-            self.flush()
+            self.flush()  # full batches as they fill
 
-    def flush(self) -> None:
-        """One database transaction per 1000 values (MLflow's limit per batch), not per step:
-        a step of 2 ranks is ~80 values, and a transaction per step kept up with ~15 steps/s."""
+    def flush(self, final: bool = False) -> None:
+        """Write the buffered values in transactions of up to 1000 (MLflow's limit per batch),
+        when 1000 are waiting, ``WAIT_S`` after the last write, or at the end: a transaction
+        costs MLflow's SQLite store ~0.1-0.5 s here whatever its size, so one per step (or per
+        batch from the ranks) kept up with ~15 steps/s of 2 ranks."""
+        import time
+
+        if not (final or len(self.buffer) >= self.BATCH or time.monotonic() - self.written >= self.WAIT_S):
+            return
         while self.buffer:
             self.client.log_batch(self.run_id, metrics=self.buffer[: self.BATCH])
             del self.buffer[: self.BATCH]
+        self.written = time.monotonic()
 
     def artifact(self, folder: str) -> None:
         self.client.log_artifacts(self.run_id, folder, artifact_path=f"checkpoints/{os.path.basename(folder)}")
@@ -134,7 +143,7 @@ class MLflow:
         return f"mlflow ui --backend-store-uri {self.uri}  (run {self.run_id})"
 
     def close(self) -> None:
-        self.flush()
+        self.flush(final=True)
         self.client.set_terminated(self.run_id)
 
 

@@ -115,7 +115,7 @@ class Tracker:
                             self._queue.put(more)  # handled by the outer loop, in order
                             break
                         self._take(more)
-                    self.backend.flush()
+                self.backend.flush()  # also when idle: a buffering tracker writes what is due
                 self._scan_checkpoints()
             except Exception as exc:  # a tracker failure is reported, never kills the mirror
                 self.errors.append(f"{type(exc).__name__}: {exc}")
