@@ -4,7 +4,10 @@
 The model is a tiny random Llama built on the ranks (nothing downloaded)."""
 
 import math
+import time
 import uuid
+
+import pytest
 
 from workbench.notebook import stream
 from workbench.notebook.metrics import metrics
@@ -35,8 +38,29 @@ import shutil; shutil.rmtree(out)
 """
 
 
-def test_hf_trainer_run_in_distrain_cell_streams_every_logged_loss_per_rank(shell2, ranks2):
-    store = stream.attach(ranks2).store  # as `%distrain start` does for a set it starts
+@pytest.fixture
+def lab_mirror(ranks2):
+    """The stream's copy for the Lab's server (made as the registry makes it), and a reader of
+    it as the server has; the shared set's collector is left as found."""
+    from workbench.labserver.monitor import StreamReader
+    from workbench.notebook.stream.mirror import Mirror
+
+    collector = stream.attach(ranks2)  # as `%distrain start` does for a set it starts
+    made = collector.mirror is None
+    if made:
+        collector.mirror = Mirror()
+    reader = StreamReader(collector.mirror.address, collector.mirror.public_key)
+    try:
+        yield reader
+    finally:
+        reader.close()
+        if made:
+            mirror, collector.mirror = collector.mirror, None
+            mirror.close()
+
+
+def test_hf_trainer_run_in_distrain_cell_streams_every_logged_loss_per_rank(shell2, ranks2, lab_mirror):
+    store = stream.attach(ranks2).store
     result = shell2.run_cell(HF_CELL)
     assert result.success, result.error_in_exec
     assert ranks2.pull("hf_world") == [2, 2]  # DDP through Accelerate on both ranks
@@ -44,7 +68,8 @@ def test_hf_trainer_run_in_distrain_cell_streams_every_logged_loss_per_rank(shel
     assert [s for s, _ in logged[0]] == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
     run = store.latest_run()
     assert run.startswith("hf-")
-    assert store.wait(lambda s: len(s.snapshot_rows(run)) == 2 * STEPS, timeout=10)
+    got = store.wait(lambda s: len(s.snapshot_rows(run)) == 2 * STEPS, timeout=60)
+    assert got, [(r["rank"], r["step"], r.get("loss")) for r in store.snapshot_rows(run)]  # one run id, both ranks
     tidy = metrics(run)
     assert set(tidy.source) == {"hf"}
     loss = tidy[tidy.metric == "loss"]
@@ -62,6 +87,13 @@ def test_hf_trainer_run_in_distrain_cell_streams_every_logged_loss_per_rank(shel
     assert (later.tps > 0).all() and (later.time_step_s > 0).all()
     assert (wide.memory_rss_bytes > 0).all()
     assert (wide.epoch > 0).all()
+    # the Lab's server reads the same steps: each rank's last step and its logged loss
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(lab_mirror.last.get(r, {}).get("step") != STEPS for r in (0, 1)):
+        time.sleep(0.1)
+    for rank in (0, 1):
+        last = lab_mirror.last[rank]
+        assert (last["run"], last["step"], last["loss"]) == (run, STEPS, logged[rank][-1][1])
 
 
 LOOP_CELL = """%%distrain
@@ -91,7 +123,7 @@ def test_plain_loop_reports_per_rank_with_measured_throughput_and_collectives(sh
     run = f"plain-loop-{uuid.uuid4().hex[:8]}"
     ranks2.push({"RUN": run})
     assert shell2.run_cell(LOOP_CELL).success
-    assert store.wait(lambda s: len(s.snapshot_rows(run)) == 10, timeout=10)
+    assert store.wait(lambda s: len(s.snapshot_rows(run)) == 10, timeout=60)
     losses = ranks2.pull("loop_losses")
     wide = metrics(run, wide=True)
     assert set(wide.source) == {"user"}

@@ -39,13 +39,13 @@ def agreed_run_id() -> str:
     import torch
     import torch.distributed as dist
 
-    _LAST_RUN_MS[0] = max(int(time.time() * 1000), _LAST_RUN_MS[0] + 1)
+    ms = _LAST_RUN_MS[0] = max(int(time.time() * 1000), _LAST_RUN_MS[0] + 1)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         device = runtime.context().device if dist.get_backend() == "nccl" else "cpu"
-        t = torch.tensor([_LAST_RUN_MS[0]], dtype=torch.int64, device=device)
+        t = torch.tensor([ms], dtype=torch.int64, device=device)
         comm_timing.original("broadcast")(t, src=0)  # the workbench's traffic, not the user's
-        _LAST_RUN_MS[0] = max(_LAST_RUN_MS[0], int(t.item()))
-    ms = _LAST_RUN_MS[0]
+        ms = int(t.item())  # rank 0's: every rank names the run alike
+        _LAST_RUN_MS[0] = max(_LAST_RUN_MS[0], ms)
     return time.strftime("hf-%Y%m%d-%H%M%S", time.localtime(ms / 1000)) + f"-{ms % 1000:03d}"
 
 
