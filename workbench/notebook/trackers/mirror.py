@@ -74,8 +74,8 @@ class Tracker:
         self._runs: set[str] = set()
         self._next_scan = 0.0
         self._closed = threading.Event()
+        self.store = _store_of(session)  # refuses a session with nothing to mirror, before opening
         backend.open(session.name, directory, session_params(session))
-        self.store = _store_of(session)
         self._order = threading.Lock()  # the rows kept so far are queued before any later batch
         with self._order:
             for row in self.store.subscribe(self._offer):
@@ -213,9 +213,12 @@ def _store_of(session):
     if session.running:
         return stream.attach(session.rankset).store
     if session.store is None:
-        from ..stream.store import EventStore
+        from .backends import TrackerError
 
-        session.store = EventStore()
+        raise TrackerError(
+            f"session {session.name!r} has no ranks running and no steps kept: start it first "
+            "(`%distrain start -n 2`), then track"
+        )
     return session.store
 
 
