@@ -703,19 +703,15 @@ def test_track_flags(shell2, ranks2, tmp_path):
     loss series only (read back with the tracker's own reader); tests/ranks/test_trackers.py
     checks the series themselves against workbench.metrics()."""
     import glob
-    import sys
 
-    import wandb_records
+    import tracker_readers
 
-    from workbench.notebook import stream
+    from workbench.notebook import stream, trackers
 
     stream.attach(ranks2)
     run = f"flagwalk-track-{time.time_ns()}"
     dirs = {k: tmp_path / k for k in ("tensorboard", "mlflow", "wandb", "trackio")}
-    if "trackio" in sys.modules:  # trackio keeps the folder of its first import in this process
-        from trackio import utils
-
-        dirs["trackio"] = utils.TRACKIO_DIR
+    dirs["trackio"] = tracker_readers.trackio_dir(dirs["trackio"])
     try:
         for kind, folder in dirs.items():
             magic(shell2, f"track {kind} --dir {folder} --metrics loss")
@@ -727,11 +723,10 @@ def test_track_flags(shell2, ranks2, tmp_path):
         )
         store = stream.attach(ranks2).store
         assert store.wait(lambda st: len(st.snapshot_rows(run)) == 4, timeout=60)
-        ended = magic(shell2, "track stop")
-        assert ended is None and api.current() is ranks2
+        names = {info["tracker"]: info["run"] for info in magic(shell2, "track list")}
+        assert magic(shell2, "track stop") is None and api.current() is ranks2
+        assert trackers.tracking() == []
     finally:
-        from workbench.notebook import trackers
-
         for info in trackers.tracking():
             trackers.untrack(info["tracker"])
         import wandb
@@ -741,8 +736,7 @@ def test_track_flags(shell2, ranks2, tmp_path):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (logdir,) = glob.glob(str(dirs["tensorboard"] / "*"))
-    acc = EventAccumulator(logdir)
+    acc = EventAccumulator(str(dirs["tensorboard"] / names["tensorboard"]))
     acc.Reload()
     assert {t for t in acc.Tags()["scalars"] if t.startswith(run)} == loss_only
 
@@ -754,16 +748,10 @@ def test_track_flags(shell2, ranks2, tmp_path):
 
     (wfile,) = glob.glob(str(dirs["wandb"] / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert {
-        k for row in wandb_records.history(wfile) for k in row if k.startswith(run + "/") and k != f"{run}/step"
+        k for row in tracker_readers.history(wfile) for k in row if k.startswith(run + "/") and k != f"{run}/step"
     } == loss_only
 
     from trackio.sqlite_storage import SQLiteStorage
 
-    logs = SQLiteStorage.get_logs("workbench", _session_name(ranks2))
+    logs = SQLiteStorage.get_logs("workbench", names["trackio"])
     assert {k for row in logs for k in row if k.startswith(run)} == loss_only
-
-
-def _session_name(rankset) -> str:
-    from workbench.notebook import session
-
-    return session.of(rankset).name

@@ -6,7 +6,7 @@ import glob
 import os
 
 import pytest
-import wandb_records
+import tracker_readers
 
 from workbench.notebook import checkpoints, stream, trackers, training
 from workbench.notebook import session as sessions
@@ -45,7 +45,8 @@ def test_four_trackers_hold_the_runs_loss_per_rank_and_mean_params_and_checkpoin
     stream.attach(rs)
     # MLflow's SQLite store takes ~1 ms a value and the shared set's earlier runs are mirrored
     # too: it gets the loss and lr only (--metrics), the others every metric
-    opened = {kind: trackers.track(kind, str(tmp / kind)) for kind in trackers.KINDS if kind != "mlflow"}
+    dirs = {kind: tmp / kind for kind in trackers.KINDS} | {"trackio": tracker_readers.trackio_dir(tmp / "trackio")}
+    opened = {kind: trackers.track(kind, str(dirs[kind])) for kind in trackers.KINDS if kind != "mlflow"}
     opened["mlflow"] = trackers.track("mlflow", str(tmp / "mlflow"), metrics="loss*,lr")
     assert trackers.track("mlflow", str(tmp / "mlflow")) is opened["mlflow"]  # the same one again
     training.setup("ddp", rankset=rs)
@@ -66,7 +67,7 @@ def test_four_trackers_hold_the_runs_loss_per_rank_and_mean_params_and_checkpoin
     # TensorBoard: its own event reader (scalars are float32 in TensorBoard's format)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(os.path.join(str(tmp / "tensorboard"), sessions.current().name))
+    acc = EventAccumulator(os.path.join(str(tmp / "tensorboard"), ended["tensorboard"]["run"]))
     acc.Reload()
     for tag, series in want.items():
         got = [(e.step, e.value) for e in acc.Scalars(tag)]
@@ -92,17 +93,17 @@ def test_four_trackers_hold_the_runs_loss_per_rank_and_mean_params_and_checkpoin
 
     # W&B offline: the run's datastore file, read record by record with wandb's protobuf schema
     (wfile,) = glob.glob(str(tmp / "wandb" / "wandb" / "offline-run-*" / "run-*.wandb"))
-    rows = wandb_records.history(wfile)
+    rows = tracker_readers.history(wfile)
     for key, series in want.items():
         assert [(r[f"{run}/step"], r[key]) for r in rows if key in r] == series
-    config = wandb_records.config(wfile)
+    config = tracker_readers.config(wfile)
     assert config["world_size"] == 2 and config[f"{run}/strategy"] == "ddp"
-    assert len(wandb_records.artifacts(wfile)) == 1
+    assert len(tracker_readers.artifacts(wfile)) == 1
 
     # trackio: its local store's reader
     from trackio.sqlite_storage import SQLiteStorage
 
-    logs = SQLiteStorage.get_logs("workbench", sessions.current().name)
+    logs = SQLiteStorage.get_logs("workbench", ended["trackio"]["run"])
     for key, series in want.items():
         assert [(r["step"], r[key]) for r in logs if key in r] == series
 

@@ -1,8 +1,8 @@
 """The four trackers, each behind the same small interface, all local and offline.
 
-``open(session, directory, params)``, ``params(dict)``, ``log(run, step, values, wall)``,
-``artifact(folder)`` (where ``has_artifacts``), ``where()`` (what to open to read the run)
-and ``close()``. Each imports its package only when opened (MLflow and W&B take seconds
+``open(run_name, directory, params)`` (``<session>-<time>``), ``params(dict)``,
+``log(run, step, values, wall)``, ``artifact(folder)`` (where ``has_artifacts``),
+``flush()``, ``where()`` (what to open to read the run) and ``close()``. Each imports its package only when opened (MLflow and W&B take seconds
 to import), and never anything of torch: TensorBoard's event files are written with the
 ``tensorboard`` package's own writer and protos, not ``torch.utils.tensorboard``.
 """
@@ -24,7 +24,7 @@ class Backend(Protocol):
     package: str  # the module imported, and the pyproject extra that installs it
     has_artifacts: bool
 
-    def open(self, session: str, directory: str, params: dict) -> None: ...
+    def open(self, run_name: str, directory: str, params: dict) -> None: ...
     def params(self, params: dict) -> None: ...
     def log(self, run: str, step: int, values: dict[str, float], wall: float) -> None: ...
     def artifact(self, folder: str) -> None: ...
@@ -34,16 +34,16 @@ class Backend(Protocol):
 
 
 class TensorBoard:
-    """Event files under ``<dir>/<session>``: a scalar per series, the parameters as a text
+    """Event files under ``<dir>/<run name>``: a scalar per series, the parameters as a text
     summary (``parameters``, a Markdown table) each time some are added."""
 
     name = package = "tensorboard"
     has_artifacts = False
 
-    def open(self, session: str, directory: str, params: dict) -> None:
+    def open(self, run_name: str, directory: str, params: dict) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self.logdir = os.path.join(directory, session)
+        self.logdir = os.path.join(directory, run_name)
         self.writer = EventFileWriter(self.logdir)
         self.known: dict = {}
         self.params(params)
@@ -90,7 +90,7 @@ class MLflow:
     BATCH = 1000
     WAIT_S = 2.0  # the most a value waits in the buffer while the mirror is busy or idle
 
-    def open(self, session: str, directory: str, params: dict) -> None:
+    def open(self, run_name: str, directory: str, params: dict) -> None:
         from mlflow.tracking import MlflowClient
 
         os.makedirs(directory, exist_ok=True)
@@ -104,7 +104,7 @@ class MLflow:
                 self.EXPERIMENT, artifact_location=os.path.join(os.path.abspath(directory), "artifacts")
             )
         )
-        self.run_id = self.client.create_run(experiment, run_name=session).info.run_id
+        self.run_id = self.client.create_run(experiment, run_name=run_name).info.run_id
         self.buffer: list = []
         self.written = 0.0
         self.params(params)
@@ -155,7 +155,7 @@ class WandB:
     name = package = "wandb"
     has_artifacts = True
 
-    def open(self, session: str, directory: str, params: dict) -> None:
+    def open(self, run_name: str, directory: str, params: dict) -> None:
         import wandb
 
         os.makedirs(directory, exist_ok=True)
@@ -163,7 +163,7 @@ class WandB:
             mode="offline",
             dir=directory,
             project="workbench",
-            name=session,
+            name=run_name,
             config=params,
             reinit="create_new",  # several sessions, several runs, side by side
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False),
@@ -199,14 +199,14 @@ class WandB:
 
 class Trackio:
     """A trackio run in its local store (SQLite, ``TRACKIO_DIR``): project ``workbench``, the
-    session's name as the run, the parameters as its config. trackio reads ``TRACKIO_DIR``
+    run named after the session, the parameters as its config. trackio reads ``TRACKIO_DIR``
     once, when first imported, so one folder per kernel."""
 
     name = package = "trackio"
     has_artifacts = False
     PROJECT = "workbench"
 
-    def open(self, session: str, directory: str, params: dict) -> None:
+    def open(self, run_name: str, directory: str, params: dict) -> None:
         import sys
 
         directory = os.path.abspath(directory)
@@ -222,9 +222,8 @@ class Trackio:
         import trackio
 
         self.directory = directory
-        self.session = session
         self.run = trackio.init(
-            project=self.PROJECT, name=session, config=params, embed=False, auto_log_cpu=False, auto_log_gpu=False
+            project=self.PROJECT, name=run_name, config=params, embed=False, auto_log_cpu=False, auto_log_gpu=False
         )
 
     def params(self, params: dict) -> None:

@@ -75,7 +75,13 @@ class Tracker:
         self._next_scan = 0.0
         self._closed = threading.Event()
         self.store = _store_of(session)  # refuses a session with nothing to mirror, before opening
-        backend.open(session.name, directory, session_params(session))
+        # the tracker run: the session's name and when tracking began, so tracking the same
+        # session again (or another kernel's session of the same name) is a run of its own
+        now = time.time()
+        self.run_name = (
+            f"{session.name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{int(now * 1000) % 1000:03d}"
+        )
+        backend.open(self.run_name, directory, session_params(session))
         self._order = threading.Lock()  # the rows kept so far are queued before any later batch
         with self._order:
             for row in self.store.subscribe(self._offer):
@@ -193,6 +199,7 @@ class Tracker:
         return {
             "session": self.session.name,
             "tracker": self.name,
+            "run": self.run_name,
             "dir": self.directory,
             "metrics": ",".join(self.metrics) if self.metrics else "all",
             "where": self.backend.where(),

@@ -1,4 +1,6 @@
-"""Read a W&B offline run file (``run-<id>.wandb``) back, for the tracker tests.
+"""What the tracker tests read back with: W&B's offline run file, and trackio's folder.
+
+A W&B offline run file (``run-<id>.wandb``):
 
 The file is W&B's datastore: LevelDB's log format (32 KiB blocks of records, each a 7-byte
 header: masked CRC32C, length, type full/first/middle/last) after a 7-byte file header
@@ -10,7 +12,9 @@ with wandb's own protobuf schema for the records.
 from __future__ import annotations
 
 import json
+import pathlib
 import struct
+import sys
 
 BLOCK = 32768
 HEADER = 7
@@ -74,3 +78,12 @@ def config(path: str) -> dict:
 
 def artifacts(path: str) -> list[str]:
     return [r.artifact.name for r in records(path) if r.WhichOneof("record_type") == "artifact"]
+
+
+def trackio_dir(default: pathlib.Path) -> pathlib.Path:
+    """trackio keeps the folder of its first import in this process: that one, once imported."""
+    if "trackio" in sys.modules:
+        from trackio import utils
+
+        return pathlib.Path(utils.TRACKIO_DIR)
+    return default
