@@ -13,7 +13,8 @@ workbench run id leads each name so that a second run in the same session (steps
 again) is a series of its own. Parameters: the session's layout (world size, backend,
 launcher) when the tracker opens, and each run's setup (strategy, model, options) the
 first time the run is seen, under ``<run>/``. Checkpoints saved in the session's folder
-become artifacts where the tracker has them (looked for at most every few seconds).
+while the tracker runs become artifacts where the tracker has them (looked for every few
+seconds).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..stream.store import ID_COLUMNS
 
 MAX_WAITING_STEPS = 256  # steps held for a rank that has not reported: past this, written as they are
 CHECKPOINT_SCAN_S = 5.0
+IDLE_WAKE_S = 2.0  # trackers with artifacts: look for new checkpoints, write what is buffered
 
 
 def series_name(run: str, metric: str, rank: int | str) -> str:
@@ -74,6 +76,7 @@ class Tracker:
         self._runs: set[str] = set()
         self._next_scan = 0.0
         self._closed = threading.Event()
+        self.started = time.time()
         self.store = _store_of(session)  # refuses a session with nothing to mirror, before opening
         # the tracker run: the session's name and when tracking began, so tracking the same
         # session again (or another kernel's session of the same name) is a run of its own
@@ -100,8 +103,8 @@ class Tracker:
 
         lower_this_thread()  # gives way to ranks training on the same cores
         while True:
-            try:
-                row = self._queue.get(timeout=1.0)
+            try:  # a tracker with nothing to do later sleeps until rows come (no idle wake-ups)
+                row = self._queue.get(timeout=IDLE_WAKE_S if self.backend.has_artifacts else None)
             except queue.Empty:
                 row = None
             if row is StopIteration:
@@ -166,8 +169,9 @@ class Tracker:
         root = self.session.checkpoint_dir
         if not os.path.isdir(root):
             return
-        for folder, _manifest in catalog.entries(root):
-            if folder not in self.artifacts:
+        for folder, manifest in catalog.entries(root):
+            # only this tracker's time: the folder may hold older sessions' checkpoints
+            if folder not in self.artifacts and manifest.time >= self.started:
                 self.backend.artifact(folder)
                 self.artifacts.append(folder)
 
