@@ -29,7 +29,8 @@ data = [{{"input_ids": x, "labels": x}} for x in ids]
 out = tempfile.mkdtemp(prefix="wb-hf-")
 args = TrainingArguments(output_dir=out, use_cpu=True, report_to=[], max_steps={STEPS},
                          per_device_train_batch_size={BATCH}, logging_steps={LOG_EVERY},
-                         save_strategy="no", disable_tqdm=True, learning_rate=1e-3)
+                         save_strategy="no", disable_tqdm=True, learning_rate=1e-3,
+                         include_num_input_tokens_seen="all")
 hf_trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[engine.hf_callback()])
 hf_trainer.train()
 hf_logged = [(h["step"], h["loss"]) for h in hf_trainer.state.log_history if "loss" in h]
@@ -82,6 +83,8 @@ def test_hf_trainer_run_in_distrain_cell_streams_every_logged_loss_per_rank(shel
         assert sorted(wide[wide["rank"] == rank].step) == list(range(1, STEPS + 1))  # every step once
     at_log = wide[wide.step % LOG_EVERY == 0]
     assert (at_log.lr > 0).all() and at_log.grad_norm.map(math.isfinite).all()
+    # the Trainer's own count over both ranks, at its logs
+    assert list(at_log.tokens_seen) == [2 * BATCH * SEQ * s for s in at_log.step]
     assert (wide.tokens == BATCH * SEQ).all() and (wide.samples == BATCH).all()
     later = wide[wide.step > 1]
     assert (later.tps > 0).all() and (later.time_step_s > 0).all()

@@ -7,8 +7,8 @@ becomes one step record of this rank (``source="hf"``), at ``state.global_step``
 - at a step the Trainer logs (``logging_steps``), the record carries what it logged:
   ``loss`` (the Trainer's own mean over the ranks and the steps since its last log),
   ``lr``, ``grad_norm``, ``epoch`` (``num_input_tokens_seen`` as ``tokens_seen``,
-  ``eval_*`` as they are); the Trainer's end-of-training summary (``train_runtime``...)
-  is not a step and is left out;
+  ``eval_*`` as they are); the Trainer's end-of-training summary (``train_loss``...) is
+  not a step and is left out;
 - every step carries what :func:`report` measures (step time, memory, collectives) and
   ``tokens``/``samples``: the model's main input (``input_ids``) counted by a forward
   pre-hook on this rank in training mode, so ``tps`` is this rank's, over all the
@@ -30,7 +30,8 @@ from .reporting import report
 SOURCE = "hf"
 _LAST_RUN_MS = [0]
 _RENAMED = {"learning_rate": "lr", "num_input_tokens_seen": "tokens_seen"}
-_SUMMARY = "train_runtime"  # present only in the Trainer's end-of-training log
+_SUMMARY = "train_loss"  # only in the Trainer's end-of-training log (train_runtime is also in step logs
+# when include_num_input_tokens_seen is on)
 
 
 def agreed_run_id() -> str:
