@@ -48,7 +48,9 @@ def test_four_trackers_hold_the_runs_loss_per_rank_and_mean_params_and_checkpoin
     dirs = {kind: tmp / kind for kind in trackers.KINDS} | {"trackio": tracker_readers.trackio_dir(tmp / "trackio")}
     opened = {kind: trackers.track(kind, str(dirs[kind])) for kind in trackers.KINDS if kind != "mlflow"}
     opened["mlflow"] = trackers.track("mlflow", str(tmp / "mlflow"), metrics="loss*,lr")
-    assert trackers.track("mlflow", str(tmp / "mlflow")) is opened["mlflow"]  # the same one again
+    assert trackers.track("mlflow", str(tmp / "mlflow"), metrics="loss*,lr") is opened["mlflow"]  # the same again
+    with pytest.raises(trackers.TrackerError, match="already mirrors to mlflow in .* with metrics loss\\*,lr"):
+        trackers.track("mlflow", str(tmp / "mlflow"))  # every metric: not what runs, refused
     training.setup("ddp", rankset=rs)
     run = training.start(STEPS, rankset=rs)
     assert training.wait(rankset=rs, timeout=120) == {0: "finished", 1: "finished"}

@@ -81,18 +81,20 @@ def track(
     """Mirror the session's stream (default: the current one) into tracker ``kind``
     (``tensorboard``, ``mlflow``, ``wandb``, ``trackio``) under ``dir`` (default
     ``workbench-tracking/<kind>``); ``metrics``: only these (``"loss,lr,memory_*"``),
-    default all. The same tracker again with the same folder: the one already running."""
+    default all. The same tracker again with the same folder and metrics: the one already
+    running (anything else is refused while it runs)."""
     backend = _backend(kind)
     patterns = parse_metrics(metrics)
     sess = _session(session)
     directory = os.path.abspath(dir or default_dir(kind))
     have = sess.trackers.get(kind)
     if have is not None and not have.closed:
-        if have.directory == directory:
+        if have.directory == directory and have.metrics == patterns:
             return have
+        was = f"{have.directory} with metrics {','.join(have.metrics) if have.metrics else 'all'}"
         raise TrackerError(
-            f"session {sess.name!r} already mirrors to {kind} in {have.directory}: "
-            f"`%distrain track stop {kind}` first to start one in {directory}"
+            f"session {sess.name!r} already mirrors to {kind} in {was}: "
+            f"`%distrain track stop {kind}` first to start another"
         )
     tracker = Tracker(backend, sess, directory, patterns)
     sess.trackers[kind] = tracker
