@@ -30,6 +30,7 @@ from .reporting import report
 SOURCE = "hf"
 _LAST_RUN_MS = [0]
 _RENAMED = {"learning_rate": "lr", "num_input_tokens_seen": "tokens_seen"}
+_RESERVED = {"step", "run", "batch", "source"}
 _SUMMARY = "train_loss"  # only in the Trainer's end-of-training log (train_runtime is also in step logs
 # when include_num_input_tokens_seen is on)
 
@@ -118,6 +119,8 @@ class WorkbenchCallback(TrainerCallback):
 
     def _send(self, step: int, numbers: dict) -> None:
         loss = numbers.pop("loss", None)
+        # a value logged under one of report()'s own argument names keeps it, prefixed
+        numbers = {(f"hf_{k}" if k in _RESERVED else k): v for k, v in numbers.items()}
         report(step, loss, run=self.run or "hf", source=SOURCE, **numbers)
 
 
