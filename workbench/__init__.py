@@ -38,6 +38,9 @@ _PUBLIC = {
     "ckpt": ("workbench.notebook.checkpoints", None),  # workbench.ckpt.save() / .load("latest") / .list()
     "timelines": ("workbench.notebook.timelines", None),
     "profiles": ("workbench.notebook.profiles", None),
+    "track": ("workbench.notebook.trackers", "track"),  # workbench.track("mlflow", dir="runs")
+    "untrack": ("workbench.notebook.trackers", "untrack"),
+    "tracking": ("workbench.notebook.trackers", "tracking"),
 }
 
 # Imported with the API: they attach the event stream and the Lab registry entry to rank sets.

@@ -55,6 +55,7 @@ TRAIN, CKPT, LIFE, CELL, PLAN, VIEWS, PREP = (
     "test_prepare_and_layout_flags",
 )
 NAMED = "test_named_set_flags"  # two named sets side by side: tests/ranks/test_sessions.py
+TRACK = "test_track_flags"
 SLURM_ONLY = "go with --launcher slurm"  # their effect on a real Slurm: tests/cluster/test_slurm.py
 
 CASES: dict[tuple[str, str], object] = {
@@ -151,6 +152,8 @@ CASES: dict[tuple[str, str], object] = {
     ("%%distrain", "--fail-fast"): CELL,
     ("%%distrain", "--stream"): CELL,
     ("%%distrain", "--no-stream"): CELL,
+    # experiment trackers
+    **{(f"track {k}", f): TRACK for k in ("tensorboard", "mlflow", "wandb", "trackio") for f in ("--dir", "--metrics")},
 }
 PLAN_BASE = "--model 8b --hw h100"
 # plan flag -> (words with it, words without it), each after PLAN_BASE: the two printed plans must differ
@@ -696,3 +699,62 @@ def test_named_set_flags(shell2, ranks2):
         sess = session.KERNEL.get("flagwalk")
         if sess is not None and sess.running:
             api.stop("flagwalk")
+
+
+def test_track_flags(shell2, ranks2, tmp_path):
+    """`track KIND --dir D --metrics loss`: each tracker's run is written under D and holds the
+    loss series only (read back with the tracker's own reader); tests/ranks/test_trackers.py
+    checks the series themselves against workbench.metrics()."""
+    import glob
+
+    import tracker_readers
+
+    from workbench.notebook import stream, trackers
+
+    stream.attach(ranks2)
+    run = f"flagwalk-track-{time.time_ns()}"
+    dirs = {k: tmp_path / k for k in ("tensorboard", "mlflow", "wandb", "trackio")}
+    dirs["trackio"] = tracker_readers.trackio_dir(dirs["trackio"])
+    try:
+        for kind, folder in dirs.items():
+            magic(shell2, f"track {kind} --dir {folder} --metrics loss")
+        shell2.run_cell_magic(
+            "distrain",
+            "",
+            "from workbench import engine\nfrom workbench.engine import publisher\n"
+            f"for s in (1, 2):\n    engine.report(step=s, loss=1.0 / s, run={run!r}, lr=0.1)\npublisher.flush()",
+        )
+        store = stream.attach(ranks2).store
+        assert store.wait(lambda st: len(st.snapshot_rows(run)) == 4, timeout=60)
+        names = {info["tracker"]: info["run"] for info in magic(shell2, "track list")}
+        assert magic(shell2, "track stop") is None and api.current() is ranks2
+        assert trackers.tracking() == []
+    finally:
+        for info in trackers.tracking():
+            trackers.untrack(info["tracker"])
+        import wandb
+
+        wandb.teardown()
+    loss_only = {f"{run}/loss/rank0", f"{run}/loss/rank1", f"{run}/loss/mean"}
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(dirs["tensorboard"] / names["tensorboard"]))
+    acc.Reload()
+    assert {t for t in acc.Tags()["scalars"] if t.startswith(run)} == loss_only
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{dirs['mlflow']}/mlflow.db")
+    (mrun,) = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
+    assert {k for k in mrun.data.metrics if k.startswith(run)} == loss_only
+
+    (wfile,) = glob.glob(str(dirs["wandb"] / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert {
+        k for row in tracker_readers.history(wfile) for k in row if k.startswith(run + "/") and k != f"{run}/step"
+    } == loss_only
+
+    from trackio.sqlite_storage import SQLiteStorage
+
+    logs = SQLiteStorage.get_logs("workbench", names["trackio"])
+    assert {k for row in logs for k in row if k.startswith(run)} == loss_only

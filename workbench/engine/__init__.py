@@ -45,11 +45,23 @@ def context() -> runtime.RankContext:
     return runtime.context()
 
 
-def report(step: int, loss: float | None = None, **metrics) -> dict:
-    """Send this rank's numbers for ``step`` to the notebook's dashboard and ``workbench.metrics()``."""
+def report(step: int, loss: float | None = None, *, run: str | None = None, batch=None, **metrics) -> dict:
+    """Send this rank's numbers for ``step`` to the notebook's dashboard and ``workbench.metrics()``:
+    the way a hand-written loop (plain, Accelerate, Lightning Fabric) reports. Step time,
+    memory and collectives are measured here; ``tokens=``/``samples=`` (or ``batch=``, counted)
+    give ``tps``/``samples_per_s``. See :mod:`workbench.engine.reporting`."""
     from .reporting import report as _report
 
-    return _report(step, loss, **metrics)
+    return _report(step, loss, run=run, batch=batch, **metrics)
+
+
+def hf_callback(run: str | None = None):
+    """A ``transformers.TrainerCallback`` that streams a Hugging Face (or trl) ``Trainer``'s
+    steps into the dashboard and ``workbench.metrics()`` through :func:`report`:
+    ``Trainer(..., callbacks=[engine.hf_callback()])``."""
+    from .hf_trainer import make_callback
+
+    return make_callback(run)
 
 
 def prepare(model, optimizer, spec="ddp", **kwargs):
@@ -91,4 +103,6 @@ def barrier() -> None:
     dist.barrier()
 
 
-__all__ = sorted(_CONTEXT_FIELDS | set(_LAZY) | {"context", "barrier", "runtime", "report", "load_pretrained"})
+__all__ = sorted(
+    _CONTEXT_FIELDS | set(_LAZY) | {"context", "barrier", "runtime", "report", "hf_callback", "load_pretrained"}
+)

@@ -1,8 +1,18 @@
 """``engine.report(step=..., loss=..., **metrics)``: a user's own loop into the same stream.
 
-A user who writes their training loop by hand gets the same dashboard and
-``workbench.metrics()`` table with one call per step: the numbers they pass, plus this
-rank's memory, step time since the previous report and the collectives run since then.
+A user who writes their training loop by hand (plain PyTorch, Accelerate, Lightning
+Fabric) gets the same dashboard and ``workbench.metrics()`` table with one call per step:
+the numbers they pass, plus what the workbench measures itself on this rank:
+
+- ``time_step_s``: wall time since this rank's previous report of the run, divided by the
+  steps between the two reports;
+- ``tps`` / ``samples_per_s``: ``tokens`` (or ``samples``) given, or counted from ``batch``
+  (its first tensor's elements and first dimension, as the workbench's trainer counts), over
+  that same wall time; so ``tokens`` means "processed since the previous report";
+- memory: RSS/USS on CPU, the CUDA allocator's counters on GPU (torchtitan's names);
+- ``comm``: the collectives this rank ran since its previous report.
+
+A number the caller passes wins over the measured one of the same name.
 """
 
 from __future__ import annotations
@@ -15,7 +25,15 @@ from . import comm_timing, publisher, runtime, telemetry
 _STATE: dict = {}
 
 
-def report(step: int, loss: float | None = None, *, run: str | None = None, **metrics) -> dict:
+def report(
+    step: int,
+    loss: float | None = None,
+    *,
+    run: str | None = None,
+    batch=None,
+    source: str = "user",
+    **metrics,
+) -> dict:
     """Send one step record of this rank to the notebook (non-blocking); returns it."""
     from . import trainer
 
@@ -28,15 +46,27 @@ def report(step: int, loss: float | None = None, *, run: str | None = None, **me
     now = time.perf_counter()
     before = _STATE.get(run)
     snap = comm_timing.STATS.snapshot()
+    given = {k: (float(v) if hasattr(v, "item") else v) for k, v in metrics.items()}
+    if batch is not None:
+        from .batch_forms import counts
+
+        tokens, samples, _ = counts(batch)
+        given.setdefault("tokens", tokens)
+        given.setdefault("samples", samples)
     values = {} if loss is None else {"loss": float(loss)}
-    values.update({k: (float(v) if hasattr(v, "item") else v) for k, v in metrics.items()})
     comm = {}
     if before is not None:
-        values.setdefault("time_step_s", now - before[0])
+        seconds = max(now - before[0], 1e-9)
+        values["time_step_s"] = seconds / max(1, step - before[2])
+        if given.get("tokens") is not None:
+            values["tps"] = given["tokens"] / seconds
+        if given.get("samples") is not None:
+            values["samples_per_s"] = given["samples"] / seconds
         comm, _ = comm_timing.CommStats.delta(snap, before[1])
     values.update(_STATE["probe"].read())
-    _STATE[run] = (now, snap)
-    event = events.step_event(run=run, rank=ctx.rank, step=step, metrics=values, comm=comm, source="user")
+    values.update(given)
+    _STATE[run] = (now, snap, step)
+    event = events.step_event(run=run, rank=ctx.rank, step=step, metrics=values, comm=comm, source=source)
     if publisher.get() is None and not _STATE.get("warned"):
         _STATE["warned"] = True
         import warnings

@@ -92,6 +92,10 @@ class StreamReader:
                         loss_local=e["metrics"].get("loss_local"),
                         time=e["time"],
                     )
+                elif e["kind"] == "step":  # engine.report / the HF callback: a step, a loss when logged
+                    last.update(run=e["run"], step=e["step"], time=e["time"])
+                    if e["metrics"].get("loss") is not None:
+                        last.update(loss=e["metrics"]["loss"], loss_local=e["metrics"].get("loss_local"))
                 elif e["kind"] == "status":
                     last.update(run=e["run"], state=e["state"], reason=e.get("reason", ""))
             listeners = list(self.listeners)

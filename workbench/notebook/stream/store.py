@@ -117,6 +117,7 @@ class EventStore:
         self.changed = threading.Condition()
         self.aliases: dict[str, str] = {}  # run id of a recovered trainer -> the run it continues
         self.recoveries: list[dict] = []  # what a failure budget's supervisor did, oldest first
+        self.listeners: list = []  # fn(new step rows), called on the adding thread (trackers)
 
     @property
     def dropped_rows(self) -> int:
@@ -126,6 +127,7 @@ class EventStore:
 
     def add(self, batch: list[dict]) -> None:
         now = time.time()
+        new: list[dict] = []
         with self.lock:
             for e in batch:
                 self._check_seq(e)
@@ -137,7 +139,9 @@ class EventStore:
                     self.runs.append(run)
                 kind = e["kind"]
                 if kind == "step":
-                    self._add_step(e)
+                    row = self._add_step(e)
+                    if row is not None:
+                        new.append(row)
                 elif kind == "status":
                     self.states[run][e["rank"]] = e
                     self.statuses.append(e)
@@ -146,8 +150,23 @@ class EventStore:
                 self.lag_s = now - e["time"]
             self.received += len(batch)
             self.version += 1
+            listeners = list(self.listeners) if new else ()
+        for fn in listeners:
+            fn(new)
         with self.changed:
             self.changed.notify_all()
+
+    def subscribe(self, fn) -> list[dict]:
+        """Call ``fn(rows)`` with the step rows of every later batch (on the collector's thread:
+        ``fn`` must only queue them); returns the rows kept so far, with no gap or overlap."""
+        with self.lock:
+            self.listeners.append(fn)
+            return list(self.rows)
+
+    def unsubscribe(self, fn) -> None:
+        with self.lock:
+            if fn in self.listeners:
+                self.listeners.remove(fn)
 
     def _check_seq(self, e: dict) -> None:
         key = (e["run"], e["rank"])
@@ -156,11 +175,11 @@ class EventStore:
             self.gaps += e["seq"] - last - 1
         self._last_seq[key] = max(e["seq"], last if last is not None else -1)
 
-    def _add_step(self, e: dict) -> None:
+    def _add_step(self, e: dict) -> dict | None:
         key = (e.get("sent_as", e["run"]), e["rank"], e["seq"])
         if key in self._seen:
             self.duplicates += 1
-            return
+            return None
         self._seen.add(key)
         self._seen_order.append(key)
         if len(self._seen_order) > self._seen_limit:
@@ -170,9 +189,8 @@ class EventStore:
         if e["source"] == "trainer":
             self._trainer_step[(e["run"], e["rank"])] = e["step"]
         flat = events.flat_metrics(e)
-        self.rows.append(
-            {"run": e["run"], "rank": e["rank"], "step": e["step"], "time": e["time"], "source": e["source"], **flat}
-        )
+        row = {"run": e["run"], "rank": e["rank"], "step": e["step"], "time": e["time"], "source": e["source"], **flat}
+        self.rows.append(row)
         self._n_rows += 1
         if self.history is not None and len(self.rows) > self.window:
             self.history.add_row(self.rows.popleft())
@@ -188,6 +206,7 @@ class EventStore:
             if s is None:
                 s = self.series[(run, name, rank)] = Thinned(self.max_points)
             s.add(step, value)
+        return row
 
     def _roll_back(self, run: str, rank: int, step: int) -> None:
         """Move this rank's rows and points of ``run`` from ``step`` on aside (see the module doc)."""
