@@ -2,7 +2,8 @@
 
 ``engine.rank``, ``engine.world_size``, ``engine.local_rank``,
 ``engine.local_world_size``, ``engine.device``, ``engine.backend`` and
-``engine.host`` are read from the rank's bootstrapped context, so they are always
+``engine.host`` (and ``engine.framework``: torch, or jax for ``--framework jax``) are read
+from the rank's bootstrapped context, so they are always
 those of the live process group. ``engine.prepare`` lays a model out, ``engine.Trainer``
 trains it (``%distrain train start`` drives the newest one), ``engine.load_pretrained``
 reads Hugging Face weights into it. Engine-side code never imports ipywidgets or plotly.
@@ -23,6 +24,7 @@ _CONTEXT_FIELDS = {
     "pid",
     "threads",
     "timeout_s",
+    "framework",
 }
 
 
@@ -56,6 +58,7 @@ def prepare(model, optimizer, spec="ddp", **kwargs):
     """Lay ``model`` out across the ranks by ``spec`` (a ``StrategySpec`` or text like
     ``"fsdp2 tp=2"``); returns the ``Prepared`` (model, optimizer, layout, train_step)
     and keeps it as this rank's current model for the trainer and checkpoints."""
+    _refuse_unless_torch("engine.prepare")
     from ..strategies import prepare as _prepare
     from ..strategies.meshes import adopt_with
     from . import session
@@ -86,9 +89,21 @@ def prepared():
 
 def barrier() -> None:
     """A barrier over all ranks of the default group."""
+    _refuse_unless_torch("engine.barrier")
     import torch.distributed as dist
 
     dist.barrier()
+
+
+def _refuse_unless_torch(what: str) -> None:
+    """torch and JAX never share a rank set: torch's layouts need the torch process group."""
+    ctx = runtime._CONTEXT
+    if ctx is not None and ctx.framework != "torch":
+        raise RuntimeError(
+            f"{what} works on torch.distributed, and this rank set runs {ctx.framework} "
+            f"(started with --framework {ctx.framework}): start a torch set beside it with "
+            "`%distrain start -n N --name NAME` and run torch cells there"
+        )
 
 
 __all__ = sorted(_CONTEXT_FIELDS | set(_LAZY) | {"context", "barrier", "runtime", "report", "load_pretrained"})
