@@ -80,6 +80,17 @@ def load_pretrained(folder: str, model=None) -> dict:
     return _load(folder, model if model is not None else session.prepared())
 
 
+def describe_jax(params, strategy: str = "jax") -> dict:
+    """Describe this JAX rank's share of ``params`` (a pytree of global ``jax.Array``s) in the
+    layout schema torch models use, and keep it for ``%distrain layout`` (the same picture)."""
+    from . import jax_layout, session
+
+    ctx = runtime.context()
+    layout = jax_layout.describe(params, strategy=strategy, rank=ctx.rank, world_size=ctx.world_size)
+    session.set_jax_layout(layout)
+    return layout
+
+
 def prepared():
     """This rank's current ``Prepared`` (set by :func:`prepare`)."""
     from . import session
@@ -106,4 +117,6 @@ def _refuse_unless_torch(what: str) -> None:
         )
 
 
-__all__ = sorted(_CONTEXT_FIELDS | set(_LAZY) | {"context", "barrier", "runtime", "report", "load_pretrained"})
+__all__ = sorted(
+    _CONTEXT_FIELDS | set(_LAZY) | {"context", "barrier", "runtime", "report", "load_pretrained", "describe_jax"}
+)

@@ -51,7 +51,6 @@ def preload_command(framework: str = "torch") -> str:
     return "import " + ", ".join(PRELOADS[framework])
 
 
-
 def cluster_kwargs(
     launcher: str, n: int, *, options: dict | None = None, guarded: bool = False, framework: str = "torch"
 ) -> dict:
