@@ -90,6 +90,26 @@ def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell)
         ["Shard(0)", "Replicate()"],
     ]
 
+    # the planner's FSDP and TP arithmetic against the bytes each JAX rank holds of the same model
+    from workbench.planner import ModelSpec, PlanLayout
+    from workbench.planner.sharded_bytes import compare_param_bytes, shape_config
+
+    model = ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, seq_len=32)
+    rs.push({"cfg": shape_config(model)})
+    plans = {"fsdp": PlanLayout(dp_shard=4, zero_stage=3, precision="fp32"), "tp": PlanLayout(tp=4, precision="fp32")}
+    held = {}
+    for style, plan in plans.items():
+        rs.execute(
+            "from workbench.engine.jax_models import llama_params\n"
+            f"lay = engine.describe_jax(llama_params(cfg, {style!r}), strategy='jax {style}')",
+            timeout=120,
+        )
+        rows = compare_param_bytes(rs.pull("lay"), model, plan)
+        assert [r["ratio"] for r in rows] == [1.0] * 4, (style, rows)
+        held[style] = rows[0]["measured_bytes"]
+    # TP holds more than FSDP per rank: its norms are whole on every rank
+    assert held["tp"] - held["fsdp"] == 4 * (2 * 2 * 64 + 64) * 3 // 4
+
     # torch's layouts on JAX ranks: refused, naming what to do; the ranks keep working
     with pytest.raises(Exception, match=r"runs jax .*--name NAME"):
         rs.execute("engine.prepare(None, None, 'ddp')", timeout=60)
