@@ -128,7 +128,7 @@ def test_bad_framework_settings_are_refused_before_any_start(fresh_ranks, ipshel
     assert dict(api.sessions()) == before and not fresh_ranks.started
 
 
-def test_a_killed_jax_rank_is_named_and_stop_leaves_nothing(fresh_ranks):
+def test_a_killed_jax_rank_is_named_restart_brings_jax_ranks_back_and_stop_leaves_nothing(fresh_ranks):
     rs = fresh_ranks(4, framework="jax")
     rs.execute("import jax; x = jax.numpy.arange(4)", timeout=60)
     pid = rs.procs[2].pid
@@ -140,7 +140,13 @@ def test_a_killed_jax_rank_is_named_and_stop_leaves_nothing(fresh_ranks):
     assert [(d["rank"], d["pid"], d["exit"]) for d in dead] == [(2, pid, "killed by SIGKILL")]
     with pytest.raises(RankDied, match=r"rank 2 .*killed by SIGKILL"):
         rs.execute("x.sum()", timeout=60)
+    # restart brings the set back as it was started: JAX ranks, every old process gone
     pids = list(rs.started_pids)
+    again = api.restart()
+    assert not [p for p in pids if _alive(p)]
+    again.execute("import jax\nfrom workbench import engine\nwho = (engine.framework, jax.process_count())", timeout=60)
+    assert again.pull("who") == [("jax", 4)] * 4
+    pids = list(again.started_pids)
     assert api.stop() == []
     assert not [p for p in pids if _alive(p)]
 
