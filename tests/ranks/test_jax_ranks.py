@@ -18,6 +18,7 @@ pytest.importorskip("jax")
 
 from workbench.notebook import api  # noqa: E402
 from workbench.notebook.cluster import RankDied  # noqa: E402
+from workbench.notebook.commands import UsageError  # noqa: E402
 
 MATMUL = """
 import jax, numpy as np
@@ -111,6 +112,8 @@ def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell)
     assert held["tp"] - held["fsdp"] == 4 * (2 * 2 * 64 + 64) * 3 // 4
 
     # torch's layouts on JAX ranks: refused, naming what to do; the ranks keep working
+    with pytest.raises(UsageError, match=r"this rank set runs jax: shard with NamedSharding there"):
+        ipshell.run_line_magic("distrain", "prepare ddp")
     with pytest.raises(Exception, match=r"runs jax .*--name NAME"):
         rs.execute("engine.prepare(None, None, 'ddp')", timeout=60)
     rs.execute("ones = float(jax.numpy.ones(3).sum())", timeout=60)
@@ -118,8 +121,6 @@ def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell)
 
 
 def test_bad_framework_settings_are_refused_before_any_start(fresh_ranks, ipshell):
-    from workbench.notebook.commands import UsageError
-
     before = dict(api.sessions())
     with pytest.raises(UsageError, match=r"--backend nccl is torch's.*leave --backend out"):
         ipshell.run_line_magic("distrain", "start -n 2 --framework jax --backend nccl --name jbad")
