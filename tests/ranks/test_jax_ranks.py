@@ -57,6 +57,8 @@ def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell)
     info = rs.pull("info")
     # rank = jax.process_index on every rank; 4 devices in all; torch never imported
     assert info == [(r, 4, r, 4, False) for r in range(4)]
+    status = ipshell.run_line_magic("distrain", "status")
+    assert list(status["framework"]) == ["jax"] * 4 and list(status["state"]) == ["idle"] * 4
 
     rs.execute(MATMUL, timeout=180)
     rng = np.random.default_rng(0)

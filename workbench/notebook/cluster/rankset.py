@@ -681,6 +681,7 @@ class RankSet:
                     "state": state,
                     "exit": deaths[rank]["exit"] if rank in deaths else "",
                     **({"nccl": info["nccl"]} if info.get("nccl") else {}),  # NCCL ranks: version and NCCL_* env
+                    **({"framework": info["framework"]} if info.get("framework", "torch") != "torch" else {}),
                 }
             )
         return rows
