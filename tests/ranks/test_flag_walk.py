@@ -69,6 +69,8 @@ CASES: dict[tuple[str, str], object] = {
     ("stop", "--name"): NAMED,
     ("start", "--ip"): refused("start --ip 127.0.0.1", "--ip goes with --launcher ssh or slurm"),
     ("start", "--launcher"): refused("start -n 2 --launcher ssh", "--launcher ssh needs --hosts"),
+    # its effect on real JAX ranks: tests/ranks/test_jax_ranks.py
+    ("start", "--framework"): refused("start -n 2 --framework jax --backend nccl", "--backend nccl is torch's"),
     ("start", "--hosts"): refused("start --hosts a:1,b:1", "--hosts goes with --launcher ssh"),
     ("start", "--ssh-config"): refused("start --ssh-config /nonexistent", "--ssh-config and --python go with"),
     ("start", "--python"): refused("start --python /usr/bin/python3", "--ssh-config and --python go with"),

@@ -2,7 +2,8 @@
 
 ``engine.rank``, ``engine.world_size``, ``engine.local_rank``,
 ``engine.local_world_size``, ``engine.device``, ``engine.backend`` and
-``engine.host`` are read from the rank's bootstrapped context, so they are always
+``engine.host`` (and ``engine.framework``: torch, or jax for ``--framework jax``) are read
+from the rank's bootstrapped context, so they are always
 those of the live process group. ``engine.prepare`` lays a model out, ``engine.Trainer``
 trains it (``%distrain train start`` drives the newest one), ``engine.load_pretrained``
 reads Hugging Face weights into it. Engine-side code never imports ipywidgets or plotly.
@@ -23,6 +24,7 @@ _CONTEXT_FIELDS = {
     "pid",
     "threads",
     "timeout_s",
+    "framework",
 }
 
 
@@ -68,6 +70,7 @@ def prepare(model, optimizer, spec="ddp", **kwargs):
     """Lay ``model`` out across the ranks by ``spec`` (a ``StrategySpec`` or text like
     ``"fsdp2 tp=2"``); returns the ``Prepared`` (model, optimizer, layout, train_step)
     and keeps it as this rank's current model for the trainer and checkpoints."""
+    _refuse_unless_torch("engine.prepare")
     from ..strategies import prepare as _prepare
     from ..strategies.meshes import adopt_with
     from . import session
@@ -89,6 +92,17 @@ def load_pretrained(folder: str, model=None) -> dict:
     return _load(folder, model if model is not None else session.prepared())
 
 
+def describe_jax(params, strategy: str = "jax") -> dict:
+    """Describe this JAX rank's share of ``params`` (a pytree of global ``jax.Array``s) in the
+    layout schema torch models use, and keep it for ``%distrain layout`` (the same picture)."""
+    from . import jax_layout, session
+
+    ctx = runtime.context()
+    layout = jax_layout.describe(params, strategy=strategy, rank=ctx.rank, world_size=ctx.world_size)
+    session.set_jax_layout(layout)
+    return layout
+
+
 def prepared():
     """This rank's current ``Prepared`` (set by :func:`prepare`)."""
     from . import session
@@ -98,11 +112,25 @@ def prepared():
 
 def barrier() -> None:
     """A barrier over all ranks of the default group."""
+    _refuse_unless_torch("engine.barrier")
     import torch.distributed as dist
 
     dist.barrier()
 
 
+def _refuse_unless_torch(what: str) -> None:
+    """torch and JAX never share a rank set: torch's layouts need the torch process group."""
+    ctx = runtime._CONTEXT
+    if ctx is not None and ctx.framework != "torch":
+        raise RuntimeError(
+            f"{what} works on torch.distributed, and this rank set runs {ctx.framework} "
+            f"(started with --framework {ctx.framework}): start a torch set beside it with "
+            "`%distrain start -n N --name NAME` and run torch cells there"
+        )
+
+
 __all__ = sorted(
-    _CONTEXT_FIELDS | set(_LAZY) | {"context", "barrier", "runtime", "report", "hf_callback", "load_pretrained"}
+    _CONTEXT_FIELDS
+    | set(_LAZY)
+    | {"context", "barrier", "runtime", "report", "hf_callback", "load_pretrained", "describe_jax"}
 )

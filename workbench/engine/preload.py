@@ -1,6 +1,8 @@
-"""Entry point of ranks on this host: ``python -m workbench.engine.preload [--ranks N] [ipengine args]``.
+"""Entry point of ranks on this host:
+``python -m workbench.engine.preload [--ranks N] [--framework torch|jax] [ipengine args]``.
 
-Imports torch and ipyparallel's engine first, then runs the engine. The engine would
+Imports the rank's framework (torch, or jax for ``--framework jax``: a JAX rank does not
+pay for torch's import) and ipyparallel's engine first, then runs the engine. The engine would
 otherwise sit idle while the controller writes its connection file and only then import
 torch (the longest step of a rank's start); this way the two overlap.
 
@@ -16,13 +18,26 @@ imported ipyparallel, so it sends the rest as one JSON line on stdin once it kno
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
 import sys
 
-import torch  # noqa: F401
-import torch.distributed  # noqa: F401
+# what each framework's ranks import before they fork (the same lines run as the engines'
+# startup command: launchers.preload_command)
+PRELOADS = {"torch": ("torch", "torch.distributed"), "jax": ("jax", "jax.numpy")}
+
+
+def own_framework(argv: list[str]) -> tuple[str, list[str]]:
+    """``--framework NAME`` taken out of the engine's arguments (default torch)."""
+    if "--framework" not in argv:
+        return "torch", argv
+    i = argv.index("--framework")
+    name = argv[i + 1] if i + 1 < len(argv) else ""
+    if name not in PRELOADS:
+        raise SystemExit(f"--framework needs one of {', '.join(PRELOADS)}: {' '.join(argv)}")
+    return name, argv[:i] + argv[i + 2 :]
 
 
 def own_args(argv: list[str]) -> tuple[int | None, list[str]]:
@@ -48,7 +63,10 @@ RANK_ENV_DROPPED = ("PYTEST_CURRENT_TEST",)
 def main() -> None:
     for name in RANK_ENV_DROPPED:
         os.environ.pop(name, None)
-    ranks, rest = own_args(sys.argv[1:])
+    framework, rest = own_framework(sys.argv[1:])
+    ranks, rest = own_args(rest)
+    for module in PRELOADS[framework]:
+        importlib.import_module(module)
     from ipyparallel.engine.app import main as engine_main
 
     if ranks is None:

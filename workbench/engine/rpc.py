@@ -275,9 +275,9 @@ class Layout:
     """Which elements of which tensor this rank holds (``Prepared.layout``)."""
 
     def run(self) -> replies.LayoutReply:
-        from .session import prepared as current_prepared
+        from .session import current_layout
 
-        return replies.LayoutReply.from_dict(current_prepared().layout)
+        return replies.LayoutReply.from_dict(current_layout())
 
 
 @dataclass(frozen=True, kw_only=True)

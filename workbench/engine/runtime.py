@@ -40,6 +40,7 @@ class RankContext:
     master_addr: str
     master_port: int
     timeout_s: float
+    framework: str = "torch"  # "jax": jax.distributed is initialised, torch.distributed is not
 
 
 def free_port() -> int:
@@ -126,8 +127,10 @@ def bootstrap(
     also_end: list[int] | None = None,
     pin_visible_gpu: bool = False,
     interface_addr: str | None = None,
+    framework: str = "torch",
 ) -> dict:
-    """Set the rank's environment, pin its device and initialise the process group.
+    """Set the rank's environment, pin its device and initialise the process group
+    (``framework="jax"``: ``jax.distributed`` instead, :mod:`workbench.engine.jax_runtime`).
 
     ``sys_path`` holds the notebook's working directory, so that the user's own
     modules beside the notebook import on the ranks too.
@@ -172,6 +175,29 @@ def bootstrap(
         rank_debug.install(os.path.join(os.path.dirname(stack_dir), "debug"), rank)
     if parent_pid:
         _exit_with_parent(parent_pid, also_end or [])
+    if framework == "jax":
+        from . import jax_runtime
+
+        settle_malloc()
+        device = jax_runtime.initialize(
+            rank=rank, world_size=world_size, coordinator=f"{master_addr}:{master_port}", timeout_s=timeout_s
+        )
+        _CONTEXT = RankContext(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            backend="gloo" if device == "cpu" else "xla",
+            device=device,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            threads=threads,
+            master_addr=master_addr,
+            master_port=master_port,
+            timeout_s=timeout_s,
+            framework="jax",
+        )
+        return describe()
 
     import datetime
 
@@ -370,6 +396,8 @@ def leave_group() -> bool:
     the peer does not wake it), but a closed connection makes the peer's collective
     raise at once. Returns whether there was a group to destroy.
     """
+    if _CONTEXT is not None and _CONTEXT.framework != "torch":
+        return False  # no torch process group on a JAX rank
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -406,10 +434,15 @@ def rejoin_group(master_port: int) -> dict:
     """
     import datetime
 
-    import torch.distributed as dist
-
     global _CONTEXT
     ctx = context()
+    if ctx.framework != "torch":
+        raise RuntimeError(
+            f"rank {ctx.rank} runs {ctx.framework}, which has no torch process group to re-initialise: "
+            "`%distrain restart` brings the ranks back"
+        )
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.destroy_process_group()
     kwargs = {}

@@ -9,6 +9,7 @@ ranks (each rank has its own).
 from __future__ import annotations
 
 _PREPARED = None
+_JAX_LAYOUT: dict | None = None  # a JAX rank's arrays as described by ``engine.describe_jax``
 
 
 def set_prepared(prepared) -> None:
@@ -17,12 +18,25 @@ def set_prepared(prepared) -> None:
     _PREPARED = prepared
 
 
+def set_jax_layout(layout: dict) -> None:
+    """Remember the layout of a JAX rank's arrays: ``%distrain layout`` draws it."""
+    global _JAX_LAYOUT
+    _JAX_LAYOUT = layout
+
+
+def current_layout() -> dict:
+    """The layout description the picture draws: the prepared torch model's, else the JAX arrays'."""
+    if _PREPARED is None and _JAX_LAYOUT is not None:
+        return _JAX_LAYOUT
+    return prepared().layout
+
+
 def prepared():
     """The current :class:`workbench.strategies.Prepared`; a clear error if there is none."""
     if _PREPARED is None:
         raise RuntimeError(
             "no model is laid out on this rank yet: call `engine.prepare(model, optimizer, spec)` "
-            "(or `%distrain prepare ...`) first"
+            "(or `%distrain prepare ...`) first; on JAX ranks, `engine.describe_jax(params)`"
         )
     return _PREPARED
 
@@ -32,5 +46,6 @@ def has_prepared() -> bool:
 
 
 def clear() -> None:
-    global _PREPARED
+    global _PREPARED, _JAX_LAYOUT
     _PREPARED = None
+    _JAX_LAYOUT = None

@@ -100,6 +100,7 @@ def start(
     slurm=None,
     progress=None,
     name: str | None = None,
+    framework: str = "torch",
 ) -> RankSet:
     """Start ``n`` ranks and initialise their process group (blocks until ready).
 
@@ -108,7 +109,8 @@ def start(
     ``slurm=SlurmRequest(...)`` submits one job; ``"ssh"`` with ``hosts="a:2,b:2"``
     spans hosts. ``progress(line)`` gets live lines while waiting (``queued: job N
     PENDING (Reason)``); ``stop()`` from another thread, or Ctrl-C, cancels a start that
-    waits in the queue.
+    waits in the queue. ``framework="jax"``: the ranks initialise ``jax.distributed`` instead
+    of ``torch.distributed`` (and never import torch).
     """
     if name is not None and (not isinstance(name, str) or not name.isidentifier()):
         raise ValueError(f"a session name is a word of letters, digits and _ (like ddp or fsdp_tp), got {name!r}")
@@ -126,6 +128,7 @@ def start(
         ssh_config=ssh_config,
         python=python,
         slurm=slurm,
+        framework=framework,
     )
     config.validate()
     if name is None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from ...engine.preload import PRELOADS
+
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 
 # The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
@@ -41,15 +43,22 @@ CONTROLLER_CMD = [
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "controller_process.py"),
 ]
 
-# Run by each engine as soon as it is up: the rank bootstrap then finds torch imported.
-PRELOAD = "import torch, torch.distributed"
+FRAMEWORKS = tuple(PRELOADS)  # what the ranks run: torch (torch.distributed) or jax (jax.distributed)
 
 
-def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarded: bool = False) -> dict:
+def preload_command(framework: str = "torch") -> str:
+    """Run by each engine as soon as it is up: the rank bootstrap then finds its framework imported."""
+    return "import " + ", ".join(PRELOADS[framework])
+
+
+def cluster_kwargs(
+    launcher: str, n: int, *, options: dict | None = None, guarded: bool = False, framework: str = "torch"
+) -> dict:
     """Keyword arguments for ``ipyparallel.Cluster`` for this launcher.
 
     ``options`` are passed through to ipyparallel (e.g. ``{"engines": {...}}`` or
-    config for Slurm/SSH such as ``SSHEngineSetLauncher.engines``).
+    config for Slurm/SSH such as ``SSHEngineSetLauncher.engines``); ``framework`` decides
+    what the engines import first (a JAX rank never imports torch).
     """
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
@@ -73,7 +82,7 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarde
     # the controller ends with the notebook process, wherever the ranks run (controller_process.py)
     cfg.LocalControllerLauncher.controller_cmd = CONTROLLER_CMD
     # import torch while the other engines register, not after (start-up time)
-    cfg.EngineLauncher.engine_args = ["--IPEngine.startup_command=" + PRELOAD]
+    cfg.EngineLauncher.engine_args = ["--IPEngine.startup_command=" + preload_command(framework)]
     if launcher == "mpi":
         kwargs["engines"] = "mpi"
         # no shared-memory transport: the ranks talk through torch.distributed, MPI only
@@ -93,7 +102,12 @@ def cluster_kwargs(launcher: str, n: int, *, options: dict | None = None, guarde
         cfg.EngineLauncher.engine_args.append("--IPEngine.wait_for_url_file=120")
         # each engine imports torch as its first step, while the controller is still coming
         # up (the startup command then finds it imported)
-        cfg.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-m", "workbench.engine.preload"]
+        cfg.LocalEngineSetLauncher.engine_cmd = [
+            sys.executable,
+            "-m",
+            "workbench.engine.preload",
+            *(["--framework", framework] if framework != "torch" else []),
+        ]
         # no nanny process per engine: ranks on this host are signalled by pid
         # (``RankSet.interrupt``) and watched by pid (``health.Watcher``); the nanny cost a
         # Python start that each engine waited for before registering
@@ -122,7 +136,7 @@ def heartbeat_args(n: int, *, patient: bool) -> list[str]:
 
 
 class ForkedRanks:
-    """The one process that imports torch and forks the ranks on this host
+    """The one process that imports the ranks' framework (torch or jax) and forks the ranks on this host
     (``workbench.engine.preload --ranks N``).
 
     Started before the notebook imports ipyparallel, so that its imports overlap with the
@@ -130,14 +144,14 @@ class ForkedRanks:
     then its output goes to a temporary file that :meth:`output` reads back if it fails.
     """
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, framework: str = "torch"):
         import subprocess
         import tempfile
 
         self.n = n
         self._early = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workbench.engine.preload", "--ranks", str(n)],
+            [sys.executable, "-m", "workbench.engine.preload", "--ranks", str(n), "--framework", framework],
             stdin=subprocess.PIPE,
             stdout=self._early,
             stderr=subprocess.STDOUT,

@@ -53,11 +53,18 @@ class RankSetConfig:
     ssh_config: str | None = None  # ssh: an ssh_config file (ssh -F)
     python: str | None = None  # ssh/slurm: the ranks' python (default: this one's path)
     slurm: slurm.SlurmRequest | None = None
+    framework: str = "torch"  # what the ranks initialise: torch.distributed, or jax.distributed
 
     def validate(self) -> None:
         """Refuse bad settings before any process is started."""
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"-n must be a whole number of ranks >= 1, got {self.n!r}")
+        if self.framework not in launchers.FRAMEWORKS:
+            raise ValueError(
+                f"--framework {self.framework!r} is not known: use one of {', '.join(launchers.FRAMEWORKS)}"
+            )
+        if self.framework == "jax":
+            self._validate_jax()
         if self.hosts is not None and self.launcher != "ssh":
             raise ValueError("--hosts goes with --launcher ssh")
         if (self.ssh_config or self.python) and self.launcher not in ("ssh", "slurm"):
@@ -96,8 +103,21 @@ class RankSetConfig:
             raise ValueError(f"--timeout must be a positive number of seconds, got {self.timeout!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads!r}")
-        if not self.remote_launch() and self.backend != "gloo":
+        if not self.remote_launch() and self.backend != "gloo" and self.framework == "torch":
             plan_gpus(self.backend, self.n, launchers.gpu_ids())  # refuses n > GPUs before any start
+
+    def _validate_jax(self) -> None:
+        """JAX ranks: forked on this host, CPU collectives over gloo (``engine.jax_runtime``)."""
+        if self.launcher != "local" or self.launcher_options:
+            raise ValueError(
+                f"--framework jax starts its ranks with --launcher local (got --launcher {self.launcher}); "
+                "leave --launcher out"
+            )
+        if self.backend not in ("auto", "gloo"):
+            raise ValueError(
+                f"--backend {self.backend} is torch's: JAX ranks run their collectives over gloo on CPU; "
+                "leave --backend out (or --backend gloo) with --framework jax"
+            )
 
     def remote_launch(self) -> bool:
         """Slurm/SSH ranks pin from the GPUs of their own host, not this one's."""
@@ -351,11 +371,11 @@ class RankSet:
         if cfg.launcher == "local" and not cfg.launcher_options:
             # first of all, the process that imports torch and forks the ranks: its imports
             # then overlap with ipyparallel's in this process and with the controller's start
-            self.forked = launchers.ForkedRanks(cfg.n)
+            self.forked = launchers.ForkedRanks(cfg.n, cfg.framework)
             self.started_pids.append(self.forked.pid)
         import ipyparallel as ipp
 
-        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, options=cfg.launcher_options)
+        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, options=cfg.launcher_options, framework=cfg.framework)
         if cfg.profile_dir:
             kwargs["profile_dir"] = cfg.profile_dir
         self.cluster = ipp.Cluster(**kwargs)
@@ -460,7 +480,7 @@ class RankSet:
         remote_launch = cfg.remote_launch()
         # Slurm/SSH: each rank pins from the GPUs its own host (and Slurm) makes visible to it
         backend, gpu_ids = cfg.backend, []
-        if not remote_launch:
+        if not remote_launch and cfg.framework == "torch":
             plan = plan_gpus(cfg.backend, cfg.n, launchers.gpu_ids() if cfg.backend != "gloo" else [])
             backend, gpu_ids = plan.backend, list(plan.gpu_ids)
         stack_dir = os.path.join(self.state_dir(), "stacks")
@@ -488,6 +508,7 @@ class RankSet:
                 # notebook process die without stopping them
                 parent_pid=os.getpid() if hosts[rank] == here else None,
                 also_end=controller if rank == 0 and hosts[rank] == here else None,
+                framework=cfg.framework,
             )
             pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
         self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]
@@ -660,6 +681,7 @@ class RankSet:
                     "state": state,
                     "exit": deaths[rank]["exit"] if rank in deaths else "",
                     **({"nccl": info["nccl"]} if info.get("nccl") else {}),  # NCCL ranks: version and NCCL_* env
+                    **({"framework": info["framework"]} if info.get("framework", "torch") != "torch" else {}),
                 }
             )
         return rows

@@ -49,6 +49,12 @@ def _prepare(args, shell):
     if not argv:
         raise UsageError("name a strategy, e.g. `%distrain prepare fsdp2` or `%distrain prepare fsdp2_tp tp=2`")
     rs = api.current()
+    if rs.config.framework != "torch":
+        raise UsageError(
+            f"`%distrain prepare` lays out torch models and this rank set runs {rs.config.framework}: shard with "
+            "NamedSharding there (`engine.describe_jax(params)` draws it), or start a torch set beside it "
+            "with `%distrain start -n N --name NAME`"
+        )
     try:
         spec = spec_from_args(argv)
     except (SpecError, ValueError) as exc:

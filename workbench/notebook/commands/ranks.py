@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...shared.argtypes import positive_int, rank_selection, seconds
 from .. import api, auto_cells
-from ..cluster.launchers import LAUNCHERS
+from ..cluster.launchers import FRAMEWORKS, LAUNCHERS
 from ..cluster.rankset import BACKENDS
 from . import UsageError, command
 
@@ -13,6 +13,7 @@ def _start_args(p) -> None:
     p.add_argument("-n", type=positive_int, default=None, help="number of ranks (default 2, or the --hosts total)")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: nccl with GPUs, else gloo")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="torch", help="jax: the ranks run jax.distributed")
     p.add_argument("--timeout", type=seconds, default=300.0, help="collective timeout in seconds")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads per rank")
     p.add_argument("--auto", action="store_true", help="then run plain cells on the ranks (`%%distrain auto on`)")
@@ -83,10 +84,13 @@ def _start(args, shell):
             slurm=_slurm_request(args),
             progress=_live_line(),
             name=args.name,
+            framework=args.framework,
         )
     except ValueError as exc:  # bad settings: one line, nothing started
         raise UsageError(str(exc)) from None
     backend = rs.info[0]["backend"] if rs.info else args.backend
+    if args.framework != "torch":
+        backend = f"{args.framework}, {backend}"
     where = rs.allocation()
     named = f"{args.name!r}: " if args.name else ""
     print(
