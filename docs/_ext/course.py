@@ -22,11 +22,12 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import tempfile
 
 import nbformat
 from sphinx.util import logging
+
+from workbench.labs.student import SOLUTION_TAG
 
 LOG = logging.getLogger(__name__)
 
@@ -91,12 +92,29 @@ def execute(path: pathlib.Path, timeout: float = 300):
         try:
             client.execute(env=env)
         finally:
-            for pid in _rank_pids(nb):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _end_ranks(_rank_pids(nb))
     return nb
+
+
+def _end_ranks(pids: list[int], grace: float = 15.0) -> None:
+    """Give the ranks a notebook printed ``grace`` seconds to end (its ``%distrain stop`` or its
+    kernel's exit ends them), then end those left, by pid, children first."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, left = psutil.wait_procs(procs, timeout=grace)
+    for proc in left:
+        try:
+            for child in proc.children(recursive=True):
+                child.kill()
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def figure_html(figure: dict, key: str) -> str:
@@ -113,6 +131,33 @@ def figure_html(figure: dict, key: str) -> str:
     )
 
 
+def _with_buffers(model: dict) -> dict:
+    """The model's state with its binary buffers put back in place, as lists: a figure's numpy
+    arrays travel as buffers (``{"dtype", "shape"}`` in the state, the bytes beside it)."""
+    import base64
+
+    import numpy as np
+
+    body = copy.deepcopy(model.get("state", {}))
+    for buffer in model.get("buffers", []):
+        *where, last = buffer.get("path", [])
+        node = body
+        try:
+            for key in where:
+                node = node[key]
+        except (KeyError, IndexError, TypeError):
+            continue  # a buffer of a transient edit message, no longer in the state
+        if last != "buffer" or not isinstance(node, dict) or "dtype" not in node:
+            continue
+        raw = base64.b64decode(buffer["data"]) if buffer.get("encoding") == "base64" else bytes(buffer["data"])
+        values = np.frombuffer(raw, dtype=node["dtype"]).reshape(node.get("shape", [-1])).tolist()
+        parent = body
+        for key in where[:-1]:
+            parent = parent[key]
+        parent[where[-1]] = values
+    return body
+
+
 def _widget_parts(model_id: str, state: dict, seen: set | None = None) -> list[dict | str]:
     """What a widget shows, its children's included, from the saved widget state: plotly
     figures (dicts) and the HTML of HTML/Label widgets (a dashboard's status line), in order."""
@@ -121,7 +166,7 @@ def _widget_parts(model_id: str, state: dict, seen: set | None = None) -> list[d
         return []
     seen.add(model_id)
     model = state[model_id]
-    body = model.get("state", {})
+    body = _with_buffers(model)
     if "_widget_data" in body and "_widget_layout" in body:  # plotly >= 6: FigureWidget is an anywidget
         return [{"data": body.get("_widget_data", []), "layout": body.get("_widget_layout", {})}]
     if model.get("model_name") == "FigureModel":  # plotly 5's ipywidgets model
@@ -170,16 +215,21 @@ def _title_index(nb) -> int:
     return 1 if first is not None and first.cell_type == "markdown" and first.source.lstrip().startswith("# ") else 0
 
 
-def course_notebook(path: pathlib.Path, nb, executed: bool, student: pathlib.Path | None, out: pathlib.Path) -> int:
+def course_notebook(path: pathlib.Path, nb, origin: str | None, student: pathlib.Path | None, out: pathlib.Path) -> int:
     """Write the page version of ``nb`` (notebook ``path``) to ``out``; returns its figure count."""
     nb = copy.deepcopy(nb)
     count = static_figures(nb, path.stem)
+    for cell in nb.cells:  # an exercise's answer behind a click; its question and check stay in view
+        tags = cell.metadata.get("tags", [])
+        if SOLUTION_TAG in tags and "hide-input" not in tags:
+            cell.metadata["tags"] = [*tags, "hide-input"]
     links = [f"{{download}}`the notebook <{os.path.relpath(path, out.parent)}>`"]
     if student is not None:
         links.insert(0, f"{{download}}`the student version <{os.path.relpath(student, out.parent)}>` (answers blanked)")
     note = "Download " + " or ".join(links) + "."
-    if executed:
-        note += " Outputs below are from the test suite's run on 2 CPU ranks (gloo); figures are interactive."
+    if origin is not None:
+        ranks = "CPU ranks on gloo, " if any("%distrain start" in c for c in code_sources(nb)) else ""
+        note += f" The outputs below are from {origin} ({ranks}a 2-core machine); its figures are interactive."
     else:
         note += (
             "\n\n```{note}\nThis page shows the notebook unexecuted: this build had no executed copy "
@@ -211,16 +261,16 @@ def prepare_course(out: pathlib.Path, setting: str = "missing", log=print) -> di
     students = {b.lab: b.student for b in build(NOTEBOOKS, student_dir)}
     report = {}
     for path in sorted(NOTEBOOKS.glob("*.ipynb")):
-        nb, origin = executed_copy(path), "the suite's run"
+        nb, origin = executed_copy(path), "the test suite's run of it"
         if nb is None and _wanted(path.name, setting):
             log(f"course: executing {path.name} (no executed copy from the suite)")
-            nb, origin = execute(path), "executed by the docs build"
+            nb, origin = execute(path), "the site build's run of it"
             keep(path.name, nb)  # the next build (or a suite run's copy, which replaces it) uses it
         executed = nb is not None
         if nb is None:
-            nb, origin = nbformat.read(path, as_version=4), "not executed"
-        figures = course_notebook(path, nb, executed, students.get(path.name), out / path.name)
-        report[path.name] = {"executed": executed, "origin": origin, "figures": figures}
+            nb, origin = nbformat.read(path, as_version=4), None
+        figures = course_notebook(path, nb, origin, students.get(path.name), out / path.name)
+        report[path.name] = {"executed": executed, "origin": origin or "not executed", "figures": figures}
     return report
 
 

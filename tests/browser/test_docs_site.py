@@ -114,6 +114,7 @@ def test_start_area_and_lab_pages_draw_offline_and_their_links_answer(site, play
                 assert "student version" in text
                 student = page.locator("a", has_text="the student version")
                 assert checked.get(student.first.evaluate("a => a.href").split("#")[0]) == 200
+                figures.first.scroll_into_view_if_needed()
                 shot(page, "docs_site_lab_07")
         broken = {url: status for url, status in checked.items() if status != 200}
         assert broken == {}, broken

@@ -5,8 +5,10 @@ tests/browser/test_docs_site.py; these check the conversions one by one, on note
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import pathlib
+import struct
 import sys
 
 import nbformat
@@ -31,6 +33,8 @@ def _figure_json(html: str) -> dict:
 
 def test_plotly_outputs_become_figures_drawn_from_the_page_and_widget_state_goes():
     traces = [{"type": "scatter", "y": [3, 2, 1], "name": "loss </script> rank 0"}]
+    binary = {"type": "scatter", "x": {"dtype": "float64", "shape": [3]}, "y": [1.5, 1.0, 0.5], "name": "mean"}
+    steps = base64.b64encode(struct.pack("<3d", 1.0, 2.0, 3.0)).decode()
     state = {
         "box": {
             "model_name": "VBoxModel",
@@ -39,7 +43,9 @@ def test_plotly_outputs_become_figures_drawn_from_the_page_and_widget_state_goes
         "status": {"model_name": "HTMLModel", "state": {"value": "<b>step 40 of 40</b>"}},
         "fig": {
             "model_name": "AnyModel",
-            "state": {"_widget_data": traces, "_widget_layout": {"title": {"text": "t"}}},
+            "state": {"_widget_data": traces + [binary], "_widget_layout": {"title": {"text": "t"}}},
+            # a trace's numpy arrays travel as binary buffers beside the state
+            "buffers": [{"path": ["_widget_data", 1, "x", "buffer"], "encoding": "base64", "data": steps}],
         },
         "btn": {"model_name": "ButtonModel", "state": {"description": "pause"}},
         "slider": {"model_name": "IntSliderModel", "state": {"value": 3}},
@@ -63,7 +69,8 @@ def test_plotly_outputs_become_figures_drawn_from_the_page_and_widget_state_goes
     # the dashboard: its status line, then its figure with the widget's last traces; no widget view left
     html = dashboard["text/html"]
     assert course.WIDGET_VIEW not in dashboard and html.index("step 40 of 40") < html.index('id="fig-t-2"')
-    assert _figure_json(html)["data"] == traces  # a "</script>" in the data cannot end the script early
+    # a "</script>" in the data cannot end the script early; the buffer is back in place as a list
+    assert _figure_json(html)["data"] == traces + [dict(binary, x=[1.0, 2.0, 3.0])]
     assert "</script> rank 0" not in html.split('type="application/json"', 1)[1].split("</script>", 1)[0]
     # a widget that is no figure keeps its text, never a view that would need the widget manager
     assert slider == {"text/plain": "3"}
