@@ -47,7 +47,7 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 nb_execution_mode = "off"
 nb_ipywidgets_js = {}
 nb_merge_streams = True
-nb_output_stderr = "remove-warn"
+nb_output_stderr = "show"  # what the ranks wrote to stderr is part of the run
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

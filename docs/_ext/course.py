@@ -182,12 +182,19 @@ def _widget_parts(model_id: str, state: dict, seen: set | None = None) -> list[d
     return parts
 
 
+def _plotly_bootstrap(data: dict) -> bool:
+    return PLOTLY_MIME not in data and "window.PlotlyConfig" in str(data.get("text/html", ""))
+
+
 def static_figures(nb, stem: str) -> int:
     """Replace plotly outputs (mimetype and FigureWidget) by static HTML; drop the widget state
     (a page would otherwise load the widget manager from the network). Returns the figures made."""
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     count = 0
     for cell in nb.cells:
+        # plotly's notebook renderer bootstrap (it points at plotly.js and MathJax on CDNs): not content
+        if "outputs" in cell:
+            cell.outputs = [o for o in cell.outputs if not _plotly_bootstrap(o.get("data") or {})]
         for out in cell.get("outputs", []):
             data = out.get("data")
             if not data:

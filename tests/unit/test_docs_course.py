@@ -53,8 +53,15 @@ def test_plotly_outputs_become_figures_drawn_from_the_page_and_widget_state_goes
     nb = nbformat.v4.new_notebook()
     nb.metadata["widgets"] = {course.WIDGET_STATE: {"state": state, "version_major": 2, "version_minor": 0}}
     mime = {"data": [{"type": "bar", "x": ["a"], "y": [1]}], "layout": {}}
+    cdn = '<script src="https://cdn.example/plotly.min.js"></script>'  # as plotly's notebook renderer writes
+    bootstrap = {"text/html": f"<script>window.PlotlyConfig = {{MathJaxConfig: 'local'}};</script>{cdn}"}
     nb.cells = [
-        nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output("display_data", {course.PLOTLY_MIME: mime})]),
+        nbformat.v4.new_code_cell(
+            outputs=[
+                nbformat.v4.new_output("display_data", bootstrap),
+                nbformat.v4.new_output("display_data", {course.PLOTLY_MIME: mime, "text/html": cdn}),
+            ]
+        ),
         nbformat.v4.new_code_cell(
             outputs=[nbformat.v4.new_output("display_data", {course.WIDGET_VIEW: _view("box"), "text/plain": "VBox"})]
         ),
@@ -63,7 +70,9 @@ def test_plotly_outputs_become_figures_drawn_from_the_page_and_widget_state_goes
         ),
     ]
     assert course.static_figures(nb, "t") == 2
+    assert len(nb.cells[0].outputs) == 1  # the renderer's bootstrap is gone: nothing points off the site
     first, dashboard, slider = (c.outputs[0].data for c in nb.cells)
+    assert "cdn.example" not in first["text/html"]
     assert set(first) == {"text/html"} and _figure_json(first["text/html"])["data"] == mime["data"]
     assert "Plotly.newPlot('fig-t-1'" in first["text/html"]
     # the dashboard: its status line, then its figure with the widget's last traces; no widget view left
