@@ -47,6 +47,7 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 nb_execution_mode = "off"
 nb_ipywidgets_js = {}
 nb_merge_streams = True
+nb_code_prompt_show = "Show the answer"  # only the labs' solution cells are folded (course.py)
 nb_output_stderr = "show"  # what the ranks wrote to stderr is part of the run
 
 autodoc_member_order = "bysource"

@@ -4,7 +4,8 @@ The site is built with Sphinx's ``-W`` (a broken link between pages fails the bu
 from a local HTTP server on 127.0.0.1, and opened in Debian's Chromium: the start page, an
 area page and an executed lab, whose plotly figures must be drawn (an SVG with traces), with
 no console error, no request leaving 127.0.0.1 (the site works offline) and every internal
-link of those pages answering 200. The lab is lab 07 (the planner: no ranks): its executed
+link of those pages answering 200; then every other course page, drawn without an error or a
+request off the site. The lab is lab 07 (the planner: no ranks): its executed
 copy comes from the suite's run when there is one, else the build executes it (seconds).
 """
 
@@ -116,6 +117,13 @@ def test_start_area_and_lab_pages_draw_offline_and_their_links_answer(site, play
                 assert checked.get(student.first.evaluate("a => a.href").split("#")[0]) == 200
                 figures.first.scroll_into_view_if_needed()
                 shot(page, "docs_site_lab_07")
+        # every course page (what the notebooks printed and drew, as rendered): drawn without an
+        # error and without asking the network, e.g. for a plotly.js or MathJax on a CDN
+        for lab in sorted((SITE / "course" / "notebooks").glob("*.html")):
+            before = len(console)
+            page.goto(f"{site}course/notebooks/{lab.name}", wait_until="load")
+            drawn = page.evaluate("[...document.querySelectorAll('.plotly-figure')].every(d => d.querySelector('svg'))")
+            assert drawn and len(console) == before, (lab.name, console[before:])
         broken = {url: status for url, status in checked.items() if status != 200}
         assert broken == {}, broken
         assert outside == [], f"the site asked the network for: {outside}"
