@@ -5,6 +5,7 @@
 #   make test-fast - the pure-logic tests only (no processes, under a minute)
 #   make lint  - ruff check + ruff format --check (settings in pyproject.toml)
 #   make labs  - write the labs' student versions to labs/student/
+#   make docs  - the documentation and course site into docs/_build/html
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -17,7 +18,7 @@ export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
 export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 
-.PHONY: lab demo test test-fast lint bench clean labs gpu-wheels gpu-check
+.PHONY: lab demo test test-fast lint bench clean labs docs gpu-wheels gpu-check
 
 # The JupyterLab extension: npm packages from the registry, built against this venv's
 # JupyterLab, output in workbench/labextension/ (pip installs it under share/jupyter).
@@ -31,7 +32,7 @@ $(BIN)/.installed: pyproject.toml $(LABEXT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[test,parquet,mpi,hf,jax,tensorboard,mlflow,wandb,trackio]"
+	$(BIN)/pip install -q -e ".[test,parquet,mpi,hf,docs,jax,tensorboard,mlflow,wandb,trackio]"
 	# DeepSpeed builds against the torch above; build isolation would fetch another torch
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
 	touch $@
@@ -74,9 +75,17 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 # Student versions of the labs (solutions blanked, checks kept) in labs/student/, and
-# instructor copies without outputs in labs/instructor/; see README "Teaching with the labs".
+# instructor copies without outputs in labs/instructor/; see docs/instructors.md.
 labs: $(BIN)/.installed
 	$(BIN)/python -m workbench.labs.build --src notebooks --out labs
+
+# The documentation and course site (docs/: Sphinx + MyST-NB) into docs/_build/html (git-ignored);
+# -W: a broken link between pages fails the build. The notebooks come executed from the suite's
+# runs (.state/executed-notebooks/, written by `make test`); a missing one is executed here
+# (DOCS_EXECUTE=none renders it unexecuted instead). tests/browser/test_docs_site.py builds it too.
+docs: $(BIN)/.installed | $(STATE)
+	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
+	@echo "the site: docs/_build/html/index.html"
 
 # The start-up benchmark's other tool, in a venv of its own; torch comes from ours by a .pth
 # placed after its own packages (see benchmarks/startup_bench.py)
@@ -110,4 +119,4 @@ gpu-check:
 	$(GPU_PY) gpu/check.py
 
 clean:
-	rm -rf $(VENV) $(STATE) runs
+	rm -rf $(VENV) $(STATE) runs docs/_build docs/course/notebooks docs/api/magics.md

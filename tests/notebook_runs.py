@@ -25,6 +25,8 @@ import nbformat
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "notebooks" / "00_quickstart.ipynb"
 RUNS = ROOT / ".state" / "test" / "runs"
+# the executed copies the docs site renders (docs/_ext/course.py): executed once, by the suite
+EXECUTED = ROOT / ".state" / "executed-notebooks"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +74,22 @@ def run_demo(notebook: pathlib.Path, out: pathlib.Path, *extra: str, timeout: fl
     )
 
 
+def keep_executed(name: str, nb) -> None:
+    """Keep notebook ``name``'s executed copy for the docs site (``make docs`` renders it
+    instead of executing the notebook again); written whole or not at all."""
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    tmp = EXECUTED / f".{name}.tmp"
+    nbformat.write(nb, tmp)
+    tmp.replace(EXECUTED / name)
+
+
 @functools.cache
 def quickstart() -> DemoRun:
     """The quickstart notebook executed headless (once per test session)."""
-    return run_demo(QUICKSTART, RUNS, "--timeout", "180")
+    run = run_demo(QUICKSTART, RUNS, "--timeout", "180")
+    if run.returncode == 0 and run.executed is not None and run.executed.is_file():
+        keep_executed(QUICKSTART.name, nbformat.read(run.executed, as_version=4))
+    return run
 
 
 def execute_saved_notebook(path: pathlib.Path, timeout: float):
@@ -345,11 +359,12 @@ def selected(request, test: str, argname: str) -> list:
 
 def executed(run: NotebookRun):
     """The executed notebook of ``run`` (the failure that stopped it is raised here), which
-    ran with its IPython state in its own folder."""
+    ran with its IPython state in its own folder; kept for the docs site (:func:`keep_executed`)."""
     if run.error is not None:
         raise run.error
     assert run.env["IPYTHONDIR"].startswith(str(run.state))
     assert (pathlib.Path(run.env["IPYTHONDIR"]) / "profile_default").is_dir()
+    keep_executed(run.name, run.nb)
     return run.nb
 
 

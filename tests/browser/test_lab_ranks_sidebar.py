@@ -22,7 +22,7 @@ import pytest
 from conftest import alive as _alive
 
 from .conftest import _free_port, _need_browser, browsing, extension_env, jupyter_cmd, serve
-from .helpers import ROOT, STATE, run_cell, wait_kernel_idle, write_notebook
+from .helpers import ROOT, STATE, run_cell, shot, wait_kernel_idle, write_notebook
 
 BASE = "/hub/user/wb/"
 HERE = STATE / "labext"
@@ -160,6 +160,7 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     second = int(pane.get_attribute("data-points"))
     assert "SLEPT" not in _output(page, "time.sleep(15)")  # still inside the long cell
     assert second > first, f"the pane's points did not grow during the cell: {first} -> {second}"
+    shot(page, "lab_ranks_sidebar")  # the sidebar and a live pane while training (docs/images/sidebar.png)
     page.locator(".wb-StatusItem", has_text=re.compile(r"2 ranks · step \d+ · loss \d")).wait_for(timeout=10_000)
     _wait_output(page, "time.sleep(15)", "SLEPT", timeout=60)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from notebook_runs import execute_saved_notebook, outputs_text
+from notebook_runs import execute_saved_notebook, keep_executed, outputs_text
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "notebooks" / "02_checkpoint_and_failures.ipynb"
@@ -25,3 +25,4 @@ def test_lab_02_save_kill_resume_reshard(jupyter_dirs):
     assert "2-rank DDP run: {0: 'finished', 1: 'finished'}" in text
     assert "[rank 0]" in text and "exported tensors: 21" in text
     assert "ranks stopped" in text
+    keep_executed(LAB.name, nb)

@@ -7,7 +7,7 @@ from . import command
 
 
 def _use_args(p) -> None:
-    p.add_argument("name", help="the session to make current (`%distrain sessions` lists them)")
+    p.add_argument("name", help="the session to make current (`%%distrain sessions` lists them)")
 
 
 @command("use", "make the named rank set current (`start --name NAME` made it)", _use_args)
