@@ -69,6 +69,8 @@ def model_config(model) -> dict:
     """A ``transformers`` model's config as ``config.json`` holds it (with ``architectures``);
     ``{}`` for any other model."""
     inner = _inner(model)
+    if hasattr(inner, "peft_config") and hasattr(inner, "get_base_model"):  # a peft model: its base's config
+        inner = inner.get_base_model()
     config = getattr(inner, "config", None)
     if config is None or not hasattr(config, "to_json_string") or not hasattr(config, "model_type"):
         return {}
