@@ -132,16 +132,26 @@ class SFTDataset(torch.utils.data.Dataset):
             raise ValueError("the tokenizer has neither a pad nor an end-of-sequence token to pad with")
         self.pad_id, self.max_len, self.pack = int(pad), max_len, pack
         self.examples = []
-        self.truncated = 0
+        self.truncated = self.dropped = 0  # examples cut to max_len; of those, left without an answer token
         for i, row in enumerate(rows):
             ids, labels = tokenize_chat(tokenizer, _messages(row, i), chat_template=chat_template)
             if len(ids) > max_len:
                 self.truncated += 1
                 ids, labels = ids[:max_len], labels[:max_len]
             labels[0] = IGNORE_INDEX  # never a target of what precedes it (in a packed row)
+            if all(t == IGNORE_INDEX for t in labels):  # the prompt fills max_len: no answer left to learn
+                self.dropped += 1
+                continue
             self.examples.append((ids, labels))
         if not self.examples:
-            raise ValueError("no rows: the file holds no examples")
+            raise ValueError(
+                f"no examples left of {len(rows)} rows"
+                + (
+                    f" ({self.dropped} had no answer token within max_len={max_len}: raise max_len)"
+                    if self.dropped
+                    else ""
+                )
+            )
         self.rows = self._packed() if pack else [[e] for e in self.examples]
 
     def _packed(self) -> list[list[tuple]]:
