@@ -291,7 +291,7 @@ def export(
             f"checkpoint {m.name} holds a whole model, not a peft adapter: --merged is for adapter "
             "checkpoints; export it with `%distrain ckpt export DIR --hf`"
         )
-    if hf and not m.model_config:
+    if hf and not m.model_config and not m.adapter:  # an adapter's export needs no model config
         raise ValueError(
             f"checkpoint {m.name} keeps no Hugging Face config: the model saved was not a transformers "
             "model. Export plain safetensors instead: `%distrain ckpt export PATH.safetensors`"
