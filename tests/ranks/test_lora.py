@@ -132,10 +132,10 @@ with torch.no_grad():
     assert d_base > 1e-3  # the adapters trained: without them the logits differ
 
 
-def test_lora_checkpoint_is_a_small_fraction_of_the_full_models_and_refuses_another_base(lo2, tmp_path):
+def test_lora_checkpoint_is_a_small_fraction_refuses_another_base_and_reshards_fsdp2_to_ddp(lo2, tmp_path):
     rs = lo2
     root = str(tmp_path / "ckpt")
-    rs.execute(BUILD.format(spec="fsdp2") + "_lo_train(1)", timeout=240)
+    rs.execute(BUILD.format(spec="fsdp2") + "_lo_train(1)\n_lo_saved = _lo_logits()", timeout=240)
     lora = read_manifest(ck.save(tag="lora", root=root, rankset=rs)["path"])
     rs.apply(clean_trainer, timeout=60)
     rs.execute(  # the same base trained whole: every tensor and its AdamW state
@@ -174,3 +174,16 @@ _lo_before = _lo_logits()
     assert lora.adapter["base"]["fingerprint"] in str(err.value) and "nothing was loaded" in str(err.value)
     rs.execute("_lo_same = bool(torch.equal(_lo_logits(), _lo_before))", timeout=120)
     assert rs.pull("_lo_same") == [True, True]
+
+    rs.apply(clean_trainer, timeout=60)
+    rs.execute(  # the right base under DDP: the FSDP2 adapters reshard into it
+        """
+_lo_model = get_peft_model(_lo_base(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+_lo_prep = engine.prepare(_lo_model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), "ddp")
+_lo_state = ch.track(_lo_prep)
+""",
+        timeout=240,
+    )
+    ck.load("lora", root=root, rankset=rs)
+    rs.execute("_lo_diff = float((_lo_logits() - _lo_saved).abs().max())", timeout=120)
+    assert max(rs.pull("_lo_diff")) <= 1e-5
