@@ -94,9 +94,14 @@ def capture_split(target: Target, *, with_optimizer: bool = True) -> tuple[dict,
     is only its trainable tensors and ``frozen`` the rest (``{}`` for any other model)."""
     from .adapters import peft_model, split_trainable
 
+    if peft_model(target.model) is None:
+        return (*capture(target, with_optimizer=with_optimizer), {})
+    if target.is_deepspeed:  # its engine API reads the trainable tensors only: the base would be lost
+        raise NotImplementedError(
+            "checkpoints of a peft model under DeepSpeed are not supported (the frozen base cannot be "
+            "recorded through its engine): lay the model out with fsdp2 or ddp for LoRA checkpoints"
+        )
     msd, osd = capture(target, with_optimizer=with_optimizer)
-    if peft_model(target.model) is None or target.is_deepspeed:
-        return msd, osd, {}
     msd, frozen = split_trainable(target.model, msd)
     return msd, osd, frozen
 
