@@ -132,7 +132,7 @@ with torch.no_grad():
     assert d_base > 1e-3  # the adapters trained: without them the logits differ
 
 
-def test_lora_checkpoint_is_a_small_fraction_refuses_another_base_and_reshards_fsdp2_to_ddp(lo2, tmp_path):
+def test_lora_checkpoint_is_small_refuses_another_base_and_loads_into_ddp_on_the_saved_base(lo2, tmp_path):
     rs = lo2
     root = str(tmp_path / "ckpt")
     rs.execute(BUILD.format(spec="fsdp2") + "_lo_train(1)\n_lo_saved = _lo_logits()", timeout=240)
@@ -176,14 +176,18 @@ _lo_before = _lo_logits()
     assert rs.pull("_lo_same") == [True, True]
 
     rs.apply(clean_trainer, timeout=60)
-    rs.execute(  # the right base under DDP: the FSDP2 adapters reshard into it
-        """
-_lo_model = get_peft_model(_lo_base(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    base_dir = os.path.join(root, "bases", lora.adapter["base"]["fingerprint"])
+    rs.execute(  # another base under DDP, the saved one read into it: then the FSDP2 adapters reshard into it
+        f"""
+torch.manual_seed(1)
+_lo_model = get_peft_model(LlamaForCausalLM(_lo_cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
 _lo_prep = engine.prepare(_lo_model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), "ddp")
 _lo_state = ch.track(_lo_prep)
+_lo_read = engine.load_pretrained({base_dir!r})
 """,
         timeout=240,
     )
+    assert [r["tensors"] for r in rs.pull("_lo_read")] == [lora.adapter["base"]["tensors"]] * 2
     ck.load("lora", root=root, rankset=rs)
     rs.execute("_lo_diff = float((_lo_logits() - _lo_saved).abs().max())", timeout=120)
     assert max(rs.pull("_lo_diff")) <= 1e-5

@@ -21,7 +21,7 @@ import shutil
 
 import torch
 
-from .pretrained import _clean, _inner, model_config
+from .pretrained import _clean, _inner, hf_base_name, model_config
 
 __all__ = [
     "peft_model",
@@ -73,14 +73,6 @@ def split_trainable(model, msd: dict) -> tuple[dict, dict]:
     """(trainable, frozen) parts of a model state dict (buffers count as frozen)."""
     keep = _trainable(model)
     return {k: v for k, v in msd.items() if k in keep}, {k: v for k, v in msd.items() if k not in keep}
-
-
-def hf_base_name(name: str) -> str:
-    """A peft model's name of a base tensor as the base model saves it
-    (``base_model.model.x.q_proj.base_layer.weight`` -> ``x.q_proj.weight``)."""
-    if name.startswith("base_model.model."):
-        name = name[len("base_model.model.") :]
-    return name.replace(".base_layer.", ".")
 
 
 def _dist():
@@ -215,6 +207,6 @@ def check_base(manifest_adapter: dict, model, frozen: dict, folder: str, pg=None
             f"the checkpoint's adapters were trained on frozen base {saved.get('fingerprint')} "
             f"({saved.get('tensors')} tensors, {saved.get('params'):,} parameters) but this model's base is "
             f"{live['fingerprint']} ({live['tensors']} tensors, {live['params']:,} parameters): nothing was "
-            f"loaded. Build the model from the saved base ({where}, a folder from_pretrained loads) and wrap it "
-            "with the same peft config before loading"
+            f"loaded. Read the saved base into this model first (engine.load_pretrained({where!r})), or build "
+            "the model from that folder (from_pretrained loads it) and wrap it with the same peft config"
         )
