@@ -191,3 +191,27 @@ _lo_read = engine.load_pretrained({base_dir!r})
     ck.load("lora", root=root, rankset=rs)
     rs.execute("_lo_diff = float((_lo_logits() - _lo_saved).abs().max())", timeout=120)
     assert max(rs.pull("_lo_diff")) <= 1e-5
+
+
+def test_async_auto_saves_of_a_lora_run_write_the_base_once(lo2, tmp_path):
+    rs = lo2
+    root = str(tmp_path / "auto")
+    rs.execute(
+        BUILD.format(spec="fsdp2")
+        + """
+_lo_t = engine.Trainer(_lo_prep, data=lambda i: {"input_ids": _lo_ids[:2].roll(i, 1), "labels": _lo_ids[:2].roll(i, 1)})
+""",
+        timeout=240,
+    )
+    ck.autosave(2, keep=3, root=root, rankset=rs)
+    try:
+        rs.execute("_lo_t.start(6); _lo_t.wait(120)", timeout=180)
+        ck.wait(rankset=rs)
+    finally:
+        ck.autosave(None, rankset=rs)
+    assert rs.pull("_lo_t.state") == ["finished"] * 2
+    saved = [read_manifest(os.path.join(root, n)) for n in sorted(os.listdir(root)) if n.startswith("step-")]
+    assert [m.step for m in saved] == [2, 4, 6] and all(m.auto and m.async_save for m in saved)
+    assert len({m.adapter["base"]["fingerprint"] for m in saved}) == 1
+    assert os.listdir(os.path.join(root, "bases")) == [saved[0].adapter["base"]["fingerprint"]]
+    assert all(all(".lora_" in k for k in m.model_tensors) for m in saved)
