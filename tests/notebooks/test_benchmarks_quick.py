@@ -15,6 +15,7 @@ BENCHES = {
     "strategy": ["strategy_bench.py", "--quick"],
     "telemetry": ["telemetry_bench.py", "--quick"],
     "checkpoint": ["checkpoint_bench.py", "--quick"],
+    "lora_checkpoint": ["lora_checkpoint_bench.py", "--quick"],
     "gpu": ["gpu_bench.py", "--quick"],  # on CPU: a tiny model, gloo; the GPU figures need CUDA
 }
 

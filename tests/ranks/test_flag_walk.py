@@ -131,6 +131,7 @@ CASES: dict[tuple[str, str], object] = {
     ("ckpt export", "--dir"): CKPT,
     ("ckpt export", "--dtype"): CKPT,
     ("ckpt export", "--hf"): CKPT,
+    ("ckpt export", "--merged"): CKPT,
     ("ckpt autosave", "--dir"): CKPT,
     ("ckpt autosave", "--every"): CKPT,
     ("ckpt autosave", "--keep"): CKPT,
@@ -186,6 +187,7 @@ PLAN_CASES = {
     "--seq-len": ("--seq-len 2048", ""),
     "--tokens": ("--tokens 1e12", ""),
     "--price": ("--tokens 1e12 --price 2.5", "--tokens 1e12"),
+    "--lora": ("--lora 16", ""),
 }
 for _flag in PLAN_CASES:
     CASES[("plan", _flag)] = PLAN
@@ -450,6 +452,10 @@ def test_ckpt_flags(shell2, ranks2, tmp_path, capsys):
         with pytest.raises(ValueError, match="keeps no Hugging Face config"):
             magic(shell2, f"ckpt export {tmp_path / 'hf'} first --dir {d} --hf")
         assert not (tmp_path / "hf").exists()
+        # --merged is for a peft adapter's checkpoint (its export loaded back: test_lora.py); refused here
+        with pytest.raises(ValueError, match="holds a whole model, not a peft adapter: --merged"):
+            magic(shell2, f"ckpt export {tmp_path / 'merged'} first --dir {d} --merged")
+        assert not (tmp_path / "merged").exists()
         # auto-save every step, the newest 2 kept, synchronous; --off stops it
         magic(shell2, f"ckpt autosave --dir {auto} --every 1 --keep 2 --sync")
         assert session.of(ranks2).autosave == {"every": 1, "keep": 2, "async_": False, "root": str(auto)}

@@ -29,6 +29,7 @@ _CONTEXT_FIELDS = {
 
 
 _LAZY = {"Trainer": (".trainer", "Trainer"), "TrainerConfig": (".trainer", "TrainerConfig")}  # imported on first use
+_LAZY["sft_dataset"] = (".sft_data", "sft_dataset")  # fine-tuning data from local files
 
 
 def __getattr__(name: str):

@@ -161,11 +161,19 @@ class ExportWeights:
     path: str
     dtype: str | None = None
     hf: bool = False
+    merged: bool = False  # an adapter checkpoint merged into its saved base (a model folder)
+    adapter: bool = False  # an adapter checkpoint as peft's adapter folder
 
     def run(self) -> replies.ExportInfo:
+        from .checkpoint.adapter_export import export_adapter, export_merged
         from .checkpoint.export import export_hf, export_safetensors
 
-        export = export_hf if self.hf else export_safetensors
+        if self.merged:
+            export = export_merged
+        elif self.adapter:
+            export = export_adapter
+        else:
+            export = export_hf if self.hf else export_safetensors
         return replies.ExportInfo.from_dict(export(self.folder, self.path, dtype=self.dtype))
 
 

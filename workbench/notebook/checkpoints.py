@@ -275,26 +275,40 @@ def export(
     root: str | None = None,
     dtype: str | None = None,
     hf: bool = False,
+    merged: bool = False,
     rankset=None,
 ) -> dict:
     """Write one consolidated ``.safetensors`` of the model (on rank 0 when ranks run); with
     ``hf=True`` a folder ``path`` that ``transformers``' ``from_pretrained`` loads (config.json +
-    model.safetensors under the Hugging Face names), from a checkpoint of a transformers model."""
+    model.safetensors under the Hugging Face names), from a checkpoint of a transformers model.
+    A peft adapter's checkpoint exports as peft's adapter folder (adapter_config.json +
+    adapter_model.safetensors) with ``hf=True``, or merged into its saved base with ``merged=True``."""
     from . import api
 
     folder, m = catalog.resolve(get_dir(root), which)
-    if hf and not m.model_config:
+    if merged and not m.adapter:
+        raise ValueError(
+            f"checkpoint {m.name} holds a whole model, not a peft adapter: --merged is for adapter "
+            "checkpoints; export it with `%distrain ckpt export DIR --hf`"
+        )
+    if hf and not m.model_config and not m.adapter:  # an adapter's export needs no model config
         raise ValueError(
             f"checkpoint {m.name} keeps no Hugging Face config: the model saved was not a transformers "
             "model. Export plain safetensors instead: `%distrain ckpt export PATH.safetensors`"
         )
+    if m.adapter and not (hf or merged):
+        raise ValueError(
+            f"checkpoint {m.name} holds a peft adapter (its trainable tensors only): export it with "
+            "`--hf` (peft's adapter folder) or `--merged` (the base with the adapter merged in)"
+        )
     path = os.path.abspath(path)
+    request = rpc.ExportWeights(
+        folder=folder, path=path, dtype=dtype, hf=hf, merged=merged, adapter=bool(m.adapter) and hf and not merged
+    )
     if rankset is not None or api.is_running():
-        reply = _rs(rankset).apply(
-            rpc.handle, rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf), ranks=[0]
-        )[0]
+        reply = _rs(rankset).apply(rpc.handle, request, ranks=[0])[0]
     else:  # no ranks: in this process (imports torch)
-        reply = rpc.ExportWeights(folder=folder, path=path, dtype=dtype, hf=hf).run()
+        reply = request.run()
     return reply.to_dict()
 
 

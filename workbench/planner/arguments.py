@@ -22,7 +22,7 @@ USAGE = (
     "[--schedule 1f1b|gpipe|interleaved] [--virtual-stages V] "
     "[--stages balanced|7,8*14,7] [--precision bf16|fp32|fp16|fp8] [--fp8] "
     "[--attention flash|eager] [--recompute none|selective|full] [--offload] "
-    "[--no-sp] [--seq-len S] [--tokens 1e12] [--price USD/h]"
+    "[--no-sp] [--seq-len S] [--tokens 1e12] [--price USD/h] [--lora R]"
 )
 
 
@@ -73,6 +73,7 @@ def _parser() -> _Parser:
     p.add_argument("--seq-len", type=positive_int)
     p.add_argument("--tokens", type=positive_float)
     p.add_argument("--price", type=non_negative_float)
+    p.add_argument("--lora", type=positive_int, default=0, help="LoRA rank: the base frozen, adapters train")
     return p
 
 
@@ -126,6 +127,7 @@ def plan_from_args(argv: list[str] | str) -> Plan:
             seq_parallel=not args.no_sp,
             attention=args.attention,
             stage_layers=args.stages,
+            lora_rank=args.lora,
         )
         if args.gpus and layout.world_size != args.gpus:
             raise ValueError(f"--gpus {args.gpus} but the layout uses pp*dp*cp*tp = {layout.world_size}")

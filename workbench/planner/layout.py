@@ -57,8 +57,13 @@ class PlanLayout:
     seq_parallel: bool = True
     attention: str = "flash"
     stage_layers: tuple[int, ...] | str | None = None
+    # LoRA rank (0: full training): every matrix of attention and the MLP gets rank-r adapters;
+    # the frozen base then carries no gradient and no optimizer state (memory.model_state_bytes)
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ValueError(f"PlanLayout.lora_rank={self.lora_rank!r}: must be an int >= 0 (0: no LoRA)")
         for field in (
             "dp_replicate",
             "dp_shard",

@@ -234,6 +234,17 @@ def params_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[f
     return layers * (attention + small) + embed, layers * expert
 
 
+def lora_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[float, float]:
+    """(dense, expert) LoRA adapter parameters held by one rank of ``stage`` before ZeRO sharding
+    (split over tp like the matrices they adapt; experts' over ep)."""
+    attention, mlp = model.lora_params_per_layer(layout.lora_rank)
+    layers = rank_layers(model, layout)[stage]
+    t = layout.tp
+    if model.is_moe:
+        return layers * attention / t, layers * model.experts * mlp / t / layout.ep
+    return layers * (attention + mlp) / t, 0.0
+
+
 def model_state_bytes(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer, offloaded) bytes for one rank of `stage`."""
     dense, expert = params_on_stage(model, layout, stage)
@@ -243,14 +254,18 @@ def model_state_bytes(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple
     expert_shard = max(1, shard // gcd(shard, layout.ep))
     z = layout.zero_stage
 
-    def sharded(per_param: float, from_stage: int) -> float:
+    def sharded(per_param: float, from_stage: int, counts: tuple[float, float]) -> float:
+        d, e = counts
         if z >= from_stage:
-            return per_param * (dense / shard + expert / expert_shard)
-        return per_param * (dense + expert)
+            return per_param * (d / shard + e / expert_shard)
+        return per_param * (d + e)
 
-    params = sharded(p_bytes, 3)
-    grads = sharded(g_bytes, 2)
-    optim = sharded(o_bytes, 1)
+    base = (dense, expert)
+    # LoRA: the base is frozen, so only the adapters (held beside it) carry gradients and optimizer state
+    trained = lora_on_stage(model, layout, stage) if layout.lora_rank else base
+    params = sharded(p_bytes, 3, base) + (sharded(p_bytes, 3, trained) if layout.lora_rank else 0.0)
+    grads = sharded(g_bytes, 2, trained)
+    optim = sharded(o_bytes, 1, trained)
     offloaded = 0.0
     if layout.optimizer_offload:  # ZeRO-Offload (Ren et al. 2021): states live in CPU RAM
         offloaded, optim = optim, 0.0

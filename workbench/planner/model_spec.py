@@ -111,6 +111,15 @@ class ModelSpec:
             total=total, active=active, embedding=embedding, per_layer=per_layer, expert_per_layer=self.experts * expert
         )
 
+    def lora_params_per_layer(self, rank: int) -> tuple[int, int]:
+        """(attention, MLP per expert) LoRA parameters of one layer at ``rank``: each matrix
+        ``d_in x d_out`` gets ``A (r x d_in)`` and ``B (d_out x r)`` (peft's ``all-linear``)."""
+        kv = self.kv_heads * self.head_dim
+        h, f = self.hidden, self.ffn
+        attention = rank * ((h + h) * 2 + (h + kv) * 2)  # q, o: h -> h; k, v: h -> kv
+        mlp = rank * (h + f) * (3 if self.gated_mlp else 2)
+        return attention, mlp
+
     # ----------------------------------------------------------------------- presets
     @classmethod
     def llama(cls, size: str, *, seq_len: int | None = None) -> ModelSpec:

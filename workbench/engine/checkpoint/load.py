@@ -28,8 +28,9 @@ from ...shared.checkpoint.integrity import DamagedCheckpoint, Problem
 from ...shared.checkpoint.manifest import Manifest, read_manifest
 from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
 from . import save as _save
+from .adapters import check_base
 from .safety import IncompatibleCheckpoint, compare, mismatch_message, read_metadata_file
-from .state import Target, apply_state, capture, merge_optimizer, set_rng_state, split_optimizer
+from .state import Target, apply_state, capture_split, merge_optimizer, set_rng_state, split_optimizer
 
 __all__ = ["load", "verify", "check_compatible", "DRILL", "LoadFailed"]
 
@@ -174,7 +175,9 @@ def load(target: Target, folder: str, *, model_only: bool = False, restore_rng: 
         with open(rf, encoding="utf-8") as fh:
             rank_state = json.load(fh)
     with_opt = not model_only and target.optimizer is not None
-    msd, osd = capture(target, with_optimizer=with_opt)
+    msd, osd, frozen = capture_split(target, with_optimizer=with_opt)
+    if manifest.adapter:
+        check_base(manifest.adapter, target.model, frozen, folder, pg)
     otensors, _ = split_optimizer(osd)
     opt = getattr(target.optimizer, "optimizer", target.optimizer)
     check_compatible(

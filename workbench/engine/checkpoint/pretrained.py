@@ -10,7 +10,8 @@ no communication). A plain one (DDP, no strategy) is read whole. No collective r
 a rank that refuses cannot leave the others waiting.
 
 Names: the model's own parameter names (wrappers' ``_checkpoint_wrapped_module.``,
-``_orig_mod.``, DDP's ``module.`` removed), matched to the file's keys as they are, or
+``_orig_mod.``, DDP's ``module.`` removed; a peft model's frozen base under its base model's
+names, its adapters left as they are), matched to the file's keys as they are, or
 with the model's ``base_model_prefix`` added or removed (a ``LlamaModel`` from a
 ``LlamaForCausalLM`` folder and back). Stacked expert weights (transformers 5's fused MoE
 experts) are also found one expert at a time (``experts.{e}.gate_proj.weight`` and
@@ -69,6 +70,8 @@ def model_config(model) -> dict:
     """A ``transformers`` model's config as ``config.json`` holds it (with ``architectures``);
     ``{}`` for any other model."""
     inner = _inner(model)
+    if hasattr(inner, "peft_config") and hasattr(inner, "get_base_model"):  # a peft model: its base's config
+        inner = inner.get_base_model()
     config = getattr(inner, "config", None)
     if config is None or not hasattr(config, "to_json_string") or not hasattr(config, "model_type"):
         return {}
@@ -189,6 +192,21 @@ def _box(t):
     return tuple(slice(o, o + s) for o, s in zip(offset, shape)), tuple(shape)
 
 
+def hf_base_name(name: str) -> str:
+    """A peft model's name of a base tensor as the base model saves it
+    (``base_model.model.x.q_proj.base_layer.weight`` -> ``x.q_proj.weight``)."""
+    if name.startswith("base_model.model."):
+        name = name[len("base_model.model.") :]
+    return name.replace(".base_layer.", ".")
+
+
+def _peft_base(peft, params: dict) -> dict:
+    """A peft model's frozen base tensors under the base model's own names (its adapters, which
+    a base folder does not hold, left out): what a ``save_pretrained`` folder of the base fills."""
+    trainable = {_clean(n) for n, p in peft.named_parameters() if p.requires_grad}
+    return {hf_base_name(n): t for n, t in params.items() if n not in trainable}
+
+
 @torch.no_grad()
 def load_pretrained(folder: str, model) -> dict:
     """Copy the weights of a local ``save_pretrained`` folder into ``model`` as it is laid out.
@@ -206,7 +224,10 @@ def load_pretrained(folder: str, model) -> dict:
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     where = _index(folder)
     params = own_names(model)
-    prefix = getattr(_inner(model), "base_model_prefix", "") or ""
+    inner = _inner(model)
+    if hasattr(inner, "peft_config") and hasattr(inner, "get_base_model"):
+        params, inner = _peft_base(inner, params), inner.get_base_model()
+    prefix = getattr(inner, "base_model_prefix", "") or ""
     found, missing = _match(list(params), set(where), prefix)
     stacked, missing = _per_expert(missing, set(where), prefix, params)
     handles: dict = {}

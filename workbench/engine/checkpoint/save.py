@@ -42,8 +42,9 @@ from ...shared.checkpoint import catalog, integrity
 from ...shared.checkpoint.manifest import MANIFEST, Manifest, check_tag, fsync_dir, step_name, write_json_atomic
 from ...shared.checkpoint.manifest import quiet_single_process as _quiet_single_process
 from . import shard_writer
+from .adapters import adapter_record, ensure_base
 from .pretrained import model_config
-from .state import Target, capture, rng_state, split_optimizer, tensor_shapes
+from .state import Target, capture_split, rng_state, split_optimizer, tensor_shapes
 
 __all__ = [
     "save",
@@ -236,7 +237,10 @@ def save(
     token = _agree_token(pg, token)  # after rank 0 made the folder: the others look for it next
     tmp = os.path.join(root, catalog.temp_name(name, token))
     try:
-        msd, osd = capture(target, with_optimizer=with_optimizer)
+        msd, osd, frozen = capture_split(target, with_optimizer=with_optimizer)
+        adapter = adapter_record(target.model) if frozen else {}
+        if frozen:  # a peft model: its frozen base is written once per root, not with every save
+            adapter["base"] = ensure_base(target.model, frozen, root, pg)
         otensors, ovalues = split_optimizer(osd)
         state = {"model": msd}
         if otensors:
@@ -290,6 +294,7 @@ def save(
         rank_files=[rank_file(r) for r in range(world)],
         torch_version=torch.__version__,
         model_config=model_config(target.model),
+        adapter=adapter,
     )
     blocked = time.perf_counter() - t0
 

@@ -30,6 +30,7 @@ __all__ = [
     "Target",
     "target_from_prepared",
     "capture",
+    "capture_split",
     "split_optimizer",
     "merge_optimizer",
     "rng_state",
@@ -82,10 +83,27 @@ def target_from_prepared(prepared, state: TrainState | None = None) -> Target:
     )
 
 
-def _opts():
+def _opts(strict: bool = True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(flatten_optimizer_state_dict=True)
+    return StateDictOptions(flatten_optimizer_state_dict=True, strict=strict)
+
+
+def capture_split(target: Target, *, with_optimizer: bool = True) -> tuple[dict, dict, dict]:
+    """(model state dict, flat optimizer state dict, frozen base) where a peft model's state dict
+    is only its trainable tensors and ``frozen`` the rest (``{}`` for any other model)."""
+    from .adapters import peft_model, split_trainable
+
+    if peft_model(target.model) is None:
+        return (*capture(target, with_optimizer=with_optimizer), {})
+    if target.is_deepspeed:  # its engine API reads the trainable tensors only: the base would be lost
+        raise NotImplementedError(
+            "checkpoints of a peft model under DeepSpeed are not supported (the frozen base cannot be "
+            "recorded through its engine): lay the model out with fsdp2 or ddp for LoRA checkpoints"
+        )
+    msd, osd = capture(target, with_optimizer=with_optimizer)
+    msd, frozen = split_trainable(target.model, msd)
+    return msd, osd, frozen
 
 
 def capture(target: Target, *, with_optimizer: bool = True) -> tuple[dict, dict]:
@@ -106,10 +124,13 @@ def apply_state(target: Target, msd: dict, osd: dict | None) -> None:
         return _ds_apply(target, msd, osd)
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
+    from .adapters import peft_model
+
+    opts = _opts(strict=peft_model(target.model) is None)  # a peft model's frozen base is not in msd
     if osd is not None and target.optimizer is not None:
-        set_state_dict(target.model, [target.optimizer], model_state_dict=msd, optim_state_dict=osd, options=_opts())
+        set_state_dict(target.model, [target.optimizer], model_state_dict=msd, optim_state_dict=osd, options=opts)
     else:
-        set_model_state_dict(target.model, msd, options=_opts())
+        set_model_state_dict(target.model, msd, options=opts)
 
 
 def split_optimizer(osd: dict) -> tuple[dict, dict]:

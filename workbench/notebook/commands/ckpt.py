@@ -49,7 +49,13 @@ def _export_args(p) -> None:
     _dir(p)
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None, help="cast floats")
     p.add_argument(
-        "--hf", action="store_true", help="a Hugging Face folder (config.json + model.safetensors) for from_pretrained"
+        "--hf",
+        action="store_true",
+        help="a Hugging Face folder (config.json + model.safetensors) for from_pretrained; "
+        "a peft adapter's checkpoint: adapter_config.json + adapter_model.safetensors",
+    )
+    p.add_argument(
+        "--merged", action="store_true", help="a peft adapter's checkpoint merged into its base (for from_pretrained)"
     )
 
 
@@ -121,12 +127,13 @@ def _ckpt(args, shell):
         print(f"deleted {', '.join(removed) if removed else 'nothing'}")
         return None
     if a == "export":
-        info = ck.export(args.path, args.which, root=args.dir, dtype=args.dtype, hf=args.hf)
-        what = (
-            f" as a Hugging Face {info['architectures'][0] if info.get('architectures') else ''} folder"
-            if args.hf
-            else ""
-        )
+        info = ck.export(args.path, args.which, root=args.dir, dtype=args.dtype, hf=args.hf, merged=args.merged)
+        arch = info["architectures"][0] if info.get("architectures") else ""
+        what = ""
+        if info.get("names", "").startswith("peft"):
+            what = f" as a {info['names']} folder (for PeftModel.from_pretrained on a {arch})"
+        elif args.hf or args.merged:
+            what = f" as a Hugging Face {arch} folder" + (" (adapter merged into its base)" if args.merged else "")
         print(
             f"exported {info['tensors']} tensors ({info['params']:,} parameters, step {info['step']}){what} "
             f"to {info['path']} ({info['bytes'] / 2**20:.1f} MiB)"

@@ -69,6 +69,9 @@ class Manifest:
     torch_version: str = ""
     notes: list = field(default_factory=list)
     model_config: dict = field(default_factory=dict)  # a transformers model's config.json (for export_hf)
+    # a peft model's adapter: {"name", "config" (peft's), "base": {"fingerprint", "folder" (under the
+    # root), "tensors", "params"}}; model_tensors then hold only the trainable tensors
+    adapter: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         """One field a line, each value in C-encoded compact JSON: ``asdict`` + ``indent`` (Python's
