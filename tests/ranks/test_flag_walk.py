@@ -91,6 +91,8 @@ CASES: dict[tuple[str, str], object] = {
     ("where", "--ranks"): VIEWS,
     ("where", "--full"): VIEWS,
     ("where", "--wait"): VIEWS,
+    ("where", "--grouped"): VIEWS,
+    ("where", "--per-rank"): VIEWS,
     ("debug", "--rank"): refused("debug --rank 7", "--rank 7 does not exist"),
     # training
     ("train start", "--steps"): TRAIN,
@@ -155,6 +157,8 @@ CASES: dict[tuple[str, str], object] = {
     ("%%distrain", "--fail-fast"): CELL,
     ("%%distrain", "--stream"): CELL,
     ("%%distrain", "--no-stream"): CELL,
+    ("%%distrain", "--grouped"): VIEWS,
+    ("%%distrain", "--per-rank"): VIEWS,
     # experiment trackers
     **{(f"track {k}", f): TRACK for k in ("tensorboard", "mlflow", "wandb", "trackio") for f in ("--dir", "--metrics")},
 }
@@ -492,6 +496,17 @@ def test_view_flags(shell2, ranks2, capsys):
     assert "Thread" in full and len(full.splitlines()) > len(short.splitlines())
     magic(shell2, "where --ranks 1 --wait 1e-9")  # no time to answer SIGUSR1
     assert "no stack arrived" in capsys.readouterr().out
+    # --grouped: the two idle ranks are at the same place, shown once; --per-rank: one each
+    magic(shell2, "where --grouped")
+    grouped = capsys.readouterr().out
+    assert grouped.startswith("1 place(s) for 2 ranks:") and "[ranks 0-1] " in grouped, grouped
+    magic(shell2, "where --per-rank")
+    assert {l.split("]")[0] for l in capsys.readouterr().out.splitlines()} == {"[rank 0", "[rank 1"}
+    # the cell magic's --grouped / --per-rank
+    assert shell2.run_cell("%%distrain --grouped\nprint('alike')").success
+    assert capsys.readouterr().out.splitlines()[-1] == "[ranks 0-1] alike"
+    assert shell2.run_cell("%%distrain --per-rank\nprint('alike')").success
+    assert capsys.readouterr().out.splitlines()[-2:] == ["[rank 0] alike", "[rank 1] alike"]
 
 
 PREP_BUILD = (

@@ -242,17 +242,20 @@ def run(
     stream: bool | None = None,
     grace: float = GRACE_S,
     on: str | None = None,
+    group: bool | None = None,
 ):
     """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``).
 
     ``grace``: when a rank fails while others still run, the seconds they get to
     finish before they are interrupted (0: at once). ``on``: the session to run on
-    (default the current one), without making it current.
+    (default the current one), without making it current. ``group``: True shows
+    identical output of several ranks once under ``[ranks 0-13,15]``, False one block
+    per rank; None groups past ``cluster.grouping.GROUP_PAST`` ranks.
     """
     if grace is None or grace < 0:
         raise ValueError(f"grace must be 0 or more seconds, got {grace!r}")
     rs = current() if on is None else running_set(on)
-    return run_cell(rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace)
+    return run_cell(rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group)
 
 
 def running_set(name: str) -> RankSet:

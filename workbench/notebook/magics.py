@@ -44,6 +44,16 @@ class DistrainMagics(Magics):
         "regrouped per rank at the end; elsewhere after 3 s)",
     )
     @argument("--no-stream", dest="stream", action="store_false", help="show output only at the end, grouped per rank")
+    @argument(
+        "--grouped",
+        dest="group",
+        action="store_true",
+        default=None,
+        help="show identical output of several ranks once, under [ranks 0-13,15] (default past 8 ranks)",
+    )
+    @argument(
+        "--per-rank", dest="group", action="store_false", default=None, help="show every rank's output on its own"
+    )
     @cell_magic("distrain")
     def distrain_cell(self, line: str, cell: str):
         """Run the cell on the ranks; variables persist per rank between cells."""
@@ -52,13 +62,17 @@ class DistrainMagics(Magics):
         except Exception as exc:  # UsageError from magic_arguments
             raise UsageError(
                 f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] "
-                "[--grace S|--fail-fast] [--stream|--no-stream] [--on NAME]"
+                "[--grace S|--fail-fast] [--stream|--no-stream] [--grouped|--per-rank] [--on NAME]"
             ) from None
+        if {"--grouped", "--per-rank"} <= set(line.split()):
+            raise UsageError("--grouped and --per-rank contradict each other: give one of them")
         if args.grace is not None and args.fail_fast:
             raise UsageError("--grace and --fail-fast contradict each other: give one of them")
         grace = 0.0 if args.fail_fast else (GRACE_S if args.grace is None else args.grace)
         # api.run refuses a bad selection before anything runs
-        api.run(cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream, grace=grace, on=args.on)
+        api.run(
+            cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream, grace=grace, on=args.on, group=args.group
+        )
 
     @cell_magic(AUTO_MAGIC)
     def distrain_auto(self, line: str, cell: str):

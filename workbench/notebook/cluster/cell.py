@@ -1,7 +1,8 @@
 """Running a cell on the ranks and showing what each rank produced, in rank order.
 
-Output is grouped per rank and tagged ``[rank N]``; rich display data (HTML,
-images, DataFrames) from a rank is re-published in the notebook. In a Jupyter kernel
+Output is grouped per rank and tagged ``[rank N]`` (past a few ranks, identical output
+once under ``[ranks 0-13,15]``: see ``grouping``); rich display data (HTML, images,
+DataFrames) from a rank is re-published in the notebook. In a Jupyter kernel
 output is also shown live from the first line, then regrouped when the cell ends
 (see ``live``); elsewhere a cell that runs longer than a few seconds streams its
 output for good (``stream=True`` from the start, ``stream=False`` never). A rank that
@@ -14,7 +15,7 @@ import sys
 import time
 
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
-from . import debugging, stragglers
+from . import debugging, grouping, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
 from .health import death_message
 from .live import LIVE_POLL_S, LiveOutput, in_kernel, tag
@@ -33,15 +34,19 @@ def run_cell(
     display: bool = True,
     stream: bool | None = None,
     grace: float = GRACE_S,
+    group: bool | None = None,
 ):
     """Run ``code`` on ``ranks``; show output; raise naming the rank on failure.
 
     Returns the :class:`RankCall`. No timeout unless one is given; on timeout the
     ranks keep running and the error holds each stuck rank's stack. When a rank
     fails while others still run, its traceback is shown at once and the others
-    get ``grace`` seconds to finish before they are interrupted.
+    get ``grace`` seconds to finish before they are interrupted. ``group``: identical
+    output of several ranks shown once under their ranks (None: past
+    ``grouping.GROUP_PAST`` ranks).
     """
     call = rankset.execute_async(code, ranks)
+    group = grouping.resolve(group, len(call.ranks))
     regroup = display and in_kernel()
     live = LiveOutput(call, regroup=regroup)
     start = time.monotonic()
@@ -70,7 +75,7 @@ def run_cell(
             if fresh:
                 first.extend(fresh)
                 if display:
-                    _show_failures(call, live, fresh)
+                    _show_failures(call, live, fresh, group=group)
                     if running and failed_at is None:
                         sys.stderr.write(stragglers.notice(first, running, grace) + "\n")
                         sys.stderr.flush()
@@ -87,11 +92,11 @@ def run_cell(
         call.ar.wait(5)
         if display:
             live.close()
-            show(call, live.printed, skip=first)
+            show(call, live.printed, skip=first, group=group)
         raise Interrupted(f"interrupted: sent SIGINT to ranks {format_ranks(call.ranks)}") from None
     if display:
         live.close()
-        show(call, live.printed, skip=first)
+        show(call, live.printed, skip=first, group=group)
     elif call.ar.ready():  # a rank's error is an output message, which the reply can overtake
         call.wait_for_output()
     deaths = [] if done and call.ar.successful() else call.deaths()
@@ -114,14 +119,21 @@ def run_cell(
     return call
 
 
-def _show_failures(call, live: LiveOutput, ranks: list[int]) -> None:
+def _show_failures(call, live: LiveOutput, ranks: list[int], *, group: bool = False) -> None:
     """Show the tracebacks of ranks that failed while the cell still runs elsewhere."""
     failures = call.failures()
     for rank in ranks:
         live.flush_rank(call.ranks.index(rank))
-        ename, evalue, tb = failures[rank]
-        sys.stderr.write(tag(rank, tb or f"{ename}: {evalue}"))
+    errors = [(rank, failures[rank]) for rank in ranks]
+    batches = grouping.group_identical(errors, key=traceback_text) if group else [([r], f) for r, f in errors]
+    for batch, failure in batches:
+        sys.stderr.write(grouping.tag_ranks(batch, traceback_text(failure)))
     sys.stderr.flush()
+
+
+def traceback_text(failure: tuple) -> str:
+    ename, evalue, tb = failure
+    return tb or f"{ename}: {evalue}"
 
 
 def timeout_message(timeout, stuck: list[int], stacks: dict[int, str]) -> str:
@@ -139,10 +151,11 @@ def timeout_message(timeout, stuck: list[int], stacks: dict[int, str]) -> str:
     return "\n".join(lines)
 
 
-def show(call, printed=None, skip=()) -> None:
+def show(call, printed=None, skip=(), *, group: bool = False) -> None:
     """Show each rank's remaining stdout, stderr, rich outputs, result and error, in rank order.
 
-    ``skip``: ranks whose error was already shown while the cell ran.
+    ``skip``: ranks whose error was already shown while the cell ran. ``group``: what
+    several ranks produced alike is shown once under their ranks (``show_grouped``).
     """
     printed = printed or [[0, 0] for _ in call.ranks]
     if call.ar.ready():
@@ -153,6 +166,10 @@ def show(call, printed=None, skip=()) -> None:
     outs, errs = call.per_rank("stdout"), call.per_rank("stderr")
     displays, results = call.per_rank("outputs"), call.per_rank("execute_result")
     failures = call.failures()
+    if group:
+        rest = [((outs[i] or "")[p[0] :], (errs[i] or "")[p[1] :]) for i, p in enumerate(printed)]
+        show_grouped(call.ranks, rest, displays, results, failures, skip)
+        return
     for i, rank in enumerate(call.ranks):
         out = (outs[i] or "")[printed[i][0] :]
         err = (errs[i] or "")[printed[i][1] :]
@@ -172,7 +189,26 @@ def show(call, printed=None, skip=()) -> None:
             sys.stderr.flush()
 
 
-def _publish(rank: int, data: dict, metadata: dict, prefix: str = "") -> None:
+def show_grouped(ranks, rest, displays, results, failures, skip=()) -> None:
+    """What the ranks produced, each distinct text once under the ranks that produced it:
+    stdout, then stderr, rich outputs, results and tracebacks (the first failing rank's first)."""
+    for j, stream in enumerate((sys.stdout, sys.stderr)):
+        for group, text in grouping.group_identical((r, rest[i][j]) for i, r in enumerate(ranks) if rest[i][j]):
+            stream.write(grouping.tag_ranks(group, text))
+        stream.flush()
+    items = [(r, item) for i, r in enumerate(ranks) for item in displays[i] or []]
+    for group, item in grouping.group_identical(items, key=grouping.bundle_key):
+        _publish(group, item.get("data", {}), item.get("metadata", {}))
+    outs = [(r, results[i]) for i, r in enumerate(ranks) if results[i]]
+    for group, item in grouping.group_identical(outs, key=grouping.bundle_key):
+        _publish(group, item.get("data", {}), item.get("metadata", {}), prefix="Out: ")
+    errors = [(r, failures[r]) for r in ranks if r in failures and r not in skip]
+    for group, failure in grouping.group_identical(errors, key=traceback_text):
+        sys.stderr.write(grouping.tag_ranks(group, traceback_text(failure)))
+    sys.stderr.flush()
+
+
+def _publish(rank: int | list[int], data: dict, metadata: dict, prefix: str = "") -> None:
     rich = {k: v for k, v in data.items() if k != "text/plain"}
     try:
         from IPython import get_ipython
@@ -181,10 +217,11 @@ def _publish(rank: int, data: dict, metadata: dict, prefix: str = "") -> None:
         in_ipython = get_ipython() is not None
     except ImportError:  # pragma: no cover
         in_ipython = False
+    ranks = rank if isinstance(rank, list) else [rank]
     if rich and in_ipython:
-        sys.stdout.write(f"[rank {rank}] {prefix}\n")
+        sys.stdout.write(f"[{grouping.label(ranks)}] {prefix}\n")
         sys.stdout.flush()
         publish_display_data(data=data, metadata=metadata)
     elif "text/plain" in data:
-        sys.stdout.write(tag(rank, prefix + data["text/plain"]))
+        sys.stdout.write(grouping.tag_ranks(ranks, prefix + data["text/plain"]))
         sys.stdout.flush()

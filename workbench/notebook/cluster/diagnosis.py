@@ -12,6 +12,8 @@ import os
 import signal
 import time
 
+from .grouping import label
+
 
 def collect_stacks(rankset, ranks: list[int], wait: float = 1.0) -> dict[int, str]:
     """rank -> the rank's Python stacks (or why none could be read)."""
@@ -89,11 +91,12 @@ def main_frames(stack: str) -> list[str]:
     return [f for f in deepest if not any(p in f for p in _PLUMBING)] or deepest[:1]
 
 
-def stack_lines(rank: int, frames: list[str], *, title: bool = True) -> list[str]:
-    """One rank's frames as the notebook shows them everywhere (cell timeout, ``%distrain
-    where``, the step watchdog): ``[rank r]   frame`` lines, under a title line."""
-    head = [f"[rank {rank}] stack, innermost first:"] if title else []
-    return head + [f"[rank {rank}]   {f}" for f in frames]
+def stack_lines(rank: int | list[int], frames: list[str], *, title: bool = True) -> list[str]:
+    """One rank's (or identical ranks') frames as the notebook shows them everywhere (cell
+    timeout, ``%distrain where``, the step watchdog): ``[rank r]   frame`` lines, under a title."""
+    tag = f"rank {rank}" if isinstance(rank, int) else label(rank)
+    head = [f"[{tag}] stack, innermost first:"] if title else []
+    return head + [f"[{tag}]   {f}" for f in frames]
 
 
 def where(stack: str) -> str:

@@ -15,6 +15,15 @@ def _build(p) -> None:
     p.add_argument("--ranks", type=rank_selection, default=None, help="0,2-3 or all (default all)")
     p.add_argument("--full", action="store_true", help="print every thread's stack")
     p.add_argument("--wait", type=seconds, default=2.0, help="seconds to wait for the stacks (default 2)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--grouped",
+        dest="group",
+        action="store_true",
+        default=None,
+        help="ranks at the same place shown once (default past 8 ranks)",
+    )
+    g.add_argument("--per-rank", dest="group", action="store_false", help="every rank's stack on its own")
 
 
 def where_ranks(ranks=None, *, wait: float = 2.0, rankset=None) -> dict[int, str]:
@@ -26,22 +35,34 @@ def where_ranks(ranks=None, *, wait: float = 2.0, rankset=None) -> dict[int, str
     return collect_stacks(rs, rs.select(ranks), wait=wait)
 
 
-def format_where(stacks: dict[int, str], *, full: bool = False) -> str:
+def format_where(stacks: dict[int, str], *, full: bool = False, group: bool | None = None) -> str:
+    """Each rank's place and frames; ranks whose stacks are the same are shown once under
+    ``[ranks 0-1021]`` (by default past ``GROUP_PAST`` ranks), the largest group first."""
+    from ..cluster import grouping
     from ..cluster.diagnosis import main_frames, stack_lines, where
 
-    lines = []
-    for rank, stack in stacks.items():
+    def shown(stack: str) -> tuple[str, tuple[str, ...]]:
         frames = main_frames(stack)
         if not frames:  # stopped / dead / no answer: the text says which
-            lines.append(f"[rank {rank}] {stack.splitlines()[0] if stack else '?'}")
-            continue
-        lines.append(f"[rank {rank}] {where(stack)}")
-        lines.extend(stack_lines(rank, stack.splitlines() if full else frames[1:8], title=False))
+            return (stack.splitlines()[0] if stack else "?"), ()
+        return where(stack), tuple(stack.splitlines() if full else frames[1:8])
+
+    items = [(rank, shown(stack)) for rank, stack in stacks.items()]
+    if grouping.resolve(group, len(stacks)):
+        groups = sorted(grouping.group_identical(items), key=lambda g: (-len(g[0]), g[0][0]))
+        summary = [f"{grouping.label(ranks)}: {head}" for ranks, (head, _) in groups]
+        lines = [f"{len(groups)} place(s) for {len(stacks)} ranks:", *(f"  {s}" for s in summary)]
+    else:
+        groups = [([rank], value) for rank, value in items]
+        lines = []
+    for ranks, (head, frames) in groups:
+        lines.append(f"[{grouping.label(ranks)}] {head}")
+        lines.extend(stack_lines(ranks[0] if len(ranks) == 1 else ranks, list(frames), title=False))
     return "\n".join(lines)
 
 
 @command("where", "print where every rank is right now (stacks; nothing is stopped)", _build)
 def _where(args, shell):
     stacks = where_ranks(args.ranks, wait=args.wait)
-    print(format_where(stacks, full=args.full))
+    print(format_where(stacks, full=args.full, group=args.group))
     return None

@@ -30,6 +30,7 @@ from copy import deepcopy
 from dataclasses import dataclass
 
 from ...shared.events import COLLECTIVES, STEP_TIME_PHASES
+from . import bands
 from .widget import widget_class
 
 MB = 2**20
@@ -115,12 +116,18 @@ def expected_traces(ranks) -> dict[str, list[tuple]]:
     """panel -> [(trace name, style)] known before the first step: per rank, the mean, the phases.
 
     (Collective kinds are not known in advance: those traces are added when they appear.)
+    Past ``bands.BAND_PAST`` ranks the per-rank panels have a band and outlier slots instead.
     """
-    per_rank = [(f"rank {r}", {"width": 1}) for r in ranks]
+    ranks = list(ranks)
+    if bands.banded(len(ranks)):
+        per_rank = plain = bands.band_names()
+    else:
+        per_rank = [(f"rank {r}", {"width": 1}) for r in ranks]
+        plain = [(f"rank {r}", {}) for r in ranks]
     return {
         "loss": [*per_rank, ("mean", {"width": 3, "color": "black"})],
-        "throughput": [(f"rank {r}", {}) for r in ranks],
-        "memory": [(f"rank {r}", {}) for r in ranks],
+        "throughput": plain,
+        "memory": plain,
         "step_time": [(phase, {"bar": True}) for phase in (*STEP_TIME_PHASES, "control")],
         "grad_norm": [("grad_norm", {"width": 2})],
     }
@@ -129,11 +136,12 @@ def expected_traces(ranks) -> dict[str, list[tuple]]:
 def _trace(panel: str, name, xs, ys, style):
     import plotly.graph_objects as go
 
-    where = {**_axes(PANEL_KEYS.index(panel)), "meta": trace_key(panel, name), "name": name}
+    where = {**_axes(PANEL_KEYS.index(panel)), "meta": trace_key(panel, name), "name": style.get("label", name)}
     if style.get("bar"):
         return go.Bar(x=xs, y=ys, **where)
     line = {k: v for k, v in style.items() if k in ("width", "color")}
-    return go.Scatter(x=xs, y=ys, mode="lines", line=line, **where)
+    fill = {k: v for k, v in style.items() if k in ("fill", "fillcolor")}
+    return go.Scatter(x=xs, y=ys, mode="lines", line=line, **fill, **where)
 
 
 def make_figure(widget: bool = True, ranks=None):
@@ -177,33 +185,46 @@ def lines_for(store, run: str) -> dict[str, list[tuple]]:
     at a few hundred steps, growing with the run), an array goes as a binary buffer.
     """
 
+    import numpy as np
+
     def line(metric, r):
         return store.arrays(run, metric, r)
 
     ranks = store.ranks(run)
     names = set(store.metric_names(run))
     out: dict[str, list[tuple]] = {p.key: [] for p in PANELS}
-    loss_metric = "loss_local" if "loss_local" in names else "loss"
-    for r in ranks:
-        xs, ys = line(loss_metric, r)
-        if len(xs):
-            out["loss"].append((f"rank {r}", xs, ys, {"width": 1}))
+    banded = bands.banded(len(ranks))
+
+    def per_rank(panel: str, metric: str, style: dict, scale: float = 1.0) -> None:
+        lines = [line(metric, r) for r in ranks]
+        if banded:  # a band, the median and the outlying ranks (see bands)
+            out[panel].extend(bands.band_traces(lines, ranks, scale=scale))
+            return
+        for r, (xs, ys) in zip(ranks, lines):
+            if len(xs):
+                out[panel].append((f"rank {r}", xs, ys / scale if scale != 1.0 else ys, style))
+
+    per_rank("loss", "loss_local" if "loss_local" in names else "loss", {"width": 1})
     if "loss" in names and ranks:
         xs, ys = line("loss", ranks[0])
         out["loss"].append(("mean", xs, ys, {"width": 3, "color": "black"}))
-    for r in ranks:
-        xs, ys = line("tps", r)
-        if len(xs):
-            out["throughput"].append((f"rank {r}", xs, ys, {}))
+    per_rank("throughput", "tps", {})
     mem_metric = next((m for m in ("memory_max_active_bytes", "memory_rss_bytes") if m in names), None)
-    if mem_metric:
-        for r in ranks:  # max active (device) or RSS (CPU): the y-axis title says which
-            xs, ys = line(mem_metric, r)
-            if len(xs):
-                out["memory"].append((f"rank {r}", xs, ys / MB, {}))
+    if mem_metric:  # max active (device) or RSS (CPU): the y-axis title says which
+        per_rank("memory", mem_metric, {}, scale=MB)
     for kind in COLLECTIVES:
-        for r in ranks:
-            xs, ys = line(f"comm/{kind}/time_s", r)
+        metric = f"comm/{kind}/time_s"
+        if metric not in names:
+            continue
+        lines = [line(metric, r) for r in ranks]
+        if banded:  # the median rank and the slowest, per collective kind
+            have = [ln for ln in lines if len(ln[0])]
+            if have:
+                xs, matrix = bands.common_steps(have)
+                out["comm"].append((f"{kind} median", xs, np.median(matrix, axis=0), {}))
+                out["comm"].append((f"{kind} max", xs, matrix.max(axis=0), {"width": 1}))
+            continue
+        for r, (xs, ys) in zip(ranks, lines):
             if len(xs):
                 out["comm"].append((f"{kind} r{r}", xs, ys, {}))
     for phase in (*STEP_TIME_PHASES, "control"):
@@ -221,17 +242,8 @@ def lines_for(store, run: str) -> dict[str, list[tuple]]:
 
 def _mean_by_step(lines: list[tuple]) -> tuple:
     """Mean over ranks at the steps every rank has (thinned lines share their steps)."""
-    import numpy as np
-
-    # a step reported twice by a user's own loop counts once (its first value)
-    lines = [(xs[first], ys[first]) for xs, ys in lines for _, first in [np.unique(xs, return_index=True)]]
-    common = lines[0][0]
-    for xs, _ in lines[1:]:
-        common = np.intersect1d(common, xs, assume_unique=True)
-    total = np.zeros(len(common))
-    for xs, ys in lines:
-        total += ys[np.searchsorted(xs, common)]
-    return common, total / len(lines)
+    common, matrix = bands.common_steps(lines)
+    return common, matrix.mean(axis=0)
 
 
 def _same(current, new) -> bool:
@@ -268,23 +280,31 @@ def draw(fig, lines: dict[str, list[tuple]]) -> bool:
         changed: list[int] = []
         xs_new: list = []
         ys_new: list = []
+        names_new: list = []  # an outlier slot's label names the rank it shows now
         new = []
         for panel, traces in lines.items():
             for name, xs, ys, style in traces:
                 i = where.pop(trace_key(panel, name), None)
+                label = style.get("label", name)
                 if i is None:
                     new.append((panel, name, xs, ys, style))
-                elif not (_same(fig._data[i].get("x"), xs) and _same(fig._data[i].get("y"), ys)):
+                elif not (
+                    _same(fig._data[i].get("x"), xs)
+                    and _same(fig._data[i].get("y"), ys)
+                    and fig._data[i].get("name") == label
+                ):
                     changed.append(i)
                     xs_new.append(xs)
                     ys_new.append(ys)
+                    names_new.append(label)
         for i in where.values():  # not in this run
             if not _same(fig._data[i].get("x"), ()):
                 changed.append(i)
                 xs_new.append(np.empty(0))
                 ys_new.append(np.empty(0))
+                names_new.append(fig._data[i].get("name"))
         if changed:
-            fig.plotly_restyle({"x": xs_new, "y": ys_new}, trace_indexes=changed)
+            fig.plotly_restyle({"x": xs_new, "y": ys_new, "name": names_new}, trace_indexes=changed)
         for panel, name, xs, ys, style in new:
             fig.add_trace(_trace(panel, name, xs, ys, style))
             added = True

@@ -1,0 +1,203 @@
+"""The notebook side's cost against the rank count: real ranks here, SIMULATED ranks to 1024.
+
+1. Real ranks (``--real``, default 2 4 8 16): ``%distrain start`` to initialised process groups,
+   a trivial ``%%distrain`` cell and a 1-element all_reduce cell (median of ``--calls``),
+   ``%distrain status`` and ``where``.
+2. Simulated ranks (``--sim``, default 64 256 1024; tests/sim_ranks.py: events at the real schema
+   pushed over ZMQ into a real collector, replies of the shapes ranks give, no rank processes):
+   the store's ingest (events/s one notebook thread takes in), a dashboard redraw
+   (``lines_for`` + ``draw`` on the live FigureWidget), ``where`` grouped, a cell's grouped output.
+
+Targets (issue "a thousand ranks"): with 1024 simulated ranks the dashboard redraws in <= 200 ms,
+the notebook keeps up with 1024 ranks x 10 step events/s, ``where`` gives one grouped answer in
+<= 2 s. Figures from simulated ranks are a simulation and are labelled so in the JSON.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scale_bench.py`` (``--quick``: 2 real ranks,
+64 simulated, checks the script only). Results: ``benchmarks/results/scale-*.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import pathlib
+import statistics
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+os.environ.setdefault("IPYTHONDIR", str(ROOT / ".state" / "bench" / "ipython"))
+os.makedirs(os.environ["IPYTHONDIR"], exist_ok=True)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
+import results  # noqa: E402
+
+
+def timed(fn, repeat: int) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` calls."""
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def real_ranks(n: int, calls: int) -> dict:
+    from IPython.testing.globalipapp import get_ipython
+
+    import workbench
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "workbench")
+    quiet = io.StringIO()
+    t0 = time.perf_counter()
+    with redirect_stdout(quiet), redirect_stderr(quiet):
+        ip.run_line_magic("distrain", f"start -n {n} --backend gloo")
+    start_s = time.perf_counter() - t0
+    try:
+
+        def cell(body: str):
+            def run():
+                with redirect_stdout(io.StringIO()):
+                    ip.run_cell_magic("distrain", "", body)
+
+            return run
+
+        reduce = "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)"
+        cell(reduce)()  # warm
+        row = {
+            "ranks": n,
+            "start_s": start_s,
+            "trivial_cell_ms": timed(cell("pass"), calls) * 1000,
+            "all_reduce_cell_ms": timed(cell(reduce), calls) * 1000,
+        }
+
+        def status():
+            with redirect_stdout(io.StringIO()):
+                ip.run_line_magic("distrain", "status")
+
+        def where():
+            with redirect_stdout(io.StringIO()):
+                ip.run_line_magic("distrain", "where --grouped")
+
+        row["status_ms"] = timed(status, max(3, calls // 10)) * 1000
+        row["where_ms"] = timed(where, 3) * 1000
+    finally:
+        with redirect_stdout(quiet), redirect_stderr(quiet):
+            workbench.stop()
+    return row
+
+
+def simulated(n: int, steps: int) -> dict:
+    """A SIMULATION: ``n`` ranks' events through a real collector and store, no rank processes."""
+    import sim_ranks
+
+    from workbench.notebook.cluster.cell import show_grouped
+    from workbench.notebook.commands.where import format_where
+    from workbench.notebook.dashboard import figures
+    from workbench.notebook.stream import Collector, EventStore
+    from workbench.shared import events
+
+    # ingest: the store's own work per event, as the collector thread does it (decode + add)
+    batches = []
+    for step in range(steps):
+        batch = []
+        for r in range(n):
+            m, c = sim_ranks.step_metrics(r, step)
+            batch.append(events.step_event(run="ingest", rank=r, step=step, metrics=m, comm=c))
+        batches.append(events.encode(batch))
+    store = EventStore()
+    t0 = time.perf_counter()
+    for data in batches:
+        store.add(events.decode(data))
+    ingest_eps = steps * n / (time.perf_counter() - t0)
+
+    # over the wire, paced at 10 steps/s a rank for 2 s: does the collector keep up?
+    collector = Collector()
+    pubs = sim_ranks.SimulatedPublishers(collector, n, slow_ranks={n // 3}, nan_ranks={n // 5})
+    try:
+        pubs.steps(steps)
+        sim_ranks.wait_received(collector.store, steps * n, timeout=120)
+        t0 = time.perf_counter()
+        sent = pubs.run_for(2.0, rate=10.0)
+        kept_up = sim_ranks.wait_received(collector.store, steps * n + sent, timeout=2.0)
+        behind_s = time.perf_counter() - t0 - 2.0
+        fig = figures.make_figure(widget=True, ranks=range(n))
+        store = collector.store
+
+        def redraw():
+            figures.draw(fig, figures.lines_for(store, sim_ranks.RUN))
+
+        redraw()  # the first adds the collective lines
+        redraw_ms = timed(redraw, 5) * 1000
+        traces = len(fig.data)
+    finally:
+        pubs.close()
+        collector.close()
+
+    stacks = sim_ranks.stacks(n, in_loader={n - 2, n - 1})
+    where_ms = timed(lambda: format_where(stacks, group=True), 5) * 1000
+    rest, displays, failures = sim_ranks.cell_replies(n, odd_ranks={5}, failing=set(range(n // 2, n)))
+    sink = io.StringIO()
+
+    def grouped_output():
+        with redirect_stdout(sink), redirect_stderr(sink):
+            show_grouped(list(range(n)), rest, displays, [None] * n, failures)
+
+    output_ms = timed(grouped_output, 5) * 1000
+    return {
+        "ranks": n,
+        "simulated": True,
+        "ingest_events_per_s": ingest_eps,
+        "kept_up_10_steps_per_s": kept_up,
+        "behind_after_2s_s": max(0.0, behind_s),
+        "redraw_ms": redraw_ms,
+        "traces": traces,
+        "where_grouped_ms": where_ms,
+        "grouped_output_ms": output_ms,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", type=int, nargs="*", default=[2, 4, 8, 16], help="real rank counts")
+    parser.add_argument("--sim", type=int, nargs="*", default=[64, 256, 1024], help="simulated rank counts")
+    parser.add_argument("--calls", type=int, default=30, help="cells per real size")
+    parser.add_argument("--steps", type=int, default=20, help="steps of simulated history before measuring")
+    parser.add_argument("--quick", action="store_true", help="2 real ranks, 64 simulated: checks the script only")
+    parser.add_argument("--pool", action="store_true", help="report every saved run; run nothing")
+    args = parser.parse_args(argv)
+    if args.pool:
+        return results.pool_report("scale")
+    if args.quick:
+        args.real, args.sim, args.calls, args.steps = [2], [64], 5, 5
+    run = results.Run("scale", vars(args), quick=args.quick)
+    real = [real_ranks(n, args.calls) for n in args.real]
+    sim = [simulated(n, args.steps) for n in args.sim]
+    print("real ranks: start (s), trivial cell / all_reduce cell / status / where (ms, median)")
+    for r in real:
+        print(
+            f"  {r['ranks']:5d}  {r['start_s']:6.2f}  {r['trivial_cell_ms']:7.1f}  {r['all_reduce_cell_ms']:7.1f}"
+            f"  {r['status_ms']:7.1f}  {r['where_ms']:7.1f}"
+        )
+    print("SIMULATED ranks: ingest (events/s), kept up at 10 steps/s, redraw (ms, traces), where / output (ms)")
+    for s in sim:
+        print(
+            f"  {s['ranks']:5d}  {s['ingest_events_per_s']:9.0f}  {s['kept_up_10_steps_per_s']!s:5}"
+            f"  {s['redraw_ms']:7.1f} ({s['traces']})  {s['where_grouped_ms']:7.1f}  {s['grouped_output_ms']:7.1f}"
+        )
+    run.rounds = real + sim
+    run.summary = {"real": real, "simulated": sim}
+    top = max(sim, key=lambda s: s["ranks"])
+    n = top["ranks"]
+    run.target(f"dashboard redraw, {n} simulated ranks (ms)", top["redraw_ms"], "<=", 200.0)
+    run.target(f"events/s taken in, {n} simulated ranks (need {n * 10})", top["ingest_events_per_s"], ">=", n * 10.0)
+    run.target(f"where grouped, {n} simulated ranks (ms)", top["where_grouped_ms"], "<=", 2000.0)
+    return run.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
