@@ -145,6 +145,8 @@ def stacks(n: int, *, in_loader=()) -> dict[int, str]:
 def cell_replies(n: int, *, odd_ranks=(), failing=()) -> tuple[list, list, dict]:
     """(rest of stdout/stderr per rank, displays per rank, failures) of a cell on ``n`` ranks:
     every rank prints the same, ``odd_ranks`` print something else, ``failing`` raise alike."""
-    rest = [((f"loss {random.Random(r).random():.3f}\n" if r in odd_ranks else "step 100 done\n"), "") for r in range(n)]
+    rest = [
+        ((f"loss {random.Random(r).random():.3f}\n" if r in odd_ranks else "step 100 done\n"), "") for r in range(n)
+    ]
     failures = {r: ("ValueError", "bad batch", "Traceback...\nValueError: bad batch") for r in failing}
     return rest, [[] for _ in range(n)], failures

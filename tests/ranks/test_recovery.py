@@ -12,7 +12,8 @@ import pytest
 from workbench.notebook import api, metrics, session, training
 from workbench.notebook import checkpoints as ck
 from workbench.notebook.commands import UsageError, dispatch
-from workbench.notebook.recovery import NO_SETUP, BudgetSpent
+from workbench.notebook.setup_recipe import NO_SETUP
+from workbench.shared.errors import BudgetSpent
 
 # rank 1 ends itself with SIGKILL right after step AT (a step hook on its training thread)
 KILL_HOOK = """

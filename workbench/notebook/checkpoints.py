@@ -357,9 +357,10 @@ def resume_session(
     ``which=None``: restart and set up without loading (nothing was saved yet).
     ``before_load(rankset)`` is called once the setup ran, before the load.
     """
-    from . import api, training
+    from . import api
+    from .setup_recipe import last_setup
 
-    setup = setup if setup is not None else sess.resume_setup or training.last_setup(sess)
+    setup = setup if setup is not None else sess.resume_setup or last_setup(sess)
     if setup is None:
         raise ValueError(
             "resume needs the setup that builds the model and calls checkpoint_hooks.track(...): "

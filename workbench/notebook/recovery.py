@@ -18,26 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..shared.errors import WorkbenchError
-
-NO_SETUP = (
-    "--max-failures repeats the run's setup after a restart, and this session has none recorded: "
-    "build the trainer with `%distrain train start --model tiny ...` (workbench.train.setup(...)), "
-    "or name the notebook variable holding your setup code: `--setup VAR` (setup=code); nothing was started"
-)
 LOSS_WORDS = ("non-finite", "spike")  # the guard's pause reasons (engine.trainer.REASONS)
-
-
-class BudgetSpent(WorkbenchError, RuntimeError):
-    """The run failed more often than ``--max-failures`` allows; the message is the summary."""
-
-
-def repeatable_setup(sess):
-    """The setup a recovery repeats: the code given to ``restart --resume --setup``, else
-    the latest ``train setup``; None with neither (then ``--max-failures`` is refused)."""
-    from . import training
-
-    return sess.resume_setup or training.last_setup(sess)
 
 
 def describe(rec: dict) -> str:
@@ -58,11 +39,23 @@ class Supervisor:
     """Watches one run of ``sess`` and recovers it up to ``max_failures`` times (module doc)."""
 
     def __init__(
-        self, sess, run: str, target: int, max_failures: int, *, step_timeout: float | None = None, poll: float = 0.25
+        self,
+        sess,
+        run: str,
+        target: int,
+        max_failures: int,
+        *,
+        step_timeout: float | None = None,
+        poll: float = 0.25,
+        on_hang=None,
+        stop_run=None,
     ):
+        """``on_hang(sess, store, report)``: what a hang past ``step_timeout`` records (training's);
+        ``stop_run(rankset)``: ends a run whose ranks are all alive when the budget is spent."""
         if max_failures < 0:
             raise ValueError(f"max_failures must be 0 or more, got {max_failures}")
         self.sess, self.run, self.target = sess, run, int(target)
+        self.on_hang, self.stop_run = on_hang, stop_run
         self.max_failures, self.step_timeout, self.poll = int(max_failures), step_timeout, poll
         self.failures = 0
         self.state = "watching"  # -> recovering -> watching ... -> finished | stopped | gave up | closed
@@ -115,11 +108,11 @@ class Supervisor:
             self.watchdog.close()
             self.watchdog = None
         if self.step_timeout:
-            from .training import _on_hang
             from .watchdog import StepWatchdog
 
             def on_hang(rep):
-                _on_hang(self.sess, self.store, rep)
+                if self.on_hang is not None:
+                    self.on_hang(self.sess, self.store, rep)
                 self._hang = rep
 
             mark = self.sess.marks.get(self.run, 0)
@@ -316,9 +309,8 @@ class Supervisor:
         rs = self.sess.rankset
         if rs is not None and rs.running and rs.watcher is not None and not rs.watcher.known():
             try:  # every rank alive (a loss pause, a hang): end the run so nothing waits on it
-                from . import training
-
-                training.stop(rankset=rs)
+                if self.stop_run is not None:
+                    self.stop_run(rs)
             except Exception:
                 pass
         self.store.add([events.log_event(run=self.run, rank=-1, text=self.summary)])

@@ -9,42 +9,19 @@ then applies it at the same step everywhere, and a bad name changes nothing.
 
 from __future__ import annotations
 
-from . import api, session, stream
+from ..shared.errors import BudgetSpent
+from . import api, session, setup_recipe, stream
+from .setup_recipe import NO_SETUP, repeatable_setup
 
 DONE_STATES = ("finished", "stopped", "error")
+
+# `workbench.train.setup(...)` / `.last_setup`: the recipe a resume or a recovery repeats
+setup = setup_recipe.setup
+last_setup = setup_recipe.last_setup
 
 
 def _rs(rankset=None):
     return rankset if rankset is not None else api.current()
-
-
-def setup(strategy: str = "ddp", *, model: str = "tiny", rankset=None, **options) -> list[dict]:
-    """Build the teaching trainer on every rank: ``model`` GPT on bundled text under ``strategy``."""
-    from ..engine import control
-
-    rs = _rs(rankset)
-    stream.attach(rs)
-    out = rs.apply(control.build_default, strategy, model=model, **options)
-    sess = session.of(rs)
-    sess.setup_recipe = {"strategy": strategy, "model": model, **options}
-    sess.resume_setup = None  # the newest setup wins: `ckpt resume` repeats this one
-    return out
-
-
-def last_setup(sess=None):
-    """A function repeating the session's latest :func:`setup` on its ranks (None if there was none).
-
-    ``ckpt resume`` / ``restart --resume`` use it when no setup code is given.
-    """
-    sess = sess if sess is not None else session.current()
-    if sess is None or sess.setup_recipe is None:
-        return None
-    options = dict(sess.setup_recipe)
-
-    def again():
-        return setup(options.pop("strategy"), **options)
-
-    return again
 
 
 def start(
@@ -79,11 +56,8 @@ def start(
         raise ValueError("setup= is the code a recovery repeats: it goes with max_failures=K")
     rs = _rs(rankset)
     sess = session.of(rs)
-    if max_failures is not None:
-        from . import recovery
-
-        if setup is None and recovery.repeatable_setup(sess) is None:
-            raise ValueError(recovery.NO_SETUP)
+    if max_failures is not None and setup is None and repeatable_setup(sess) is None:
+        raise ValueError(NO_SETUP)
     store = stream.attach(rs).store
     mark = len(store.statuses)
     states = rs.apply(control.start, int(steps))
@@ -99,8 +73,16 @@ def start(
     if setup is not None:
         sess.resume_setup = setup  # remembered as `restart --resume --setup` remembers it
     if max_failures is not None:  # the supervisor owns the step watchdog: a hang is one of its failures
+        from . import recovery
+
         sess.supervisor = recovery.Supervisor(
-            sess, run, int(states[0]["target"]), int(max_failures), step_timeout=step_timeout
+            sess,
+            run,
+            int(states[0]["target"]),
+            int(max_failures),
+            step_timeout=step_timeout,
+            on_hang=_on_hang,
+            stop_run=lambda rs: stop(rankset=rs),
         )
     elif step_timeout:
         from .watchdog import StepWatchdog
@@ -207,8 +189,6 @@ def wait(
     if ok and sup is not None and step is None:
         sup.wait(5.0)  # it sees the same end at its next look: its state and records are final
     if sup is not None and sup.state == "gave up":
-        from .recovery import BudgetSpent
-
         raise BudgetSpent(sup.summary)
     rs = sess.rankset if sup is not None and sess.rankset is not None else rs  # a recovery's new set
     if not ok:

@@ -52,3 +52,7 @@ class Interrupted(WorkbenchError):
 
 class BadRanks(WorkbenchError, ValueError):
     """A rank selection names ranks that do not exist or cannot be parsed."""
+
+
+class BudgetSpent(WorkbenchError, RuntimeError):
+    """A run failed more often than ``--max-failures`` allows; the message is the summary."""

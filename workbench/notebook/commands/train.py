@@ -147,7 +147,7 @@ def _start(args, shell):
 
         setup = setup_from(args.setup, shell)
     elif args.max_failures is not None and not build:
-        from ..recovery import NO_SETUP, repeatable_setup
+        from ..setup_recipe import NO_SETUP, repeatable_setup
 
         if repeatable_setup(api.session()) is None:
             raise UsageError(NO_SETUP)
