@@ -53,6 +53,7 @@ class RankSetConfig:
     ssh_config: str | None = None  # ssh: an ssh_config file (ssh -F)
     python: str | None = None  # ssh/slurm: the ranks' python (default: this one's path)
     slurm: slurm.SlurmRequest | None = None
+    nccl_env: dict = field(default_factory=dict)  # NCCL_* each rank sets before its process group
 
     def validate(self) -> None:
         """Refuse bad settings before any process is started."""
@@ -488,6 +489,7 @@ class RankSet:
                 # notebook process die without stopping them
                 parent_pid=os.getpid() if hosts[rank] == here else None,
                 also_end=controller if rank == 0 and hosts[rank] == here else None,
+                extra_env=dict(cfg.nccl_env) or None,
             )
             pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
         self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]

@@ -15,6 +15,8 @@ def _start_args(p) -> None:
     p.add_argument("--launcher", choices=LAUNCHERS, default="local")
     p.add_argument("--timeout", type=seconds, default=300.0, help="collective timeout in seconds")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads per rank")
+    p.add_argument("--nccl", default=None, help="NCCL settings for the ranks, e.g. ALGO=Ring,PROTO=Simple")
+    p.add_argument("--nccl-preset", default=None, help="NCCL settings per fabric: ib, roce or nvl72")
     p.add_argument("--auto", action="store_true", help="then run plain cells on the ranks (`%%distrain auto on`)")
     p.add_argument("--ip", default=None, help="slurm/ssh: this host's address the ranks connect to")
     p.add_argument("--hosts", default=None, help="ssh: hostA:2,hostB:2 (ranks per host)")
@@ -83,6 +85,8 @@ def _start(args, shell):
             slurm=_slurm_request(args),
             progress=_live_line(),
             name=args.name,
+            nccl=args.nccl,
+            nccl_preset=args.nccl_preset,
         )
     except ValueError as exc:  # bad settings: one line, nothing started
         raise UsageError(str(exc)) from None
