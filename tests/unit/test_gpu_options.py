@@ -99,6 +99,9 @@ def test_zero_option_refusals():
     assert refused("fsdp2 hpz=2") == "hpz is a DeepSpeed ZeRO option; use 'zero stage=3 ...', or drop it"
     assert "hpz=3 must divide the 4 ZeRO ranks" in refused("zero stage=3 hpz=3", device="cuda")
     assert "ZeRO++'s quantizer kernels are CUDA only" in refused("zero stage=3 quantized_weights=true")
+    assert "offload to nvme on CPU ranks is not supported here" in refused(
+        "zero stage=3 offload_optimizer=nvme nvme_path=/x"
+    )
     assert "cpu_offload=true with offload_param/offload_optimizer" in refused(
         "zero stage=3 cpu_offload=true offload_param=cpu", device="cuda"
     )

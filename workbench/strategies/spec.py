@@ -457,7 +457,12 @@ def _check_cpu_only(s: StrategySpec) -> None:
         if getattr(s, name):
             raise SpecError(f"{name}=true on CPU: ZeRO++'s quantizer kernels are CUDA only; drop it on CPU ranks")
     if "cpu" in (s.offload_param, s.offload_optimizer):
-        raise SpecError("offload to cpu on a CPU device: the state already lives in host memory; use nvme or none")
+        raise SpecError("offload to cpu on a CPU device: the state already lives in host memory; drop it")
+    if "nvme" in (s.offload_param, s.offload_optimizer):
+        raise SpecError(
+            "offload to nvme on CPU ranks is not supported here: ZeRO-Infinity swaps between GPU, pinned host "
+            "memory and the disk (DeepSpeed's async I/O op, libaio); run it on CUDA ranks (make gpu-check covers it)"
+        )
 
 
 def _check_model(s: StrategySpec, cfg) -> None:
