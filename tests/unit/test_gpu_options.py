@@ -99,6 +99,7 @@ def test_zero_option_refusals():
     assert refused("fsdp2 hpz=2") == "hpz is a DeepSpeed ZeRO option; use 'zero stage=3 ...', or drop it"
     assert "hpz=3 must divide the 4 ZeRO ranks" in refused("zero stage=3 hpz=3", device="cuda")
     assert "ZeRO++'s quantizer kernels are CUDA only" in refused("zero stage=3 quantized_weights=true")
+    assert "hierarchical partitioning is built for CUDA ranks" in refused("zero stage=3 hpz=2")
     assert "offload to nvme on CPU ranks is not supported here" in refused(
         "zero stage=3 offload_optimizer=nvme nvme_path=/x"
     )

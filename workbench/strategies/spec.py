@@ -456,6 +456,8 @@ def _check_cpu_only(s: StrategySpec) -> None:
     for name in ("quantized_weights", "quantized_gradients"):
         if getattr(s, name):
             raise SpecError(f"{name}=true on CPU: ZeRO++'s quantizer kernels are CUDA only; drop it on CPU ranks")
+    if s.hpz != 1:
+        raise SpecError(f"hpz={s.hpz} on CPU: ZeRO++'s hierarchical partitioning is built for CUDA ranks; drop it")
     if "cpu" in (s.offload_param, s.offload_optimizer):
         raise SpecError("offload to cpu on a CPU device: the state already lives in host memory; drop it")
     if "nvme" in (s.offload_param, s.offload_optimizer):
