@@ -143,3 +143,24 @@ def test_a_bad_nccl_setting_is_refused_with_one_message(text, preset, message):
     with pytest.raises(NcclError) as e:
         nccl_env(text, preset)
     assert message in str(e.value)
+
+
+# ------------------------------------------------------------------- planner: NVMe offload
+def test_the_planner_counts_nvme_offload_against_the_disks_bandwidth():
+    from workbench.planner import ModelSpec, PlanLayout, plan, plan_from_args
+    from workbench.planner.compute import nvme_seconds
+
+    model = ModelSpec.llama("70b")
+    cpu = plan(model, PlanLayout(dp_shard=8, zero_stage=3, optimizer_offload=True), "h100")
+    nvme = plan(model, PlanLayout(dp_shard=8, zero_stage=3, optimizer_offload=True, nvme_gbs=6.0), "h100")
+    # the optimizer shard's 12 bytes a parameter read and written back at 6 GB/s, on top of the host link
+    shard_params = cpu.memory.cpu_offload / 12
+    extra = nvme.compute.offload_seconds - cpu.compute.offload_seconds
+    assert extra == pytest.approx(2 * shard_params * 12 / 6e9) == pytest.approx(nvme_seconds(shard_params, 6e9))
+    assert nvme.compute.step_seconds > cpu.compute.step_seconds
+    assert nvme.memory.total == cpu.memory.total  # off the GPU either way
+    assert "offload=nvme(6 GB/s)" in nvme.layout.describe() and "(nvme 6 GB/s)" in nvme.summary()
+    from_flags = plan_from_args("--model llama-70b --gpus 8 --zero 3 --nvme 6 --hardware h100")
+    assert from_flags.layout.nvme_gbs == 6.0 and from_flags.layout.optimizer_offload
+    with pytest.raises(ValueError, match="needs optimizer_offload=True"):
+        PlanLayout(dp_shard=8, zero_stage=3, nvme_gbs=6.0)
