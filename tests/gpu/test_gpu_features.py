@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 STEPS = 20
 
 
-def _losses(spec: str, cfg_kw: dict | None = None, steps: int = STEPS, blocks_of=None):
+def _losses(spec: str, cfg_kw: dict | None = None, steps: int = STEPS, swap_dir: str | None = None):
     from workbench.models import GPT, GPTConfig, TextDataset, batches
     from workbench.strategies import prepare
 
@@ -31,6 +31,8 @@ def _losses(spec: str, cfg_kw: dict | None = None, steps: int = STEPS, blocks_of
     p = prepare(model, lambda ps: torch.optim.AdamW(ps, lr=3e-3), spec)
     out = [p.train_step(b) for b in batches(TextDataset(32), 8, 0, 1, seed=1, steps=steps)]
     notes = list(p.layout["notes"])
+    if swap_dir is not None:  # counted before close: the engine may remove its swap files
+        notes.append(f"swap files: {sum(len(files) for _, _, files in os.walk(swap_dir))}")
     p.close()
     return out, notes, model
 
@@ -61,7 +63,7 @@ def fp8_vs_bf16():
 
 
 def test_fp8_trains_within_tolerance_of_bf16_or_is_refused_below_sm89():
-    r = on_one_gpu(fp8_vs_bf16, timeout=300)
+    r = on_one_gpu(fp8_vs_bf16, timeout=190)
     if r["cap"] < (8, 9):
         assert r["refused"] and "needs fp8 matmuls (CUDA SM >= 8.9" in r["refused"]
         return
@@ -79,7 +81,7 @@ def cuda_graphs_vs_eager():
 
 
 def test_cuda_graphs_and_compile_per_block_train_like_eager():
-    r = on_one_gpu(cuda_graphs_vs_eager, timeout=400)
+    r = on_one_gpu(cuda_graphs_vs_eager, timeout=190)
     assert any("CUDA graphs (mode='reduce-overhead'" in n for n in r["notes"])
     for name in ("graphs", "compiled"):
         assert max(_rel(r[name], r["eager"])) < 2e-2, (name, r[name], r["eager"])
@@ -125,26 +127,41 @@ def test_nccl_settings_are_in_force_on_a_gpu_rank_and_status_shows_the_version()
     import multiprocessing as mp
 
     with mp.get_context("spawn").Pool(1) as pool:
-        line, total = pool.apply_async(_nccl_entry).get(180)
+        line, total = pool.apply_async(_nccl_entry).get(150)
     assert line.startswith("NCCL 2."), line
     assert "NCCL_ALGO=Ring" in line and "NCCL_PROTO=Simple" in line and "NCCL_BUFFSIZE=8388608" in line
     assert total == 4.0
 
 
-def zero_infinity_and_zero_plus_plus(folder: str):
-    cfg = dict(dim=256, ffn_dim=512, n_heads=4, n_kv_heads=4)
-    plain = _losses("zero stage=3 via=native", cfg)[0]  # the DeepSpeed engine directly, as the others
+ZERO_CFG = dict(dim=256, ffn_dim=512, n_heads=4, n_kv_heads=4)
+
+
+def zero_infinity_nvme(folder: str):
+    plain = _losses("zero stage=3 via=native", ZERO_CFG)[0]  # the DeepSpeed engine directly, as below
     nvme, notes, _ = _losses(
-        f"zero stage=3 offload_param=nvme offload_optimizer=nvme nvme_path={folder} nvme_buffer_size=2000000", cfg
+        f"zero stage=3 offload_param=nvme offload_optimizer=nvme nvme_path={folder} nvme_buffer_size=2000000",
+        ZERO_CFG,
+        swap_dir=folder,
     )
-    swapped = sorted(os.listdir(folder))
-    quant, _, _ = _losses("zero stage=3 quantized_weights=true quantized_gradients=true", cfg)
-    return {"plain": plain, "nvme": nvme, "notes": notes, "swapped": swapped, "quant": quant}
+    return {"plain": plain, "nvme": nvme, "notes": notes, "swapped": int(notes[-1].split(": ")[1])}
 
 
-def test_zero_infinity_nvme_offload_and_zero_plus_plus_match_plain_zero3(tmp_path):
-    r = on_one_gpu(zero_infinity_and_zero_plus_plus, str(tmp_path), timeout=400)
-    assert r["swapped"], "nothing was written to the NVMe folder"
+def test_zero_infinity_nvme_offload_matches_plain_zero3(tmp_path):
+    """DeepSpeed JIT-builds its async I/O op (libaio) on first use: a missing libaio fails here."""
+    r = on_one_gpu(zero_infinity_nvme, str(tmp_path), timeout=190)
+    assert r["swapped"] > 0, "nothing was written to the NVMe folder"
     assert any("ZeRO-Infinity / ZeRO++" in n for n in r["notes"])
     assert max(_rel(r["nvme"], r["plain"])) < 1e-3, (r["nvme"], r["plain"])
+
+
+def zero_plus_plus():
+    plain = _losses("zero stage=3 via=native", ZERO_CFG)[0]
+    quant = _losses("zero stage=3 quantized_weights=true quantized_gradients=true", ZERO_CFG)[0]
+    return {"plain": plain, "quant": quant}
+
+
+def test_zero_plus_plus_quantized_weights_and_gradients_train_like_plain_zero3():
+    """At world size 1 the collectives are trivial; this checks the quantizer kernels build and
+    the engine trains (hpz needs 2+ GPUs and is not in this one-GPU check)."""
+    r = on_one_gpu(zero_plus_plus, timeout=190)
     assert max(_rel(r["quant"], r["plain"])) < 0.05, (r["quant"], r["plain"])
