@@ -59,6 +59,8 @@ def fp8_vs_bf16():
         losses, notes, model = _losses(f"none fp8={recipe} dtype=bf16")
         out[recipe] = losses
         out[f"{recipe}_converted"] = sum(isinstance(m, Float8Linear) for m in model.modules())
+    # composed with FSDP2: tensorwise weights all-gathered in fp8
+    out["fsdp2_tensorwise"], out["fsdp2_notes"], _ = _losses("fsdp2 fp8=tensorwise dtype=bf16")
     return out
 
 
@@ -67,8 +69,9 @@ def test_fp8_trains_within_tolerance_of_bf16_or_is_refused_below_sm89():
     if r["cap"] < (8, 9):
         assert r["refused"] and "needs fp8 matmuls (CUDA SM >= 8.9" in r["refused"]
         return
-    for recipe in ("tensorwise", "rowwise"):
-        assert r[f"{recipe}_converted"] == 14
+    assert any("weights all-gathered in fp8" in n for n in r["fsdp2_notes"])
+    for recipe in ("tensorwise", "rowwise", "fsdp2_tensorwise"):
+        assert r.get(f"{recipe}_converted", 14) == 14
         rel = _rel(r[recipe], r["bf16"])
         assert max(rel) < 0.04 and rel[-1] < 0.02, (recipe, rel)
 
