@@ -19,7 +19,7 @@ STEPS = 20
 STEP_REL, LAST_REL = 0.03, 0.01
 
 
-def _train(spec: str, rank: int, cfg_kw: dict):
+def _train(spec: str, rank: int, cfg_kw: dict, steps: int = STEPS):
     import torch
 
     from workbench.models import GPT, GPTConfig, TextDataset, batches
@@ -28,7 +28,7 @@ def _train(spec: str, rank: int, cfg_kw: dict):
     torch.manual_seed(0)
     model = GPT(GPTConfig.tiny(**cfg_kw))
     p = prepare(model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), spec)
-    losses = [p.train_step(b) for b in batches(TextDataset(32), 8, p.dp_rank, p.dp_size, seed=1, steps=STEPS)]
+    losses = [p.train_step(b) for b in batches(TextDataset(32), 8, p.dp_rank, p.dp_size, seed=1, steps=steps)]
     return model, p, losses
 
 
@@ -51,6 +51,10 @@ def fp8_on_two_ranks(rank, world):
     p.close()
     model, p, out["tp_rowwise"] = _train("tp fp8=rowwise fp8_emulate=true", rank, dims)
     out["tp_compute"] = p.layout["params"][2].get("compute"), p.layout["params"][2]["placements"]
+    p.close()
+    model, p, _ = _train("none fp8=rowwise fp8_emulate=true", rank, dims, steps=2)  # no parallelism
+    out["none_converted"] = sum(isinstance(m, Float8Linear) for m in model.modules())
+    out["none_marked"] = sum(1 for e in p.layout["params"] if e.get("compute") == "fp8 rowwise (emulated)")
     p.close()
     # tp=2 halves wk's 16 outputs to 8 per rank: refused before the model changes
     torch.manual_seed(0)
@@ -94,6 +98,7 @@ def test_fp8_emulated_on_cpu_ranks_converts_lays_out_and_trains_within_tolerance
         "Use model dimensions that are multiples of 16 x tp, or drop fp8"
     )
     assert r["untouched"]
+    assert r["none_converted"] == r["none_marked"] == 14
 
 
 # ------------------------------------------------------------------------------------ NCCL
