@@ -8,7 +8,10 @@ pytest's (a failed GPU test fails the check). ``GPU_CHECK_TESTS`` narrows the py
 paths (default ``tests/gpu``, the GPU tier). Then ``benchmarks/gpu_bench.py`` (the trainer
 against a plain loop on one GPU, compile off, then on where time is left): its figures and
 targets go into the report under ``benchmark`` and its JSON beside the report; a missed
-target fails the check. Stdlib only: torch is asked in a subprocess.
+target fails the check. Between the two, ``benchmarks/gpu_features_bench.py`` (bf16 vs fp8,
+eager vs compile vs CUDA graphs, FSDP2 compile per block off/on) within ``FEATURES_RESERVE_S``:
+its step times and speed-ups go into the report under ``features``; a configuration that
+breaks fails the check. Stdlib only: torch is asked in a subprocess.
 
 The whole check keeps to ``BUDGET_S`` (8 minutes; ``GPU_CHECK_BUDGET_S`` overrides): pytest
 gets what is left less ``BENCH_RESERVE_S`` and each test at most ``TEST_TIMEOUT_S``; the
@@ -40,6 +43,9 @@ GRACE_S = 20  # between SIGINT and SIGKILL: pytest writes its report, pools end 
 # nothing may reach for a network there: fail at once rather than wait on a connection
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 BENCH = os.path.join(ROOT, "benchmarks", "gpu_bench.py")
+FEATURES = os.path.join(ROOT, "benchmarks", "gpu_features_bench.py")
+FEATURES_RESERVE_S = 110  # kept from the tests for the features benchmark (8 configurations, compile)
+FEATURES_NEEDS_S = 40  # the least that gives a figure (start-up, the first configuration)
 # the least each compile mode needs to give a figure (start-up, warm-up: with compile on,
 # inductor compiling forward and backward, then two rounds), and what compile off leaves to on
 BENCH_NEEDS_S = {"off": 45, "on": 100}
@@ -165,7 +171,7 @@ def check(out: str, report: dict, env: dict, log, t0: float) -> int:
     t = time.time()
     junit = os.path.join(out, "gpu_tests.xml")
     pytest = [sys.executable, "-m", "pytest", "-q", "-ra", "-m", "gpu", f"--timeout={TEST_TIMEOUT_S}"]
-    left = BUDGET_S - (time.time() - t0) - BENCH_RESERVE_S
+    left = BUDGET_S - (time.time() - t0) - BENCH_RESERVE_S - FEATURES_RESERVE_S
     rc = run(
         [
             *pytest,
@@ -184,11 +190,42 @@ def check(out: str, report: dict, env: dict, log, t0: float) -> int:
     stage("tests", t)
 
     t = time.time()
+    report["features"] = features(out, log, env, t0, report["cuda"])
+    ok = ok and report["features"]["result"] in ("measured", "skipped", "no CUDA")
+    stage("features", t)
+
+    t = time.time()
     report["benchmark"] = benchmark(out, log, env, t0, report["cuda"])
     bench_ok = report["benchmark"]["result"] in ("met", "no CUDA")
     stage("benchmark", t)
     report["result"] = ("pass" if report["cuda"] else "no CUDA") if ok and bench_ok else "fail"
     return finish(out, report, t0, 0 if ok and bench_ok else 1)
+
+
+def features(out: str, log, env, t0: float, cuda: bool) -> dict:
+    """``gpu_features_bench.py`` in the time the tests left it, before the trainer benchmark's share."""
+    env = dict(env, WORKBENCH_BENCH_RESULTS=out)
+    if not cuda:
+        rc = run([sys.executable, FEATURES], log, env, 120)
+        return {"result": "no CUDA" if rc == 0 else f"failed (exit {rc})", "note": "nothing measured without CUDA"}
+    left = BUDGET_S - (time.time() - t0) - BENCH_RESERVE_S
+    if left < FEATURES_NEEDS_S:
+        return {
+            "result": "skipped",
+            "note": f"{left:.0f} s left before the benchmark's share, {FEATURES_NEEDS_S} s needed",
+        }
+    before = set(glob.glob(os.path.join(out, "gpu-features-*.json")))
+    code = run([sys.executable, FEATURES, "--budget-s", f"{max(1, left - 20):.0f}"], log, env, left)
+    new = sorted(set(glob.glob(os.path.join(out, "gpu-features-*.json"))) - before)
+    if not new:
+        return {"result": "skipped" if code == 124 else "failed", "exit": code, "note": "no figure (gpu_check.log)"}
+    with open(new[-1]) as f:
+        summary = json.load(f)["summary"]
+    return {
+        "result": "measured" if code == 0 and not summary["failed"] else "failed",
+        "file": os.path.basename(new[-1]),
+        **{k: summary[k] for k in ("step_ms", "speedup", "skipped", "failed")},
+    }
 
 
 def benchmark(out: str, log, env, t0: float, cuda: bool) -> dict:

@@ -29,6 +29,7 @@ NEEDED = (
     "pytest-timeout",
     "xxhash",
     "safetensors",
+    "torchao",  # fp8 training (Float8Linear)
 )
 TARGET_ENV = {
     "python_version": "3.12",

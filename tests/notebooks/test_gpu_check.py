@@ -32,7 +32,9 @@ def test_wheel_list_is_the_closure_the_device_lacks():
     """Every requirement of a listed wheel (CPython 3.12, Linux) is listed or on the device; no
     listed wheel is on the device; the workbench's own rank/test needs are all covered."""
     listed, have = wheels.missing(), wheels.on_device()
-    assert {"ipyparallel", "ipython", "ipykernel", "pyzmq", "tornado", "traitlets", "deepspeed"} <= set(listed)
+    assert {"ipyparallel", "ipython", "ipykernel", "pyzmq", "tornado", "traitlets", "deepspeed", "torchao"} <= set(
+        listed
+    )
     assert not set(listed) & have
     assert {"torch", "accelerate", "transformers", "pandas", "psutil", "pyarrow", "mpi4py", "pytest"} <= have
     for name in listed:
@@ -62,7 +64,10 @@ def test_gpu_check_on_cpu_skips_and_reports_no_cuda(tmp_path):
     assert report["benchmark"]["result"] == "no CUDA"
     assert "no CUDA GPU on this machine: nothing measured" in log
     assert not list(tmp_path.glob("gpu-*.json"))
-    assert set(report["stages_s"]) == {"wheels", "probe", "tests", "benchmark"}
+    # the features benchmark ran too, said so, and wrote no figure
+    assert report["features"]["result"] == "no CUDA"
+    assert "gpu_features_bench: no CUDA GPU on this machine: nothing measured" in log
+    assert set(report["stages_s"]) == {"wheels", "probe", "tests", "features", "benchmark"}
     assert report["wall_s"] < report["budget_s"]
 
 
@@ -92,7 +97,11 @@ _MODULES = [
     "test_checkpoint_gpu",
     "test_strategies_gpu",
     "test_telemetry_gpu",
+    "test_gpu_features",
     "gpu_bench",
+    "gpu_features_bench",
+    "torchao.float8",
+    "workbench.shared.nccl",
     "workbench.models",
     "workbench.strategies",
     "workbench.engine.runtime",
@@ -122,7 +131,14 @@ def test_everything_the_gpu_tier_imports_is_on_the_device_or_among_the_wheels():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {wheels.norm(d) for d in json.loads(proc.stdout.strip().splitlines()[-1])}
-    assert {"torch", "accelerate", "deepspeed", "pydantic", "pytest"} <= found  # the import list did its work
+    assert {
+        "torch",
+        "accelerate",
+        "deepspeed",
+        "torchao",
+        "pydantic",
+        "pytest",
+    } <= found  # the import list did its work
     own = {"distrain-workbench"}
     missing = found - own - set(wheels.missing()) - wheels.on_device()
     assert not missing, f"imported by the GPU tier, neither on the GPU machine nor among the wheels: {missing}"

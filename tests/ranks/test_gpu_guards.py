@@ -100,12 +100,13 @@ def test_switch_clears_accelerate_env_on_real_ranks(ranks2):
 
 
 def test_nccl_status_line():
-    """What ``%distrain status`` shows for NCCL ranks (only NCCL ranks, on a GPU, produce it)."""
+    """What ``%distrain status`` shows for NCCL ranks, and for ranks started with ``--nccl``
+    settings (a CPU torch has no NCCL: said so)."""
     from workbench.engine.runtime import nccl_settings
 
     env = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
     assert nccl_settings(env, "2.27.5") == "NCCL 2.27.5; NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=eth0"
-    assert nccl_settings({}, None) == "NCCL ?; no NCCL_* set"
+    assert nccl_settings({}, None) == "no NCCL in this torch; no NCCL_* set"
 
 
 def test_gloo_status_has_no_nccl_column(ranks2):

@@ -128,12 +128,14 @@ def bootstrap(
     pin_visible_gpu: bool = False,
     interface_addr: str | None = None,
     framework: str = "torch",
+    extra_env: dict[str, str] | None = None,
 ) -> dict:
     """Set the rank's environment, pin its device and initialise the process group
     (``framework="jax"``: ``jax.distributed`` instead, :mod:`workbench.engine.jax_runtime`).
 
     ``sys_path`` holds the notebook's working directory, so that the user's own
-    modules beside the notebook import on the ranks too.
+    modules beside the notebook import on the ranks too. ``extra_env``: settings the
+    process group reads when it initialises (``--nccl``: ``NCCL_*``), set before it does.
 
     Returns :func:`describe` of the new context. Raises if the process group is
     already initialised (a rank set is bootstrapped once; restart makes new ranks).
@@ -164,6 +166,7 @@ def bootstrap(
         if iface:
             env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", iface))
             env.setdefault("NCCL_SOCKET_IFNAME", os.environ.get("NCCL_SOCKET_IFNAME", iface))
+    env.update(extra_env or {})
     os.environ.update(env)
     for path in reversed(sys_path or []):
         if path not in sys.path:
@@ -348,7 +351,7 @@ def describe() -> dict:
     ctx = context()
     info = dataclasses.asdict(ctx)
     info.update(memory())
-    if ctx.backend == "nccl":
+    if ctx.backend == "nccl" or any(k.startswith("NCCL_") for k in os.environ):
         info["nccl"] = nccl_settings(os.environ, _nccl_version())
     info["time"] = time.time()
     return info
@@ -357,7 +360,7 @@ def describe() -> dict:
 def nccl_settings(environ, version: str | None) -> str:
     """NCCL's version and the ``NCCL_*`` settings in force on this rank, one line for status."""
     env = " ".join(f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith("NCCL_"))
-    return f"NCCL {version or '?'}" + (f"; {env}" if env else "; no NCCL_* set")
+    return (f"NCCL {version}" if version else "no NCCL in this torch") + (f"; {env}" if env else "; no NCCL_* set")
 
 
 def _nccl_version() -> str | None:

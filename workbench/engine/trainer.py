@@ -652,6 +652,9 @@ class Trainer:
             last = i == accum - 1
             with self._no_sync(enabled=not last):
                 with clock.phase("forward"):
+                    begin = getattr(self.prepared, "begin_forward", None)  # CUDA graphs: a new step
+                    if begin is not None:
+                        begin()
                     loss = self._loss(model, batch, autocast) / accum
                     if inject:
                         loss = loss * float(inject)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 
+from ..shared.nccl import nccl_env
 from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
 from .cluster.cell import GRACE_S, run_cell
 from .session import DEFAULT, KERNEL, Session
@@ -101,13 +102,16 @@ def start(
     progress=None,
     name: str | None = None,
     framework: str = "torch",
+    nccl: str | None = None,
+    nccl_preset: str | None = None,
 ) -> RankSet:
     """Start ``n`` ranks and initialise their process group (blocks until ready).
 
     ``name``: a session of its own beside the others (default: the current session's
     name, or ``"default"``); the new set becomes current. ``launcher="slurm"`` with
     ``slurm=SlurmRequest(...)`` submits one job; ``"ssh"`` with ``hosts="a:2,b:2"``
-    spans hosts. ``progress(line)`` gets live lines while waiting (``queued: job N
+    spans hosts. ``nccl="ALGO=Ring,PROTO=Simple"`` / ``nccl_preset="ib"``: NCCL settings
+    every rank sets before its process group starts (checked here first). ``progress(line)`` gets live lines while waiting (``queued: job N
     PENDING (Reason)``); ``stop()`` from another thread, or Ctrl-C, cancels a start that
     waits in the queue. ``framework="jax"``: the ranks initialise ``jax.distributed`` instead
     of ``torch.distributed`` (and never import torch).
@@ -129,6 +133,7 @@ def start(
         python=python,
         slurm=slurm,
         framework=framework,
+        nccl_env=nccl_env(nccl, nccl_preset),
     )
     config.validate()
     if name is None:

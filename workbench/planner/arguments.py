@@ -69,6 +69,7 @@ def _parser() -> _Parser:
     p.add_argument("--stages", "--layers-per-stage", dest="stages", type=_stages, default=None)
     p.add_argument("--recompute", choices=RECOMPUTE, default="none")
     p.add_argument("--offload", action="store_true")
+    p.add_argument("--nvme", type=positive_float, default=None, help="offload to NVMe at this GB/s per device")
     p.add_argument("--no-sp", action="store_true")
     p.add_argument("--seq-len", type=positive_int)
     p.add_argument("--tokens", type=positive_float)
@@ -122,7 +123,8 @@ def plan_from_args(argv: list[str] | str) -> Plan:
             virtual_stages=virtual,
             precision=precision,
             recompute=args.recompute,
-            optimizer_offload=args.offload,
+            optimizer_offload=args.offload or args.nvme is not None,
+            nvme_gbs=args.nvme or 0.0,
             micro_batch_size=args.mbs,
             seq_parallel=not args.no_sp,
             attention=args.attention,

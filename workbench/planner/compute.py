@@ -187,6 +187,15 @@ def offload_seconds(
     return copies + optimizer_params / CPU_ADAM_PARAMS_PER_SECOND
 
 
+def nvme_seconds(optimizer_params: float, disk_bytes_per_s: float, state_bytes: int = 12) -> float:
+    """ZeRO-Infinity per step (Rajbhandari et al. 2021): the optimizer shard's state (fp32
+    master, Adam's m and v) read from NVMe before the CPU Adam step and written back after,
+    on top of :func:`offload_seconds`; counted without overlap (an upper bound)."""
+    if optimizer_params <= 0 or disk_bytes_per_s <= 0:
+        return 0.0
+    return 2 * optimizer_params * state_bytes / disk_bytes_per_s
+
+
 # ------------------------------------------------------------------ budget and cost
 def training_days(
     model: ModelSpec, tokens: float, gpus: int, hardware: Hardware | str, mfu: float, precision: str = "bf16"

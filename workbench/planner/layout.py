@@ -53,6 +53,7 @@ class PlanLayout:
     precision: str = "bf16"
     recompute: str = "none"
     optimizer_offload: bool = False
+    nvme_gbs: float = 0.0  # ZeRO-Infinity: the offloaded optimizer state lives on NVMe at this GB/s per device
     micro_batch_size: int = 1
     seq_parallel: bool = True
     attention: str = "flash"
@@ -82,6 +83,11 @@ class PlanLayout:
             raise ValueError(
                 f"PlanLayout.zero_stage={self.zero_stage!r} is out of range: use 0 (none), "
                 "1 (optimizer states), 2 (+gradients) or 3 (+parameters, = FSDP)"
+            )
+        if self.nvme_gbs < 0 or (self.nvme_gbs and not self.optimizer_offload):
+            raise ValueError(
+                f"PlanLayout.nvme_gbs={self.nvme_gbs!r}: the disk's GB/s per device for an optimizer offloaded "
+                "to NVMe; needs optimizer_offload=True (0: offload to CPU memory)"
             )
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("precision", self.precision, PRECISIONS)
@@ -184,7 +190,7 @@ class PlanLayout:
         if self.recompute != "none":
             parts.append(f"recompute={self.recompute}")
         if self.optimizer_offload:
-            parts.append("offload")
+            parts.append(f"offload=nvme({self.nvme_gbs:g} GB/s)" if self.nvme_gbs else "offload")
         return " ".join(parts) or "single rank"
 
     # ------------------------------------------------------------- model validation

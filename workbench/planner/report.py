@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .communication import CommBreakdown, communication_per_step
-from .compute import DEFAULT_KERNEL_EFFICIENCY, ComputeEstimate, RunCost, estimate_compute, offload_seconds, run_cost
+from .compute import (
+    DEFAULT_KERNEL_EFFICIENCY,
+    ComputeEstimate,
+    RunCost,
+    estimate_compute,
+    nvme_seconds,
+    offload_seconds,
+    run_cost,
+)
 from .flops import token_flops
 from .hardware import Hardware, load_hardware
 from .layout import PlanLayout
@@ -102,7 +110,8 @@ class Plan:
                 in_flight = describe_in_flight(self.model, layout, m.stage)
                 lines.append(f"{'':>24}in flight: {layout.schedule if layout.pp > 1 else 'no pipeline'}, {in_flight}")
         if m.cpu_offload:
-            lines.append(f"  {'(cpu)':<12}{fmt_bytes(m.cpu_offload):>10} optimizer offloaded")
+            where = f"(nvme {self.layout.nvme_gbs:g} GB/s)" if self.layout.nvme_gbs else "(cpu)"
+            lines.append(f"  {where:<12}{fmt_bytes(m.cpu_offload):>10} optimizer offloaded")
         lines.append(f"comm per step per GPU: {fmt_bytes(self.comm.total_bytes)}")
         for i in self.comm.items:
             where = "intra-node" if i.intra_node else "inter-node"
@@ -220,6 +229,7 @@ def plan(
     if layout.optimizer_offload:
         optimizer_params = memory.cpu_offload / STATE_BYTES[layout.precision][2]
         offload = offload_seconds(optimizer_params, hw.host_link_bandwidth)
+        offload += nvme_seconds(optimizer_params, layout.nvme_gbs * 1e9)
     first = estimate_compute(model, layout, hw, 0.0, kernel_efficiency)
     exposed = comm.exposed_seconds(first.compute_seconds, first.attention_seconds)
     compute = estimate_compute(model, layout, hw, exposed, kernel_efficiency, offload)

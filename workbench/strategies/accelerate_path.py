@@ -60,12 +60,25 @@ def reset_accelerate_state() -> None:
         hf_deepspeed.unset_hf_deepspeed_config()  # transformers' last DeepSpeed config (a module-level weakref)
 
 
+def _zero_extras(spec) -> bool:
+    """ZeRO-Infinity / ZeRO++ settings Accelerate's DeepSpeed plugin does not carry."""
+    return (
+        spec.offload_param != "none"
+        or spec.offload_optimizer != "none"
+        or spec.quantized_weights
+        or spec.quantized_gradients
+        or spec.hpz != 1
+    )
+
+
 def choose_path(spec, device_type: str) -> tuple[str, str]:
     """``(path, reason)``: ``"accelerate"`` on CUDA for the kinds Accelerate has a path for."""
-    if spec.kind == "zero" and (device_type != "cuda" or spec.via == "native"):
+    if spec.kind == "zero" and (device_type != "cuda" or spec.via == "native" or _zero_extras(spec)):
         return "deepspeed", "DeepSpeed engine used directly (deepspeed.initialize on the existing group)"
     if spec.via == "native":
         return "native", "via='native' requested"
+    if spec.fp8 != "none" or spec.cuda_graphs:
+        return "native", "fp8 / CUDA graphs are applied per block by the native path"
     if spec.ep > 1:
         return "native", "expert parallel: native fully_shard with the experts on a dp_shard_mod_ep x ep mesh"
     if spec.kind == "fsdp2" and spec.dp_replicate > 1:

@@ -274,11 +274,19 @@ class Prepared:
         aux = aux_fn() if callable(aux_fn) else None
         return loss if aux is None else loss + aux
 
+    def begin_forward(self) -> None:
+        """Before each forward: with CUDA graphs, tell torch's cudagraph trees a new step
+        begins, so replaying over the last step's outputs (an accumulation micro-batch, a
+        forward with no backward) is allowed; the trainer reads its loss before then."""
+        if self.spec.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
     def train_step(self, batch) -> float:
         self.check()
         x, y = (t.to(self.device) for t in batch)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        self.begin_forward()
         with self._autocast_ctx():
             out = self.model(x)
         loss = self.compute_loss(out, y)

@@ -188,8 +188,11 @@ def apply_activation_checkpointing(blocks: Blocks, mode: str, notes: list[str], 
     notes.append(f"activation checkpointing ({mode}): {wrapped}/{len(blocks.modules)} blocks recompute in backward")
 
 
-def apply_compile(blocks: Blocks, notes: list[str]) -> None:
-    """``torch.compile`` each block (repeated blocks share one compiled graph)."""
+def apply_compile(blocks: Blocks, notes: list[str], mode: str | None = None) -> None:
+    """``torch.compile`` each block (repeated blocks share one compiled graph).
+    ``mode="reduce-overhead"`` records each block into CUDA graphs: static shapes
+    (``dynamic=False``; a new shape records a new graph), outputs reused at the next replay."""
     for b in blocks.modules:
-        b.compile()
-    notes.append(f"torch.compile applied per block ({len(blocks.modules)} blocks)")
+        b.compile(mode=mode, dynamic=False if mode == "reduce-overhead" else None)
+    how = " into CUDA graphs (mode='reduce-overhead', static shapes)" if mode == "reduce-overhead" else ""
+    notes.append(f"torch.compile applied per block{how} ({len(blocks.modules)} blocks)")

@@ -9,6 +9,9 @@ Schema (version 1)::
      "param_bytes_local": int, "param_bytes_global": int, "notes": [str],
      "data": {"dp_rank": int, "dp_size": int}}
 
+``compute`` (optional, per param): ``"fp8 tensorwise"`` / ``"fp8 rowwise"`` (``" (emulated)"``)
+where the weight's matmuls run in fp8 (its storage keeps ``dtype``).
+
 ``placements`` has one entry per mesh dimension (DTensor's ``Shard(0)``/``Replicate()``;
 ``Stage(k)`` for a pipeline stage; ``ZeroShard(flat)`` for DeepSpeed ZeRO-3 partitions).
 ``param_bytes_global`` is the whole model's parameter bytes, the same on every rank.

@@ -3,13 +3,15 @@
 The order (torchtitan's ``parallelize_llama``), each step a small ``apply_*`` of its own:
 
 1. pipeline split (``pp``)          -- the stage keeps its blocks, embedding first, norm/head last
+   fp8 (``fp8=``)                   -- block linears -> torchao ``Float8Linear``, before TP and
+                                       FSDP shard them (see ``float8``)
 2. tensor parallel (``tp``, + SP)   -- DTensor plan from the model, transformers or ``tp_plan=``
 3. context parallel (``cp``)        -- ring attention in the model's attention; the sequence
                                        sharded per step (zig-zag), see ``context_parallel``
    expert parallel (``ep``)         -- MoE experts split over ``ep`` ranks borrowed from
                                        ``dp_shard``, see ``expert_parallel``
 4. activation checkpointing         -- per block
-5. compile                          -- per block
+5. compile                          -- per block (``cuda_graphs``: mode="reduce-overhead")
 6. data parallel, last              -- FSDP2 (``dp_shard``, x ``cp`` when on; experts over
                                        ``dp_shard_mod_ep``), HSDP
                                        (``dp_replicate x dp_shard[x cp]``) per block + root,
@@ -41,6 +43,7 @@ from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_
 from .context_parallel import CPPrepared, apply_cp, check_cp_model, guard_direct_calls, recompute_context
 from .ddp import apply_ddp
 from .expert_parallel import apply_ep, check_ep_model, shard_experts
+from .float8 import apply_fp8, check_fp8, mark_fp8_layout
 from .fsdp2 import FSDP2Prepared, apply_fsdp, broadcast_from_rank0
 from .layout import describe_params, make_layout
 from .meshes import dp_coords, make_mesh
@@ -60,6 +63,7 @@ class LayoutCheck:
 
     blocks: Blocks | None
     stages: tuple[tuple[str, ...], ...] | None
+    fp8_linears: tuple[str, ...] = ()  # the block linears fp8 converts (empty: fp8 off)
 
 
 def _uses_fsdp(s: StrategySpec, world: int) -> bool:
@@ -67,33 +71,47 @@ def _uses_fsdp(s: StrategySpec, world: int) -> bool:
     return d.fsdp_enabled or s.kind in ("fsdp2", "fsdp2_tp")
 
 
-def check_layout(model: nn.Module, s: StrategySpec, world: int, hints: ModelHints = ModelHints()) -> LayoutCheck:  # noqa: B008 (frozen)
+def check_layout(
+    model: nn.Module,
+    s: StrategySpec,
+    world: int,
+    hints: ModelHints = ModelHints(),  # noqa: B008 (frozen)
+    device=None,
+) -> LayoutCheck:
     """Every model-dependent check, pure (no communication): raise :class:`PrepareError`
-    with one message, leaving the model as it was."""
+    with one message, leaving the model as it was. ``device``: the rank's (fp8 asks its SM)."""
     d = s.dims(world)
     stages = None
     if s.kind == "pp" or d.pp_enabled:
         stages = tuple(tuple(k) for k in check_splittable(model, d.pp, hints.pp_boundaries))
     elif hints.pp_boundaries is not None:
         raise PrepareError(f"pp_boundaries={list(hints.pp_boundaries)} given but pp=1; add pp=N or drop pp_boundaries")
+    plan = None
     if d.tp_enabled or s.kind in ("tp", "fsdp2_tp"):
-        resolve_tp_plan(model, d.tp, tp_plan=hints.tp_plan, sequence_parallel=s.sequence_parallel)
+        plan = resolve_tp_plan(model, d.tp, tp_plan=hints.tp_plan, sequence_parallel=s.sequence_parallel)
     elif hints.tp_plan is not None:
         raise PrepareError("tp_plan= given but tp=1; add tp=N (e.g. 'fsdp2 tp=2') or drop tp_plan")
     if d.cp_enabled:
         check_cp_model(model, d.cp)
     if d.ep_enabled:
         check_ep_model(model, d.ep)
-    needed = _uses_fsdp(s, world) or s.activation_checkpointing != "none" or s.compile
+    needed = _uses_fsdp(s, world) or s.activation_checkpointing != "none" or s.compile or s.cuda_graphs
+    needed = needed or s.fp8 != "none"
     if needed or hints.blocks is not None:
-        purpose = "FSDP2 wrapping" if _uses_fsdp(s, world) else "activation checkpointing / compile"
+        purpose = "FSDP2 wrapping" if _uses_fsdp(s, world) else "activation checkpointing / compile / fp8"
         blocks = find_blocks(model, hints.blocks, purpose=purpose)
     else:
         try:
             blocks = find_blocks(model)
         except PrepareError:
             blocks = None  # DDP / TP alone do not need blocks
-    return LayoutCheck(blocks, stages)
+    fp8 = ()
+    if s.fp8 != "none":
+        import torch
+
+        dev = device if device is not None else torch.device("cpu")
+        fp8 = tuple(check_fp8(model, s, blocks, d.tp, plan.entries if plan else None, dev))
+    return LayoutCheck(blocks, stages, fp8)
 
 
 def apply_pipeline(model, mesh, check: LayoutCheck, ctx: Context) -> tuple[int, Blocks]:
@@ -167,6 +185,8 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     stage_idx = None
     if "pp" in names:  # 1. pipeline split
         stage_idx, blocks = apply_pipeline(model, mesh, check, ctx)
+    if check.fp8_linears:  # 1b. fp8, before TP and FSDP see the linears
+        apply_fp8(model, s, list(check.fp8_linears), _uses_fsdp(s, ctx.world_size), ctx.notes)
     if "tp" in names:  # 2. tensor parallel
         plan = resolve_tp_plan(
             model, d.tp, tp_plan=ctx.hints.tp_plan, sequence_parallel=s.sequence_parallel, stage=stage_idx is not None
@@ -182,8 +202,8 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
         ctx.notes.append(f"blocks: {blocks.describe()}")
         recompute = recompute_context(cp_state) if cp_state is not None else None
         apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes, recompute)
-        if s.compile:
-            apply_compile(blocks, ctx.notes)
+        if s.compile or s.cuda_graphs:
+            apply_compile(blocks, ctx.notes, mode="reduce-overhead" if s.cuda_graphs else None)
     wrapped, prepared_cls = model, Prepared
     if _uses_fsdp(s, ctx.world_size):  # 6. data parallel
         fsdp_mesh = _fsdp_mesh(mesh, names)
@@ -216,6 +236,8 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     )
     layout["degrees"] = d.as_dict()
     layout["blocks"] = list(blocks.names) if blocks is not None else []
+    if check.fp8_linears:
+        mark_fp8_layout(layout, model, s)
     autocast = None if s.param_dtype == "fp32" or prepared_cls is FSDP2Prepared else TORCH_DTYPES[s.param_dtype]
     common = dict(
         model=wrapped,

@@ -98,10 +98,10 @@ def prepare(
                 f"tp_plan / pp_boundaries given, but kind={resolved.kind!r} has no tp or pp; "
                 "use e.g. 'fsdp2 tp=2' or 'pp=2 dp_shard=2', or drop them"
             )
-    else:
-        check_layout(model, resolved, world, hints)  # model checks, still before anything changes
-    reset_accelerate_state()
     device = torch.device("cuda", torch.cuda.current_device()) if mesh_device == "cuda" else torch.device("cpu")
+    if resolved.kind not in ("none", "zero") or resolved.fp8 != "none" or resolved.cuda_graphs:
+        check_layout(model, resolved, world, hints, device)  # model checks, still before anything changes
+    reset_accelerate_state()
     model.to(device)
     path, reason = choose_path(resolved, mesh_device)
     ctx = Context(

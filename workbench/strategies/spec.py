@@ -32,6 +32,10 @@ DTYPES = ("fp32", "bf16", "fp16")
 AC_MODES = ("none", "full", "selective")
 SCHEDULES = ("gpipe", "1f1b")
 VIA = ("auto", "native", "accelerate")
+FP8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao float8 training recipes
+FP8_KINDS = ("none", "ddp", "fsdp2", "tp", "fsdp2_tp")
+OFFLOAD = ("none", "cpu", "nvme")  # DeepSpeed's offload_param / offload_optimizer devices
+ZERO_ONLY = ("offload_param", "offload_optimizer", "nvme_path", "quantized_weights", "quantized_gradients", "hpz")
 KIND_HELP = {
     "none": "no parallelism: every rank trains its own full copy",
     "ddp": "DistributedDataParallel: full replicas, gradients all-reduced (dp_replicate = all ranks)",
@@ -86,6 +90,18 @@ class StrategySpec:
     cpu_offload: bool = False
     sequence_parallel: bool = True
     via: str = "auto"  # "auto": Accelerate on CUDA where it has the path, native otherwise
+    fp8: str = "none"  # torchao float8 training of the block linears: tensorwise / rowwise scaling
+    fp8_emulate: bool = False  # torchao's emulation: fp8 numerics on high-precision matmuls (CPU, tests)
+    cuda_graphs: bool = False  # compile each block with mode="reduce-overhead" (CUDA graphs), CUDA only
+    # DeepSpeed ZeRO-Infinity (offload to CPU or an NVMe folder) and ZeRO++ (Wang et al. 2023)
+    offload_param: str = "none"
+    offload_optimizer: str = "none"
+    nvme_path: str | None = None  # the folder on a fast local disk that NVMe offload swaps into
+    nvme_buffer_count: int = 5  # parameter swap buffers of nvme_buffer_size elements each
+    nvme_buffer_size: int = 100_000_000
+    quantized_weights: bool = False  # ZeRO++ qwZ: int8 weight all-gather
+    quantized_gradients: bool = False  # ZeRO++ qgZ: int4 gradient reduce-scatter
+    hpz: int = 1  # ZeRO++ hpZ: a secondary weight copy sharded within groups of this many ranks
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -221,6 +237,78 @@ def _check_values(s: StrategySpec) -> None:
         raise SpecError(f"cpu_offload=True is implemented for fsdp2, fsdp2_tp and zero, not {s.kind!r}")
     if s.kind == "zero" and s.activation_checkpointing == "selective":
         raise SpecError("activation_checkpointing='selective' is not wired for DeepSpeed; use 'full' or 'none'")
+    _check_fp8_graphs(s)
+    _check_zero_options(s)
+
+
+def _check_fp8_graphs(s: StrategySpec) -> None:
+    _choice("fp8", s.fp8, FP8_RECIPES)
+    if s.fp8 != "none":
+        if s.kind not in FP8_KINDS or s.pp not in (1,) or s.cp not in (1,) or s.ep != 1:
+            raise SpecError(
+                f"fp8={s.fp8!r} with {s.kind if s.kind not in FP8_KINDS else 'pp/cp/ep'} is not wired here; "
+                "fp8 composes with fsdp2, tp, 'fsdp2 tp=N', ddp and none"
+            )
+        if s.param_dtype == "fp16":
+            raise SpecError(
+                f"fp8={s.fp8!r} with param_dtype='fp16': torchao's fp8 training uses bf16 or fp32; use bf16"
+            )
+    elif s.fp8_emulate:
+        raise SpecError("fp8_emulate=true without fp8: add fp8=tensorwise or fp8=rowwise, or drop fp8_emulate")
+    extras = [n for n in ("fp8", "cuda_graphs") if getattr(s, n) not in ("none", False)]
+    extras += [n for n in ZERO_ONLY if n in ("offload_param", "offload_optimizer") and getattr(s, n) != "none"]
+    extras += [n for n in ("quantized_weights", "quantized_gradients") if getattr(s, n)] + (
+        ["hpz"] if s.hpz != 1 else []
+    )
+    if s.via == "accelerate" and extras:
+        raise SpecError(
+            f"{', '.join(extras)} with via='accelerate': Accelerate's plugins do not carry it; use via='auto'"
+        )
+    if s.cuda_graphs:
+        if s.kind not in ("none", "ddp", "tp") or s.dp_shard not in (1, -1) or s.pp not in (1,) or s.cp not in (1,):
+            raise SpecError(
+                f"cuda_graphs=true with kind={s.kind!r}: a CUDA graph replays fixed kernels and addresses, and FSDP2's "
+                "per-block all-gathers, DeepSpeed's hooks and pipeline sends run outside it; use kind 'none', 'ddp' or 'tp'"
+            )
+        if s.compile:
+            raise SpecError("cuda_graphs=true already compiles each block (mode='reduce-overhead'); drop compile=true")
+        if s.activation_checkpointing != "none":
+            raise SpecError("cuda_graphs=true with activation checkpointing is not supported here; set ac=none")
+
+
+def _check_zero_options(s: StrategySpec) -> None:
+    _choice("offload_param", s.offload_param, OFFLOAD)
+    _choice("offload_optimizer", s.offload_optimizer, OFFLOAD)
+    defaults = {f.name: f.default for f in fields(StrategySpec)}
+    if s.kind != "zero":
+        used = [n for n in ZERO_ONLY if getattr(s, n) != defaults[n]]
+        if used:
+            raise SpecError(
+                f"{', '.join(used)} {'is a DeepSpeed ZeRO option' if len(used) == 1 else 'are DeepSpeed ZeRO options'}; "
+                "use 'zero stage=3 ...', or drop it"
+            )
+        return
+    if s.cpu_offload and (s.offload_param != "none" or s.offload_optimizer != "none"):
+        raise SpecError("cpu_offload=true with offload_param/offload_optimizer: give one (offload_optimizer=cpu ...)")
+    nvme = [n for n in ("offload_param", "offload_optimizer") if getattr(s, n) == "nvme"]
+    if nvme and not s.nvme_path:
+        raise SpecError(f"{nvme[0]}=nvme needs nvme_path=FOLDER (on a fast local disk); or offload to cpu")
+    if s.nvme_path and not nvme:
+        raise SpecError("nvme_path given but nothing offloaded to it: add offload_optimizer=nvme / offload_param=nvme")
+    if s.nvme_buffer_count < 1 or s.nvme_buffer_size < 1:
+        raise SpecError("nvme_buffer_count and nvme_buffer_size must be positive (buffers, elements per buffer)")
+    stage3 = [n for n in ("quantized_weights", "quantized_gradients") if getattr(s, n)]
+    stage3 += ["offload_param"] if s.offload_param != "none" else []
+    stage3 += nvme if "offload_optimizer" in nvme else []
+    stage3 += ["hpz"] if s.hpz != 1 else []
+    stage3 = list(dict.fromkeys(stage3))
+    if stage3 and s.zero_stage != 3:
+        raise SpecError(
+            f"{', '.join(stage3)} {'needs' if len(stage3) == 1 else 'need'} ZeRO stage 3 (partitioned parameters), not stage {s.zero_stage}; "
+            "use 'zero stage=3 ...'"
+        )
+    if s.hpz < 1:
+        raise SpecError(f"hpz={s.hpz} must be a positive number of ranks (1: off)")
 
 
 def _check_ep(s: StrategySpec) -> None:
@@ -344,9 +432,38 @@ def _check_device(s: StrategySpec, device: str) -> None:
             raise SpecError(
                 f"DeepSpeed ZeRO with param_dtype={s.param_dtype!r} on CPU is not supported here; use param_dtype='fp32' or kind='fsdp2'"
             )
+    if device == "cpu":
+        _check_cpu_only(s)
+    if s.kind == "zero" and s.hpz > 1 and (s.hpz >= s.dp_shard or s.dp_shard % s.hpz):
+        raise SpecError(
+            f"hpz={s.hpz} must divide the {s.dp_shard} ZeRO ranks and be fewer (a group per node); "
+            f"use hpz in {[d for d in _divisors(s.dp_shard) if 1 < d < s.dp_shard] or [1]}"
+        )
     if (s.kind in ("ddp", "tp", "pp", "none") or s.pp > 1) and s.reduce not in ("fp32",):
         raise SpecError(
             f"reduce_dtype={s.reduce_dtype!r} with kind={s.kind!r}: gradients are reduced in fp32 (param_dtype sets autocast only); use kind='fsdp2' for low-precision reduction"
+        )
+
+
+def _check_cpu_only(s: StrategySpec) -> None:
+    if s.fp8 != "none" and not s.fp8_emulate:
+        raise SpecError(
+            f"fp8={s.fp8!r} on CPU: fp8 matmuls need CUDA with SM >= 8.9; add fp8_emulate=true for fp8 numerics "
+            "(torchao's emulation, no speed-up), or run on a GPU"
+        )
+    if s.cuda_graphs:
+        raise SpecError("cuda_graphs=true on CPU: CUDA graphs need CUDA ranks; drop it (or compile=true for inductor)")
+    for name in ("quantized_weights", "quantized_gradients"):
+        if getattr(s, name):
+            raise SpecError(f"{name}=true on CPU: ZeRO++'s quantizer kernels are CUDA only; drop it on CPU ranks")
+    if s.hpz != 1:
+        raise SpecError(f"hpz={s.hpz} on CPU: ZeRO++'s hierarchical partitioning is built for CUDA ranks; drop it")
+    if "cpu" in (s.offload_param, s.offload_optimizer):
+        raise SpecError("offload to cpu on a CPU device: the state already lives in host memory; drop it")
+    if "nvme" in (s.offload_param, s.offload_optimizer):
+        raise SpecError(
+            "offload to nvme on CPU ranks is not supported here: ZeRO-Infinity swaps between GPU, pinned host "
+            "memory and the disk (DeepSpeed's async I/O op, libaio); run it on CUDA ranks (make gpu-check covers it)"
         )
 
 
@@ -455,6 +572,8 @@ def _convert(name: str, raw: str):
             return int(raw)
         except ValueError:
             raise SpecError(f"{name}={raw!r}: expected an integer") from None
+    if name == "nvme_path":
+        return raw  # a folder: its case matters
     if raw.lower() == "none" and "None" in t and name != "activation_checkpointing":
         return None
     return raw.lower()
@@ -527,6 +646,9 @@ def spec_from_args(argv: list[str]) -> StrategySpec:
                 continue
             raise SpecError(f"unexpected word {tok!r}: start with a kind ({', '.join(KINDS)}) then key=value options")
         name = _field_name(key)
+        if name == "compile" and raw.lower() in ("reduce-overhead", "reduce_overhead", "cuda_graphs"):
+            values["cuda_graphs"] = True  # torch.compile's name for compiling into CUDA graphs
+            continue
         values[name] = _convert(name, raw)
     if kind is not None:
         values["kind"] = kind

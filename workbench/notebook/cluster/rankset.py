@@ -54,6 +54,7 @@ class RankSetConfig:
     python: str | None = None  # ssh/slurm: the ranks' python (default: this one's path)
     slurm: slurm.SlurmRequest | None = None
     framework: str = "torch"  # what the ranks initialise: torch.distributed, or jax.distributed
+    nccl_env: dict = field(default_factory=dict)  # NCCL_* each rank sets before its process group
 
     def validate(self) -> None:
         """Refuse bad settings before any process is started."""
@@ -509,6 +510,7 @@ class RankSet:
                 parent_pid=os.getpid() if hosts[rank] == here else None,
                 also_end=controller if rank == 0 and hosts[rank] == here else None,
                 framework=cfg.framework,
+                extra_env=dict(cfg.nccl_env) or None,
             )
             pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
         self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]

@@ -16,6 +16,8 @@ def _start_args(p) -> None:
     p.add_argument("--framework", choices=FRAMEWORKS, default="torch", help="jax: the ranks run jax.distributed")
     p.add_argument("--timeout", type=seconds, default=300.0, help="collective timeout in seconds")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads per rank")
+    p.add_argument("--nccl", default=None, help="NCCL settings for the ranks, e.g. ALGO=Ring,PROTO=Simple")
+    p.add_argument("--nccl-preset", default=None, help="NCCL settings per fabric: ib, roce or nvl72")
     p.add_argument("--auto", action="store_true", help="then run plain cells on the ranks (`%%distrain auto on`)")
     p.add_argument("--ip", default=None, help="slurm/ssh: this host's address the ranks connect to")
     p.add_argument("--hosts", default=None, help="ssh: hostA:2,hostB:2 (ranks per host)")
@@ -85,6 +87,8 @@ def _start(args, shell):
             progress=_live_line(),
             name=args.name,
             framework=args.framework,
+            nccl=args.nccl,
+            nccl_preset=args.nccl_preset,
         )
     except ValueError as exc:  # bad settings: one line, nothing started
         raise UsageError(str(exc)) from None
