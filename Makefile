@@ -20,8 +20,10 @@ export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 .PHONY: lab demo test test-fast lint bench clean labs gpu-wheels gpu-check
 
 # The JupyterLab extension: npm packages from the registry, built against this venv's
-# JupyterLab, output in workbench/labextension/ (pip installs it under share/jupyter).
+# JupyterLab, output in workbench/labextension/ (a wheel carries it under share/jupyter; the
+# wheel build runs the same npm build itself, see docs/install.md).
 LABEXT := workbench/labextension/package.json
+LABEXT_LINK := $(VENV)/share/jupyter/labextensions/distrain-workbench-lab
 $(LABEXT): extensions/package.json extensions/package-lock.json extensions/tsconfig.json $(wildcard extensions/src/*.ts extensions/style/*)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "jupyterlab>=4,<5"
@@ -31,9 +33,17 @@ $(BIN)/.installed: pyproject.toml $(LABEXT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	# the editable install copies the Lab extension into the venv, and would delete through
+	# the develop link below, into workbench/labextension, what it replaces: drop the link first
+	if [ -L $(LABEXT_LINK) ]; then rm $(LABEXT_LINK); fi
 	$(BIN)/pip install -q -e ".[test,parquet,mpi,hf]"
 	# DeepSpeed builds against the torch above; build isolation would fetch another torch
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
+	# Both extensions live in the venv (sys-prefix), which Jupyter searches whatever the
+	# JUPYTER_*_DIR say, so `make lab` and the tests (JUPYTER_* folders of their own) see the
+	# same ones: the server extension's switch in $(VENV)/etc/jupyter (written by the install
+	# above), and the Lab extension linked to this tree's build (so a rebuild shows on reload).
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter labextension develop --overwrite .
 	touch $@
 
 $(STATE):
