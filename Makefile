@@ -69,10 +69,17 @@ RANKS_TIMED := $(patsubst %,tests/ranks/test_%.py,failures health orphans rank_l
 NOTEBOOKS_TIMED := $(patsubst %,tests/notebooks/test_%.py,cells_kernel gpu_check)
 UNTIMED := $(addprefix !,$(RANKS_TIMED) $(NOTEBOOKS_TIMED))
 TEST_STREAM_1 := unit=tests/unit,gpu=tests/gpu,top=tests/test_*.py,notebooks=tests/notebooks $(UNTIMED),\
-	ranks-l=tests/ranks/test_l*.py
+	ranks-l=tests/ranks/test_l*.py,install=tests/install
 TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED),ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED),\
 	ranks-g-k=tests/ranks/test_[g-k]*.py $(UNTIMED),ranks-m-p=tests/ranks/test_[m-p]*.py $(UNTIMED)
-TEST_ALONE := ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),browser=tests/browser,cluster=tests/cluster
+# One pytest process across tiers, as a contributor selects tests: a test that leaves a session,
+# a rank set or a process behind for the next one (hidden by one process per tier) fails here.
+TEST_MIXED := tests/unit/test_boundaries.py::test_import_workbench_alone_loads_nothing_but_the_package tests/ranks/test_flag_walk.py::test_named_set_flags \
+	tests/ranks/test_sessions.py::test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains \
+	tests/cluster/test_ssh.py::test_sigkill_on_the_other_host_is_named_with_host_and_exit_within_2s \
+	tests/cluster/test_ssh.py::test_notebook_killed_leaves_no_rank_on_either_host tests/browser/test_lab_installed.py
+TEST_ALONE := ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),browser=tests/browser,cluster=tests/cluster,\
+	mixed=$(TEST_MIXED)
 test: lint | $(STATE)
 	$(BIN)/python tests/run_streams.py $(TEST_LOGS) "$(TEST_STREAM_1)" "$(TEST_STREAM_2)" --then "$(TEST_ALONE)"
 
