@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 from conftest import alive
@@ -96,6 +97,10 @@ def test_wheel_from_a_clean_copy_installs_both_extensions_and_starts_ranks(place
     assert not (src / "workbench" / "labextension").exists()
     _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)], env, here, 900)
     (wheel,) = dist.glob("distrain_workbench-*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        shipped = {n for n in whl.namelist() if n.startswith("workbench/")}
+    package = {str(f.relative_to(src)) for f in (src / "workbench").rglob("*") if f.is_file()}
+    assert package - shipped == set(), "files of the package missing from the wheel"
 
     _run([sys.executable, "-m", "venv", str(venv)], env, here, 120)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
