@@ -21,8 +21,10 @@ export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 .PHONY: lab demo test test-fast lint bench clean labs docs gpu-wheels gpu-check
 
 # The JupyterLab extension: npm packages from the registry, built against this venv's
-# JupyterLab, output in workbench/labextension/ (pip installs it under share/jupyter).
+# JupyterLab, output in workbench/labextension/ (a wheel carries it under share/jupyter; the
+# wheel build runs the same npm build itself, see docs/install.md).
 LABEXT := workbench/labextension/package.json
+LABEXT_LINK := $(VENV)/share/jupyter/labextensions/distrain-workbench-lab
 $(LABEXT): extensions/package.json extensions/package-lock.json extensions/tsconfig.json $(wildcard extensions/src/*.ts extensions/style/*)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "jupyterlab>=4,<5"
@@ -32,9 +34,17 @@ $(BIN)/.installed: pyproject.toml $(LABEXT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	# the editable install copies the Lab extension into the venv, and would delete through
+	# the develop link below, into workbench/labextension, what it replaces: drop the link first
+	if [ -L $(LABEXT_LINK) ]; then rm $(LABEXT_LINK); fi
 	$(BIN)/pip install -q -e ".[test,parquet,mpi,hf,docs,fp8,jax,tensorboard,mlflow,wandb,trackio]"
 	# DeepSpeed builds against the torch above; build isolation would fetch another torch
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
+	# Both extensions live in the venv (sys-prefix), which Jupyter searches whatever the
+	# JUPYTER_*_DIR say, so `make lab` and the tests (JUPYTER_* folders of their own) see the
+	# same ones: the server extension's switch in $(VENV)/etc/jupyter (written by the install
+	# above), and the Lab extension linked to this tree's build (so a rebuild shows on reload).
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter labextension develop --overwrite .
 	touch $@
 
 $(STATE):
@@ -60,10 +70,17 @@ RANKS_TIMED := $(patsubst %,tests/ranks/test_%.py,failures health orphans rank_l
 NOTEBOOKS_TIMED := $(patsubst %,tests/notebooks/test_%.py,cells_kernel gpu_check)
 UNTIMED := $(addprefix !,$(RANKS_TIMED) $(NOTEBOOKS_TIMED))
 TEST_STREAM_1 := unit=tests/unit,gpu=tests/gpu,top=tests/test_*.py,notebooks=tests/notebooks $(UNTIMED),\
-	ranks-l=tests/ranks/test_l*.py
+	ranks-l=tests/ranks/test_l*.py,install=tests/install
 TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED),ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED),\
 	ranks-g-k=tests/ranks/test_[g-k]*.py $(UNTIMED),ranks-m-p=tests/ranks/test_[m-p]*.py $(UNTIMED)
-TEST_ALONE := ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),browser=tests/browser,cluster=tests/cluster
+# One pytest process across tiers, as a contributor selects tests: a test that leaves a session,
+# a rank set or a process behind for the next one (hidden by one process per tier) fails here.
+TEST_MIXED := tests/unit/test_boundaries.py::test_import_workbench_alone_loads_nothing_but_the_package tests/ranks/test_flag_walk.py::test_named_set_flags \
+	tests/ranks/test_sessions.py::test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains \
+	tests/cluster/test_ssh.py::test_sigkill_on_the_other_host_is_named_with_host_and_exit_within_2s \
+	tests/cluster/test_ssh.py::test_notebook_killed_leaves_no_rank_on_either_host tests/browser/test_lab_installed.py
+TEST_ALONE := ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),browser=tests/browser,cluster=tests/cluster,\
+	mixed=$(TEST_MIXED)
 test: lint | $(STATE)
 	$(BIN)/python tests/run_streams.py $(TEST_LOGS) "$(TEST_STREAM_1)" "$(TEST_STREAM_2)" --then "$(TEST_ALONE)"
 

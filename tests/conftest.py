@@ -153,6 +153,7 @@ TIERS = {
     "browser": "browser",
     "cluster": "cluster",
     "gpu": "gpu",
+    "install": "install",
 }
 
 

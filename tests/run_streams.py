@@ -3,7 +3,8 @@
 Usage: ``python tests/run_streams.py LOG_DIR STREAM [STREAM ...] [--then STREAM ...]``,
 each STREAM a comma-separated list of ``name=glob[ glob...]`` groups run one after another,
 one pytest process per group (each with rank sets of its own); a glob written ``!glob``
-takes its files out of the group (pytest's ``--ignore``). The streams of a phase run at
+takes its files out of the group (pytest's ``--ignore``), and a test id (``FILE::TEST``)
+is passed to pytest as it is (a group of tests from several tiers in one process). The streams of a phase run at
 the same time, so that two groups that each use well under both cores overlap; ``--then``
 starts a phase that begins when the one before has ended (for groups with time bounds that
 should run with nothing beside them).
@@ -37,6 +38,13 @@ def parse(stream: str) -> list[tuple[str, list[str]]]:
     return groups
 
 
+def _matches(pattern: str) -> list[str]:
+    """The files ``pattern`` matches; a test id (``FILE::TEST``) as it is where its file exists."""
+    if "::" in pattern:
+        return [pattern] if os.path.isfile(pattern.split("::", 1)[0]) else []
+    return glob.glob(pattern)
+
+
 class Runner:
     def __init__(self, logs: pathlib.Path):
         self.logs = logs
@@ -46,7 +54,7 @@ class Runner:
 
     def group(self, name: str, globs: list[str]) -> None:
         left_out = sorted({p for g in globs if g.startswith("!") for p in glob.glob(g[1:])})
-        paths = sorted({p for g in globs if not g.startswith("!") for p in glob.glob(g)} - set(left_out))
+        paths = sorted({p for g in globs if not g.startswith("!") for p in _matches(g)} - set(left_out))
         if not paths:
             self.results.append((name, "empty", 0.0))
             return

@@ -70,6 +70,11 @@ def __dir__():
     return sorted(set(globals()) | set(_PUBLIC))
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the built Lab extension lies (for `jupyter labextension develop`)."""
+    return [{"src": "labextension", "dest": "distrain-workbench-lab"}]
+
+
 def load_ipython_extension(ipython) -> None:
     """Register the ``%distrain`` magics (called by ``%load_ext workbench``)."""
     _notebook_side()

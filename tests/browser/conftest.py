@@ -10,6 +10,9 @@
   browser) with a fresh user-data-dir under ``.state/browser``; the browsers of a session
   share one disk cache (emptied when the session starts), so that Lab's scripts are fetched
   and compiled once, not once per test.
+* The workbench's Lab and server extensions are the ones installed in this environment
+  (``make`` installs both into the venv, as ``make lab`` uses them): no server here links or
+  enables them itself, and a missing install fails the tests that need it, naming the fix.
 * Screenshots go to ``test-artifacts/``; a failing test leaves ``FAILED-<test>.png``.
 """
 
@@ -36,7 +39,8 @@ from .helpers import ARTIFACTS, ROOT, STATE, shot
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 CACHE = STATE / "chromium-cache"  # the session's browsers' HTTP and compiled-script cache
-BUILT = ROOT / "workbench" / "labextension"  # the Lab extension as `make` builds it
+LABEXT = "distrain-workbench-lab"  # the Lab extension's name (extensions/package.json)
+SERVER_EXT = "workbench.labserver"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -176,18 +180,42 @@ def state_env(root: pathlib.Path, jupyter: str = "") -> dict:
     return env
 
 
-def extension_env(here: pathlib.Path) -> dict:
-    """:func:`state_env` under a fresh ``here``, with the Lab extension built in this tree
-    linked into its data folder and the test settings in ``here / "settings"``."""
-    if not (BUILT / "package.json").exists():
-        pytest.fail(
-            "the JupyterLab extension is not built: `make test` (or `cd extensions && npm ci && "
-            "npm run build`) builds it into workbench/labextension"
-        )
+def installed_problem() -> str | None:
+    """What is missing from this environment's install of the workbench's extensions, or None.
+
+    Only the folders every test server shares count (the venv's, the system's): each server
+    has JUPYTER_CONFIG_DIR / JUPYTER_DATA_DIR of its own, so an install there would not be seen.
+    """
+    from jupyter_core.paths import jupyter_config_dir, jupyter_config_path, jupyter_data_dir, jupyter_path
+    from jupyter_server.extension.config import ExtensionConfigManager
+
+    data = [d for d in jupyter_path("labextensions") if d != os.path.join(jupyter_data_dir(), "labextensions")]
+    config = [d for d in jupyter_config_path() if d != jupyter_config_dir()]
+    missing = []
+    if not any((pathlib.Path(d) / LABEXT / "package.json").exists() for d in data):
+        missing.append(f"the Lab extension {LABEXT} (searched {', '.join(data)})")
+    if not ExtensionConfigManager(read_config_path=config).get_jpserver_extensions().get(SERVER_EXT):
+        missing.append(f"the server extension {SERVER_EXT} (searched {', '.join(config)})")
+    if not missing:
+        return None
+    return (
+        f"not installed in {sys.prefix}: {'; '.join(missing)}. `make .venv/bin/.installed` (run by make "
+        "lab/demo/test) installs both; by hand: `pip install -e .` then `jupyter labextension develop --overwrite .`"
+    )
+
+
+def need_installed() -> None:
+    problem = installed_problem()
+    if problem:
+        pytest.fail(problem)
+
+
+def installed_env(here: pathlib.Path) -> dict:
+    """:func:`state_env` under a fresh ``here`` with the test settings in ``here / "settings"``;
+    the extensions are the installed ones (:func:`need_installed`)."""
+    need_installed()
     shutil.rmtree(here, ignore_errors=True)
     env = state_env(here)
-    (here / "data" / "labextensions").mkdir()
-    (here / "data" / "labextensions" / "distrain-workbench-lab").symlink_to(BUILT)
     _write_settings(here / "settings")
     return env
 
@@ -213,6 +241,7 @@ def jupyter_cmd(app: str, port: int, token: str, *options: str) -> list[str]:
 @pytest.fixture(scope="session")
 def lab():
     _need_browser()
+    need_installed()
     shutil.rmtree(STATE / "lab-workspaces", ignore_errors=True)
     env = state_env(STATE, jupyter="jupyter/")
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"

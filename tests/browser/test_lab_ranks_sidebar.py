@@ -1,10 +1,9 @@
 """The workbench's JupyterLab extension in a real JupyterLab under a non-root base URL.
 
-The extension under test is the one built in this tree (``workbench/labextension``, built by
-``make``), linked into the Lab's private data folder; the server extension is switched on
-on the command line, as its installed ``jupyter_server_config.d`` file does. One notebook
-drives a whole rank set's life: start, live pane during a long cell, interrupt, SIGKILL,
-stop from the sidebar.
+The extensions under test are the ones installed in the environment, as ``make lab`` serves
+them (``make`` links this tree's build into the venv and installs the server extension's switch
+there). One notebook drives a whole rank set's life: start, live pane during a long cell,
+interrupt, SIGKILL, stop from the sidebar.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import urllib.request
 import pytest
 from conftest import alive as _alive
 
-from .conftest import _free_port, _need_browser, browsing, extension_env, jupyter_cmd, serve
+from .conftest import _free_port, _need_browser, browsing, installed_env, jupyter_cmd, serve
 from .helpers import ROOT, STATE, run_cell, shot, wait_kernel_idle, write_notebook
 
 BASE = "/hub/user/wb/"
@@ -39,9 +38,9 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def lab_base():
-    """JupyterLab under ``BASE`` with this tree's Lab extension and the server extension."""
+    """JupyterLab under ``BASE`` with the installed Lab and server extensions."""
     _need_browser()
-    env = extension_env(HERE)
+    env = installed_env(HERE)
     write_notebook(NOTEBOOK, CELLS)
     port, token = _free_port(), secrets.token_hex(16)
     log = HERE / "jupyter-lab.log"
@@ -50,7 +49,6 @@ def lab_base():
         port,
         token,
         f"--ServerApp.base_url={BASE}",
-        '--ServerApp.jpserver_extensions={"workbench.labserver": True}',
         f"--FileCheckpoints.checkpoint_dir={HERE / 'checkpoints'}",
         f"--LabApp.user_settings_dir={HERE / 'settings'}",
         f"--LabApp.workspaces_dir={HERE / 'workspaces'}",

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from .conftest import _free_port, _need_browser, browsing, extension_env, jupyter_cmd, serve
+from .conftest import _free_port, _need_browser, browsing, installed_env, jupyter_cmd, serve
 from .helpers import ROOT, STATE, write_notebook
 
 HERE = STATE / "nb7"
@@ -31,10 +31,10 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def notebook7():
-    """``jupyter notebook`` (Notebook 7) with this tree's extension, the server extension and NVML's stand-in."""
+    """``jupyter notebook`` (Notebook 7) with the installed extensions and NVML's stand-in."""
     _need_browser()
     pytest.importorskip("notebook", minversion="7", reason="Notebook 7 is not installed (pip install -e '.[test]')")
-    env = extension_env(HERE)
+    env = installed_env(HERE)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     env["WORKBENCH_NVML_STANDIN"] = str(NVML)  # absent until the ranks are up: "no driver" till then
     write_notebook(NOTEBOOK, CELLS)
@@ -44,7 +44,7 @@ def notebook7():
         "notebook",
         port,
         token,
-        '--ServerApp.jpserver_extensions={"workbench.labserver": True, "nvml_standin": True}',
+        '--ServerApp.jpserver_extensions={"nvml_standin": True}',  # the installed workbench.labserver beside it
         f"--FileCheckpoints.checkpoint_dir={HERE / 'checkpoints'}",
         f"--JupyterNotebookApp.user_settings_dir={HERE / 'settings'}",
         f"--JupyterNotebookApp.workspaces_dir={HERE / 'workspaces'}",

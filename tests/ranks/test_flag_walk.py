@@ -692,6 +692,7 @@ def test_named_set_flags(shell2, ranks2):
     a taken name and an unknown one are refused by name; `stop --name` stops only that set."""
     from workbench.notebook import session
 
+    had = set(api.sessions())
     try:
         magic(shell2, "start -n 1 --name flagwalk --backend gloo")
         with session.using(ranks2):
@@ -719,9 +720,11 @@ def test_named_set_flags(shell2, ranks2):
             assert over.closed and ("flagwalk",) not in session.KERNEL.overlays  # none of its sessions runs
             assert api.current() is ranks2
     finally:
-        sess = session.KERNEL.get("flagwalk")
+        sess = session.KERNEL.by_name.get("flagwalk")
         if sess is not None and sess.running:
             api.stop("flagwalk")
+        for name in set(api.sessions()) - had:  # stopped sessions stay listed: the next test starts without it
+            session.KERNEL.by_name.pop(name)
 
 
 def test_track_flags(shell2, ranks2, tmp_path):
