@@ -98,6 +98,7 @@ def start(
     ssh_config: str | None = None,
     python: str | None = None,
     slurm=None,
+    ray=None,
     progress=None,
     name: str | None = None,
 ) -> RankSet:
@@ -106,7 +107,8 @@ def start(
     ``name``: a session of its own beside the others (default: the current session's
     name, or ``"default"``); the new set becomes current. ``launcher="slurm"`` with
     ``slurm=SlurmRequest(...)`` submits one job; ``"ssh"`` with ``hosts="a:2,b:2"``
-    spans hosts. ``progress(line)`` gets live lines while waiting (``queued: job N
+    spans hosts; ``"ray"`` with ``ray=RayRequest(address=..., cpus_per_rank=...)`` places
+    the ranks in a Ray cluster's placement group. ``progress(line)`` gets live lines while waiting (``queued: job N
     PENDING (Reason)``); ``stop()`` from another thread, or Ctrl-C, cancels a start that
     waits in the queue.
     """
@@ -126,6 +128,7 @@ def start(
         ssh_config=ssh_config,
         python=python,
         slurm=slurm,
+        ray=ray,
     )
     config.validate()
     if name is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-LAUNCHERS = ("local", "mpi", "slurm", "ssh")
+LAUNCHERS = ("local", "mpi", "slurm", "ssh", "ray")
 
 # The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
 # A short period makes engines register fast (the controller admits a new engine on its

@@ -20,7 +20,7 @@ from ...engine import rpc
 from ...shared.errors import Interrupted, NotRunning, RankDied
 from .. import background
 from ..shell_compat import mark_kernelless
-from . import health, launchers, network, slurm, ssh
+from . import health, launchers, network, ray_launcher, slurm, ssh
 from .gpu_plan import plan_gpus
 from .ranges import parse_ranks
 from .rank_call import RankCall
@@ -53,6 +53,7 @@ class RankSetConfig:
     ssh_config: str | None = None  # ssh: an ssh_config file (ssh -F)
     python: str | None = None  # ssh/slurm: the ranks' python (default: this one's path)
     slurm: slurm.SlurmRequest | None = None
+    ray: ray_launcher.RayRequest | None = None
 
     def validate(self) -> None:
         """Refuse bad settings before any process is started."""
@@ -60,8 +61,10 @@ class RankSetConfig:
             raise ValueError(f"-n must be a whole number of ranks >= 1, got {self.n!r}")
         if self.hosts is not None and self.launcher != "ssh":
             raise ValueError("--hosts goes with --launcher ssh")
-        if (self.ssh_config or self.python) and self.launcher not in ("ssh", "slurm"):
-            raise ValueError("--ssh-config and --python go with --launcher ssh (--python also with slurm)")
+        if (self.ssh_config and self.launcher != "ssh") or (
+            self.python and self.launcher not in ("ssh", "slurm", "ray")
+        ):
+            raise ValueError("--ssh-config and --python go with --launcher ssh (--python also with slurm and ray)")
         if self.ssh_config and not os.path.isfile(self.ssh_config):
             raise ValueError(f"--ssh-config {self.ssh_config}: no such file")
         if self.slurm is not None:
@@ -72,6 +75,10 @@ class RankSetConfig:
             self.slurm.validate()
             if self.slurm.nodes and self.slurm.nodes > self.n:
                 raise ValueError(f"--nodes {self.slurm.nodes} is more nodes than ranks (-n {self.n})")
+        if self.ray is not None:
+            if self.launcher != "ray":
+                raise ValueError("--address/--cpus-per-rank/--gpus-per-rank go with --launcher ray")
+            self.ray.validate()
         if self.launcher == "ssh" and self.hosts is not None:
             slots = ssh.parse_hosts(self.hosts)
             total = sum(s.n for s in slots)
@@ -81,9 +88,9 @@ class RankSetConfig:
                 )
         if self.launcher == "ssh" and self.hosts is None and not self.launcher_options:
             raise ValueError("--launcher ssh needs --hosts, e.g. --hosts node1:2,node2:2")
-        if self.ip is not None and self.launcher not in ("ssh", "slurm"):
+        if self.ip is not None and self.launcher not in ("ssh", "slurm", "ray"):
             raise ValueError(
-                f"--ip goes with --launcher ssh or slurm (with --launcher {self.launcher} the "
+                f"--ip goes with --launcher ssh, slurm or ray (with --launcher {self.launcher} the "
                 "ranks reach the controller on 127.0.0.1)"
             )
         if self.ip is not None:
@@ -100,8 +107,8 @@ class RankSetConfig:
             plan_gpus(self.backend, self.n, launchers.gpu_ids())  # refuses n > GPUs before any start
 
     def remote_launch(self) -> bool:
-        """Slurm/SSH ranks pin from the GPUs of their own host, not this one's."""
-        return self.launcher in ("slurm", "ssh") and not self.launcher_options
+        """Slurm/SSH/Ray ranks pin from the GPUs of their own host, not this one's."""
+        return self.launcher in ("slurm", "ssh", "ray") and not self.launcher_options
 
     def threads_per_rank(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 1) // self.n)
@@ -132,6 +139,7 @@ class RankSet:
         self.forked: launchers.ForkedRanks | None = None  # local ranks: the process that forks them
         self.exit_dir: str | None = None  # where it writes their exit statuses
         self.job_id: str | None = None  # slurm
+        self.launcher: ray_launcher.RayLauncher | None = None  # ray: its placement group and actors
         self.nodes: tuple[str, ...] = ()
         self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
         self.on_queue = None  # fn(JobState) while a Slurm job waits and when it gets its nodes
@@ -155,7 +163,10 @@ class RankSet:
             on_created(self)
         t0 = time.perf_counter()
         try:
-            if config.launcher in ("slurm", "ssh") and not config.launcher_options:
+            if config.launcher == "ray":
+                self.launcher = ray_launcher.RayLauncher(config.ray or ray_launcher.RayRequest(), config.n)
+                ray_launcher.start(self)
+            elif config.launcher in ("slurm", "ssh") and not config.launcher_options:
                 self._launch_remote()
             else:
                 self._launch()
@@ -177,6 +188,8 @@ class RankSet:
         self._cancel.set()
         if self.job_id:
             slurm.cancel(self.job_id)
+        if self.launcher is not None:
+            self.launcher.cancel()
         self._finished.wait(timeout)
 
     def _launch_remote(self) -> None:
@@ -308,6 +321,8 @@ class RankSet:
                 pass
             if self._cancel.is_set():
                 raise Interrupted("start cancelled while the ranks were registering")
+            if self.launcher is not None:
+                self.launcher.check_registering()
             if self.job_id and slurm.job_state(self.job_id).state not in ("RUNNING", "CONFIGURING", "COMPLETING"):
                 raise slurm.SlurmError(f"Slurm job {self.job_id} ended before its ranks came up" + self._slurm_output())
             if time.monotonic() > deadline:
@@ -345,6 +360,13 @@ class RankSet:
         for p in self.procs:
             if p.pid == pid and p.host == host:
                 self.watcher.mark_dead(p.rank, health.describe_exit(code), exit_code=code)
+
+    def _actor_died(self, bundle: int, cause: str) -> None:
+        """A Ray rank's actor died (rank = bundle): named with Ray's cause, beside any exit status."""
+        if self.watcher is None or bundle >= len(self.procs):
+            return
+        self.watcher.mark_dead(bundle, f"lost its Ray actor: {cause}")
+        self.watcher.add_cause(bundle, cause, f"Ray: {cause}")
 
     def _launch(self) -> None:
         cfg = self.config
@@ -660,6 +682,7 @@ class RankSet:
                     "state": state,
                     "exit": deaths[rank]["exit"] if rank in deaths else "",
                     **({"nccl": info["nccl"]} if info.get("nccl") else {}),  # NCCL ranks: version and NCCL_* env
+                    **({"ray_node": self.launcher.node_of(rank)} if self.launcher is not None else {}),
                 }
             )
         return rows
@@ -698,6 +721,8 @@ class RankSet:
                 pass
         if self.job_id:
             slurm.wait_until_gone(self.job_id)
+        if self.launcher is not None:
+            self.launcher.stop()  # the actors and the placement group; their guards ended the ranks
         self.stopped = True
         if self.forked is not None:
             self.forked.close()
@@ -724,6 +749,8 @@ class RankSet:
 
     def allocation(self) -> str:
         """Where the ranks run: the Slurm job and its nodes, or the hosts; '' for one host."""
+        if self.launcher is not None:
+            return self.launcher.allocation()
         if self.job_id:
             return f"Slurm job {self.job_id} on {', '.join(self.nodes) or '(no nodes yet)'}"
         hosts = sorted({d.get("host") for d in self.info if d.get("host")})

@@ -1,0 +1,145 @@
+"""A real two-node Ray cluster for the tests: a head on this host, a worker node on the second host.
+
+The head binds this host's address toward the network namespace (so the worker node and
+the ranks there reach it); the worker node runs inside the namespace with its own host
+name. Both are ``ray start --block`` processes started here in sessions of their own, and
+are ended by their pids: SIGTERM to ``ray start``, which ends the daemons it started,
+then SIGKILL to whatever is left in its session (``ray stop`` would kill by name, every
+Ray on the machine). Ports are free ones asked of the kernel, so two suites can run at once.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+from .daemons import SecondHost, _spawn, free_port
+
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+PORT_FLAGS = (
+    "--ray-client-server-port",
+    "--dashboard-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+    "--node-manager-port",
+    "--object-manager-port",
+)
+
+
+def _ports() -> list[str]:
+    out = []
+    for flag in PORT_FLAGS:
+        out += [flag, str(free_port())]
+    return out
+
+
+def session_pids(leader: int) -> list[int]:
+    """Live processes in the session ``leader`` leads (the daemons ``ray start`` started)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(p.pid) == leader and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+class RayNodes:
+    """``ray start --head`` here and ``ray start --address`` inside ``host``'s namespace."""
+
+    # Ray gives a raylet 30 s (fixed in its code) to register with the GCS: on a machine
+    # loaded by other suites a node start can miss it, and is then tried again
+    ATTEMPTS = 3
+
+    def __init__(self, host: SecondHost, *, cpus: int = 2):
+        self.host = host
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="wb-ray-"))
+        self.port = free_port()
+        self.address = f"{host.addr_here}:{self.port}"
+        self.procs: list[subprocess.Popen] = []
+        common = ["--block", "--num-cpus", str(cpus), "--disable-usage-stats", "--include-dashboard=false"]
+        try:
+            head = [RAY, "start", "--head", "--port", str(self.port), "--node-ip-address", host.addr_here]
+            self._start([*head, "--temp-dir", str(self.dir / "tmp"), *common], self.dir / "head.out")
+            worker = [RAY, "start", "--address", self.address, "--node-ip-address", host.addr, *common]
+            ns = ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount", "--propagation", "private"]
+            self._start(
+                worker,
+                self.dir / "worker.out",
+                lambda cmd: [
+                    *ns,
+                    "sh",
+                    "-c",
+                    f"hostname {host.hostname} && mount -t tmpfs none /dev/shm && exec {' '.join(cmd)}",
+                ],
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, cmd: list[str], log: pathlib.Path, wrap=lambda cmd: cmd) -> None:
+        for attempt in range(self.ATTEMPTS):
+            proc = _spawn(wrap([*cmd, *_ports()]), log)
+            if self._started(proc, log):
+                self.procs.append(proc)
+                return
+            self._end([proc])
+            if attempt == self.ATTEMPTS - 1:
+                raise RuntimeError(
+                    f"Ray node did not start: {' '.join(cmd)}\n" + log.read_text(errors="replace")[-3000:]
+                )
+
+    @staticmethod
+    def _started(proc: subprocess.Popen, log: pathlib.Path, timeout: float = 180.0) -> bool:
+        """``ray start --block`` says so once its node has registered; it exits if it could not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if "Ray runtime started" in log.read_text(errors="replace"):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def pids(self) -> list[int]:
+        """Every live process of the two nodes (their daemons and workers), by session."""
+        return sorted({pid for p in self.procs for pid in session_pids(p.pid)})
+
+    def _end(self, procs: list[subprocess.Popen]) -> list[int]:
+        """SIGTERM to each ``ray start``, then SIGKILL what is left in its session; the killed pids."""
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        killed = []
+        for pid in sorted({pid for p in procs for pid in session_pids(p.pid)}):
+            try:
+                psutil.Process(pid).kill()
+                killed.append(pid)
+            except psutil.Error:
+                pass
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        return killed
+
+    def close(self) -> list[int]:
+        """End both nodes by pid; returns the pids that had to be killed after the grace."""
+        killed = self._end(self.procs)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return killed
