@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shlex
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,50 @@ import psutil
 
 from .daemons import SecondHost, _spawn, free_port
 
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+# ``ray start`` made patient for a machine loaded by other suites, where a node's Python
+# agents alone took longer to start than Ray allows (fixed in its code): the raylet waits
+# 15 s for the agents' port files, and ``ray start`` 30 s for the raylet to register. The
+# agents' ports are given on the command line (``_ports``), so their files are written
+# before the raylet starts (each agent writes the same port again once up); and the
+# registration is waited for up to 180 s.
+PATIENT_RAY = """
+import sys, time
+import ray._private.node as node
+import ray._private.services as services
+from ray import _raylet
+
+first_get_node = services.get_node
+def patient_get_node(*args, **kwargs):
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            return first_get_node(*args, **kwargs)
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+services.get_node = patient_get_node
+
+first_start_raylet = node.Node.start_raylet
+def start_raylet(self, *args, **kwargs):
+    p = self._ray_params
+    for name, port in (
+        (_raylet.DASHBOARD_AGENT_LISTEN_PORT_NAME, p.dashboard_agent_listen_port),
+        (_raylet.METRICS_AGENT_PORT_NAME, p.metrics_agent_port),
+        (_raylet.METRICS_EXPORT_PORT_NAME, p.metrics_export_port),
+        (_raylet.RUNTIME_ENV_AGENT_PORT_NAME, p.runtime_env_agent_port),
+    ):
+        if port:
+            _raylet.persist_port(self._session_dir, self._node_id, name, int(port))
+    return first_start_raylet(self, *args, **kwargs)
+node.Node.start_raylet = start_raylet
+
+from ray.scripts.scripts import main
+sys.argv[0] = "ray"
+main()
+"""
+RAY = [sys.executable, "-c", PATIENT_RAY]
+RAY_ENV = {"RAY_agent_register_timeout_ms": "180000"}  # the agents' registration with the raylet
 PORT_FLAGS = (
     "--ray-client-server-port",
     "--dashboard-port",
@@ -58,9 +102,7 @@ def session_pids(leader: int) -> list[int]:
 class RayNodes:
     """``ray start --head`` here and ``ray start --address`` inside ``host``'s namespace."""
 
-    # Ray gives a raylet 30 s (fixed in its code) to register with the GCS: on a machine
-    # loaded by other suites a node start can miss it, and is then tried again
-    ATTEMPTS = 3
+    ATTEMPTS = 2  # a node start that fails anyway (its raylet never registers) is tried once more
 
     def __init__(self, host: SecondHost, *, cpus: int = 2):
         self.host = host
@@ -70,9 +112,9 @@ class RayNodes:
         self.procs: list[subprocess.Popen] = []
         common = ["--block", "--num-cpus", str(cpus), "--disable-usage-stats", "--include-dashboard=false"]
         try:
-            head = [RAY, "start", "--head", "--port", str(self.port), "--node-ip-address", host.addr_here]
+            head = [*RAY, "start", "--head", "--port", str(self.port), "--node-ip-address", host.addr_here]
             self._start([*head, "--temp-dir", str(self.dir / "tmp"), *common], self.dir / "head.out")
-            worker = [RAY, "start", "--address", self.address, "--node-ip-address", host.addr, *common]
+            worker = [*RAY, "start", "--address", self.address, "--node-ip-address", host.addr, *common]
             ns = ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount", "--propagation", "private"]
             self._start(
                 worker,
@@ -81,7 +123,7 @@ class RayNodes:
                     *ns,
                     "sh",
                     "-c",
-                    f"hostname {host.hostname} && mount -t tmpfs none /dev/shm && exec {' '.join(cmd)}",
+                    f"hostname {host.hostname} && mount -t tmpfs none /dev/shm && exec {shlex.join(cmd)}",
                 ],
             )
         except BaseException:
@@ -90,7 +132,7 @@ class RayNodes:
 
     def _start(self, cmd: list[str], log: pathlib.Path, wrap=lambda cmd: cmd) -> None:
         for attempt in range(self.ATTEMPTS):
-            proc = _spawn(wrap([*cmd, *_ports()]), log)
+            proc = _spawn(wrap([*cmd, *_ports()]), log, env={**os.environ, **RAY_ENV})
             if self._started(proc, log):
                 self.procs.append(proc)
                 return
