@@ -31,7 +31,7 @@ $(BIN)/.installed: pyproject.toml $(LABEXT)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[test,parquet,mpi,hf]"
+	$(BIN)/pip install -q -e ".[test,parquet,mpi,hf,ray]"
 	# DeepSpeed builds against the torch above; build isolation would fetch another torch
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
 	touch $@

@@ -68,9 +68,8 @@ main()
 """
 RAY = [sys.executable, "-c", PATIENT_RAY]
 RAY_ENV = {"RAY_agent_register_timeout_ms": "180000"}  # the agents' registration with the raylet
+HEAD_PORT_FLAGS = ("--ray-client-server-port", "--dashboard-port")
 PORT_FLAGS = (
-    "--ray-client-server-port",
-    "--dashboard-port",
     "--dashboard-agent-listen-port",
     "--dashboard-agent-grpc-port",
     "--runtime-env-agent-port",
@@ -80,9 +79,9 @@ PORT_FLAGS = (
 )
 
 
-def _ports() -> list[str]:
+def _ports(head: bool = True) -> list[str]:
     out = []
-    for flag in PORT_FLAGS:
+    for flag in (HEAD_PORT_FLAGS if head else ()) + PORT_FLAGS:
         out += [flag, str(free_port())]
     return out
 
@@ -110,11 +109,13 @@ class RayNodes:
         self.port = free_port()
         self.address = f"{host.addr_here}:{self.port}"
         self.procs: list[subprocess.Popen] = []
-        common = ["--block", "--num-cpus", str(cpus), "--disable-usage-stats", "--include-dashboard=false"]
+        common = ["--block", "--num-cpus", str(cpus), "--disable-usage-stats"]
         try:
             head = [*RAY, "start", "--head", "--port", str(self.port), "--node-ip-address", host.addr_here]
-            self._start([*head, "--temp-dir", str(self.dir / "tmp"), *common], self.dir / "head.out")
+            head += ["--temp-dir", str(self.dir / "tmp"), "--include-dashboard=false", *common, *_ports()]
+            self._start(head, self.dir / "head.out")
             worker = [*RAY, "start", "--address", self.address, "--node-ip-address", host.addr, *common]
+            worker += _ports(head=False)
             ns = ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount", "--propagation", "private"]
             self._start(
                 worker,
@@ -132,7 +133,7 @@ class RayNodes:
 
     def _start(self, cmd: list[str], log: pathlib.Path, wrap=lambda cmd: cmd) -> None:
         for attempt in range(self.ATTEMPTS):
-            proc = _spawn(wrap([*cmd, *_ports()]), log, env={**os.environ, **RAY_ENV})
+            proc = _spawn(wrap(cmd), log, env={**os.environ, **RAY_ENV})
             if self._started(proc, log):
                 self.procs.append(proc)
                 return

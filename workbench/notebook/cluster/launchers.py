@@ -11,8 +11,45 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .slurm import JobState
 
 LAUNCHERS = ("local", "mpi", "slurm", "ssh", "ray")
+
+
+class Launcher(Protocol):
+    """What a rank set asks of the engine that places its ranks (``ray_launcher.RayLauncher``).
+
+    Modelled on ipyparallel's launcher classes: the engine reserves and starts, the rank
+    set then runs cells on whatever registered. ``start`` is a module function per engine
+    (``ray_launcher.start(rankset)``) because it fills the rank set's controller and client.
+    """
+
+    name: str
+
+    def queued(self) -> JobState | None:
+        """The reservation while it waits for resources (shown as queued), else None."""
+
+    def pids(self) -> dict[str, list[int]]:
+        """host -> the pids this launcher started there (besides the ranks' own)."""
+
+    def node_of(self, rank: int) -> str:
+        """The engine's name for the node a rank runs on (shown by status)."""
+
+    def allocation(self) -> str:
+        """One line: where the ranks run."""
+
+    def check_registering(self) -> None:
+        """Raise, with what is known, if a rank ended before it registered."""
+
+    def cancel(self) -> None:
+        """Give up a reservation that waits (the start then ends)."""
+
+    def stop(self) -> None:
+        """End exactly what this launcher started."""
+
 
 # The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
 # A short period makes engines register fast (the controller admits a new engine on its

@@ -139,7 +139,7 @@ class RankSet:
         self.forked: launchers.ForkedRanks | None = None  # local ranks: the process that forks them
         self.exit_dir: str | None = None  # where it writes their exit statuses
         self.job_id: str | None = None  # slurm
-        self.launcher: ray_launcher.RayLauncher | None = None  # ray: its placement group and actors
+        self.launcher: launchers.Launcher | None = None  # ray: its placement group and actors
         self.nodes: tuple[str, ...] = ()
         self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
         self.on_queue = None  # fn(JobState) while a Slurm job waits and when it gets its nodes
