@@ -58,7 +58,9 @@ def test_two_ranks_on_each_node_all_reduce_and_status_names_the_ray_node(second_
 
     rs = ray_ranks
     here = os.uname().nodename
-    assert [d["host"] for d in rs.info] == [here, here, second_host.hostname, second_host.hostname]
+    hosts = [d["host"] for d in rs.info]
+    assert sorted(hosts) == sorted([here, here, second_host.hostname, second_host.hostname])
+    assert hosts[0] == hosts[1] and hosts[2] == hosts[3]  # rank = bundle: PACK fills one node, then the next
     assert rs.listen_ip == second_host.addr_here  # toward the worker node: not loopback, not 0.0.0.0
     controller = psutil.Process(rs._controller_pids()[0])
     listening = {c.laddr.ip for c in controller.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
@@ -74,12 +76,13 @@ def test_two_ranks_on_each_node_all_reduce_and_status_names_the_ray_node(second_
         dist.all_reduce(t)
         return os.environ["MASTER_ADDR"], t.item()
 
+    addr = {here: second_host.addr_here, second_host.hostname: second_host.addr}  # each host's veth end
     got = rs.apply(reduce, timeout=120)
-    assert got == [(second_host.addr_here, 10.0)] * 4
+    assert got == [(addr[hosts[0]], 10.0)] * 4  # MASTER_ADDR: rank 0's address, reached from both hosts
 
     nodes = {n["NodeManagerAddress"]: n["NodeID"][:12] for n in ray.nodes() if n["Alive"]}
     rows = rs.status()
-    assert [r["ray_node"] for r in rows] == [nodes[second_host.addr_here]] * 2 + [nodes[second_host.addr]] * 2
+    assert [r["ray_node"] for r in rows] == [nodes[addr[h]] for h in hosts]
     assert [r["pid"] for r in rows] == [p.pid for p in rs.procs]
     assert {r["state"] for r in rows} == {"idle"}
     assert rs.allocation().startswith(f"Ray cluster {ray_nodes.address}, placement group ")
@@ -112,13 +115,13 @@ def test_checkpoint_saved_by_ranks_on_both_nodes_loads_onto_two_local_ranks(ray_
 
 def test_a_killed_ray_actor_is_named_with_rays_death_cause(second_host, ray_ranks):
     rs = ray_ranks
-    place = rs.launcher.places[3]
-    assert place["host"] == second_host.hostname
+    rank = max(r for r, p in enumerate(rs.launcher.places) if p["host"] == second_host.hostname)
+    place = rs.launcher.places[rank]
     os.kill(place["actor_pid"], signal.SIGKILL)  # the namespace shares this pid space: the actor on "hostb"
     deadline = time.monotonic() + 30
     dead = []
     while time.monotonic() < deadline:
-        dead = [d for d in rs.dead() if d["rank"] == 3]
+        dead = [d for d in rs.dead() if d["rank"] == rank]
         if dead and "Ray" in dead[0]["exit"]:
             break
         time.sleep(0.05)
@@ -126,10 +129,10 @@ def test_a_killed_ray_actor_is_named_with_rays_death_cause(second_host, ray_rank
     assert "The actor is dead because its worker process has died" in dead[0]["exit"]
     # its rank process went with it (the guard ends with its actor)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and _alive([rs.procs[3].pid, place["guard_pid"]]):
+    while time.monotonic() < deadline and _alive([rs.procs[rank].pid, place["guard_pid"]]):
         time.sleep(0.1)
-    assert _alive([rs.procs[3].pid, place["guard_pid"]]) == []
-    with pytest.raises(RankDied, match=rf"rank 3 \(host {second_host.hostname}, pid {rs.procs[3].pid}\)"):
+    assert _alive([rs.procs[rank].pid, place["guard_pid"]]) == []
+    with pytest.raises(RankDied, match=rf"rank {rank} \(host {second_host.hostname}, pid {rs.procs[rank].pid}\)"):
         rs.apply(lambda: 1, timeout=30)
 
 

@@ -84,6 +84,19 @@ def death_cause(exc: BaseException) -> str:
     return cause[:cut] if cut > 0 else cause[:400]
 
 
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT with nothing listening fails at once (Ray's driver would retry for a minute)."""
+    import socket
+
+    host, sep, port = address.replace("ray://", "").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise RayError(f"no Ray cluster at {address} ({exc.strerror or exc}): {HOW_TO_START}") from None
+
+
 class RayLauncher:
     """The ranks' placement group and actors in one Ray cluster, for one rank set."""
 
@@ -114,6 +127,7 @@ class RayLauncher:
             ) from None
         if ray.is_initialized():
             return  # the user's own connection: used, and left open at stop
+        _check_reachable(self.address)
         try:
             ray.init(
                 address=self.address,
