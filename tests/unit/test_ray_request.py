@@ -53,3 +53,20 @@ def test_rays_death_cause_is_kept_without_its_troubleshooting_paragraph():
         "detail: Worker unexpectedly exits with a connection error code 2. End of file."
     )
     assert death_cause(RuntimeError("")) == "RuntimeError"
+
+
+def test_rays_cause_stays_with_a_death_whichever_report_comes_first():
+    import os
+
+    from workbench.notebook.cluster import health
+
+    w = health.Watcher([health.RankProcess(0, "another-host", os.getpid())])  # not this host: not polled
+    try:
+        cause = "The actor is dead because its worker process has died."
+        w.mark_dead(0, f"lost its Ray actor: {cause}")
+        w.add_cause(0, cause, f"Ray: {cause}")
+        assert w.deaths[0]["exit"] == f"lost its Ray actor: {cause}"  # said once
+        w.mark_dead(0, "terminated by SIGTERM", exit_code=-15)  # the guard's exit status replaces it
+        assert w.deaths[0]["exit"] == f"terminated by SIGTERM (Ray: {cause})"
+    finally:
+        w.close()
