@@ -20,11 +20,13 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh", "ray")
 
 
 class Launcher(Protocol):
-    """What a rank set asks of the engine that places its ranks (``ray_launcher.RayLauncher``).
+    """What a rank set asks of the engine that placed its ranks, once started.
 
-    Modelled on ipyparallel's launcher classes: the engine reserves and starts, the rank
-    set then runs cells on whatever registered. ``start`` is a module function per engine
-    (``ray_launcher.start(rankset)``) because it fills the rank set's controller and client.
+    Modelled on ipyparallel's launcher classes. Each engine has one module whose
+    ``start(rankset)`` starts the controller and the engines and returns once every engine
+    registered (``local_launch``, ``slurm``, ``ssh``, ``ray_launcher``); RankSet then makes
+    them ranks. An engine that holds resources of its own (Ray's placement group and
+    actors) leaves this object on ``rankset.launcher``; Slurm's job is still ``job_id``.
     """
 
     name: str
@@ -251,3 +253,24 @@ def gpu_ids() -> list[int]:
     except (OSError, subprocess.SubprocessError):
         return []
     return list(range(sum(1 for line in out.splitlines() if line.strip().startswith("GPU "))))
+
+
+def start_guarded_controller(rs, **options) -> dict:
+    """Slurm, SSH, Ray: the lifeline and the controller on ``rs.listen_ip`` (set by the
+    engine's ``start`` first), for engines that each run under a guard. Returns the
+    ``ipyparallel.Cluster`` keyword arguments (``options`` merged in)."""
+    import ipyparallel as ipp
+
+    from .lifeline import Lifeline
+
+    cfg = rs.config
+    rs.lifeline = Lifeline(rs.listen_ip, rs.secret, on_exit=rs._guard_exit)
+    kwargs = cluster_kwargs(cfg.launcher, cfg.n, guarded=True)
+    kwargs["controller_ip"] = rs.listen_ip
+    if cfg.profile_dir:
+        kwargs["profile_dir"] = cfg.profile_dir
+    kwargs.update(options)
+    rs.cluster = ipp.Cluster(**kwargs)
+    rs.cluster.start_controller_sync()
+    rs._note_controller()
+    return kwargs

@@ -1,6 +1,7 @@
 """A set of persistent rank processes on ipyparallel engines (notebook side).
 
-:class:`RankSet` starts N engines through one of ipyparallel's launchers, gives
+:class:`RankSet` starts N engines through one engine's module (``local_launch``,
+``slurm``, ``ssh``, ``ray_launcher``: each its ``start``), gives
 them stable ranks 0..N-1, bootstraps ``torch.distributed`` on each, runs code and
 functions on all or some of them, and stops exactly the processes it started.
 It never imports torch in the notebook process.
@@ -18,9 +19,8 @@ from dataclasses import dataclass, field
 
 from ...engine import rpc
 from ...shared.errors import Interrupted, NotRunning, RankDied
-from .. import background
 from ..shell_compat import mark_kernelless
-from . import health, launchers, network, ray_launcher, slurm, ssh
+from . import health, launchers, local_launch, network, ray_launcher, slurm, ssh
 from .gpu_plan import plan_gpus
 from .ranges import parse_ranks
 from .rank_call import RankCall
@@ -163,13 +163,17 @@ class RankSet:
             on_created(self)
         t0 = time.perf_counter()
         try:
+            # each engine's module starts the controller and the engines, and returns once
+            # every engine registered; RankSet then makes them ranks (_bootstrap)
             if config.launcher == "ray":
                 self.launcher = ray_launcher.RayLauncher(config.ray or ray_launcher.RayRequest(), config.n)
                 ray_launcher.start(self)
-            elif config.launcher in ("slurm", "ssh") and not config.launcher_options:
-                self._launch_remote()
+            elif config.launcher == "slurm" and not config.launcher_options:
+                slurm.start(self)
+            elif config.launcher == "ssh" and not config.launcher_options:
+                ssh.start(self)
             else:
-                self._launch()
+                local_launch.start(self)
             self._bootstrap()
         except BaseException:
             self.stop()
@@ -192,123 +196,12 @@ class RankSet:
             self.launcher.cancel()
         self._finished.wait(timeout)
 
-    def _launch_remote(self) -> None:
-        """Slurm or SSH: listeners on an address the ranks reach, each engine under a guard."""
-        import ipyparallel as ipp
-
-        from .lifeline import Lifeline
-
-        cfg = self.config
-        slots = ssh.parse_hosts(cfg.hosts) if cfg.launcher == "ssh" else ()
-        if cfg.launcher == "ssh":
-            remote = [network.ssh_hostname(s.host, cfg.ssh_config) for s in slots if not s.local]
-            self.listen_ip = network.listen_address(cfg.ip, remote)
-        else:
-            self.listen_ip = network.listen_address(cfg.ip, []) if cfg.ip else slurm.node_route()
-        self.lifeline = Lifeline(self.listen_ip, self.secret, on_exit=self._guard_exit)
-        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, guarded=True)
-        kwargs["controller_ip"] = self.listen_ip
-        if cfg.profile_dir:
-            kwargs["profile_dir"] = cfg.profile_dir
-        python = ssh.remote_python(cfg.python)
-        if cfg.launcher == "slurm":
-            kwargs["engines"] = slurm.launcher_class()
-        self.cluster = ipp.Cluster(**kwargs)
-        self.cluster.start_controller_sync()
-        self._note_controller()
-        if cfg.launcher == "slurm":
-            request = cfg.slurm or slurm.SlurmRequest()
-            env = ssh.remote_env(cfg.python, self.lifeline.env(), 0)
-            # ipyparallel writes the script into the working directory unless given a path
-            os.makedirs(self.state_dir(), exist_ok=True)
-            script = os.path.join(self.state_dir(), "slurm_engines.sbatch")
-            esid = self.cluster.start_engines_sync(
-                cfg.n,
-                batch_template=slurm.batch_template(request, cfg.n),
-                batch_file_name=script,
-                engine_cmd=ssh.engine_cmd(python),
-                environment=env,
-            )
-            self.job_id = self.cluster.engines[esid].job_id
-            self.client = self._connect_client()
-            self._await_slurm()
-        else:
-            for i, slot in enumerate(slots):
-                env = ssh.remote_env(cfg.python, self.lifeline.env(), i)
-                if slot.local:
-                    self.cluster.engine_launcher_class = "local"
-                    self.cluster.start_engines_sync(slot.n, environment={"WORKBENCH_HOST_SLOT": str(i)})
-                else:
-                    self.cluster.engine_launcher_class = "ssh"
-                    opts = ssh.ssh_options(cfg.ssh_config)
-                    self.cluster.start_engines_sync(
-                        slot.n,
-                        engines={slot.host: slot.n},
-                        ssh_args=opts,
-                        scp_args=opts,
-                        remote_python=python,
-                        engine_cmd=ssh.engine_cmd(python),
-                        environment=env,
-                        remote_profile_dir=os.path.join(self.cluster.profile_dir, "remote", str(i)),
-                    )
-            self.started_pids.extend(self._launcher_pids())
-            self.client = self._connect_client()
-            self._await_engines(time.monotonic() + self._register_s(), [s.host for s in slots if not s.local])
-        background.lower_processes(self._controller_pids())
-
-    def _await_slurm(self) -> None:
-        """Wait for the job's allocation (showing it live), then for its engines."""
-        shown = None
-        while True:
-            if self._cancel.is_set():
-                raise Interrupted(f"start cancelled: Slurm job {self.job_id} cancelled while {shown or 'queued'}")
-            js = slurm.job_state(self.job_id)
-            if js.state == "PENDING":
-                line = slurm.queued_line(js)
-                if line != shown:
-                    self.progress(line)
-                    self._queue_changed(js)
-                    shown = line
-                if slurm.hopeless(js):
-                    raise slurm.SlurmError(
-                        f"Slurm job {self.job_id} can never run: {js.reason}; it was cancelled. "
-                        "Ask for what the partition holds (sinfo shows it)"
-                    )
-                time.sleep(0.5)
-                continue
-            if js.state in ("RUNNING", "CONFIGURING", "COMPLETING") and js.nodes:
-                self.nodes = js.nodes
-                here = {socket.gethostname(), socket.gethostname().split(".")[0]}
-                away = [h for h in js.nodes if h not in here]
-                if away and network.is_loopback(self.listen_ip):
-                    raise network.AddressError(
-                        f"Slurm gave nodes {', '.join(away)}, which cannot reach this notebook at {self.listen_ip}: "
-                        "pass --ip with this host's address toward them"
-                    )
-                self.progress(f"job {self.job_id} running on {', '.join(js.nodes)}")
-                self._queue_changed(js)
-                break
-            if js.state not in ("RUNNING", "CONFIGURING"):
-                raise slurm.SlurmError(
-                    f"Slurm job {self.job_id} ended ({js.state}) before its ranks came up" + self._slurm_output()
-                )
-            time.sleep(0.2)
-        self._await_engines(time.monotonic() + self._register_s(), list(self.nodes))
-
     def _queue_changed(self, js) -> None:
         if self.on_queue is not None:
             try:
                 self.on_queue(js)
             except Exception:  # an observer (the Lab registry) never fails a start
                 pass
-
-    def _slurm_output(self) -> str:
-        es = next(iter((self.cluster.engines or {}).values()), None)
-        path = getattr(es, "output_file", None)
-        if path and os.path.exists(path):
-            with open(path, errors="replace") as f:
-                return ":\n" + f.read()[-2000:]
-        return ""
 
     def _await_engines(self, deadline: float, remote_hosts: list[str]) -> None:
         """All engines registered, or a message naming the address they could not reach."""
@@ -324,7 +217,9 @@ class RankSet:
             if self.launcher is not None:
                 self.launcher.check_registering()
             if self.job_id and slurm.job_state(self.job_id).state not in ("RUNNING", "CONFIGURING", "COMPLETING"):
-                raise slurm.SlurmError(f"Slurm job {self.job_id} ended before its ranks came up" + self._slurm_output())
+                raise slurm.SlurmError(
+                    f"Slurm job {self.job_id} ended before its ranks came up" + slurm.batch_output(self)
+                )
             if time.monotonic() > deadline:
                 url = self._controller_url()
                 said = sorted(self.lifeline.hosts_said_hello()) if self.lifeline else []
@@ -333,7 +228,7 @@ class RankSet:
                     f"did not reach the controller at {url} (lifeline {self.lifeline.address if self.lifeline else '-'}, "
                     f"reached from: {', '.join(said) or 'no host'}): the notebook's address {self.listen_ip} and "
                     "its ports must be open to them; choose the interface with --ip"
-                    + (self._slurm_output() if self.job_id else "")
+                    + (slurm.batch_output(self) if self.job_id else "")
                 )
 
     def _register_s(self) -> float:
@@ -367,49 +262,6 @@ class RankSet:
             return
         self.watcher.mark_dead(bundle, f"lost its Ray actor: {cause}")
         self.watcher.add_cause(bundle, cause, f"Ray: {cause}")
-
-    def _launch(self) -> None:
-        cfg = self.config
-        if cfg.launcher == "local" and not cfg.launcher_options:
-            # first of all, the process that imports torch and forks the ranks: its imports
-            # then overlap with ipyparallel's in this process and with the controller's start
-            self.forked = launchers.ForkedRanks(cfg.n)
-            self.started_pids.append(self.forked.pid)
-        import ipyparallel as ipp
-
-        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, options=cfg.launcher_options)
-        if cfg.profile_dir:
-            kwargs["profile_dir"] = cfg.profile_dir
-        self.cluster = ipp.Cluster(**kwargs)
-        self.cluster.start_controller_sync()
-        self._note_controller()
-        if self.forked is not None:
-            self.exit_dir = os.path.join(self.state_dir(), "exits")
-            self.forked.setup(self.cluster, kwargs["config"].EngineLauncher.engine_args, self.exit_dir)
-        else:
-            self.cluster.start_engines_sync()
-            self.started_pids.extend(self._launcher_pids())
-        self.client = self._connect_client()
-        limit = max(60, 10 * cfg.n)
-        deadline = time.monotonic() + limit
-        while True:
-            try:
-                self.client.wait_for_engines(cfg.n, timeout=0.25, block=True, interactive=False)
-                break
-            except TimeoutError:
-                if self.forked is not None and self.forked.ended() is not None:
-                    raise RuntimeError(
-                        f"the process that starts the ranks ended (exit {self.forked.ended()}) before "
-                        f"{cfg.n - len(self.client.ids)} of {cfg.n} ranks registered; its output:\n"
-                        + self.forked.output()
-                    ) from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{len(self.client.ids)} of {cfg.n} ranks registered within {limit} s"
-                        + (f"; the ranks' output:\n{self.forked.output()}" if self.forked is not None else "")
-                    ) from None
-        # registered: from now on the controller only routes, and gives way to the ranks
-        background.lower_processes(self._controller_pids())
 
     def _note_controller(self) -> None:
         """Remember the controller's pids and its session (see :meth:`stop`)."""

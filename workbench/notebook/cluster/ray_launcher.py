@@ -358,25 +358,15 @@ def engine_connection(cluster, timeout: float = 120.0) -> dict:
 
 def start(rs) -> None:
     """Start ``rs``'s ranks through Ray (``RankSet.start`` calls this for ``--launcher ray``)."""
-    import ipyparallel as ipp
-
     from . import launchers
-    from .lifeline import Lifeline
 
     cfg = rs.config
     launcher: RayLauncher = rs.launcher
     launcher.connect()
     rs.listen_ip = launcher.listen_address(cfg.ip)
-    rs.lifeline = Lifeline(rs.listen_ip, rs.secret, on_exit=rs._guard_exit)
-    # resources first: no controller runs while the placement group waits in Ray's queue
+    # resources first: no controller or lifeline while the placement group waits in Ray's queue
     launcher.reserve(rs.progress, rs._queue_changed, rs._cancel)
-    kwargs = launchers.cluster_kwargs("ray", cfg.n, guarded=True)
-    kwargs["controller_ip"] = rs.listen_ip
-    if cfg.profile_dir:
-        kwargs["profile_dir"] = cfg.profile_dir
-    rs.cluster = ipp.Cluster(**kwargs)
-    rs.cluster.start_controller_sync()
-    rs._note_controller()
+    kwargs = launchers.start_guarded_controller(rs)
     info = json.dumps(engine_connection(rs.cluster))
     remote_dir = os.path.join(rs.cluster.profile_dir, "remote", "ray")
     envs = []
