@@ -154,6 +154,57 @@ def test_stop_ends_the_actors_and_the_placement_group_and_leaves_nothing(second_
         ray.shutdown()
 
 
+NOTEBOOK = """
+import json, sys
+from workbench.notebook.cluster import RankSet
+from workbench.notebook.cluster.ray_launcher import RayRequest
+rs = RankSet.start(n=2, backend="gloo", threads=1, launcher="ray", profile_dir=sys.argv[1],
+                   ray=RayRequest(address=sys.argv[2], strategy="SPREAD"), progress=lambda line: None)
+places = rs.launcher.places
+print(json.dumps({"hosts": sorted(p["host"] for p in places), "pids": [p.pid for p in rs.procs]
+                  + [p["actor_pid"] for p in places] + [p["guard_pid"] for p in places]}), flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def test_notebook_killed_leaves_no_rank_actor_or_reservation_on_either_node(second_host, ray_nodes):
+    import json
+    import subprocess
+    import sys
+
+    import ray
+
+    nb = subprocess.Popen(
+        [sys.executable, "-c", NOTEBOOK, str(PROFILE), ray_nodes.address],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        started = json.loads(nb.stdout.readline())
+    except ValueError:
+        nb.kill()
+        raise
+    assert started["hosts"] == sorted([os.uname().nodename, second_host.hostname])  # SPREAD: one on each
+    nb.kill()  # SIGKILL: no clean-up runs in the notebook process
+    nb.wait(10)
+    deadline = time.monotonic() + 30
+    # the engines' nannies too: each tells the (gone) controller its engine ended, ~3 s of linger
+    while time.monotonic() < deadline and (_alive(started["pids"]) or processes_of([PROFILE])):
+        time.sleep(0.2)
+    assert _alive(started["pids"]) == []
+    assert processes_of([PROFILE]) == {}
+    ray.init(address=ray_nodes.address, log_to_driver=False, configure_logging=False)
+    try:
+        deadline = time.monotonic() + 30  # Ray gives a dead driver's reservation back
+        while time.monotonic() < deadline and ray.available_resources().get("CPU") != 4.0:
+            time.sleep(0.2)
+        assert ray.available_resources().get("CPU") == 4.0
+    finally:
+        ray.shutdown()
+
+
 def test_a_waiting_placement_group_shows_as_queued_with_rays_reason_and_is_cancelled(ray_nodes):
     import ray
     from ray.util.placement_group import placement_group_table
