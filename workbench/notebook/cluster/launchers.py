@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from .slurm import JobState
+from dataclasses import dataclass
+from typing import Protocol
 
 LAUNCHERS = ("local", "mpi", "slurm", "ssh", "ray")
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A reservation as its engine reports it: a Slurm job, a Ray placement group (the Lab shows it)."""
+
+    job_id: str
+    state: str  # PENDING, RUNNING, ... or GONE once it left the queue
+    reason: str
+    nodes: tuple[str, ...]
 
 
 class Launcher(Protocol):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ...shared.errors import Interrupted
 from . import network, ssh
-from .slurm import JobState
+from .launchers import JobState
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 HOW_TO_START = (

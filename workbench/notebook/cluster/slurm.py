@@ -15,6 +15,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from .launchers import JobState
+
 # Pending reasons that no amount of waiting resolves: the request exceeds what the
 # partition, account or QOS allows (Slurm's reason codes).
 NEVER_RUNS = {
@@ -115,14 +117,6 @@ def launcher_class():
             return r.stdout
 
     return WorkbenchSlurmEngineSetLauncher
-
-
-@dataclass(frozen=True)
-class JobState:
-    job_id: str
-    state: str  # PENDING, RUNNING, ... or GONE once it left the queue
-    reason: str
-    nodes: tuple[str, ...]
 
 
 def job_state(job_id: str) -> JobState:
