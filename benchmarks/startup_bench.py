@@ -7,7 +7,10 @@ interleaved per round so that all see the same machine load:
 - ``ipyparallel``: raw ipyparallel, ``Cluster(n=N).start_and_connect_sync()`` then
   ``init_process_group`` on every engine (what the workbench builds on);
 - ``jupyter-distributed`` (PyPI), in a venv of its own: its kernel with
-  ``JUPYTER_DISTRIBUTED_WORLD_SIZE=N``, then the user's ``init_process_group`` cell.
+  ``JUPYTER_DISTRIBUTED_WORLD_SIZE=N``, then the user's ``init_process_group`` cell;
+- ``workbench-ray``: ``%distrain start -n N --backend gloo --launcher ray`` on a Ray
+  cluster that is already up (a head on this host with N CPUs, started once by this
+  script for all rounds, like a Slurm cluster is there before a job; ended by pid).
 
 Each figure is kernel start request -> the reply of the cell that leaves every rank's
 process group initialised. Results (medians, every run, load average) go to
@@ -19,6 +22,7 @@ Set up the other tool once (its own venv; torch comes from the shared venv throu
     echo $PWD/.venv/lib/python3.11/site-packages > \
         .state/jd/venv/lib/python3.11/site-packages/zz_shared_torch.pth
 Run: ``OMP_NUM_THREADS=1 python benchmarks/startup_bench.py --sizes 2 4 --rounds 3``
+Ray beside the local launcher: ``... --sizes 4 --tools workbench workbench-ray``
 """
 
 from __future__ import annotations
@@ -104,6 +108,8 @@ def one(tool: str, n: int) -> float:
     else:
         km = KernelManager(kernel_name="python3")
         code = f"%load_ext workbench\n%distrain start -n {n} --backend gloo" if tool == "workbench" else IPP.format(n=n)
+        if tool == "workbench-ray":
+            code = f"%load_ext workbench\n%distrain start -n {n} --backend gloo --launcher ray --address {RAY_HEAD}"
     t0 = time.perf_counter()
     km.start_kernel(env=env, cwd=str(STATE))
     kc = km.client()
@@ -112,7 +118,7 @@ def one(tool: str, n: int) -> float:
         kc.wait_for_ready(timeout=120)
         run_cell(kc, code)
         elapsed = time.perf_counter() - t0
-        if tool == "workbench":
+        if tool in ("workbench", "workbench-ray"):
             run_cell(kc, "import workbench; workbench.stop()")
         elif tool == "ipyparallel":
             run_cell(kc, "rc.close(); cluster.stop_cluster_sync()")
@@ -120,6 +126,47 @@ def one(tool: str, n: int) -> float:
         kc.stop_channels()
         km.shutdown_kernel(now=False)
     return elapsed
+
+
+RAY_HEAD = ""  # address of the Ray head started by ray_head()
+
+
+def ray_head(cpus: int):
+    """A Ray head on this host for the ``workbench-ray`` rounds; returns a function that ends it by pid."""
+    import subprocess
+
+    global RAY_HEAD
+    sys.path.insert(0, str(ROOT))
+    from tests.cluster.ray_nodes import RAY, RAY_ENV, _ports, free_port, session_pids
+
+    port = free_port()
+    log = STATE / "ray-head.out"
+    cmd = [*RAY, "start", "--head", "--block", "--port", str(port), "--node-ip-address", "127.0.0.1"]
+    cmd += ["--num-cpus", str(cpus), "--disable-usage-stats", "--include-dashboard=false", *_ports()]
+    proc = subprocess.Popen(
+        cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **RAY_ENV}
+    )
+    deadline = time.monotonic() + 300
+    while "Ray runtime started" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            sys.exit("the Ray head did not start:\n" + log.read_text(errors="replace")[-2000:])
+        time.sleep(0.5)
+    RAY_HEAD = f"127.0.0.1:{port}"
+
+    def end() -> None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in session_pids(proc.pid):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        proc.wait(10)
+
+    return end
 
 
 def main(argv=None) -> int:
@@ -134,6 +181,15 @@ def main(argv=None) -> int:
     if "jupyter-distributed" in args.tools and not JD_PYTHON.exists():
         sys.exit(f"jupyter-distributed is not set up at {JD_PYTHON}: see this script's docstring")
     STATE.mkdir(parents=True, exist_ok=True)
+    end_ray = ray_head(max(args.sizes)) if "workbench-ray" in args.tools else None
+    try:
+        return _measure(args)
+    finally:
+        if end_ray is not None:
+            end_ray()
+
+
+def _measure(args) -> int:
     run = results.Run("startup", vars(args))
     runs: dict[str, dict[str, list[float]]] = {str(n): {t: [] for t in args.tools} for n in args.sizes}
     for r in range(args.rounds):
@@ -154,6 +210,8 @@ def main(argv=None) -> int:
                 "<=",
                 1.0,
             )
+        if "workbench-ray" in tools and "workbench" in tools:
+            run.summary.setdefault("ray_over_local", {})[n] = tools["workbench-ray"] / tools["workbench"]
     return run.finish()
 
 

@@ -67,7 +67,7 @@ CASES: dict[tuple[str, str], object] = {
     ("start", "--auto"): LIFE,
     ("start", "--name"): NAMED,
     ("stop", "--name"): NAMED,
-    ("start", "--ip"): refused("start --ip 127.0.0.1", "--ip goes with --launcher ssh or slurm"),
+    ("start", "--ip"): refused("start --ip 127.0.0.1", "--ip goes with --launcher ssh, slurm or ray"),
     ("start", "--launcher"): refused("start -n 2 --launcher ssh", "--launcher ssh needs --hosts"),
     # its effect on real JAX ranks: tests/ranks/test_jax_ranks.py
     ("start", "--framework"): refused("start -n 2 --framework jax --backend nccl", "--backend nccl is torch's"),
@@ -80,6 +80,10 @@ CASES: dict[tuple[str, str], object] = {
     ("start", "--time"): refused("start --time 0:10:00", SLURM_ONLY),
     ("start", "--account"): refused("start --account me", SLURM_ONLY),
     ("start", "--sbatch"): refused("start --sbatch=--constraint=x", SLURM_ONLY),
+    # their effect on a real two-node Ray cluster: tests/cluster/test_ray.py
+    ("start", "--address"): refused("start --address 127.0.0.1:6379", "--address go with --launcher ray"),
+    ("start", "--cpus-per-rank"): refused("start --cpus-per-rank 2", "--cpus-per-rank go with --launcher ray"),
+    ("start", "--gpus-per-rank"): refused("start --gpus-per-rank 1", "--gpus-per-rank go with --launcher ray"),
     ("restart", "-n"): LIFE,
     ("restart", "--backend"): LIFE,
     ("restart", "--timeout"): LIFE,

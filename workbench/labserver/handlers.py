@@ -55,6 +55,9 @@ class RankSetHandler(_Base):
         self.finish()
 
 
+_QUEUED = {"ray": "Ray placement group"}  # what waits, by launcher (a Slurm job otherwise)
+
+
 class ActionHandler(_Base):
     @web.authenticated
     async def post(self, entry_id: str, action: str):
@@ -65,8 +68,9 @@ class ActionHandler(_Base):
         if queue:
             raise web.HTTPError(
                 409,
-                f"this rank set has no ranks yet: Slurm job {queue.get('job_id')} is {queue.get('state')} "
-                f"({queue.get('reason') or 'no reason given'}); `%distrain stop` in its notebook cancels the job",
+                f"this rank set has no ranks yet: {_QUEUED.get(entry.get('launcher'), 'Slurm job')} "
+                f"{queue.get('job_id')} is {queue.get('state')} ({queue.get('reason') or 'no reason given'}); "
+                "`%distrain stop` in its notebook cancels it",
             )
         body = self.get_json_body() or {}
         ranks = body.get("ranks")

@@ -99,6 +99,7 @@ def start(
     ssh_config: str | None = None,
     python: str | None = None,
     slurm=None,
+    ray=None,
     progress=None,
     name: str | None = None,
     framework: str = "torch",
@@ -110,8 +111,10 @@ def start(
     ``name``: a session of its own beside the others (default: the current session's
     name, or ``"default"``); the new set becomes current. ``launcher="slurm"`` with
     ``slurm=SlurmRequest(...)`` submits one job; ``"ssh"`` with ``hosts="a:2,b:2"``
-    spans hosts. ``nccl="ALGO=Ring,PROTO=Simple"`` / ``nccl_preset="ib"``: NCCL settings
-    every rank sets before its process group starts (checked here first). ``progress(line)`` gets live lines while waiting (``queued: job N
+    spans hosts; ``"ray"`` with ``ray=RayRequest(address=..., cpus_per_rank=...)`` places
+    the ranks in a Ray cluster's placement group. ``nccl="ALGO=Ring,PROTO=Simple"`` /
+    ``nccl_preset="ib"``: NCCL settings every rank sets before its process group starts
+    (checked here first). ``progress(line)`` gets live lines while waiting (``queued: job N
     PENDING (Reason)``); ``stop()`` from another thread, or Ctrl-C, cancels a start that
     waits in the queue. ``framework="jax"``: the ranks initialise ``jax.distributed`` instead
     of ``torch.distributed`` (and never import torch).
@@ -134,6 +137,7 @@ def start(
         slurm=slurm,
         framework=framework,
         nccl_env=nccl_env(nccl, nccl_preset),
+        ray=ray,
     )
     config.validate()
     if name is None:

@@ -127,6 +127,7 @@ class Watcher:
         self.procs = procs
         self.period = period
         self.deaths: dict[int, dict] = {}
+        self.causes: dict[int, tuple[str, str]] = {}  # rank -> (cause, note) the launcher knows (add_cause)
         self.listeners: list = []  # fn(death) called on the watcher's thread at each first death
         self.by_pidfd = False  # the thread sleeps on every local rank's pidfd: it records deaths at once
         self._lock = threading.Lock()
@@ -203,7 +204,7 @@ class Watcher:
                         "host": p.host,
                         "pid": p.pid,
                         "exit_code": code,
-                        "exit": describe_exit(code),
+                        "exit": self._noted(p.rank, describe_exit(code)),
                         "time": time.time(),
                     }
                     self._tell(self.deaths[p.rank])
@@ -228,10 +229,22 @@ class Watcher:
                     "host": p.host,
                     "pid": p.pid,
                     "exit_code": exit_code,
-                    "exit": reason,
+                    "exit": self._noted(rank, reason),
                     "time": known["time"] if known else time.time(),
                 }
                 self._tell(self.deaths[rank])
+
+    def add_cause(self, rank: int, cause: str, note: str) -> None:
+        """Add what the launcher knows (Ray's actor death cause) to a death recorded without it."""
+        with self._lock:
+            self.causes[rank] = (cause, note)
+            death = self.deaths.get(rank)
+            if death is not None:
+                death["exit"] = self._noted(rank, death["exit"])
+
+    def _noted(self, rank: int, text: str) -> str:
+        cause, note = self.causes.get(rank, ("", ""))
+        return text if not cause or cause in text else f"{text} ({note})"
 
     def close(self) -> None:
         self._stop.set()

@@ -11,10 +11,57 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from typing import Protocol
 
 from ...engine.preload import PRELOADS
 
-LAUNCHERS = ("local", "mpi", "slurm", "ssh")
+LAUNCHERS = ("local", "mpi", "slurm", "ssh", "ray")
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A reservation as its engine reports it: a Slurm job, a Ray placement group (the Lab shows it)."""
+
+    job_id: str
+    state: str  # PENDING, RUNNING, ... or GONE once it left the queue
+    reason: str
+    nodes: tuple[str, ...]
+
+
+class Launcher(Protocol):
+    """What a rank set asks of the engine that placed its ranks, once started.
+
+    Modelled on ipyparallel's launcher classes. Each engine has one module whose
+    ``start(rankset)`` starts the controller and the engines and returns once every engine
+    registered (``local_launch``, ``slurm``, ``ssh``, ``ray_launcher``); RankSet then makes
+    them ranks. An engine that holds resources of its own (Ray's placement group and
+    actors) leaves this object on ``rankset.launcher``; Slurm's job is still ``job_id``.
+    """
+
+    name: str
+
+    def queued(self) -> JobState | None:
+        """The reservation while it waits for resources (shown as queued), else None."""
+
+    def pids(self) -> dict[str, list[int]]:
+        """host -> the pids this launcher started there (besides the ranks' own)."""
+
+    def node_of(self, rank: int) -> str:
+        """The engine's name for the node a rank runs on (shown by status)."""
+
+    def allocation(self) -> str:
+        """One line: where the ranks run."""
+
+    def check_registering(self) -> None:
+        """Raise, with what is known, if a rank ended before it registered."""
+
+    def cancel(self) -> None:
+        """Give up a reservation that waits (the start then ends)."""
+
+    def stop(self) -> None:
+        """End exactly what this launcher started."""
+
 
 # The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
 # A short period makes engines register fast (the controller admits a new engine on its
@@ -228,3 +275,24 @@ def gpu_ids() -> list[int]:
     except (OSError, subprocess.SubprocessError):
         return []
     return list(range(sum(1 for line in out.splitlines() if line.strip().startswith("GPU "))))
+
+
+def start_guarded_controller(rs, **options) -> dict:
+    """Slurm, SSH, Ray: the lifeline and the controller on ``rs.listen_ip`` (set by the
+    engine's ``start`` first), for engines that each run under a guard. Returns the
+    ``ipyparallel.Cluster`` keyword arguments (``options`` merged in)."""
+    import ipyparallel as ipp
+
+    from .lifeline import Lifeline
+
+    cfg = rs.config
+    rs.lifeline = Lifeline(rs.listen_ip, rs.secret, on_exit=rs._guard_exit)
+    kwargs = cluster_kwargs(cfg.launcher, cfg.n, guarded=True)
+    kwargs["controller_ip"] = rs.listen_ip
+    if cfg.profile_dir:
+        kwargs["profile_dir"] = cfg.profile_dir
+    kwargs.update(options)
+    rs.cluster = ipp.Cluster(**kwargs)
+    rs.cluster.start_controller_sync()
+    rs._note_controller()
+    return kwargs

@@ -1,6 +1,7 @@
 """A set of persistent rank processes on ipyparallel engines (notebook side).
 
-:class:`RankSet` starts N engines through one of ipyparallel's launchers, gives
+:class:`RankSet` starts N engines through one engine's module (``local_launch``,
+``slurm``, ``ssh``, ``ray_launcher``: each its ``start``), gives
 them stable ranks 0..N-1, bootstraps ``torch.distributed`` on each, runs code and
 functions on all or some of them, and stops exactly the processes it started.
 It never imports torch in the notebook process.
@@ -18,9 +19,8 @@ from dataclasses import dataclass, field
 
 from ...engine import rpc
 from ...shared.errors import Interrupted, NotRunning, RankDied
-from .. import background
 from ..shell_compat import mark_kernelless
-from . import health, launchers, network, slurm, ssh
+from . import health, launchers, local_launch, network, ray_launcher, slurm, ssh
 from .gpu_plan import plan_gpus
 from .ranges import parse_ranks
 from .rank_call import RankCall
@@ -55,6 +55,7 @@ class RankSetConfig:
     slurm: slurm.SlurmRequest | None = None
     framework: str = "torch"  # what the ranks initialise: torch.distributed, or jax.distributed
     nccl_env: dict = field(default_factory=dict)  # NCCL_* each rank sets before its process group
+    ray: ray_launcher.RayRequest | None = None
 
     def validate(self) -> None:
         """Refuse bad settings before any process is started."""
@@ -68,8 +69,10 @@ class RankSetConfig:
             self._validate_jax()
         if self.hosts is not None and self.launcher != "ssh":
             raise ValueError("--hosts goes with --launcher ssh")
-        if (self.ssh_config or self.python) and self.launcher not in ("ssh", "slurm"):
-            raise ValueError("--ssh-config and --python go with --launcher ssh (--python also with slurm)")
+        if (self.ssh_config and self.launcher != "ssh") or (
+            self.python and self.launcher not in ("ssh", "slurm", "ray")
+        ):
+            raise ValueError("--ssh-config and --python go with --launcher ssh (--python also with slurm and ray)")
         if self.ssh_config and not os.path.isfile(self.ssh_config):
             raise ValueError(f"--ssh-config {self.ssh_config}: no such file")
         if self.slurm is not None:
@@ -80,6 +83,10 @@ class RankSetConfig:
             self.slurm.validate()
             if self.slurm.nodes and self.slurm.nodes > self.n:
                 raise ValueError(f"--nodes {self.slurm.nodes} is more nodes than ranks (-n {self.n})")
+        if self.ray is not None:
+            if self.launcher != "ray":
+                raise ValueError("--address/--cpus-per-rank/--gpus-per-rank go with --launcher ray")
+            self.ray.validate()
         if self.launcher == "ssh" and self.hosts is not None:
             slots = ssh.parse_hosts(self.hosts)
             total = sum(s.n for s in slots)
@@ -89,9 +96,9 @@ class RankSetConfig:
                 )
         if self.launcher == "ssh" and self.hosts is None and not self.launcher_options:
             raise ValueError("--launcher ssh needs --hosts, e.g. --hosts node1:2,node2:2")
-        if self.ip is not None and self.launcher not in ("ssh", "slurm"):
+        if self.ip is not None and self.launcher not in ("ssh", "slurm", "ray"):
             raise ValueError(
-                f"--ip goes with --launcher ssh or slurm (with --launcher {self.launcher} the "
+                f"--ip goes with --launcher ssh, slurm or ray (with --launcher {self.launcher} the "
                 "ranks reach the controller on 127.0.0.1)"
             )
         if self.ip is not None:
@@ -121,8 +128,8 @@ class RankSetConfig:
             )
 
     def remote_launch(self) -> bool:
-        """Slurm/SSH ranks pin from the GPUs of their own host, not this one's."""
-        return self.launcher in ("slurm", "ssh") and not self.launcher_options
+        """Slurm/SSH/Ray ranks pin from the GPUs of their own host, not this one's."""
+        return self.launcher in ("slurm", "ssh", "ray") and not self.launcher_options
 
     def threads_per_rank(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 1) // self.n)
@@ -153,6 +160,7 @@ class RankSet:
         self.forked: launchers.ForkedRanks | None = None  # local ranks: the process that forks them
         self.exit_dir: str | None = None  # where it writes their exit statuses
         self.job_id: str | None = None  # slurm
+        self.launcher: launchers.Launcher | None = None  # ray: its placement group and actors
         self.nodes: tuple[str, ...] = ()
         self.progress = print  # live lines while starting (queued: job N PENDING (Reason))
         self.on_queue = None  # fn(JobState) while a Slurm job waits and when it gets its nodes
@@ -176,10 +184,17 @@ class RankSet:
             on_created(self)
         t0 = time.perf_counter()
         try:
-            if config.launcher in ("slurm", "ssh") and not config.launcher_options:
-                self._launch_remote()
+            # each engine's module starts the controller and the engines, and returns once
+            # every engine registered; RankSet then makes them ranks (_bootstrap)
+            if config.launcher == "ray":
+                self.launcher = ray_launcher.RayLauncher(config.ray or ray_launcher.RayRequest(), config.n)
+                ray_launcher.start(self)
+            elif config.launcher == "slurm" and not config.launcher_options:
+                slurm.start(self)
+            elif config.launcher == "ssh" and not config.launcher_options:
+                ssh.start(self)
             else:
-                self._launch()
+                local_launch.start(self)
             self._bootstrap()
         except BaseException:
             self.stop()
@@ -198,110 +213,9 @@ class RankSet:
         self._cancel.set()
         if self.job_id:
             slurm.cancel(self.job_id)
+        if self.launcher is not None:
+            self.launcher.cancel()
         self._finished.wait(timeout)
-
-    def _launch_remote(self) -> None:
-        """Slurm or SSH: listeners on an address the ranks reach, each engine under a guard."""
-        import ipyparallel as ipp
-
-        from .lifeline import Lifeline
-
-        cfg = self.config
-        slots = ssh.parse_hosts(cfg.hosts) if cfg.launcher == "ssh" else ()
-        if cfg.launcher == "ssh":
-            remote = [network.ssh_hostname(s.host, cfg.ssh_config) for s in slots if not s.local]
-            self.listen_ip = network.listen_address(cfg.ip, remote)
-        else:
-            self.listen_ip = network.listen_address(cfg.ip, []) if cfg.ip else slurm.node_route()
-        self.lifeline = Lifeline(self.listen_ip, self.secret, on_exit=self._guard_exit)
-        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, guarded=True)
-        kwargs["controller_ip"] = self.listen_ip
-        if cfg.profile_dir:
-            kwargs["profile_dir"] = cfg.profile_dir
-        python = ssh.remote_python(cfg.python)
-        if cfg.launcher == "slurm":
-            kwargs["engines"] = slurm.launcher_class()
-        self.cluster = ipp.Cluster(**kwargs)
-        self.cluster.start_controller_sync()
-        self._note_controller()
-        if cfg.launcher == "slurm":
-            request = cfg.slurm or slurm.SlurmRequest()
-            env = ssh.remote_env(cfg.python, self.lifeline.env(), 0)
-            # ipyparallel writes the script into the working directory unless given a path
-            os.makedirs(self.state_dir(), exist_ok=True)
-            script = os.path.join(self.state_dir(), "slurm_engines.sbatch")
-            esid = self.cluster.start_engines_sync(
-                cfg.n,
-                batch_template=slurm.batch_template(request, cfg.n),
-                batch_file_name=script,
-                engine_cmd=ssh.engine_cmd(python),
-                environment=env,
-            )
-            self.job_id = self.cluster.engines[esid].job_id
-            self.client = self._connect_client()
-            self._await_slurm()
-        else:
-            for i, slot in enumerate(slots):
-                env = ssh.remote_env(cfg.python, self.lifeline.env(), i)
-                if slot.local:
-                    self.cluster.engine_launcher_class = "local"
-                    self.cluster.start_engines_sync(slot.n, environment={"WORKBENCH_HOST_SLOT": str(i)})
-                else:
-                    self.cluster.engine_launcher_class = "ssh"
-                    opts = ssh.ssh_options(cfg.ssh_config)
-                    self.cluster.start_engines_sync(
-                        slot.n,
-                        engines={slot.host: slot.n},
-                        ssh_args=opts,
-                        scp_args=opts,
-                        remote_python=python,
-                        engine_cmd=ssh.engine_cmd(python),
-                        environment=env,
-                        remote_profile_dir=os.path.join(self.cluster.profile_dir, "remote", str(i)),
-                    )
-            self.started_pids.extend(self._launcher_pids())
-            self.client = self._connect_client()
-            self._await_engines(time.monotonic() + self._register_s(), [s.host for s in slots if not s.local])
-        background.lower_processes(self._controller_pids())
-
-    def _await_slurm(self) -> None:
-        """Wait for the job's allocation (showing it live), then for its engines."""
-        shown = None
-        while True:
-            if self._cancel.is_set():
-                raise Interrupted(f"start cancelled: Slurm job {self.job_id} cancelled while {shown or 'queued'}")
-            js = slurm.job_state(self.job_id)
-            if js.state == "PENDING":
-                line = slurm.queued_line(js)
-                if line != shown:
-                    self.progress(line)
-                    self._queue_changed(js)
-                    shown = line
-                if slurm.hopeless(js):
-                    raise slurm.SlurmError(
-                        f"Slurm job {self.job_id} can never run: {js.reason}; it was cancelled. "
-                        "Ask for what the partition holds (sinfo shows it)"
-                    )
-                time.sleep(0.5)
-                continue
-            if js.state in ("RUNNING", "CONFIGURING", "COMPLETING") and js.nodes:
-                self.nodes = js.nodes
-                here = {socket.gethostname(), socket.gethostname().split(".")[0]}
-                away = [h for h in js.nodes if h not in here]
-                if away and network.is_loopback(self.listen_ip):
-                    raise network.AddressError(
-                        f"Slurm gave nodes {', '.join(away)}, which cannot reach this notebook at {self.listen_ip}: "
-                        "pass --ip with this host's address toward them"
-                    )
-                self.progress(f"job {self.job_id} running on {', '.join(js.nodes)}")
-                self._queue_changed(js)
-                break
-            if js.state not in ("RUNNING", "CONFIGURING"):
-                raise slurm.SlurmError(
-                    f"Slurm job {self.job_id} ended ({js.state}) before its ranks came up" + self._slurm_output()
-                )
-            time.sleep(0.2)
-        self._await_engines(time.monotonic() + self._register_s(), list(self.nodes))
 
     def _queue_changed(self, js) -> None:
         if self.on_queue is not None:
@@ -309,14 +223,6 @@ class RankSet:
                 self.on_queue(js)
             except Exception:  # an observer (the Lab registry) never fails a start
                 pass
-
-    def _slurm_output(self) -> str:
-        es = next(iter((self.cluster.engines or {}).values()), None)
-        path = getattr(es, "output_file", None)
-        if path and os.path.exists(path):
-            with open(path, errors="replace") as f:
-                return ":\n" + f.read()[-2000:]
-        return ""
 
     def _await_engines(self, deadline: float, remote_hosts: list[str]) -> None:
         """All engines registered, or a message naming the address they could not reach."""
@@ -329,8 +235,12 @@ class RankSet:
                 pass
             if self._cancel.is_set():
                 raise Interrupted("start cancelled while the ranks were registering")
+            if self.launcher is not None:
+                self.launcher.check_registering()
             if self.job_id and slurm.job_state(self.job_id).state not in ("RUNNING", "CONFIGURING", "COMPLETING"):
-                raise slurm.SlurmError(f"Slurm job {self.job_id} ended before its ranks came up" + self._slurm_output())
+                raise slurm.SlurmError(
+                    f"Slurm job {self.job_id} ended before its ranks came up" + slurm.batch_output(self)
+                )
             if time.monotonic() > deadline:
                 url = self._controller_url()
                 said = sorted(self.lifeline.hosts_said_hello()) if self.lifeline else []
@@ -339,7 +249,7 @@ class RankSet:
                     f"did not reach the controller at {url} (lifeline {self.lifeline.address if self.lifeline else '-'}, "
                     f"reached from: {', '.join(said) or 'no host'}): the notebook's address {self.listen_ip} and "
                     "its ports must be open to them; choose the interface with --ip"
-                    + (self._slurm_output() if self.job_id else "")
+                    + (slurm.batch_output(self) if self.job_id else "")
                 )
 
     def _register_s(self) -> float:
@@ -367,48 +277,12 @@ class RankSet:
             if p.pid == pid and p.host == host:
                 self.watcher.mark_dead(p.rank, health.describe_exit(code), exit_code=code)
 
-    def _launch(self) -> None:
-        cfg = self.config
-        if cfg.launcher == "local" and not cfg.launcher_options:
-            # first of all, the process that imports torch and forks the ranks: its imports
-            # then overlap with ipyparallel's in this process and with the controller's start
-            self.forked = launchers.ForkedRanks(cfg.n, cfg.framework)
-            self.started_pids.append(self.forked.pid)
-        import ipyparallel as ipp
-
-        kwargs = launchers.cluster_kwargs(cfg.launcher, cfg.n, options=cfg.launcher_options, framework=cfg.framework)
-        if cfg.profile_dir:
-            kwargs["profile_dir"] = cfg.profile_dir
-        self.cluster = ipp.Cluster(**kwargs)
-        self.cluster.start_controller_sync()
-        self._note_controller()
-        if self.forked is not None:
-            self.exit_dir = os.path.join(self.state_dir(), "exits")
-            self.forked.setup(self.cluster, kwargs["config"].EngineLauncher.engine_args, self.exit_dir)
-        else:
-            self.cluster.start_engines_sync()
-            self.started_pids.extend(self._launcher_pids())
-        self.client = self._connect_client()
-        limit = max(60, 10 * cfg.n)
-        deadline = time.monotonic() + limit
-        while True:
-            try:
-                self.client.wait_for_engines(cfg.n, timeout=0.25, block=True, interactive=False)
-                break
-            except TimeoutError:
-                if self.forked is not None and self.forked.ended() is not None:
-                    raise RuntimeError(
-                        f"the process that starts the ranks ended (exit {self.forked.ended()}) before "
-                        f"{cfg.n - len(self.client.ids)} of {cfg.n} ranks registered; its output:\n"
-                        + self.forked.output()
-                    ) from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{len(self.client.ids)} of {cfg.n} ranks registered within {limit} s"
-                        + (f"; the ranks' output:\n{self.forked.output()}" if self.forked is not None else "")
-                    ) from None
-        # registered: from now on the controller only routes, and gives way to the ranks
-        background.lower_processes(self._controller_pids())
+    def _actor_died(self, bundle: int, cause: str) -> None:
+        """A Ray rank's actor died (rank = bundle): named with Ray's cause, beside any exit status."""
+        if self.watcher is None or bundle >= len(self.procs):
+            return
+        self.watcher.mark_dead(bundle, f"lost its Ray actor: {cause}")
+        self.watcher.add_cause(bundle, cause, f"Ray: {cause}")
 
     def _note_controller(self) -> None:
         """Remember the controller's pids and its session (see :meth:`stop`)."""
@@ -684,6 +558,7 @@ class RankSet:
                     "exit": deaths[rank]["exit"] if rank in deaths else "",
                     **({"nccl": info["nccl"]} if info.get("nccl") else {}),  # NCCL ranks: version and NCCL_* env
                     **({"framework": info["framework"]} if info.get("framework", "torch") != "torch" else {}),
+                    **({"ray_node": self.launcher.node_of(rank)} if self.launcher is not None else {}),
                 }
             )
         return rows
@@ -722,6 +597,8 @@ class RankSet:
                 pass
         if self.job_id:
             slurm.wait_until_gone(self.job_id)
+        if self.launcher is not None:
+            self.launcher.stop()  # the actors and the placement group; their guards ended the ranks
         self.stopped = True
         if self.forked is not None:
             self.forked.close()
@@ -748,6 +625,8 @@ class RankSet:
 
     def allocation(self) -> str:
         """Where the ranks run: the Slurm job and its nodes, or the hosts; '' for one host."""
+        if self.launcher is not None:
+            return self.launcher.allocation()
         if self.job_id:
             return f"Slurm job {self.job_id} on {', '.join(self.nodes) or '(no nodes yet)'}"
         hosts = sorted({d.get("host") for d in self.info if d.get("host")})

@@ -15,6 +15,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from .launchers import JobState
+
 # Pending reasons that no amount of waiting resolves: the request exceeds what the
 # partition, account or QOS allows (Slurm's reason codes).
 NEVER_RUNS = {
@@ -117,14 +119,6 @@ def launcher_class():
     return WorkbenchSlurmEngineSetLauncher
 
 
-@dataclass(frozen=True)
-class JobState:
-    job_id: str
-    state: str  # PENDING, RUNNING, ... or GONE once it left the queue
-    reason: str
-    nodes: tuple[str, ...]
-
-
 def job_state(job_id: str) -> JobState:
     r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%N"], capture_output=True, text=True, timeout=30)
     line = r.stdout.strip().splitlines()[0] if r.stdout.strip() else ""
@@ -174,3 +168,86 @@ def node_route() -> str:
         if addr and state.strip().rstrip("*~#") in ("idle", "mix", "alloc", "comp"):
             return network.toward(addr)
     raise SlurmError("no Slurm node is up (sinfo lists none idle, mixed or allocated); pass --ip to choose the address")
+
+
+def start(rs) -> None:
+    """``--launcher slurm``: this engine's part of ``RankSet.start`` (one job; queued, then its engines)."""
+    import os
+
+    from .. import background
+    from . import launchers, network, ssh
+
+    cfg = rs.config
+    rs.listen_ip = network.listen_address(cfg.ip, []) if cfg.ip else node_route()
+    launchers.start_guarded_controller(rs, engines=launcher_class())
+    request = cfg.slurm or SlurmRequest()
+    env = ssh.remote_env(cfg.python, rs.lifeline.env(), 0)
+    # ipyparallel writes the script into the working directory unless given a path
+    os.makedirs(rs.state_dir(), exist_ok=True)
+    script = os.path.join(rs.state_dir(), "slurm_engines.sbatch")
+    esid = rs.cluster.start_engines_sync(
+        cfg.n,
+        batch_template=batch_template(request, cfg.n),
+        batch_file_name=script,
+        engine_cmd=ssh.engine_cmd(ssh.remote_python(cfg.python)),
+        environment=env,
+    )
+    rs.job_id = rs.cluster.engines[esid].job_id
+    rs.client = rs._connect_client()
+    await_allocation(rs)
+    background.lower_processes(rs._controller_pids())
+
+
+def await_allocation(rs) -> None:
+    """Wait for the job's allocation (showing it live), then for its engines."""
+    import socket
+
+    from ...shared.errors import Interrupted
+    from . import network
+
+    shown = None
+    while True:
+        if rs._cancel.is_set():
+            raise Interrupted(f"start cancelled: Slurm job {rs.job_id} cancelled while {shown or 'queued'}")
+        js = job_state(rs.job_id)
+        if js.state == "PENDING":
+            line = queued_line(js)
+            if line != shown:
+                rs.progress(line)
+                rs._queue_changed(js)
+                shown = line
+            if hopeless(js):
+                raise SlurmError(
+                    f"Slurm job {rs.job_id} can never run: {js.reason}; it was cancelled. "
+                    "Ask for what the partition holds (sinfo shows it)"
+                )
+            time.sleep(0.5)
+            continue
+        if js.state in ("RUNNING", "CONFIGURING", "COMPLETING") and js.nodes:
+            rs.nodes = js.nodes
+            here = {socket.gethostname(), socket.gethostname().split(".")[0]}
+            away = [h for h in js.nodes if h not in here]
+            if away and network.is_loopback(rs.listen_ip):
+                raise network.AddressError(
+                    f"Slurm gave nodes {', '.join(away)}, which cannot reach this notebook at {rs.listen_ip}: "
+                    "pass --ip with this host's address toward them"
+                )
+            rs.progress(f"job {rs.job_id} running on {', '.join(js.nodes)}")
+            rs._queue_changed(js)
+            break
+        if js.state not in ("RUNNING", "CONFIGURING"):
+            raise SlurmError(f"Slurm job {rs.job_id} ended ({js.state}) before its ranks came up" + batch_output(rs))
+        time.sleep(0.2)
+    rs._await_engines(time.monotonic() + rs._register_s(), list(rs.nodes))
+
+
+def batch_output(rs) -> str:
+    """The end of the job's output file (why it ended before its ranks came up)."""
+    import os
+
+    es = next(iter((rs.cluster.engines or {}).values()), None)
+    path = getattr(es, "output_file", None)
+    if path and os.path.exists(path):
+        with open(path, errors="replace") as f:
+            return ":\n" + f.read()[-2000:]
+    return ""

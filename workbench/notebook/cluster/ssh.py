@@ -81,3 +81,40 @@ def remote_env(python: str | None, lifeline_env: dict, slot: int) -> dict:
 
 def remote_python(python: str | None) -> str:
     return python or sys.executable
+
+
+def start(rs) -> None:
+    """``--launcher ssh``: this engine's part of ``RankSet.start`` (one engine set per host)."""
+    import time
+
+    from .. import background
+    from . import launchers
+
+    cfg = rs.config
+    slots = parse_hosts(cfg.hosts)
+    remote = [network.ssh_hostname(s.host, cfg.ssh_config) for s in slots if not s.local]
+    rs.listen_ip = network.listen_address(cfg.ip, remote)
+    launchers.start_guarded_controller(rs)
+    python = remote_python(cfg.python)
+    for i, slot in enumerate(slots):
+        env = remote_env(cfg.python, rs.lifeline.env(), i)
+        if slot.local:
+            rs.cluster.engine_launcher_class = "local"
+            rs.cluster.start_engines_sync(slot.n, environment={"WORKBENCH_HOST_SLOT": str(i)})
+        else:
+            rs.cluster.engine_launcher_class = "ssh"
+            opts = ssh_options(cfg.ssh_config)
+            rs.cluster.start_engines_sync(
+                slot.n,
+                engines={slot.host: slot.n},
+                ssh_args=opts,
+                scp_args=opts,
+                remote_python=python,
+                engine_cmd=engine_cmd(python),
+                environment=env,
+                remote_profile_dir=os.path.join(rs.cluster.profile_dir, "remote", str(i)),
+            )
+    rs.started_pids.extend(rs._launcher_pids())
+    rs.client = rs._connect_client()
+    rs._await_engines(time.monotonic() + rs._register_s(), [s.host for s in slots if not s.local])
+    background.lower_processes(rs._controller_pids())

@@ -29,6 +29,9 @@ def _start_args(p) -> None:
     p.add_argument("--time", default=None, help="slurm: time limit (H:MM:SS)")
     p.add_argument("--account", default=None, help="slurm: account")
     p.add_argument("--sbatch", default=None, help='slurm: more sbatch options, e.g. "--constraint=h100"')
+    p.add_argument("--address", default=None, help="ray: the cluster (default $RAY_ADDRESS, else auto)")
+    p.add_argument("--cpus-per-rank", type=float, default=None, help="ray: CPUs reserved per rank (default 1)")
+    p.add_argument("--gpus-per-rank", type=float, default=None, help="ray: GPUs reserved per rank (default 0)")
     p.add_argument(
         "--name",
         default=None,
@@ -58,6 +61,17 @@ def _slurm_request(args):
     )
 
 
+def _ray_request(args):
+    given = [f for f in ("address", "cpus_per_rank", "gpus_per_rank") if getattr(args, f, None) is not None]
+    if not given:
+        return None
+    if args.launcher != "ray":
+        raise UsageError(f"{', '.join('--' + f.replace('_', '-') for f in given)} go with --launcher ray")
+    from ..cluster.ray_launcher import RayRequest
+
+    return RayRequest(address=args.address, cpus_per_rank=args.cpus_per_rank, gpus_per_rank=args.gpus_per_rank)
+
+
 def _rank_count(args) -> int:
     if args.hosts and args.launcher == "ssh":
         from ..cluster.ssh import parse_hosts
@@ -84,6 +98,7 @@ def _start(args, shell):
             ssh_config=args.ssh_config,
             python=args.python,
             slurm=_slurm_request(args),
+            ray=_ray_request(args),
             progress=_live_line(),
             name=args.name,
             framework=args.framework,
