@@ -80,6 +80,9 @@ CASES: dict[tuple[str, str], object] = {
     ("start", "--time"): refused("start --time 0:10:00", SLURM_ONLY),
     ("start", "--account"): refused("start --account me", SLURM_ONLY),
     ("start", "--sbatch"): refused("start --sbatch=--constraint=x", SLURM_ONLY),
+    # their effect on started ranks (env and status): tests/ranks/test_fp8_nccl_ranks.py
+    ("start", "--nccl"): refused("start --nccl BOGUS=1", "unknown setting 'BOGUS'"),
+    ("start", "--nccl-preset"): refused("start --nccl-preset nope", "is not one of ib, roce, nvl72"),
     # their effect on a real two-node Ray cluster: tests/cluster/test_ray.py
     ("start", "--address"): refused("start --address 127.0.0.1:6379", "--address go with --launcher ray"),
     ("start", "--cpus-per-rank"): refused("start --cpus-per-rank 2", "--cpus-per-rank go with --launcher ray"),
@@ -196,6 +199,7 @@ PLAN_CASES = {
     "--tokens": ("--tokens 1e12", ""),
     "--price": ("--tokens 1e12 --price 2.5", "--tokens 1e12"),
     "--lora": ("--lora 16", ""),
+    "--nvme": ("--zero 3 --nvme 5", "--zero 3"),
 }
 for _flag in PLAN_CASES:
     CASES[("plan", _flag)] = PLAN
