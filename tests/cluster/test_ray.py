@@ -245,6 +245,39 @@ def test_a_waiting_placement_group_shows_as_queued_with_rays_reason_and_is_cance
         ray.shutdown()
 
 
+def test_the_failure_budget_brings_a_ray_run_back_in_a_new_placement_group(ray_nodes, fresh_ranks, tmp_path):
+    """`train start --max-failures` on Ray ranks: a rank SIGKILLed at step 15, nobody typing; the
+    set is restarted in a new placement group (the old one removed) and trains on to step 40."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+    from test_recovery import KILL_HOOK
+
+    from workbench.notebook import api, metrics, training
+    from workbench.notebook import checkpoints as ck
+
+    rs = fresh_ranks(
+        2, launcher="ray", ray=RayRequest(address=ray_nodes.address, cpus_per_rank=1), profile_dir=str(PROFILE)
+    )
+    pg = rs.launcher.pg
+    training.setup("ddp", rankset=rs)
+    ck.autosave(10, keep=2, async_=False, root=str(tmp_path), rankset=rs)
+    api.run(KILL_HOOK.format(at=15), ranks=[1], display=False)
+    training.start(40, max_failures=1, rankset=rs)
+    assert training.wait(timeout=600) == {0: "finished", 1: "finished"}  # only waiting
+    sess = api.session()
+    new = sess.rankset
+    assert new is not rs and new.config.launcher == "ray" and new.launcher.pg != pg
+    (rec,) = sess.recoveries
+    assert (rec["kind"], rec["rank"], rec["checkpoint_step"]) == ("died", 1, 10), rec
+    loss = metrics.metrics()
+    loss = loss[loss["metric"] == "loss"]
+    for rank in (0, 1):  # every step once, the redone ones replaced
+        assert loss[loss["rank"] == rank]["step"].tolist() == list(range(1, 41))
+    assert ray.is_initialized()  # the new set's launcher is this process's Ray connection
+    assert placement_group_table(pg)["state"] == "REMOVED"
+    assert placement_group_table(new.launcher.pg)["state"] == "CREATED"
+
+
 def test_no_ray_cluster_at_the_address_says_how_to_start_one():
     with pytest.raises(RayError, match=r"no Ray cluster at 127\.0\.0\.1:\d+ .*ray start --head"):
         RankSet.start(n=2, launcher="ray", ray=RayRequest(address=f"127.0.0.1:{free_port()}"))
