@@ -59,28 +59,27 @@ demo: $(BIN)/.installed | $(STATE)
 # The suite runs one pytest process per group (a tier folder; tests/ranks in five by file
 # name; any test file still at the top of tests/), each with rank sets of its own, so that no
 # group inherits another's ranks. Each group keeps 0.9-1.7 of the 2 cores a CI runner has busy, so
-# two streams side by side finish before the groups one after another: the notebook tier
-# and the layout tests beside the other rank groups (~14.5 min each here). The test files whose
-# checks allow a second or a few (a rank's death named at once, no orphan after 3 s, a cut at
-# a timeout), the browser and the cluster tiers then run one after another with nothing
-# beside them. tests/run_streams.py prints each group's log whole when it ends and a table
+# two streams of rank groups side by side finish before the groups one after another (~8.5 min
+# each here). The notebook tier (a kernel, and its ranks, started per notebook: 2-3 processes
+# starting at once, the most start-heavy group), the test files whose checks allow a second or
+# a few (a rank's death named at once, no orphan after 3 s, a cut at a timeout), the browser and
+# the cluster tiers then run one after another with nothing beside them. tests/run_streams.py prints each group's log whole when it ends and a table
 # of every group at the end; every group runs, and the target fails if any group failed.
 TEST_LOGS := $(STATE)/test-logs
 RANKS_TIMED := $(patsubst %,tests/ranks/test_%.py,failures health orphans rank_lifecycle)
 NOTEBOOKS_TIMED := $(patsubst %,tests/notebooks/test_%.py,cells_kernel gpu_check)
 UNTIMED := $(addprefix !,$(RANKS_TIMED) $(NOTEBOOKS_TIMED))
-TEST_STREAM_1 := unit=tests/unit,gpu=tests/gpu,top=tests/test_*.py,notebooks=tests/notebooks $(UNTIMED),\
-	ranks-l=tests/ranks/test_l*.py,install=tests/install
-TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED),ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED),\
+TEST_STREAM_1 := unit=tests/unit,gpu=tests/gpu,top=tests/test_*.py,ranks-l=tests/ranks/test_l*.py,install=tests/install,\
 	ranks-g-k=tests/ranks/test_[g-k]*.py $(UNTIMED),ranks-m-p=tests/ranks/test_[m-p]*.py $(UNTIMED)
+TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED),ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED)
 # One pytest process across tiers, as a contributor selects tests: a test that leaves a session,
 # a rank set or a process behind for the next one (hidden by one process per tier) fails here.
 TEST_MIXED := tests/unit/test_boundaries.py::test_import_workbench_alone_loads_nothing_but_the_package tests/ranks/test_flag_walk.py::test_named_set_flags \
 	tests/ranks/test_sessions.py::test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains \
 	tests/cluster/test_ssh.py::test_sigkill_on_the_other_host_is_named_with_host_and_exit_within_2s \
 	tests/cluster/test_ssh.py::test_notebook_killed_leaves_no_rank_on_either_host tests/browser/test_lab_installed.py
-TEST_ALONE := ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),browser=tests/browser,cluster=tests/cluster,\
-	mixed=$(TEST_MIXED)
+TEST_ALONE := notebooks=tests/notebooks $(UNTIMED),ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),\
+	browser=tests/browser,cluster=tests/cluster,mixed=$(TEST_MIXED)
 test: lint | $(STATE)
 	$(BIN)/python tests/run_streams.py $(TEST_LOGS) "$(TEST_STREAM_1)" "$(TEST_STREAM_2)" --then "$(TEST_ALONE)"
 

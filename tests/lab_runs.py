@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import pathlib
+import sys
 import time
 
 import nbformat
@@ -128,6 +129,10 @@ def execute_both(instructor, student, name: str, state: pathlib.Path, timeout: f
     try:
         error, student_error, student_seconds = run_sync(_execute_both)(client, instructor, student, env)
     except BaseException:
+        # a cell that ran past the timeout was interrupted: its traceback says where it waited
+        last = [c for c in instructor.cells if c.get("outputs")][-1:]
+        for o in last[0].outputs if last else []:
+            sys.stderr.write("".join(o.get("traceback", [])) or o.get("text", ""))
         end_lab_ranks(lab_rank_pids(outputs_text(instructor)))
         raise
     seconds = time.perf_counter() - t0
