@@ -263,11 +263,10 @@ def ranks_after(nb, grace: float = 15.0) -> tuple[list[int], list[int]]:
     return pids, left
 
 
-# Runs (notebooks, scripts) at a time. Two kept both cores busy, but with two lab kernels driven
-# from threads of this process a lab's `%distrain start` twice waited past its cell timeout or
-# lost its next cell's output (2 of 4 suite runs, a different lab each time, never alone): one at
-# a time until that is found.
-AT_ONCE = 1
+# Runs (notebooks, scripts) at a time. One run mostly waits on a single process (a kernel or
+# the controller starting, torch importing, a cell on two single-threaded ranks), so two keep
+# both cores of a small machine busy where one leaves one idle.
+AT_ONCE = 2
 
 
 class RunPool:
