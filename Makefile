@@ -37,7 +37,7 @@ $(BIN)/.installed: pyproject.toml $(LABEXT)
 	# the editable install copies the Lab extension into the venv, and would delete through
 	# the develop link below, into workbench/labextension, what it replaces: drop the link first
 	if [ -L $(LABEXT_LINK) ]; then rm $(LABEXT_LINK); fi
-	$(BIN)/pip install -q -e ".[test,parquet,mpi,hf,docs,fp8,jax,ray,tensorboard,mlflow,wandb,trackio]"
+	$(BIN)/pip install -q -e ".[test,parquet,mpi,hf,docs,ft,fp8,jax,ray,tensorboard,mlflow,wandb,trackio]"
 	# DeepSpeed builds against the torch above; build isolation would fetch another torch
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
 	# Both extensions live in the venv (sys-prefix), which Jupyter searches whatever the
