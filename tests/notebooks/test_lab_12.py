@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(bool(runnable(LAB)), reason=str(runnable(LAB)))
 
 NEEDLES = [
     "16 Mbit/s each way",
-    "rank 1: sees interfaces ['lo', 'wb12b",  # rank 1's sockets open on the other host
+    "rank 1: on the other host, sees interfaces ['lo', 'wb12b",  # rank 1's sockets open on the other host
     "check passed: a 1 MiB all-reduce over link_group put",
     "check passed: a DDP step takes",
     "check passed: LocalSGD synced 4 times, at steps [10, 20, 30, 40]",

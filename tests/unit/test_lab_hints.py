@@ -1,4 +1,4 @@
-"""The checkers of labs 08-11 without processes: a right answer passes, and each typical
+"""The checkers of labs 08-12 without processes: a right answer passes, and each typical
 mistake gets the hint written for it (not a bare "wrong")."""
 
 from __future__ import annotations
@@ -183,3 +183,24 @@ def test_param_bytes_hints():
     fails(lab_10.check_param_bytes, 69888, "whole stage", **m)
     fails(lab_10.check_param_bytes, 17472, "dp_shard (2) only", **m)
     fails(lab_10.check_param_bytes, 8736, "4 bytes", **m)
+
+
+def test_slow_link_bytes_hints():
+    from workbench.labs import lab_12
+
+    m = dict(measured=638_828.0, param_bytes=297_988)  # lab 12's run: 7.2% of headers on the wire
+    assert "595,976 bytes per step predicted, 638,828 measured" in lab_12.check_ddp_link_bytes(595_976, **m)
+    fails(lab_12.check_ddp_link_bytes, 297_988, "that is one direction", **m)
+    fails(lab_12.check_ddp_link_bytes, 2 * 74_497, "parameters, not bytes", **m)
+    fails(lab_12.check_ddp_link_bytes, 4 * 297_988, "2(n-1)/n x B = B bytes per rank, not 2B", **m)
+    fails(lab_12.check_ddp_link_bytes, "600k", "should be a number", **m)
+
+
+def test_slow_link_ratio_hints():
+    from workbench.labs import lab_12
+
+    m = dict(ddp_bytes=638_828.0, diloco_bytes=64_458.0, sync_every=10)
+    assert "DiLoCo sent 9.9x fewer bytes per step than DDP (H = 10)" in lab_12.check_sync_ratio(10, **m)
+    fails(lab_12.check_sync_ratio, 0.1, "DiLoCo's share of DDP's bytes (1/H)", **m)
+    fails(lab_12.check_sync_ratio, 20, "one pseudo-gradient per parameter", **m)
+    fails(lab_12.check_sync_ratio, 100, "off by about 10^1", **m)
