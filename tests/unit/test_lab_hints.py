@@ -196,6 +196,19 @@ def test_slow_link_bytes_hints():
     fails(lab_12.check_ddp_link_bytes, "600k", "should be a number", **m)
 
 
+def test_slow_link_step_time_hints():
+    from workbench.labs import lab_12
+
+    m = dict(measured_ms=166.4, param_bytes=297_988, mbit=16.0)  # the bound: 149 ms
+    assert lab_12.check_ddp_step_ms(148.994, **m).startswith("149 ms: 297,988 bytes each way at 16 Mbit/s")
+    assert "the link busy for 90% of it" in lab_12.check_ddp_step_ms(149, **m)
+    fails(lab_12.check_ddp_step_ms, 149 / 8, "bytes are not bits", **m)
+    fails(lab_12.check_ddp_step_ms, 149 * 2, "full duplex", **m)
+    fails(lab_12.check_ddp_step_ms, 0.149, "in milliseconds", **m)
+    fails(lab_12.check_ddp_step_ms, 149 * 1.048576, "10^6 bits, not 2^20", **m)
+    fails(lab_12.check_ddp_step_ms, 149, "faster than the 149 ms the link allows", **{**m, "measured_ms": 60.0})
+
+
 def test_slow_link_ratio_hints():
     from workbench.labs import lab_12
 

@@ -236,6 +236,36 @@ def check_ddp_link_bytes(value, *, measured: float, param_bytes: int) -> str:
     )
 
 
+@checker("lab_12.ddp_step_ms")
+def check_ddp_step_ms(value, *, measured_ms: float, param_bytes: int, mbit: float) -> str:
+    """The least time in ms a DDP step can take on the link, its gradients' bytes at `mbit` Mbit/s (a number)."""
+    bound = param_bytes * 8 / (mbit * 1e6) * 1e3
+    hint = mismatch(
+        value,
+        bound,
+        what="ddp_step_ms",
+        rtol=0.03,
+        mistakes=[
+            (1 / 8, "bytes are not bits: 1 Mbit/s carries 125,000 bytes a second"),
+            (8, "the link's rate is in bits: multiply the bytes by 8 before dividing by the rate, not after"),
+            (2, "each direction has its own Mbit/s (full duplex): the two ranks' shares cross at the same time"),
+            (2**20 / 1e6, "a network's Mbit is 10^6 bits, not 2^20"),
+            (1e-3, "in milliseconds, not seconds"),
+        ],
+    )
+    if hint:
+        raise CheckFailed(hint.replace("the run measured", "the link's rate gives"))
+    if measured_ms < 0.9 * bound:
+        raise CheckFailed(
+            f"the run measured a DDP step of {measured_ms:.0f} ms, faster than the {bound:.0f} ms the link allows: "
+            "was the link made with another rate? Run the link and DDP cells again"
+        )
+    return (
+        f"{value:.0f} ms: {number(param_bytes)} bytes each way at {mbit:g} Mbit/s; the run measured "
+        f"{measured_ms:.0f} ms per DDP step, the link busy for {bound / measured_ms:.0%} of it"
+    )
+
+
 @checker("lab_12.sync_ratio")
 def check_sync_ratio(value, *, ddp_bytes: float, diloco_bytes: float, sync_every: int) -> str:
     """How many times fewer bytes per step DiLoCo puts on the link than DDP, syncing every `H` steps (a number)."""
