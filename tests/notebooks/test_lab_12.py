@@ -81,20 +81,26 @@ def test_a_killed_kernel_leaves_no_link(tmp_path):
 
     km, kc = start_new_kernel(kernel_name="python3", env=private_env(tmp_path))
     outputs: list[str] = []
+    code = (
+        "from workbench.labs.lab_12 import SlowLink\n"
+        "links = [SlowLink(mbit=8), SlowLink(mbit=8)]  # a cell run twice: two links, names and subnets apart\n"
+        "print(*[f'{l.netns} {l.veth_here} {l.addr_here}' for l in links])"
+    )
     try:
         reply = kc.execute_interactive(
-            "from workbench.labs.lab_12 import SlowLink\nlink = SlowLink(mbit=8)\nprint(link.netns, link.veth_here)",
-            timeout=60,
-            output_hook=lambda msg: outputs.append(msg["content"].get("text", "")),
+            code, timeout=60, output_hook=lambda msg: outputs.append(msg["content"].get("text", ""))
         )
         assert reply["content"]["status"] == "ok", reply["content"]
-        netns, veth = "".join(outputs).split()
-        assert link_left(netns, veth)[:2] == [netns, veth]
+        words = "".join(outputs).split()
+        links = [words[0:2], words[3:5]]
+        assert words[0] != words[3] and words[2].rsplit(".", 1)[0] != words[5].rsplit(".", 1)[0], words
+        for netns, veth in links:
+            assert link_left(netns, veth)[:2] == [netns, veth]
         os.kill(km.provisioner.process.pid, signal.SIGKILL)  # no close(), no atexit: the kernel is gone
         deadline = time.monotonic() + 10
-        while link_left(netns, veth) and time.monotonic() < deadline:
+        while any(link_left(*link) for link in links) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert link_left(netns, veth) == []
+        assert [link_left(*link) for link in links] == [[], []]
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
