@@ -188,28 +188,45 @@ def _free_names() -> tuple[str, int]:
 
 
 @contextlib.contextmanager
-def on_host(netns: str | None):
-    """Run the block with the calling thread's network in namespace ``netns`` (``None``: stay).
+def on_host(netns: str | None, gloo_interface: str | None = None):
+    """Run the block with the calling thread's network in namespace ``netns`` (``None``: stay),
+    and gloo binding ``gloo_interface`` (``GLOO_SOCKET_IFNAME``, read when a gloo group is made).
 
     Sockets opened inside stay there after the block (a socket belongs to the namespace it
-    was made in); threads started inside inherit it. Rank side; needs root."""
-    if netns is None:
-        yield
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
-    there = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-    try:
-        if libc.setns(there, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {netns}: {os.strerror(ctypes.get_errno())}")
-        try:
+    was made in); threads started inside inherit it. Both are restored after the block, so
+    the workbench's own groups made later bind as before. Rank side; needs root."""
+    with _gloo_interface(gloo_interface):
+        if netns is None:
             yield
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
+        there = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        try:
+            if libc.setns(there, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {netns}: {os.strerror(ctypes.get_errno())}")
+            try:
+                yield
+            finally:
+                if libc.setns(home, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns back to this host's network")
         finally:
-            if libc.setns(home, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back to this host's network")
+            os.close(there)
+            os.close(home)
+
+
+@contextlib.contextmanager
+def _gloo_interface(name: str | None):
+    before = os.environ.get("GLOO_SOCKET_IFNAME")
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+    try:
+        yield
     finally:
-        os.close(there)
-        os.close(home)
+        if before is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = before
 
 
 @checker("lab_12.ddp_link_bytes")
