@@ -4,8 +4,10 @@ torchft's LocalSGD and DiLoCo on it; every check passes on the bytes and seconds
 the run, and neither rank, namespace, veth nor the link's watchdog is left. Its student
 version runs to its first blank in test_labs_student (in the same kernel, see lab_runs).
 
-The second test kills (SIGKILL) a kernel that made a link: its watchdog removes the namespace
-and the veth pair within seconds. Both need root (``ip netns add``), as the suite runs.
+The lab's machinery on its own: a socket opened inside ``on_host`` belongs to the other host
+(its bytes cross the veth, at the rate ``tbf`` allows), and a kernel that made links, killed
+(SIGKILL), leaves none: the watchdog removes each namespace and veth pair within seconds.
+All need root (``ip netns add``), as the suite runs.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -74,6 +78,35 @@ def test_lab_12_runs_ddp_and_torchft_over_the_link_and_its_checks_pass(name, req
     assert re.search(r"DiLoCo sent ([\d.]+)x fewer bytes per step than DDP \(H = 10\)", text)
     netns = re.search(r"in (wblab12-\d+):", text).group(1)
     assert link_left(netns, "wb12a" + netns.removeprefix("wblab12-")) == []
+
+
+def test_a_socket_opened_on_the_other_host_crosses_the_shaped_link():
+    from workbench.labs.lab_12 import SlowLink, on_host
+
+    with SlowLink(mbit=8) as link:
+        server = socket.create_server((link.addr_here, 0))
+        with on_host(link.netns, link.veth_there):
+            inside = {name for _, name in socket.if_nameindex()}
+            gloo = os.environ["GLOO_SOCKET_IFNAME"]
+            client = socket.create_connection(server.getsockname(), timeout=10)
+        assert inside == {"lo", link.veth_there} and gloo == link.veth_there
+        here = {name for _, name in socket.if_nameindex()}
+        assert link.veth_here in here and link.veth_there not in here  # back on this host
+        assert os.environ.get("GLOO_SOCKET_IFNAME") != link.veth_there
+        conn, _ = server.accept()
+        payload, got = 400_000, []
+        reader = threading.Thread(target=lambda: got.append(len(conn.recv(payload, socket.MSG_WAITALL))))
+        c0, t0 = link.counters()["bytes"], time.perf_counter()
+        reader.start()
+        client.sendall(b"x" * payload)  # the socket stays on the other host after the block
+        reader.join(30)
+        seconds, moved = time.perf_counter() - t0, link.counters()["bytes"] - c0
+        for s in (client, conn, server):
+            s.close()
+        assert got == [payload] and moved >= payload
+        # tbf's 32 KiB burst goes at once, the rest at 8 Mbit/s
+        assert seconds >= 0.9 * (payload - 32 * 1024) * 8 / 8e6, seconds
+    assert not link.exists()
 
 
 def test_a_killed_kernel_leaves_no_link(tmp_path):

@@ -200,8 +200,11 @@ def on_host(netns: str | None, gloo_interface: str | None = None):
             yield
             return
         libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            there = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        except FileNotFoundError:
+            raise LinkError(f"no network namespace {netns!r} here (`ip netns list`): was its link closed?") from None
         home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
-        there = os.open(f"/run/netns/{netns}", os.O_RDONLY)
         try:
             if libc.setns(there, CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), f"setns into {netns}: {os.strerror(ctypes.get_errno())}")
