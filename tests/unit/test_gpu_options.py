@@ -103,7 +103,7 @@ def test_zero_option_refusals():
     assert "hpz=3 must divide the 4 ZeRO ranks" in refused("zero stage=3 hpz=3", device="cuda")
     assert "ZeRO++'s quantizer kernels are CUDA only" in refused("zero stage=3 quantized_weights=true")
     assert "hierarchical partitioning is built for CUDA ranks" in refused("zero stage=3 hpz=2")
-    # NVMe offload runs on CPU ranks too (tests/ranks/test_zero_nvme.py); cpu offload there is a no-op
+    # NVMe offload runs on CPU ranks too (tests/ranks/test_zero_nvme.py); cpu offload there is refused
     cpu = StrategySpec.parse("zero stage=3 offload_param=nvme offload_optimizer=nvme nvme_path=/x").validate(4)
     assert (cpu.offload_param, cpu.offload_optimizer) == ("nvme", "nvme")
     assert "the state already lives in host memory" in refused("zero stage=3 offload_optimizer=cpu")
