@@ -80,7 +80,15 @@ TEST_MIXED := tests/unit/test_boundaries.py::test_import_workbench_alone_loads_n
 	tests/cluster/test_ssh.py::test_notebook_killed_leaves_no_rank_on_either_host tests/browser/test_lab_installed.py
 TEST_ALONE := notebooks=tests/notebooks $(UNTIMED),ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),\
 	browser=tests/browser,cluster=tests/cluster,mixed=$(TEST_MIXED)
-test: lint | $(STATE)
+# DeepSpeed's async I/O op (ZeRO-Infinity's NVMe offload; needs libaio-dev) is compiled on first
+# use: built once here, alone on the cores (~4 min on 2), into the folder the tests use
+# (tests/conftest.py), not inside a test group with others beside it (20+ min there)
+DS_AIO := $(STATE)/torch_extensions/async_io/async_io.so
+$(DS_AIO): | $(BIN)/.installed $(STATE)
+	TORCH_EXTENSIONS_DIR=$(STATE)/torch_extensions DS_ACCELERATOR=cpu $(BIN)/python -c \
+		"from deepspeed.ops.op_builder import AsyncIOBuilder; AsyncIOBuilder().load()"
+
+test: lint $(DS_AIO) | $(STATE)
 	$(BIN)/python tests/run_streams.py $(TEST_LOGS) "$(TEST_STREAM_1)" "$(TEST_STREAM_2)" --then "$(TEST_ALONE)"
 
 # Pure logic only (tests/unit, marked `pure`): no ranks, kernels or browser; under a minute.

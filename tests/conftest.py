@@ -6,7 +6,7 @@ them). Tests that kill, resize or restart ranks use ``fresh_ranks``, which start
 its own set and checks afterwards, by pid, that nothing it started is alive.
 
 All Jupyter / IPython / ipyparallel state lives under ``.state/test`` inside the work
-tree, never in the home directory.
+tree, never in the home directory; C++ ops built on first use under ``.state/torch_extensions``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ for var, sub in (
 ):
     os.environ[var] = str(STATE / sub)
     (STATE / sub).mkdir(parents=True, exist_ok=True)
+# C++ ops built on first use (DeepSpeed's async I/O for NVMe offload) are cached in the tree,
+# where `make test` builds them before the suite, not in ~/.cache
+os.environ["TORCH_EXTENSIONS_DIR"] = str(ROOT / ".state" / "torch_extensions")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 

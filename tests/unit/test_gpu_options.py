@@ -82,8 +82,11 @@ def test_zero_infinity_and_zero_plus_plus_make_deepspeeds_configuration():
     }
     assert z["zero_quantized_weights"] and z["zero_quantized_gradients"] and z["zero_hpz_partition_size"] == 2
     assert deepspeed_config(s, world_size=4)["aio"]["block_size"] == 1048576
+    # the caller's torch optimizer steps the offloaded partitions (not DeepSpeed's CPU Adam op)
+    assert deepspeed_config(s, world_size=4)["zero_force_ds_cpu_optimizer"] is False
     plain = deepspeed_config(StrategySpec.parse("zero stage=3").resolve(4), world_size=4)
     assert "aio" not in plain and not {"offload_param", "zero_quantized_weights"} & set(plain["zero_optimization"])
+    assert "zero_force_ds_cpu_optimizer" not in plain
     # Accelerate's DeepSpeed plugin does not carry these: the engine is built directly
     assert choose_path(s, "cuda")[0] == "deepspeed"
 
@@ -100,9 +103,10 @@ def test_zero_option_refusals():
     assert "hpz=3 must divide the 4 ZeRO ranks" in refused("zero stage=3 hpz=3", device="cuda")
     assert "ZeRO++'s quantizer kernels are CUDA only" in refused("zero stage=3 quantized_weights=true")
     assert "hierarchical partitioning is built for CUDA ranks" in refused("zero stage=3 hpz=2")
-    assert "offload to nvme on CPU ranks is not supported here" in refused(
-        "zero stage=3 offload_optimizer=nvme nvme_path=/x"
-    )
+    # NVMe offload runs on CPU ranks too (tests/ranks/test_zero_nvme.py); cpu offload there is refused
+    cpu = StrategySpec.parse("zero stage=3 offload_param=nvme offload_optimizer=nvme nvme_path=/x").validate(4)
+    assert (cpu.offload_param, cpu.offload_optimizer) == ("nvme", "nvme")
+    assert "the state already lives in host memory" in refused("zero stage=3 offload_optimizer=cpu")
     assert "cpu_offload=true with offload_param/offload_optimizer" in refused(
         "zero stage=3 cpu_offload=true offload_param=cpu", device="cuda"
     )

@@ -460,11 +460,6 @@ def _check_cpu_only(s: StrategySpec) -> None:
         raise SpecError(f"hpz={s.hpz} on CPU: ZeRO++'s hierarchical partitioning is built for CUDA ranks; drop it")
     if "cpu" in (s.offload_param, s.offload_optimizer):
         raise SpecError("offload to cpu on a CPU device: the state already lives in host memory; drop it")
-    if "nvme" in (s.offload_param, s.offload_optimizer):
-        raise SpecError(
-            "offload to nvme on CPU ranks is not supported here: ZeRO-Infinity swaps between GPU, pinned host "
-            "memory and the disk (DeepSpeed's async I/O op, libaio); run it on CUDA ranks (make gpu-check covers it)"
-        )
 
 
 def _check_model(s: StrategySpec, cfg) -> None:

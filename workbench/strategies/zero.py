@@ -22,7 +22,16 @@ from .blocks import apply_activation_checkpointing, find_blocks
 from .layout import flat_layout
 from .meshes import enter_layout
 
-__all__ = ["ZeroStrategy", "DeepSpeedPrepared", "deepspeed_config", "import_deepspeed", "infinity_config"]
+__all__ = [
+    "ZeroStrategy",
+    "DeepSpeedPrepared",
+    "check_nvme",
+    "deepspeed_config",
+    "import_deepspeed",
+    "infinity_config",
+    "remove_swap_files",
+    "swap_folders",
+]
 
 
 def import_deepspeed(device_type: str):
@@ -50,6 +59,56 @@ def import_deepspeed(device_type: str):
 
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     return deepspeed
+
+
+def check_nvme(spec) -> None:
+    """Before the engine: the swap folder is writable and DeepSpeed's async I/O op can be built
+    (it compiles against libaio on first use, then loads from TORCH_EXTENSIONS_DIR)."""
+    path = spec.nvme_path
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise PrepareError(
+            f"nvme_path={path!r}: cannot create the folder ({e.strerror}); give a folder this rank can write"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PrepareError(f"nvme_path={path!r}: this rank cannot write there; give a folder it can write")
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+    if builder is None or not builder.is_compatible(verbose=False):
+        raise PrepareError(
+            "offload to nvme needs DeepSpeed's async I/O op, built against libaio on first use: install "
+            "libaio-dev (apt-get install libaio-dev) and a C++ compiler, or drop offload_param/offload_optimizer=nvme"
+        )
+
+
+def swap_folders(spec, rank: int) -> list[str]:
+    """This rank's folders under ``nvme_path`` that DeepSpeed's swappers write
+    (``zero_stage_3/optimizer/rank{r}``, ``zero_stage_3/<dtype>params/rank{r}``)."""
+    base = os.path.join(spec.nvme_path, "zero_stage_3")
+    if not os.path.isdir(base):
+        return []
+    return [
+        os.path.join(base, d, f"rank{rank}")
+        for d in sorted(os.listdir(base))
+        if os.path.isdir(os.path.join(base, d, f"rank{rank}"))
+    ]
+
+
+def remove_swap_files(spec, rank: int) -> None:
+    """Remove what DeepSpeed swapped to ``nvme_path`` for this rank (it leaves its files behind),
+    and the emptied ``zero_stage_3`` folders; the user's folder stays."""
+    import shutil
+
+    for folder in swap_folders(spec, rank):
+        shutil.rmtree(folder, ignore_errors=True)
+    base = os.path.join(spec.nvme_path, "zero_stage_3")
+    for folder in [os.path.join(base, d) for d in (os.listdir(base) if os.path.isdir(base) else [])] + [base]:
+        try:
+            os.rmdir(folder)  # only once empty: another rank may still be removing its own
+        except OSError:
+            pass
 
 
 # DeepSpeed's async I/O (libaio) for NVMe swaps: 1 MiB blocks, 8 requests in flight per
@@ -104,6 +163,10 @@ def deepspeed_config(spec, *, world_size: int, n_params: int | None = None) -> d
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    if "offload_optimizer" in zero or "offload_param" in zero:
+        # the caller's torch optimizer steps the offloaded partitions (DeepSpeed otherwise
+        # insists on its own CPU Adam, a C++ op built on first use)
+        cfg["zero_force_ds_cpu_optimizer"] = False
     if "nvme" in (spec.offload_param, spec.offload_optimizer):
         cfg["aio"] = dict(AIO)
     if spec.param_dtype == "bf16":
@@ -152,11 +215,16 @@ class DeepSpeedPrepared(Prepared):
     def unwrap(self):
         return self.model.module
 
+    nvme_spec = None  # the spec whose nvme_path this rank swapped to (ZeRO-Infinity), cleaned at close
+    swap_rank = 0
+
     def close(self) -> None:
         try:
             self.model.destroy()
         except Exception:  # older engines have no destroy()
             pass
+        if self.nvme_spec is not None:
+            remove_swap_files(self.nvme_spec, self.swap_rank)
         super().close()
 
 
@@ -176,14 +244,24 @@ class ZeroStrategy:
             apply_activation_checkpointing(blocks, s.activation_checkpointing, ctx.notes)
         if isinstance(optimizer, torch.optim.Optimizer):
             optimizer = factory_from_optimizer(optimizer)
+        nvme = "nvme" in (s.offload_param, s.offload_optimizer)
+        if nvme:
+            check_nvme(s)
         # DeepSpeed's first initialize makes groups (a copy of the world) it reuses after
         enter_layout(("deepspeed", ctx.mesh_device), on_free=forget_deepspeed_groups)
-        engine, opt, _, _ = ds.initialize(
-            model=model,
-            optimizer=optimizer,
-            config=deepspeed_config(s, world_size=ctx.world_size, n_params=sum(p.numel() for p in model.parameters())),
-            dist_init_required=False,
-        )
+        try:
+            engine, opt, _, _ = ds.initialize(
+                model=model,
+                optimizer=optimizer,
+                config=deepspeed_config(
+                    s, world_size=ctx.world_size, n_params=sum(p.numel() for p in model.parameters())
+                ),
+                dist_init_required=False,
+            )
+        except BaseException:
+            if nvme:
+                remove_swap_files(s, ctx.rank)
+            raise
         ctx.notes.append(
             f"DeepSpeed ZeRO stage {s.zero_stage} over {ctx.world_size} rank(s) "
             f"({['plain DP', 'optimizer state', 'optimizer state + gradients', 'optimizer state + gradients + parameters'][s.zero_stage]} partitioned)"
@@ -193,10 +271,18 @@ class ZeroStrategy:
         extras = infinity_config(s)
         if extras:
             ctx.notes.append(f"ZeRO-Infinity / ZeRO++: {extras}")
-        return DeepSpeedPrepared(
+        if nvme:
+            ctx.notes.append(
+                f"ZeRO-Infinity: swap files under {os.path.join(s.nvme_path, 'zero_stage_3')} "
+                "(DeepSpeed's async I/O; tensors under 1 MiB stay in memory), removed at close"
+            )
+        prepared = DeepSpeedPrepared(
             model=engine,
             optimizer=opt,
             layout=flat_layout(ctx, strategy=self.kind, path="deepspeed", module=engine.module),
             inner=engine.module,
             **over_every_rank(ctx),
         )
+        if nvme:
+            prepared.nvme_spec, prepared.swap_rank = s, ctx.rank
+        return prepared
