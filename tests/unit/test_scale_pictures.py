@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from sim_ranks import LAYOUT_ROWS, layout_param, layouts, timeline_records
 
 from workbench.notebook.dashboard import bands, figures
 from workbench.notebook.dashboard.layout_figure import layout_figure, rank_groups, tensor_figure
@@ -67,38 +68,8 @@ def test_the_dashboard_gets_its_heatmaps_past_the_threshold_only():
 
 
 # ---------------------------------------------------------------- the timeline
-def _records(n_ranks: int, steps: int, *, slow: int, fast: int) -> list[dict]:
-    """Step records at the ranks' schema (engine.timeline): a synchronous step where every rank
-    waits in its all_reduce for the slowest rank (the straggler)."""
-    out = []
-    work = {r: 0.10 + 0.0001 * r for r in range(n_ranks)}
-    work[slow], work[fast] = 0.30, 0.05
-    for step in range(steps):
-        end = max(work.values()) + 0.01
-        for r in range(n_ranks):
-            w = work[r]
-            spans = [
-                {"name": "forward", "lane": "phase", "start": 0.0, "end": w / 2, "wait": False},
-                {"name": "backward", "lane": "phase", "start": w / 2, "end": end, "wait": False},
-                {"name": "all_reduce", "lane": "comm", "start": w, "end": end, "wait": True},
-            ]
-            out.append(
-                {
-                    "version": 1,
-                    "run": "sim",
-                    "rank": r,
-                    "step": step,
-                    "wall_start": 1000.0 + step * 0.4,
-                    "duration": end,
-                    "spans": spans,
-                    "notes": [],
-                }
-            )
-    return out
-
-
 def test_past_the_threshold_the_timeline_draws_the_extremes_and_the_straggler_named():
-    recs = _records(256, 3, slow=200, fast=17)
+    recs = timeline_records(256, 3, slow=200, fast=17)
     assert set(stragglers(recs).values()) == {200}
     why = extreme_ranks(recs)
     assert list(why)[0] == 200 and why[200] == ["slowest", "straggler"]
@@ -117,52 +88,16 @@ def test_past_the_threshold_the_timeline_draws_the_extremes_and_the_straggler_na
 
 
 def test_few_ranks_keep_a_lane_each():
-    fig = timeline_figure(_records(4, 2, slow=1, fast=2))
+    fig = timeline_figure(timeline_records(4, 2, slow=1, fast=2))
     assert list(fig.layout.yaxis.categoryarray)[:2] == ["rank 0", "rank 0 comm"]
     assert "drawn" not in fig.layout.title.text
 
 
 # ---------------------------------------------------------------- the layout
-ROWS, COLS = 4096, 64
-
-
-def _param(name: str, rows: list[list[int]], placements: list[str]) -> dict:
-    held = sum(b - a for a, b in rows)
-    return {
-        "name": name,
-        "global_shape": [ROWS, COLS],
-        "local_shape": [held, COLS],
-        "placements": placements,
-        "dtype": "float32",
-        "local_bytes": held * COLS * 4,
-        "global_bytes": ROWS * COLS * 4,
-        "holds": {"kind": "grid", "runs": [rows, [[0, COLS]]], "partial": False},
-    }
-
-
-def _layouts(strategy: str, n: int, replicate: int = 1) -> list[dict]:
-    """Per-rank layouts (strategies.layout's schema): ddp (every rank whole), fsdp (rows split
-    over all ranks) or hsdp (``replicate`` groups, rows split within each)."""
-    shard = n // replicate
-    out = []
-    for r in range(n):
-        if strategy == "ddp":
-            rows, placements, mesh = [[0, ROWS]], ["Replicate()"], {"shape": [n], "dim_names": ["dp"]}
-        else:
-            per = ROWS // shard
-            k = r % shard
-            rows = [[k * per, (k + 1) * per]]
-            placements = ["Replicate()", "Shard(0)"]
-            mesh = {"shape": [replicate, shard], "dim_names": ["dp_replicate", "dp_shard"]}
-        params = [_param(f"layers.{i}.weight", rows, placements) for i in range(3)]
-        out.append({"version": 1, "strategy": strategy, "path": "native", "mesh": mesh, "rank": r, "params": params})
-    return out
-
-
 def test_ddp_replicas_are_one_column_that_says_they_hold_the_whole_model():
-    groups = rank_groups(_layouts("ddp", 32))
+    groups = rank_groups(layouts("ddp", 32))
     assert [g["summary"] for g in groups] == ["ranks 0-31 hold the whole model (32 replicas)"]
-    fig = layout_figure(_layouts("ddp", 32))
+    fig = layout_figure(layouts("ddp", 32))
     assert list(fig.data[0].x) == ["ranks 0-31"]
     assert "ranks 0-31 hold the whole model (32 replicas)" in fig.layout.title.text
 
@@ -175,7 +110,7 @@ def test_ddp_replicas_are_one_column_that_says_they_hold_the_whole_model():
     ],
 )
 def test_fsdp_shards_of_1024_ranks_are_grouped(replicate, summary):
-    lays = _layouts("fsdp", 1024, replicate)
+    lays = layouts("fsdp", 1024, replicate)
     groups = rank_groups(lays)
     assert len(groups) == 1 and groups[0]["summary"] == summary
     fig = layout_figure(lays)
@@ -183,21 +118,21 @@ def test_fsdp_shards_of_1024_ranks_are_grouped(replicate, summary):
 
 
 def test_the_block_view_names_the_ranks_of_a_block_compactly():
-    lays = _layouts("fsdp", 32, replicate=2)
+    lays = layouts("fsdp", 32, replicate=2)
     labels = [a.text for a in tensor_figure(lays, "layers.0.weight").layout.annotations]
     assert labels[:2] == ["ranks 0,16", "ranks 1,17"]
-    lays = _layouts("ddp", 32)
+    lays = layouts("ddp", 32)
     assert [a.text for a in tensor_figure(lays, "layers.0.weight").layout.annotations] == ["ranks 0-31"]
 
 
 def test_a_mix_of_holdings_gives_a_column_per_group_and_small_sets_a_column_per_rank():
-    lays = _layouts("ddp", 24)
+    lays = layouts("ddp", 24)
     for lay in lays[16:]:  # ranks 16-23 hold half of every tensor (rows 0-2047): the same half
-        lay["params"] = [_param(p["name"], [[0, ROWS // 2]], ["Shard(0)"]) for p in lay["params"]]
+        lay["params"] = [layout_param(p["name"], [[0, LAYOUT_ROWS // 2]], ["Shard(0)"]) for p in lay["params"]]
     groups = rank_groups(lays)
     assert [g["summary"] for g in groups] == [
         "ranks 0-15 hold the whole model (16 replicas)",
         "ranks 16-23 hold the same blocks, 1/2 of every tensor (8 replicas)",
     ]
     assert list(layout_figure(lays).data[0].x) == ["ranks 0-15", "ranks 16-23"]
-    assert list(layout_figure(_layouts("ddp", 4)).data[0].x) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert list(layout_figure(layouts("ddp", 4)).data[0].x) == ["rank 0", "rank 1", "rank 2", "rank 3"]
