@@ -187,9 +187,10 @@ def pictures(n: int, map_steps: int) -> dict:
 
     recs = sim_ranks.timeline_records(n, 3, slow=n // 3, fast=n // 7)
     timeline_ms = timed(lambda: timeline_figure(recs), 3) * 1000
-    every = min(n, 256)  # every rank's lanes: quadratic in plotly past that, so capped (said in the JSON)
-    sub = [r for r in recs if r["rank"] < every]
-    timeline_every_ms = timed(lambda: timeline_figure(sub, every_rank=True), 3) * 1000
+    timeline_every_ms = timed(lambda: timeline_figure(recs, every_rank=True), 3) * 1000
+    # what the browser is sent to draw: a few lanes, or two lanes a rank
+    timeline_bytes = len(timeline_figure(recs).to_json())
+    timeline_every_bytes = len(timeline_figure(recs, every_rank=True).to_json())
     lays = sim_ranks.layouts("fsdp", n, replicate=4 if n % 4 == 0 else 1)
     layout_ms = timed(lambda: layout_figure(lays), 3) * 1000
 
@@ -222,7 +223,8 @@ def pictures(n: int, map_steps: int) -> dict:
         "heatmap_unbinned_cells": n * map_steps,
         "timeline_extremes_ms": timeline_ms,
         "timeline_every_rank_ms": timeline_every_ms,
-        "timeline_every_rank_ranks": every,
+        "timeline_extremes_bytes": timeline_bytes,
+        "timeline_every_rank_bytes": timeline_every_bytes,
         "layout_grouped_ms": layout_ms,
         "sidebar_poll_ms": sidebar_ms,
         "sidebar_poll_bytes": sidebar_bytes,
@@ -260,13 +262,14 @@ def main(argv=None) -> int:
             f"  {s['redraw_ms']:7.1f} ({s['traces']})  {s['where_grouped_ms']:7.1f}  {s['grouped_output_ms']:7.1f}"
         )
     print(
-        "SIMULATED ranks, pictures: heatmaps (ms, cells of the unbinned), timeline extremes / every rank (ms),"
-        " layout (ms), sidebar poll (ms, kB)"
+        "SIMULATED ranks, pictures: heatmaps (ms, cells of the unbinned), timeline extremes / every rank"
+        " (ms, kB), layout (ms), sidebar poll (ms, kB)"
     )
     for p in pics:
         print(
             f"  {p['ranks']:5d}  {p['heatmap_ms']:7.1f} ({p['heatmap_cells']} of {p['heatmap_unbinned_cells']})"
-            f"  {p['timeline_extremes_ms']:7.1f} / {p['timeline_every_rank_ms']:7.1f} ({p['timeline_every_rank_ranks']})"
+            f"  {p['timeline_extremes_ms']:7.1f} / {p['timeline_every_rank_ms']:7.1f}"
+            f" ({p['timeline_extremes_bytes'] / 1e3:.0f} / {p['timeline_every_rank_bytes'] / 1e3:.0f})"
             f"  {p['layout_grouped_ms']:7.1f}  {p['sidebar_poll_ms']:7.1f} ({p['sidebar_poll_bytes'] / 1e3:.0f})"
         )
     run.rounds = real + sim + pics
