@@ -105,6 +105,15 @@ def extreme_ranks(records: list[dict], k: int = EXTREMES) -> dict[int, list[str]
     return {r: why[r] for r in order if r in why}
 
 
+def _ranks_list(ranks: list[int]) -> str:
+    """``0, 1, 3`` for a few ranks, ``0-511,513-1023`` past ``BAND_PAST``."""
+    if len(ranks) <= BAND_PAST:
+        return ", ".join(map(str, ranks))
+    from ..cluster.ranges import format_ranks
+
+    return format_ranks(ranks)
+
+
 def timeline_figure(records: list[dict], *, every_rank: bool = False):
     """Per-rank Gantt chart of the recorded steps (milliseconds from the first step's start).
 
@@ -196,11 +205,9 @@ def timeline_figure(records: list[dict], *, every_rank: bool = False):
     for rec in records:
         for note in rec.get("notes", []):
             notes.setdefault(note, []).append((rec["step"], rec["rank"]))
-    from ..cluster.ranges import format_ranks
-
     sub = "".join(
         f"<br><sub>step {', '.join(map(str, sorted({s for s, _ in where})))}, "
-        f"rank {format_ranks(list({r for _, r in where}))}: {note}</sub>"
+        f"rank {_ranks_list(sorted({r for _, r in where}))}: {note}</sub>"
         for note, where in notes.items()
     )
     if why:
