@@ -102,7 +102,7 @@ def simulated(n: int, steps: int) -> dict:
 
     from workbench.notebook.cluster.cell import show_grouped
     from workbench.notebook.commands.where import format_where
-    from workbench.notebook.dashboard import figures
+    from workbench.notebook.dashboard import bands, figures
     from workbench.notebook.stream import Collector, EventStore
     from workbench.shared import events
 
@@ -139,6 +139,13 @@ def simulated(n: int, steps: int) -> dict:
         redraw()  # the first adds the collective lines
         redraw_ms = timed(redraw, 5) * 1000
         traces = len(fig.data)
+        ranks = store.ranks(sim_ranks.RUN)
+
+        def heatmaps():  # the part of a redraw that makes the two rank x step heatmaps
+            for metric in ("loss_local", "time_step_s"):
+                bands.heatmap([store.arrays(sim_ranks.RUN, metric, r) for r in ranks], ranks)
+
+        heatmaps_ms = timed(heatmaps, 5) * 1000
     finally:
         pubs.close()
         collector.close()
@@ -160,6 +167,7 @@ def simulated(n: int, steps: int) -> dict:
         "kept_up_10_steps_per_s": kept_up,
         "behind_after_2s_s": max(0.0, behind_s),
         "redraw_ms": redraw_ms,
+        "redraw_heatmaps_ms": heatmaps_ms,
         "traces": traces,
         "where_grouped_ms": where_ms,
         "grouped_output_ms": output_ms,
@@ -259,7 +267,8 @@ def main(argv=None) -> int:
     for s in sim:
         print(
             f"  {s['ranks']:5d}  {s['ingest_events_per_s']:9.0f}  {s['kept_up_10_steps_per_s']!s:5}"
-            f"  {s['redraw_ms']:7.1f} ({s['traces']})  {s['where_grouped_ms']:7.1f}  {s['grouped_output_ms']:7.1f}"
+            f"  {s['redraw_ms']:7.1f} ({s['traces']}; heatmaps {s['redraw_heatmaps_ms']:.1f})"
+            f"  {s['where_grouped_ms']:7.1f}  {s['grouped_output_ms']:7.1f}"
         )
     print(
         "SIMULATED ranks, pictures: heatmaps (ms, cells of the unbinned), timeline extremes / every rank"
