@@ -240,21 +240,23 @@ def lines_for(store, run: str) -> dict[str, list[tuple]]:
     out: dict[str, list[tuple]] = {p.key: [] for p in PANELS}
     banded = bands.banded(len(ranks))
 
-    def per_rank(panel: str, metric: str, style: dict, scale: float = 1.0) -> None:
+    def per_rank(panel: str, metric: str, style: dict, scale: float = 1.0) -> list:
         lines = [line(metric, r) for r in ranks]
         if banded:  # a band, the median and the outlying ranks (see bands)
             out[panel].extend(bands.band_traces(lines, ranks, scale=scale))
-            return
+            return lines
         for r, (xs, ys) in zip(ranks, lines):
             if len(xs):
                 out[panel].append((f"rank {r}", xs, ys / scale if scale != 1.0 else ys, style))
+        return lines
 
     loss_metric = "loss_local" if "loss_local" in names else "loss"
-    per_rank("loss", loss_metric, {"width": 1})
+    loss_lines = per_rank("loss", loss_metric, {"width": 1})
     if banded:  # rank x step heatmaps, binned (at most bands.MAP_ROWS x MAP_COLUMNS cells)
         out["loss_map"], out["step_map"] = [], []
         for panel, metric, name in (("loss_map", loss_metric, "loss"), ("step_map", "time_step_s", "step time")):
-            found = bands.heatmap([line(metric, r) for r in ranks], ranks) if metric in names else None
+            lines = loss_lines if panel == "loss_map" else [line(metric, r) for r in ranks]
+            found = bands.heatmap(lines, ranks) if metric in names else None
             if found is not None:
                 steps, starts, z, _labels = found
                 out[panel].append((name, steps, np.asarray(starts, dtype=float), {**HEAT, "z": z}))
