@@ -99,3 +99,9 @@ def test_the_heatmaps_show_the_slow_and_the_nan_rank_of_1024(store):
     assert edits > 0  # the first draw sent its restyles
     figures.draw(fig, figures.lines_for(store, RUN))
     assert fig._last_trace_edit_id == edits
+    # the standalone page (Dashboard.export_html) draws them too
+    static = figures.make_figure(widget=False, ranks=store.ranks(RUN))
+    figures.draw(static, lines)
+    maps = [t for t in static.data if t.type == "heatmap" and t.z is not None and len(t.z)]
+    assert [t.meta for t in maps] == ["loss_map:loss", "step_map:step time"]
+    assert '"meta":"step_map:step time"' in static.to_html(include_plotlyjs=False)
