@@ -136,3 +136,16 @@ def test_a_mix_of_holdings_gives_a_column_per_group_and_small_sets_a_column_per_
     ]
     assert list(layout_figure(lays).data[0].x) == ["ranks 0-15", "ranks 16-23"]
     assert list(layout_figure(layouts("ddp", 4)).data[0].x) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+
+
+def test_the_dashboards_timeline_panel_says_which_ranks_it_drew(monkeypatch):
+    # the ranks' records of 256 SIMULATED ranks stand in for the pull from real ranks
+    from workbench.notebook import timelines
+    from workbench.notebook.dashboard.timeline_panel import TimelinePanel
+
+    recs = timeline_records(256, 3, slow=200, fast=17)
+    monkeypatch.setattr(timelines, "records", lambda steps, rankset=None: recs)
+    panel = TimelinePanel(lambda: None)
+    assert panel.refresh()
+    assert f"768 rank-steps pulled, {2 * EXTREMES} ranks drawn (of 256 ranks" in panel.message.value
+    assert list(panel.figure.layout.yaxis.categoryarray)[0] == "rank 200 (slowest, straggler)"
