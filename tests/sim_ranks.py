@@ -70,19 +70,22 @@ class SimulatedPublishers:
         self.sent = 0
         self.next_step = 0
 
-    def _send(self, host: int, step: int) -> None:
+    def _send(self, host: int, step: int, skip=()) -> None:
         batch = []
         for rank in self.hosts[host]:
+            if rank in skip:
+                continue
             metrics, comm = step_metrics(rank, step, slow_ranks=self.slow_ranks, nan_ranks=self.nan_ranks)
             batch.append(events.step_event(run=self.run, rank=rank, step=step, metrics=metrics, comm=comm))
         data = events.encode(batch)
         self._socks[host].send_multipart([hmac.new(self.collector.key, data, hashlib.sha256).digest(), data])
         self.sent += len(batch)
 
-    def steps(self, count: int) -> None:
+    def steps(self, count: int, *, skip=()) -> None:
+        """``count`` steps of every rank but those in ``skip`` (a rank that lags)."""
         for _ in range(count):
             for host in range(len(self.hosts)):
-                self._send(host, self.next_step)
+                self._send(host, self.next_step, skip)
             self.next_step += 1
 
     def run_for(self, seconds: float, rate: float = 10.0) -> int:
@@ -178,11 +181,21 @@ class SimulatedRankSet:
     def state_dir(self) -> str:
         return self._dir
 
-    def announce(self) -> str:
-        """Write its registry entry, as a kernel does when its ranks are up; the entry's id."""
+    def announce(self, collector=None) -> str:
+        """Write its registry entry, as a kernel does when its ranks are up; the entry's id.
+
+        With ``collector`` (a real one, fed by :class:`SimulatedPublishers`) the entry names its
+        event-stream mirror, as ``registry.announce`` does, so the Lab's server reads the steps."""
         from workbench.notebook import registry
 
-        entry = registry.entry_for(self)
+        address = key = None
+        if collector is not None:
+            from workbench.notebook.stream.mirror import Mirror
+
+            if collector.mirror is None:
+                collector.mirror = Mirror()
+            address, key = collector.mirror.address, collector.mirror.public_key
+        entry = registry.entry_for(self, stream_address=address, stream_key=key)
         registry.write(entry)
         self.entry_id = entry["id"]
         return entry["id"]

@@ -15,7 +15,10 @@ export interface RankGroup {
   host: string;
   ranks: RankRow[];
   counts: [string, number][]; // "ok" first, then the other states, most first
+  stragglers: number; // ranks marked lagging the others (any state)
 }
+
+export const STRAGGLING = 'straggling'; // the filter that lists a group's stragglers
 
 export function stateClass(state: string): string {
   return OK_STATES.has(state) ? 'ok' : state;
@@ -33,7 +36,12 @@ export function groupRanks(ranks: RankRow[]): RankGroup[] {
     }
     list.push(r);
   }
-  return [...byHost.entries()].map(([host, rows]) => ({ host, ranks: rows, counts: stateCounts(rows) }));
+  return [...byHost.entries()].map(([host, rows]) => ({
+    host,
+    ranks: rows,
+    counts: stateCounts(rows),
+    stragglers: rows.filter(r => r.straggler).length
+  }));
 }
 
 export function stateCounts(rows: RankRow[]): [string, number][] {
@@ -45,9 +53,18 @@ export function stateCounts(rows: RankRow[]): [string, number][] {
   return [...counts.entries()].sort((a, b) => (a[0] === 'ok' ? -1 : b[0] === 'ok' ? 1 : b[1] - a[1]));
 }
 
-/** `host a: 512 ranks, 511 ok, 1 dead` */
+/** `host a: 512 ranks, 511 ok, 1 dead` (`; 2 straggling` where some lag) */
 export function groupSummary(g: RankGroup): string {
-  return `host ${g.host}: ${g.ranks.length} ranks, ${g.counts.map(([s, n]) => `${n} ${s}`).join(', ')}`;
+  const lag = g.stragglers ? `; ${g.stragglers} ${STRAGGLING}` : '';
+  return `host ${g.host}: ${g.ranks.length} ranks, ${g.counts.map(([s, n]) => `${n} ${s}`).join(', ')}${lag}`;
+}
+
+/** The rows a group lists under ``filter``: '' every rank, a state, or its stragglers. */
+export function filtered(g: RankGroup, filter: string): RankRow[] {
+  if (!filter) {
+    return g.ranks;
+  }
+  return filter === STRAGGLING ? g.ranks.filter(r => r.straggler) : g.ranks.filter(r => stateClass(r.state) === filter);
 }
 
 /** The rows of one open group, only those in view in the DOM; `render(row)` makes a row element. */

@@ -4,7 +4,7 @@ import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 import { act, forget, RankRow, RankSet } from './api';
 import { RankSetsModel } from './model';
-import { GROUP_PAST, groupRanks, groupSummary, stateClass, stateCounts, VirtualRows } from './rankgroups';
+import { filtered, GROUP_PAST, groupRanks, groupSummary, stateCounts, STRAGGLING, VirtualRows } from './rankgroups';
 
 const ACTIONS: { action: string; label: string; confirm: string; danger?: boolean }[] = [
   { action: 'interrupt', label: 'Interrupt', confirm: 'Interrupt the cell running on every rank (SIGINT)?' },
@@ -140,7 +140,9 @@ export class RanksSidebar extends Widget {
     const wrap = el('div', 'wb-RankGroups');
     const groups = groupRanks(rs.ranks);
     const counts = stateCounts(rs.ranks).map(([s, n]) => `${n} ${s}`).join(', ');
-    wrap.appendChild(el('div', 'wb-RankSet-counts', `${rs.ranks.length} ranks on ${groups.length} hosts: ${counts}`));
+    const lagging = rs.ranks.filter(r => r.straggler).length;
+    wrap.appendChild(el('div', 'wb-RankSet-counts',
+      `${rs.ranks.length} ranks on ${groups.length} hosts: ${counts}${lagging ? `; ${lagging} ${STRAGGLING}` : ''}`));
     for (const g of groups) {
       const key = `${rs.id}\n${g.host}`;
       const filter = this.open.get(key); // undefined: closed
@@ -160,10 +162,14 @@ export class RanksSidebar extends Widget {
         this.render();
       };
       head.appendChild(toggle);
-      for (const [state, n] of g.counts) {
-        head.appendChild(document.createTextNode(', '));
-        // a count lists only the ranks in that state (again: every rank of the host)
-        const chip = el('button', `wb-RankGroup-state wb-state-${state}`, `${n} ${state}`);
+      const chips: [string, string, string][] = g.counts.map(([state, n]) => [', ', state, `${n} ${state}`]);
+      if (g.stragglers) {
+        chips.push(['; ', STRAGGLING, `${g.stragglers} ${STRAGGLING}`]);
+      }
+      for (const [sep, state, text] of chips) {
+        head.appendChild(document.createTextNode(sep));
+        // a count lists only those ranks (again: every rank of the host)
+        const chip = el('button', `wb-RankGroup-state wb-state-${state}`, text);
         chip.dataset.stateFilter = state;
         chip.classList.toggle('wb-selected', filter === state);
         chip.onclick = () => {
@@ -174,7 +180,7 @@ export class RanksSidebar extends Widget {
       }
       group.appendChild(head);
       if (filter !== undefined) {
-        const rows = filter ? g.ranks.filter(r => stateClass(r.state) === filter) : g.ranks;
+        const rows = filtered(g, filter);
         const where = `${key}\n${filter}`;
         const list = new VirtualRows(
           rows,

@@ -9,6 +9,7 @@ interrupt, SIGKILL, stop from the sidebar.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -247,13 +248,18 @@ def test_sidebar_groups_1024_simulated_ranks_by_host_and_state(lab_page, lab_bas
     # A SIMULATION (tests/sim_ranks.py): 1024 ranks on 16 simulated hosts of 64, in a registry
     # entry written as a kernel writes it (registry.entry_for); no rank process runs, so the
     # server lists them as ranks on other hosts ("remote": ok). Their deaths are reported through
-    # the call the kernel's watcher makes. The sidebar polls the server every second.
-    from sim_ranks import SimulatedRankSet
+    # the call the kernel's watcher makes; their step events go through a real collector and its
+    # mirror to the server's stream reader. The sidebar polls the server every second.
+    from sim_ranks import SimulatedPublishers, SimulatedRankSet
+
+    from workbench.notebook.stream import Collector
 
     page, lab = lab_page, lab_base
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(HERE / "runtime"))  # the Lab server's registry
+    collector = Collector()
+    pubs = SimulatedPublishers(collector, 1024)
     sim = SimulatedRankSet(1024, str(tmp_path))
-    entry_id = sim.announce()
+    entry_id = sim.announce(collector)
     bounded = 14 + 2 * 4  # an open group's rows in the DOM: its view (14) and 4 beyond each edge
     try:
         listed = next(s for s in _ranks_api(lab) if s["id"] == entry_id)
@@ -316,8 +322,31 @@ def test_sidebar_groups_1024_simulated_ranks_by_host_and_state(lab_page, lab_bas
             if i != 10:
                 box.locator(".wb-RankGroup").nth(i).locator(".wb-RankGroup-toggle").click()
         page.wait_for_function("() => document.querySelectorAll('.wb-RankRow').length === 1", timeout=5_000)
+
+        # steps stream in; rank 300 stops at step 2 while the others go on to step 5: a straggler
+        pubs.steps(3)
+        time.sleep(1.2)  # the server marks a rank 2 steps and 1 s (rank clocks) behind
+        pubs.steps(3, skip={300})
+        lagging = box.locator(".wb-RankGroup[data-host='sim-host-04']")
+        lagging.locator(".wb-RankGroup-head[data-summary='host sim-host-04: 64 ranks, 64 ok; 1 straggling']").wait_for(
+            timeout=10_000
+        )
+        counts = "1024 ranks on 16 hosts: 1023 ok, 1 dead; 1 straggling"
+        assert box.locator(".wb-RankSet-counts").inner_text() == counts
+        # its rows show each rank's step and loss (rank 256: step 5, the loss the simulator sent)
+        lagging.locator(".wb-RankGroup-toggle").click()
+        cells = lagging.locator(".wb-RankRow[data-rank='256'] span")
+        cells.first.wait_for(timeout=5_000)
+        assert [cells.nth(i).inner_text() for i in (5, 6)] == ["5", f"{4.0 * math.exp(-5 / 300):.4g}"]
+        lagging.locator("button[data-state-filter='straggling']").click()
+        row = lagging.locator(".wb-RankRow[data-rank='300']")
+        row.wait_for(timeout=5_000)
+        assert lagging.locator(".wb-RankRow").count() == 1
+        assert row.locator(".wb-straggler").inner_text() == "2 ⚠"
         page.locator(".wb-Ranks").evaluate("n => { n.scrollTop = 0; }")
         shot(page, "lab_ranks_sidebar_1024")  # docs/images/sidebar-1024.png
         assert page.js_errors == [], page.js_errors
     finally:
         sim.withdraw()
+        pubs.close()
+        collector.close()
