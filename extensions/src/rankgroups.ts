@@ -87,6 +87,9 @@ export class VirtualRows {
     this.spacer.style.height = `${rows.length * ROW_HEIGHT}px`;
     this.node.appendChild(this.spacer);
     this.node.addEventListener('scroll', () => {
+      if (!this.node.isConnected) {
+        return; // a scroll event that arrives after a redraw replaced this list: its position is saved
+      }
       this.scrollTop = this.node.scrollTop;
       this.onScroll(this.scrollTop);
       this.draw();
