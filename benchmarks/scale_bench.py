@@ -6,7 +6,12 @@
 2. Simulated ranks (``--sim``, default 64 256 1024; tests/sim_ranks.py: events at the real schema
    pushed over ZMQ into a real collector, replies of the shapes ranks give, no rank processes):
    the store's ingest (events/s one notebook thread takes in), a dashboard redraw
-   (``lines_for`` + ``draw`` on the live FigureWidget), ``where`` grouped, a cell's grouped output.
+   (``lines_for`` + ``draw`` on the live FigureWidget, its rank x step heatmaps included),
+   ``where`` grouped, a cell's grouped output; and the pictures past 16 ranks: the heatmaps of a
+   long run (``--map-steps`` steps: binned, against the unbinned matrix's cells), the step
+   timeline (the extremes and the straggler, against every rank's lanes, in the same run), the
+   layout picture (grouped) and the Lab server's answer to the sidebar's poll (a registry entry
+   of simulated ranks; the browser's drawing is checked, not timed, in the browser test).
 
 Targets (issue "a thousand ranks"): with 1024 simulated ranks the dashboard redraws in <= 200 ms,
 the notebook keeps up with 1024 ranks x 10 step events/s, ``where`` gives one grouped answer in
@@ -97,7 +102,7 @@ def simulated(n: int, steps: int) -> dict:
 
     from workbench.notebook.cluster.cell import show_grouped
     from workbench.notebook.commands.where import format_where
-    from workbench.notebook.dashboard import figures
+    from workbench.notebook.dashboard import bands, figures
     from workbench.notebook.stream import Collector, EventStore
     from workbench.shared import events
 
@@ -134,6 +139,13 @@ def simulated(n: int, steps: int) -> dict:
         redraw()  # the first adds the collective lines
         redraw_ms = timed(redraw, 5) * 1000
         traces = len(fig.data)
+        ranks = store.ranks(sim_ranks.RUN)
+
+        def heatmaps():  # the part of a redraw that makes the two rank x step heatmaps
+            for metric in ("loss_local", "time_step_s"):
+                bands.heatmap([store.arrays(sim_ranks.RUN, metric, r) for r in ranks], ranks)
+
+        heatmaps_ms = timed(heatmaps, 5) * 1000
     finally:
         pubs.close()
         collector.close()
@@ -155,9 +167,75 @@ def simulated(n: int, steps: int) -> dict:
         "kept_up_10_steps_per_s": kept_up,
         "behind_after_2s_s": max(0.0, behind_s),
         "redraw_ms": redraw_ms,
+        "redraw_heatmaps_ms": heatmaps_ms,
         "traces": traces,
         "where_grouped_ms": where_ms,
         "grouped_output_ms": output_ms,
+    }
+
+
+def pictures(n: int, map_steps: int) -> dict:
+    """A SIMULATION: the pictures past 16 ranks for ``n`` simulated ranks (data at the ranks' schemas)."""
+    import json
+    import tempfile
+
+    import numpy as np
+    import sim_ranks
+
+    from workbench.notebook.dashboard import bands
+    from workbench.notebook.dashboard.layout_figure import layout_figure
+    from workbench.notebook.dashboard.timeline_figure import timeline_figure
+
+    # rank x step heatmaps of a long run: every rank at every step (the store thins to ~2000)
+    steps = np.arange(map_steps, dtype=float)
+    rng = np.random.default_rng(0)
+    lines = [(steps, 0.25 + 0.01 * rng.random(map_steps)) for _ in range(n)]
+    heatmap_ms = timed(lambda: bands.heatmap(lines, list(range(n))), 5) * 1000
+    cells = bands.heatmap(lines, list(range(n)))[2].size
+
+    recs = sim_ranks.timeline_records(n, 3, slow=n // 3, fast=n // 7)
+    timeline_ms = timed(lambda: timeline_figure(recs), 3) * 1000
+    timeline_every_ms = timed(lambda: timeline_figure(recs, every_rank=True), 3) * 1000
+    # what the browser is sent to draw: a few lanes, or two lanes a rank
+    timeline_bytes = len(timeline_figure(recs).to_json())
+    timeline_every_bytes = len(timeline_figure(recs, every_rank=True).to_json())
+    lays = sim_ranks.layouts("fsdp", n, replicate=4 if n % 4 == 0 else 1)
+    layout_ms = timed(lambda: layout_figure(lays), 3) * 1000
+
+    # the Lab server's answer to one poll of the sidebar (every second while it is shown)
+    from workbench.labserver.monitor import Monitor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["JUPYTER_RUNTIME_DIR"] = tmp
+        sim = sim_ranks.SimulatedRankSet(n, tmp)
+        sim.announce()
+        monitor = Monitor()
+        try:
+
+            def poll():
+                return json.dumps({"ranksets": [monitor.describe(e) for e in monitor.entries()]})
+
+            poll()  # the first asks for the (absent) controller once
+            sidebar_ms = timed(poll, 5) * 1000
+            sidebar_bytes = len(poll())
+        finally:
+            monitor.close()
+            sim.withdraw()
+            del os.environ["JUPYTER_RUNTIME_DIR"]
+    return {
+        "ranks": n,
+        "simulated": True,
+        "heatmap_steps": map_steps,
+        "heatmap_ms": heatmap_ms,
+        "heatmap_cells": cells,
+        "heatmap_unbinned_cells": n * map_steps,
+        "timeline_extremes_ms": timeline_ms,
+        "timeline_every_rank_ms": timeline_every_ms,
+        "timeline_extremes_bytes": timeline_bytes,
+        "timeline_every_rank_bytes": timeline_every_bytes,
+        "layout_grouped_ms": layout_ms,
+        "sidebar_poll_ms": sidebar_ms,
+        "sidebar_poll_bytes": sidebar_bytes,
     }
 
 
@@ -167,16 +245,18 @@ def main(argv=None) -> int:
     parser.add_argument("--sim", type=int, nargs="*", default=[64, 256, 1024], help="simulated rank counts")
     parser.add_argument("--calls", type=int, default=30, help="cells per real size")
     parser.add_argument("--steps", type=int, default=20, help="steps of simulated history before measuring")
+    parser.add_argument("--map-steps", type=int, default=2000, help="steps of the long run the heatmaps bin")
     parser.add_argument("--quick", action="store_true", help="2 real ranks, 64 simulated: checks the script only")
     parser.add_argument("--pool", action="store_true", help="report every saved run; run nothing")
     args = parser.parse_args(argv)
     if args.pool:
         return results.pool_report("scale")
     if args.quick:
-        args.real, args.sim, args.calls, args.steps = [2], [64], 5, 5
+        args.real, args.sim, args.calls, args.steps, args.map_steps = [2], [64], 5, 5, 200
     run = results.Run("scale", vars(args), quick=args.quick)
     real = [real_ranks(n, args.calls) for n in args.real]
     sim = [simulated(n, args.steps) for n in args.sim]
+    pics = [pictures(n, args.map_steps) for n in args.sim]
     print("real ranks: start (s), trivial cell / all_reduce cell / status / where (ms, median)")
     for r in real:
         print(
@@ -187,15 +267,29 @@ def main(argv=None) -> int:
     for s in sim:
         print(
             f"  {s['ranks']:5d}  {s['ingest_events_per_s']:9.0f}  {s['kept_up_10_steps_per_s']!s:5}"
-            f"  {s['redraw_ms']:7.1f} ({s['traces']})  {s['where_grouped_ms']:7.1f}  {s['grouped_output_ms']:7.1f}"
+            f"  {s['redraw_ms']:7.1f} ({s['traces']}; heatmaps {s['redraw_heatmaps_ms']:.1f})"
+            f"  {s['where_grouped_ms']:7.1f}  {s['grouped_output_ms']:7.1f}"
         )
-    run.rounds = real + sim
-    run.summary = {"real": real, "simulated": sim}
+    print(
+        "SIMULATED ranks, pictures: heatmaps (ms, cells of the unbinned), timeline extremes / every rank"
+        " (ms, kB), layout (ms), sidebar poll (ms, kB)"
+    )
+    for p in pics:
+        print(
+            f"  {p['ranks']:5d}  {p['heatmap_ms']:7.1f} ({p['heatmap_cells']} of {p['heatmap_unbinned_cells']})"
+            f"  {p['timeline_extremes_ms']:7.1f} / {p['timeline_every_rank_ms']:7.1f}"
+            f" ({p['timeline_extremes_bytes'] / 1e3:.0f} / {p['timeline_every_rank_bytes'] / 1e3:.0f})"
+            f"  {p['layout_grouped_ms']:7.1f}  {p['sidebar_poll_ms']:7.1f} ({p['sidebar_poll_bytes'] / 1e3:.0f})"
+        )
+    run.rounds = real + sim + pics
+    run.summary = {"real": real, "simulated": sim, "pictures": pics}
     top = max(sim, key=lambda s: s["ranks"])
     n = top["ranks"]
     run.target(f"dashboard redraw, {n} simulated ranks (ms)", top["redraw_ms"], "<=", 200.0)
     run.target(f"events/s taken in, {n} simulated ranks (need {n * 10})", top["ingest_events_per_s"], ">=", n * 10.0)
     run.target(f"where grouped, {n} simulated ranks (ms)", top["where_grouped_ms"], "<=", 2000.0)
+    pic = max(pics, key=lambda p: p["ranks"])
+    run.target(f"Lab sidebar poll answered, {n} simulated ranks (ms)", pic["sidebar_poll_ms"], "<=", 200.0)
     return run.finish()
 
 

@@ -70,19 +70,22 @@ class SimulatedPublishers:
         self.sent = 0
         self.next_step = 0
 
-    def _send(self, host: int, step: int) -> None:
+    def _send(self, host: int, step: int, skip=()) -> None:
         batch = []
         for rank in self.hosts[host]:
+            if rank in skip:
+                continue
             metrics, comm = step_metrics(rank, step, slow_ranks=self.slow_ranks, nan_ranks=self.nan_ranks)
             batch.append(events.step_event(run=self.run, rank=rank, step=step, metrics=metrics, comm=comm))
         data = events.encode(batch)
         self._socks[host].send_multipart([hmac.new(self.collector.key, data, hashlib.sha256).digest(), data])
         self.sent += len(batch)
 
-    def steps(self, count: int) -> None:
+    def steps(self, count: int, *, skip=()) -> None:
+        """``count`` steps of every rank but those in ``skip`` (a rank that lags)."""
         for _ in range(count):
             for host in range(len(self.hosts)):
-                self._send(host, self.next_step)
+                self._send(host, self.next_step, skip)
             self.next_step += 1
 
     def run_for(self, seconds: float, rate: float = 10.0) -> int:
@@ -150,3 +153,127 @@ def cell_replies(n: int, *, odd_ranks=(), failing=()) -> tuple[list, list, dict]
     ]
     failures = {r: ("ValueError", "bad batch", "Traceback...\nValueError: bad batch") for r in failing}
     return rest, [[] for _ in range(n)], failures
+
+
+# ------------------------------------------------------------------ a rank set, as the registry sees it
+class SimulatedRankSet:
+    """What ``notebook.registry.entry_for`` reads of a rank set, for ``n`` simulated ranks on
+    simulated hosts of ``per_host`` ranks (``sim-host-00``...): the Lab's server then lists them
+    as it lists real ones on other hosts. No controller runs: its connection file does not exist."""
+
+    def __init__(self, n: int, state_dir: str, *, per_host: int = 64, launcher: str = "ssh", backend: str = "gloo"):
+        import types
+
+        self.world_size = n
+        self.engine_ids = list(range(n))
+        self.info = [
+            {"host": f"sim-host-{r // per_host:02d}", "pid": 100_000 + r, "device": "cpu", "backend": backend}
+            for r in range(n)
+        ]
+        self.procs: list = []
+        self.cluster = types.SimpleNamespace(cluster_id=f"sim{n}", profile_dir=state_dir)
+        self.config = types.SimpleNamespace(launcher=launcher, backend=backend, n=n)
+        self._dir = state_dir
+
+    def _controller_pids(self) -> list[int]:
+        return []
+
+    def state_dir(self) -> str:
+        return self._dir
+
+    def announce(self, collector=None) -> str:
+        """Write its registry entry, as a kernel does when its ranks are up; the entry's id.
+
+        With ``collector`` (a real one, fed by :class:`SimulatedPublishers`) the entry names its
+        event-stream mirror, as ``registry.announce`` does, so the Lab's server reads the steps."""
+        from workbench.notebook import registry
+
+        address = key = None
+        if collector is not None:
+            from workbench.notebook.stream.mirror import Mirror
+
+            if collector.mirror is None:
+                collector.mirror = Mirror()
+            address, key = collector.mirror.address, collector.mirror.public_key
+        entry = registry.entry_for(self, stream_address=address, stream_key=key)
+        registry.write(entry)
+        self.entry_id = entry["id"]
+        return entry["id"]
+
+    def kill(self, rank: int, exit: str = "killed by SIGKILL") -> None:
+        """Report ``rank`` dead, through the call the kernel's watcher makes when a rank dies."""
+        from workbench.notebook import registry
+
+        registry._record_death(self.entry_id, {"rank": rank, "exit": exit, "exit_code": -9, "time": time.time()})
+
+    def withdraw(self) -> None:
+        from workbench.notebook import registry
+
+        registry.remove(self.entry_id)
+
+
+# ------------------------------------------------------------------ what pictures are drawn from
+def timeline_records(n_ranks: int, steps: int, *, slow: int, fast: int) -> list[dict]:
+    """Step records at the ranks' schema (engine.timeline): a synchronous step where every rank
+    waits in its all_reduce for the slowest rank (the straggler)."""
+    out = []
+    work = {r: 0.10 + 0.0001 * r for r in range(n_ranks)}
+    work[slow], work[fast] = 0.30, 0.05
+    for step in range(steps):
+        end = max(work.values()) + 0.01
+        for r in range(n_ranks):
+            w = work[r]
+            spans = [
+                {"name": "forward", "lane": "phase", "start": 0.0, "end": w / 2, "wait": False},
+                {"name": "backward", "lane": "phase", "start": w / 2, "end": end, "wait": False},
+                {"name": "all_reduce", "lane": "comm", "start": w, "end": end, "wait": True},
+            ]
+            out.append(
+                {
+                    "version": 1,
+                    "run": "sim",
+                    "rank": r,
+                    "step": step,
+                    "wall_start": 1000.0 + step * 0.4,
+                    "duration": end,
+                    "spans": spans,
+                    "notes": [],
+                }
+            )
+    return out
+
+
+LAYOUT_ROWS, LAYOUT_COLS = 4096, 64
+
+
+def layout_param(name: str, rows: list[list[int]], placements: list[str]) -> dict:
+    held = sum(b - a for a, b in rows)
+    return {
+        "name": name,
+        "global_shape": [LAYOUT_ROWS, LAYOUT_COLS],
+        "local_shape": [held, LAYOUT_COLS],
+        "placements": placements,
+        "dtype": "float32",
+        "local_bytes": held * LAYOUT_COLS * 4,
+        "global_bytes": LAYOUT_ROWS * LAYOUT_COLS * 4,
+        "holds": {"kind": "grid", "runs": [rows, [[0, LAYOUT_COLS]]], "partial": False},
+    }
+
+
+def layouts(strategy: str, n: int, replicate: int = 1) -> list[dict]:
+    """Per-rank layouts (strategies.layout's schema): ddp (every rank whole), fsdp (rows split
+    over all ranks) or hsdp (``replicate`` groups, rows split within each)."""
+    shard = n // replicate
+    out = []
+    for r in range(n):
+        if strategy == "ddp":
+            rows, placements, mesh = [[0, LAYOUT_ROWS]], ["Replicate()"], {"shape": [n], "dim_names": ["dp"]}
+        else:
+            per = LAYOUT_ROWS // shard
+            k = r % shard
+            rows = [[k * per, (k + 1) * per]]
+            placements = ["Replicate()", "Shard(0)"]
+            mesh = {"shape": [replicate, shard], "dim_names": ["dp_replicate", "dp_shard"]}
+        params = [layout_param(f"layers.{i}.weight", rows, placements) for i in range(3)]
+        out.append({"version": 1, "strategy": strategy, "path": "native", "mesh": mesh, "rank": r, "params": params})
+    return out

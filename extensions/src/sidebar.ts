@@ -1,8 +1,10 @@
 // The ranks sidebar: every rank set of this user's kernels, a row per rank, confirmed actions.
+// Past GROUP_PAST ranks a set's ranks are grouped by host with counts by state (see rankgroups).
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
-import { act, forget, RankSet } from './api';
+import { act, forget, RankRow, RankSet } from './api';
 import { RankSetsModel } from './model';
+import { filtered, GROUP_PAST, groupRanks, groupSummary, stateCounts, STRAGGLING, VirtualRows } from './rankgroups';
 
 const ACTIONS: { action: string; label: string; confirm: string; danger?: boolean }[] = [
   { action: 'interrupt', label: 'Interrupt', confirm: 'Interrupt the cell running on every rank (SIGINT)?' },
@@ -24,6 +26,11 @@ export interface SidebarCallbacks {
 
 export class RanksSidebar extends Widget {
   private message = '';
+  // grouped sets: `${set id}\n${host}` -> which rows the open group lists ('' every rank, or a
+  // state); absent: closed. Kept across redraws, as are the open lists' scroll positions.
+  private open = new Map<string, string>();
+  private scrolls = new Map<string, number>();
+  private lists: VirtualRows[] = [];
 
   constructor(private model: RankSetsModel, private callbacks: SidebarCallbacks) {
     super();
@@ -37,7 +44,11 @@ export class RanksSidebar extends Widget {
 
   private render(): void {
     const node = this.node;
+    for (const list of this.lists) {
+      list.save();
+    }
     node.textContent = '';
+    this.lists = [];
     const head = document.createElement('h2');
     head.textContent = 'Workbench ranks';
     node.appendChild(head);
@@ -52,6 +63,9 @@ export class RanksSidebar extends Widget {
     }
     if (this.message) {
       node.appendChild(el('div', 'wb-Message', this.message));
+    }
+    for (const list of this.lists) {
+      list.restore();
     }
   }
 
@@ -103,37 +117,87 @@ export class RanksSidebar extends Widget {
       actions.appendChild(open);
     }
     box.appendChild(actions);
+    const gpu = rs.ranks.some(r => r.gpu);
+    if (rs.ranks.length > GROUP_PAST) {
+      box.appendChild(this.renderGroups(rs, gpu));
+      return box;
+    }
     const table = el('table', 'wb-RankTable');
     const header = el('tr', '');
-    const gpu = rs.ranks.some(r => r.gpu);
     for (const h of ['rank', 'state', 'host', 'pid', 'device', 'MB', ...(gpu ? ['GPU MB', 'GPU %'] : []), 'step', 'loss']) {
       header.appendChild(el('th', '', h));
     }
     table.appendChild(header);
     for (const r of rs.ranks) {
-      const row = el('tr', 'wb-RankRow');
-      row.dataset.rank = String(r.rank);
-      row.dataset.pid = r.pid === null ? '' : String(r.pid);
-      row.dataset.state = r.state;
-      const state = r.state + (r.exit ? ` (${r.exit})` : '') + (r.trainer.state ? ` · ${r.trainer.state}` : '');
-      const gpuCells = gpu ? [fmt(r.gpu?.memory_mb, 4), r.gpu ? String(r.gpu.util) : ''] : [];
-      const cells = [String(r.rank), state, r.host ?? '', r.pid === null ? '' : String(r.pid), r.device ?? '',
-        fmt(r.memory_mb, 4), ...gpuCells,
-        r.trainer.step === null ? '' : String(r.trainer.step), fmt(r.trainer.loss, 4)];
-      const stepColumn = 6 + gpuCells.length;
-      cells.forEach((text, i) => {
-        const td = el('td', i === 1 ? `wb-state wb-state-${r.state}` : '', text);
-        if (i === stepColumn && r.straggler) {
-          td.classList.add('wb-straggler');
-          td.title = 'straggler: this rank lags the others';
-          td.textContent = `${text} ⚠`;
-        }
-        row.appendChild(td);
-      });
-      table.appendChild(row);
+      table.appendChild(rankRow(r, gpu, 'tr', 'td', true));
     }
     box.appendChild(table);
     return box;
+  }
+
+  /** A large set: a line of counts, then a collapsible group per host (its rows virtualised). */
+  private renderGroups(rs: RankSet, gpu: boolean): HTMLElement {
+    const wrap = el('div', 'wb-RankGroups');
+    const groups = groupRanks(rs.ranks);
+    const counts = stateCounts(rs.ranks).map(([s, n]) => `${n} ${s}`).join(', ');
+    const lagging = rs.ranks.filter(r => r.straggler).length;
+    wrap.appendChild(el('div', 'wb-RankSet-counts',
+      `${rs.ranks.length} ranks on ${groups.length} hosts: ${counts}${lagging ? `; ${lagging} ${STRAGGLING}` : ''}`));
+    for (const g of groups) {
+      const key = `${rs.id}\n${g.host}`;
+      const filter = this.open.get(key); // undefined: closed
+      const group = el('div', 'wb-RankGroup');
+      group.dataset.host = g.host;
+      group.dataset.open = String(filter !== undefined);
+      const head = el('div', 'wb-RankGroup-head');
+      head.dataset.summary = groupSummary(g);
+      const toggle = el('button', 'wb-RankGroup-toggle', `${filter === undefined ? '▸' : '▾'} host ${g.host}: ${g.ranks.length} ranks`);
+      toggle.title = filter === undefined ? 'show its ranks' : 'hide its ranks';
+      toggle.onclick = () => {
+        if (filter === undefined) {
+          this.open.set(key, '');
+        } else {
+          this.open.delete(key);
+        }
+        this.render();
+      };
+      head.appendChild(toggle);
+      const chips: [string, string, string][] = g.counts.map(([state, n]) => [', ', state, `${n} ${state}`]);
+      if (g.stragglers) {
+        chips.push(['; ', STRAGGLING, `${g.stragglers} ${STRAGGLING}`]);
+      }
+      for (const [sep, state, text] of chips) {
+        head.appendChild(document.createTextNode(sep));
+        // a count lists only those ranks (again: every rank of the host)
+        const chip = el('button', `wb-RankGroup-state wb-state-${state}`, text);
+        chip.dataset.stateFilter = state;
+        chip.classList.toggle('wb-selected', filter === state);
+        chip.onclick = () => {
+          this.open.set(key, filter === state ? '' : state);
+          this.render();
+        };
+        head.appendChild(chip);
+      }
+      group.appendChild(head);
+      if (filter !== undefined) {
+        const rows = filtered(g, filter);
+        const where = `${key}\n${filter}`;
+        const list = new VirtualRows(
+          rows,
+          r => rankRow(r, gpu, 'div', 'span', false),
+          this.scrolls.get(where) ?? 0,
+          top => this.scrolls.set(where, top)
+        );
+        group.dataset.shown = String(rows.length);
+        const body = el('div', 'wb-RankGroup-body'); // scrolls sideways in a narrow sidebar
+        body.appendChild(rankHead(gpu));
+        body.appendChild(list.node);
+        group.appendChild(body);
+        this.lists.push(list);
+      }
+      wrap.appendChild(group);
+    }
+    return wrap;
   }
 
   private async run(rs: RankSet, action: string, label: string, question: string): Promise<void> {
@@ -162,6 +226,49 @@ export class RanksSidebar extends Widget {
     }
     await this.model.refresh();
   }
+}
+
+/** A rank's row: a table row (`tr`/`td`, with its host) or a grid row of a host's group (`div`/`span`). */
+function rankRow(r: RankRow, gpu: boolean, rowTag: string, cellTag: string, withHost: boolean): HTMLElement {
+  const row = el(rowTag, 'wb-RankRow');
+  row.dataset.rank = String(r.rank);
+  row.dataset.pid = r.pid === null ? '' : String(r.pid);
+  row.dataset.state = r.state;
+  const state = r.state + (r.exit ? ` (${r.exit})` : '') + (r.trainer.state ? ` · ${r.trainer.state}` : '');
+  const gpuCells = gpu ? [fmt(r.gpu?.memory_mb, 4), r.gpu ? String(r.gpu.util) : ''] : [];
+  const cells = [String(r.rank), state, ...(withHost ? [r.host ?? ''] : []), r.pid === null ? '' : String(r.pid),
+    r.device ?? '', fmt(r.memory_mb, 4), ...gpuCells,
+    r.trainer.step === null ? '' : String(r.trainer.step), fmt(r.trainer.loss, 4)];
+  const stepColumn = cells.length - 2;
+  cells.forEach((text, i) => {
+    const td = el(cellTag, i === 1 ? `wb-state wb-state-${r.state}` : '', text);
+    if (i === stepColumn && r.straggler) {
+      td.classList.add('wb-straggler');
+      td.title = 'straggler: this rank lags the others';
+      td.textContent = `${text} ⚠`;
+    }
+    if (i === 1) {
+      td.title = state;
+    }
+    row.appendChild(td);
+  });
+  if (!withHost) {
+    row.style.gridTemplateColumns = gridColumns(gpu);
+  }
+  return row;
+}
+
+function gridColumns(gpu: boolean): string {
+  return `3em minmax(5em, 1fr) 4.5em 3.5em 3.5em ${gpu ? '4em 3em ' : ''}3.5em 4em`;
+}
+
+function rankHead(gpu: boolean): HTMLElement {
+  const head = el('div', 'wb-RankHead');
+  for (const h of ['rank', 'state', 'pid', 'device', 'MB', ...(gpu ? ['GPU MB', 'GPU %'] : []), 'step', 'loss']) {
+    head.appendChild(el('span', '', h));
+  }
+  head.style.gridTemplateColumns = gridColumns(gpu);
+  return head;
 }
 
 /** `Slurm job 812 PENDING (Resources)` for a rank set whose job waits for its allocation. */

@@ -9,6 +9,7 @@ interrupt, SIGKILL, stop from the sidebar.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -241,3 +242,115 @@ def test_sidebar_shows_a_queued_slurm_set_with_its_job_and_reason(lab_page, lab_
         assert page.js_errors == [], page.js_errors
     finally:
         registry.withdraw(rs)
+
+
+def test_sidebar_groups_1024_simulated_ranks_by_host_and_state(lab_page, lab_base, monkeypatch, tmp_path):
+    # A SIMULATION (tests/sim_ranks.py): 1024 ranks on 16 simulated hosts of 64, in a registry
+    # entry written as a kernel writes it (registry.entry_for); no rank process runs, so the
+    # server lists them as ranks on other hosts ("remote": ok). Their deaths are reported through
+    # the call the kernel's watcher makes; their step events go through a real collector and its
+    # mirror to the server's stream reader. The sidebar polls the server every second.
+    from sim_ranks import SimulatedPublishers, SimulatedRankSet
+
+    from workbench.notebook.stream import Collector
+
+    page, lab = lab_page, lab_base
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(HERE / "runtime"))  # the Lab server's registry
+    collector = Collector()
+    pubs = SimulatedPublishers(collector, 1024)
+    sim = SimulatedRankSet(1024, str(tmp_path))
+    entry_id = sim.announce(collector)
+    bounded = 14 + 2 * 4  # an open group's rows in the DOM: its view (14) and 4 beyond each edge
+    try:
+        listed = next(s for s in _ranks_api(lab) if s["id"] == entry_id)
+        assert len(listed["ranks"]) == 1024 and listed["state"] == "running"
+        page.goto(f"{lab.base}/lab/workspaces/scale?reset&token={lab.token}")
+        page.locator(".lm-TabBar-tab[data-id='workbench-ranks']").click()
+        box = page.locator(f".wb-RankSet[data-rankset-id='{entry_id}']")
+        box.wait_for(timeout=15_000)
+        assert box.locator(".wb-RankSet-counts").inner_text() == "1024 ranks on 16 hosts: 1024 ok"
+        heads = box.locator(".wb-RankGroup-head")
+        assert heads.count() == 16
+        assert heads.first.get_attribute("data-summary") == "host sim-host-00: 64 ranks, 64 ok"
+        assert heads.first.inner_text() == "▸ host sim-host-00: 64 ranks, 64 ok"
+        assert box.locator(".wb-RankRow").count() == 0  # closed groups hold no rows
+
+        # expanding a group lists its ranks, only those in view in the DOM
+        group = box.locator(".wb-RankGroup[data-host='sim-host-03']")
+        group.locator(".wb-RankGroup-toggle").click()
+        rows = group.locator(".wb-RankRow")
+        rows.first.wait_for(timeout=5_000)
+        shown = [int(r) for r in rows.evaluate_all("rows => rows.map(r => r.dataset.rank)")]
+        assert shown[:2] == [192, 193] and 14 <= len(shown) <= bounded, shown
+        assert rows.first.locator(".wb-state").inner_text() == "remote"
+        # scrolled to its end: the last rank is drawn, and still no more rows than the bound
+        group.locator(".wb-RankRows").evaluate("n => { n.scrollTop = n.scrollHeight; }")
+        last = group.locator(".wb-RankRow[data-rank='255']")
+        last.wait_for(timeout=5_000)
+        assert rows.count() <= bounded
+        time.sleep(2.5)  # two of the sidebar's redraws: the group stays open and scrolled
+        assert last.is_visible() and group.get_attribute("data-open") == "true"
+        # every group open: 1024 ranks, a bounded number of row elements in the whole page
+        for i in range(16):
+            toggle = box.locator(".wb-RankGroup").nth(i).locator(".wb-RankGroup-toggle")
+            if toggle.inner_text().startswith("▸"):
+                toggle.click()
+        page.wait_for_function(
+            f"() => document.querySelectorAll(\".wb-RankSet[data-rankset-id='{entry_id}'] "
+            ".wb-RankGroup[data-open='true']\").length === 16",
+            timeout=5_000,
+        )
+        in_dom = page.locator(".wb-RankRow").count()
+        assert 16 * 14 <= in_dom <= 16 * bounded, in_dom
+
+        # a rank dying shows within 2 s: its host's counts, the set's counts
+        t0 = time.monotonic()
+        sim.kill(700)  # on sim-host-10 (ranks 640-703)
+        dead_host = box.locator(".wb-RankGroup[data-host='sim-host-10']")
+        dead_host.locator(".wb-RankGroup-head[data-summary='host sim-host-10: 64 ranks, 63 ok, 1 dead']").wait_for(
+            timeout=2_000
+        )
+        assert time.monotonic() - t0 <= 2.5
+        assert box.locator(".wb-RankSet-counts").inner_text() == "1024 ranks on 16 hosts: 1023 ok, 1 dead"
+        # its "1 dead" lists that rank alone, with its exit
+        dead_host.locator("button[data-state-filter='dead']").click()
+        dead_host.locator(".wb-RankRow[data-rank='700'][data-state='dead']").wait_for(timeout=5_000)
+        assert dead_host.locator(".wb-RankRow").count() == 1
+        assert "killed by SIGKILL" in dead_host.locator(".wb-RankRow").inner_text()
+        # closing the other groups takes their rows out of the page
+        for i in range(16):
+            if i != 10:
+                box.locator(".wb-RankGroup").nth(i).locator(".wb-RankGroup-toggle").click()
+        page.wait_for_function("() => document.querySelectorAll('.wb-RankRow').length === 1", timeout=5_000)
+
+        # steps stream in; rank 300 stops at step 2 while the others go on to step 5: a straggler
+        pubs.steps(3)
+        time.sleep(1.2)  # the server marks a rank 2 steps and 1 s (rank clocks) behind
+        pubs.steps(3, skip={300})
+        # (while the burst of steps is on its way, ranks not yet past step 2 count as lagging too)
+        counts = "1024 ranks on 16 hosts: 1023 ok, 1 dead; 1 straggling"
+        box.locator(".wb-RankSet-counts", has_text=re.compile(f"^{re.escape(counts)}$")).wait_for(timeout=10_000)
+        lagging = box.locator(".wb-RankGroup[data-host='sim-host-04']")
+        assert lagging.locator(".wb-RankGroup-head").get_attribute("data-summary") == (
+            "host sim-host-04: 64 ranks, 64 ok; 1 straggling"
+        )
+        # its rows show each rank's step and loss (rank 256: step 5, the loss the simulator sent)
+        lagging.locator(".wb-RankGroup-toggle").click()
+        cells = lagging.locator(".wb-RankRow[data-rank='256'] span")
+        cells.first.wait_for(timeout=5_000)
+        expected, deadline = ["5", f"{4.0 * math.exp(-5 / 300):.4g}"], time.monotonic() + 10
+        while (seen := [cells.nth(i).inner_text() for i in (5, 6)]) != expected and time.monotonic() < deadline:
+            time.sleep(0.2)  # the last steps may still be on their way through the stream
+        assert seen == expected
+        lagging.locator("button[data-state-filter='straggling']").click()
+        row = lagging.locator(".wb-RankRow[data-rank='300']")
+        row.wait_for(timeout=5_000)
+        assert lagging.locator(".wb-RankRow").count() == 1
+        assert row.locator(".wb-straggler").inner_text() == "2 ⚠"
+        page.locator(".wb-Ranks").evaluate("n => { n.scrollTop = 0; }")
+        shot(page, "lab_ranks_sidebar_1024")  # docs/images/sidebar-1024.png
+        assert page.js_errors == [], page.js_errors
+    finally:
+        sim.withdraw()
+        pubs.close()
+        collector.close()

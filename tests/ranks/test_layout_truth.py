@@ -16,6 +16,7 @@ import re
 import numpy as np
 import pytest
 
+from workbench.notebook.cluster.ranges import parse_ranks
 from workbench.notebook.dashboard.layout_figure import (
     grid_shape,
     held_blocks,
@@ -76,7 +77,7 @@ def _drawn(fig) -> dict[int, list[tuple]]:
     """{rank: [((row0, row1), (col0, col1))]} read back from the figure's rectangles and labels."""
     out: dict[int, list[tuple]] = {}
     for shape, ann in zip(fig.layout.shapes, fig.layout.annotations):
-        ranks = [int(r) for r in re.match(r"ranks? ([\d,]+)", ann.text).group(1).split(",")]
+        ranks = parse_ranks(re.match(r"ranks? ([\d,-]+)", ann.text).group(1), 1 << 20)  # "ranks 0-3,6"
         rect = ((int(shape.y0), int(shape.y1)), (int(shape.x0), int(shape.x1)))
         for r in ranks:
             out.setdefault(r, []).append(rect)

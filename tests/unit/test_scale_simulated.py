@@ -76,3 +76,32 @@ def test_a_cell_on_1024_ranks_prints_a_few_grouped_lines(capsys):
     assert out.splitlines()[0] == "[ranks 0-4,6-899,901-1023] step 100 done"
     assert len(out.splitlines()) == 3
     assert err.splitlines() == ["[ranks 512-1023] Traceback...", "[ranks 512-1023] ValueError: bad batch"]
+
+
+def test_the_heatmaps_show_the_slow_and_the_nan_rank_of_1024(store):
+    import numpy as np
+
+    lines = figures.lines_for(store, RUN)
+    ((name, steps, starts, style),) = lines["step_map"]
+    z = style["z"]
+    assert name == "step time" and z.shape == (bands.MAP_ROWS, 12) and list(steps) == list(range(12))
+    slow_row = list(starts).index(SLOW - SLOW % 8)  # the bin of 8 ranks holding the slow rank
+    assert (z[slow_row] > 2 * np.delete(z, slow_row, axis=0).max(axis=0)).all()
+    ((_, _, loss_starts, loss_style),) = lines["loss_map"]
+    nan_row = list(loss_starts).index(NAN - NAN % 8)
+    assert np.isnan(loss_style["z"][nan_row]).all() and not np.isnan(np.delete(loss_style["z"], nan_row, axis=0)).any()
+    # drawn into the figure's heatmap traces, and a second redraw with nothing new sends nothing
+    fig = figures.make_figure(widget=True, ranks=range(N))
+    figures.draw(fig, lines)
+    drawn = next(t for t in fig.data if t.meta == "step_map:step time")
+    assert np.array_equal(np.asarray(drawn.z), z)
+    edits = fig._last_trace_edit_id
+    assert edits > 0  # the first draw sent its restyles
+    figures.draw(fig, figures.lines_for(store, RUN))
+    assert fig._last_trace_edit_id == edits
+    # the standalone page (Dashboard.export_html) draws them too
+    static = figures.make_figure(widget=False, ranks=store.ranks(RUN))
+    figures.draw(static, lines)
+    maps = [t for t in static.data if t.type == "heatmap" and t.z is not None and len(t.z)]
+    assert [t.meta for t in maps] == ["loss_map:loss", "step_map:step time"]
+    assert '"meta":"step_map:step time"' in static.to_html(include_plotlyjs=False)

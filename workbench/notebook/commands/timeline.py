@@ -10,7 +10,12 @@ def _timeline_args(p) -> None:
     p.add_argument(
         "--steps", type=positive_int, default=5, help="how many of the latest steps (default 5, at most 200)"
     )
-    p.add_argument("--ranks", type=rank_selection, default=None, help="ranks to show: 0,2-3 or all (default all)")
+    p.add_argument(
+        "--ranks",
+        type=rank_selection,
+        default=None,
+        help="ranks to show: 0,2-3 or all (default all; past 16 ranks the slowest, the fastest and the straggler)",
+    )
     p.add_argument("--run", default=None, help="this run (default: the latest)")
     p.add_argument("--table", action="store_true", help="a table per rank and step instead of the chart")
 
@@ -30,7 +35,8 @@ def _timeline(args, shell):
         raise UsageError(
             "no steps recorded on the ranks yet: train a few steps first (`%distrain train start --steps 5`)"
         )
-    return timeline_table(recs) if args.table else timeline_figure(recs)
+    # ranks chosen by --ranks are all drawn; by default, past 16 ranks, the extremes and the straggler
+    return timeline_table(recs) if args.table else timeline_figure(recs, every_rank=args.ranks is not None)
 
 
 @command("pipeline", "the latest pipeline step as it ran: micro-batch x stage blocks beside the bubble formula")

@@ -202,7 +202,7 @@ class Dashboard(LiveView):
     def export_html(self, path, run: str | None = None) -> str:
         """Write the dashboard of ``run`` (default: what it shows) as one standalone HTML file."""
         run = run or self.current_run()
-        static = figures.make_figure(widget=False)
+        static = figures.make_figure(widget=False, ranks=self.store.ranks(run) if run is not None else None)
         if run is not None:
             figures.draw(static, figures.lines_for(self.store, run))
         plot = static.to_html(include_plotlyjs=True, full_html=False)

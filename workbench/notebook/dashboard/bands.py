@@ -95,10 +95,54 @@ def band_names(k: int = OUTLIERS) -> list[tuple]:
     ]
 
 
-def heatmap(lines: list[tuple], ranks: list[int]):
-    """(steps, ranks, ranks x steps matrix) for a rank x step heatmap of one metric."""
+MAP_ROWS = 128  # a rank x step heatmap has at most this many rows (bins of ranks) ...
+MAP_COLUMNS = 200  # ... and columns (bins of steps), whatever the rank count and run length
+
+
+def _bin_edges(n: int, most: int) -> list[int]:
+    """Starts of ``ceil(n / per)`` equal bins of ``per`` items (the last may be short), so
+    that there are at most ``most`` bins."""
+    per = max(1, -(-n // most))
+    return list(range(0, n, per))
+
+
+def heatmap(lines: list[tuple], ranks: list[int], *, scale: float = 1.0):
+    """(step bins, rank bins, bins matrix, hover labels) of one metric, or None when no rank has it.
+
+    Bounded: at most ``MAP_ROWS`` x ``MAP_COLUMNS`` cells, whatever the rank count and run
+    length. A step bin is the mean of its steps; a rank bin shows, per step bin, the value of
+    its rank furthest from that step's median over all ranks, so one slow (or NaN) rank among
+    eight still colours its cell (a mean would hide it). ``ranks``' bins are labelled by the
+    first rank of each; the labels name the whole bin (``ranks 8-15``).
+    """
+    import numpy as np
+
     have = [(r, line) for r, line in zip(ranks, lines) if len(line[0])]
     if not have:
         return None
     steps, matrix = common_steps([line for _, line in have])
-    return steps, [r for r, _ in have], matrix
+    if not len(steps):
+        return None
+    matrix = matrix / scale
+    # steps: the mean of each bin of columns (NaN stays NaN: a rank with a NaN step shows it)
+    starts = _bin_edges(len(steps), MAP_COLUMNS)
+    cols = np.add.reduceat(matrix, starts, axis=1) / np.diff([*starts, len(steps)])
+    step_bins = steps[starts]
+    # ranks: in each bin the value furthest from the median of its step bin
+    with np.errstate(all="ignore"):
+        median = np.nanmedian(cols, axis=0)
+        dist = np.abs(cols - median)
+    dist[np.isnan(dist)] = np.inf
+    row_starts = _bin_edges(len(have), MAP_ROWS)
+    out = np.empty((len(row_starts), cols.shape[1]))
+    labels = []
+    bounds = [*row_starts, len(have)]
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        pick = a + np.argmax(dist[a:b], axis=0)
+        out[i] = cols[pick, np.arange(cols.shape[1])]
+        lo, hi = have[a][0], have[b - 1][0]
+        if a == b - 1:
+            labels.append(f"rank {lo}")
+        else:  # ranks without data are left out of the bins: then say how many it holds
+            labels.append(f"ranks {lo}-{hi}" if hi - lo + 1 == b - a else f"{b - a} ranks of {lo}-{hi}")
+    return step_bins, [have[a][0] for a in row_starts], out, labels

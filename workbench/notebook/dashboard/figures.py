@@ -53,7 +53,12 @@ PANELS = (
     Panel("step_time", "step time breakdown (mean over ranks)", "seconds"),
     Panel("grad_norm", "gradient norm before clipping", "grad_norm"),
 )
-PANEL_KEYS = tuple(p.key for p in PANELS)
+# past bands.BAND_PAST ranks two panels more: rank x step heatmaps (bounded bins, see bands.heatmap)
+HEATMAPS = (
+    Panel("loss_map", "loss, rank x step (in each bin of ranks: the one furthest from the median)", "rank"),
+    Panel("step_map", "step time (s), rank x step (the slowest stands out)", "rank"),
+)
+PANEL_KEYS = tuple(p.key for p in PANELS + HEATMAPS)
 
 
 def _axes(i: int) -> dict:
@@ -72,22 +77,24 @@ def panel_traces(fig, panel: str) -> list:
     return [t for t in fig.data if isinstance(t.meta, str) and t.meta.startswith(prefix)]
 
 
-def figure_layout() -> dict:
-    """Subplots (2 columns), one legend inside each panel's top-right corner, stacked bars."""
+def figure_layout(heatmaps: bool = False) -> dict:
+    """Subplots (2 columns), one legend inside each panel's top-right corner, stacked bars;
+    with ``heatmaps`` a last row of the two rank x step heatmaps."""
     from plotly.subplots import make_subplots
 
-    rows = -(-len(PANELS) // COLUMNS)
+    panels = PANELS + HEATMAPS if heatmaps else PANELS
+    rows = -(-len(panels) // COLUMNS)
     grid = make_subplots(
         rows=rows,
         cols=COLUMNS,
-        subplot_titles=[p.title for p in PANELS],
-        horizontal_spacing=0.09,
+        subplot_titles=[p.title for p in panels],
+        horizontal_spacing=0.12 if heatmaps else 0.09,  # room for the left heatmap's colour bar
         vertical_spacing=0.11,
     )
     layout = grid.layout.to_plotly_json()
     for ann in layout.get("annotations", []):
         ann["font"] = {"size": 13}
-    for i, p in enumerate(PANELS):
+    for i, p in enumerate(panels):
         axes = _axes(i)
         x_name, y_name = "xaxis" + axes["xaxis"][1:], "yaxis" + axes["yaxis"][1:]
         layout[x_name]["title"] = {"text": "step", "standoff": 2}
@@ -102,6 +109,8 @@ def figure_layout() -> dict:
             "bgcolor": "rgba(255,255,255,0.7)",
             "font": {"size": 9},
         }
+        if p in HEATMAPS:  # ranks down the side, rank 0 on top
+            layout[y_name]["autorange"] = "reversed"
     layout.update(
         height=rows * ROW_HEIGHT + 60,
         margin=dict(l=60, r=20, t=40, b=40),
@@ -130,13 +139,49 @@ def expected_traces(ranks) -> dict[str, list[tuple]]:
         "memory": plain,
         "step_time": [(phase, {"bar": True}) for phase in (*STEP_TIME_PHASES, "control")],
         "grad_norm": [("grad_norm", {"width": 2})],
+        **({"loss_map": [("loss", HEAT)], "step_map": [("step time", HEAT)]} if bands.banded(len(ranks)) else {}),
     }
+
+
+HEAT = {"heatmap": True}
+
+
+def _colorbar(panel: str) -> dict:
+    """A heatmap's colour bar, beside its own panel (the figure has two)."""
+    layout = _heat_layout()
+    axes = _axes(PANEL_KEYS.index(panel))
+    x1 = layout["xaxis" + axes["xaxis"][1:]]["domain"][1]
+    y0, y1 = layout["yaxis" + axes["yaxis"][1:]]["domain"]
+    return {"x": x1 + 0.005, "xanchor": "left", "y": (y0 + y1) / 2, "len": y1 - y0, "thickness": 10}
+
+
+_HEAT_LAYOUT: dict = {}
+
+
+def _heat_layout() -> dict:
+    if not _HEAT_LAYOUT:
+        _HEAT_LAYOUT.update(figure_layout(heatmaps=True))
+    return _HEAT_LAYOUT
 
 
 def _trace(panel: str, name, xs, ys, style):
     import plotly.graph_objects as go
 
     where = {**_axes(PANEL_KEYS.index(panel)), "meta": trace_key(panel, name), "name": style.get("label", name)}
+    where.pop("legend")
+    if style.get("heatmap"):
+        return go.Heatmap(
+            x=xs,
+            y=ys,
+            z=style.get("z", []),
+            **where,
+            colorscale="Viridis",
+            colorbar=_colorbar(panel),
+            hovertemplate="the bin of ranks from %{y}<br>the bin of steps from %{x}<br>"
+            + name
+            + " %{z:.4g}<extra></extra>",
+        )
+    where["legend"] = _axes(PANEL_KEYS.index(panel))["legend"]
     if style.get("bar"):
         return go.Bar(x=xs, y=ys, **where)
     line = {k: v for k, v in style.items() if k in ("width", "color")}
@@ -158,7 +203,7 @@ def make_figure(widget: bool = True, ranks=None):
     cls = widget_class() if widget else go.Figure
     known = expected_traces(ranks) if ranks is not None else {}
     data = [_trace(key, name, [], [], style) for key in PANEL_KEYS for name, style in known.get(key, [])]
-    return cls(data=data, layout=figure_layout())
+    return cls(data=data, layout=figure_layout(heatmaps=bool(known.get("loss_map"))))
 
 
 def is_widget(fig) -> bool:
@@ -195,16 +240,26 @@ def lines_for(store, run: str) -> dict[str, list[tuple]]:
     out: dict[str, list[tuple]] = {p.key: [] for p in PANELS}
     banded = bands.banded(len(ranks))
 
-    def per_rank(panel: str, metric: str, style: dict, scale: float = 1.0) -> None:
+    def per_rank(panel: str, metric: str, style: dict, scale: float = 1.0) -> list:
         lines = [line(metric, r) for r in ranks]
         if banded:  # a band, the median and the outlying ranks (see bands)
             out[panel].extend(bands.band_traces(lines, ranks, scale=scale))
-            return
+            return lines
         for r, (xs, ys) in zip(ranks, lines):
             if len(xs):
                 out[panel].append((f"rank {r}", xs, ys / scale if scale != 1.0 else ys, style))
+        return lines
 
-    per_rank("loss", "loss_local" if "loss_local" in names else "loss", {"width": 1})
+    loss_metric = "loss_local" if "loss_local" in names else "loss"
+    loss_lines = per_rank("loss", loss_metric, {"width": 1})
+    if banded:  # rank x step heatmaps, binned (at most bands.MAP_ROWS x MAP_COLUMNS cells)
+        out["loss_map"], out["step_map"] = [], []
+        for panel, metric, name in (("loss_map", loss_metric, "loss"), ("step_map", "time_step_s", "step time")):
+            lines = loss_lines if panel == "loss_map" else [line(metric, r) for r in ranks]
+            found = bands.heatmap(lines, ranks) if metric in names else None
+            if found is not None:
+                steps, starts, z, _labels = found
+                out[panel].append((name, steps, np.asarray(starts, dtype=float), {**HEAT, "z": z}))
     if "loss" in names and ranks:
         xs, ys = line("loss", ranks[0])
         out["loss"].append(("mean", xs, ys, {"width": 3, "color": "black"}))
@@ -281,6 +336,7 @@ def draw(fig, lines: dict[str, list[tuple]]) -> bool:
         xs_new: list = []
         ys_new: list = []
         names_new: list = []  # an outlier slot's label names the rank it shows now
+        heat: dict[str, list] = {"i": [], "x": [], "y": [], "z": []}  # heatmaps: restyled apart (z)
         new = []
         for panel, traces in lines.items():
             for name, xs, ys, style in traces:
@@ -288,6 +344,15 @@ def draw(fig, lines: dict[str, list[tuple]]) -> bool:
                 label = style.get("label", name)
                 if i is None:
                     new.append((panel, name, xs, ys, style))
+                elif style.get("heatmap"):
+                    old = fig._data[i]
+                    if not (
+                        _same(old.get("x"), xs)
+                        and _same(old.get("y"), ys)
+                        and _same(np.ravel(old.get("z") if old.get("z") is not None else ()), np.ravel(style["z"]))
+                    ):
+                        for key, value in (("i", i), ("x", xs), ("y", ys), ("z", style["z"])):
+                            heat[key].append(value)
                 elif not (
                     _same(fig._data[i].get("x"), xs)
                     and _same(fig._data[i].get("y"), ys)
@@ -298,6 +363,11 @@ def draw(fig, lines: dict[str, list[tuple]]) -> bool:
                     ys_new.append(ys)
                     names_new.append(label)
         for i in where.values():  # not in this run
+            if fig._data[i].get("type") == "heatmap":
+                if not _same(fig._data[i].get("x"), ()):
+                    for key, value in (("i", i), ("x", np.empty(0)), ("y", []), ("z", [])):
+                        heat[key].append(value)
+                continue
             if not _same(fig._data[i].get("x"), ()):
                 changed.append(i)
                 xs_new.append(np.empty(0))
@@ -305,6 +375,8 @@ def draw(fig, lines: dict[str, list[tuple]]) -> bool:
                 names_new.append(fig._data[i].get("name"))
         if changed:
             fig.plotly_restyle({"x": xs_new, "y": ys_new, "name": names_new}, trace_indexes=changed)
+        if heat["i"]:
+            fig.plotly_restyle({"x": heat["x"], "y": heat["y"], "z": heat["z"]}, trace_indexes=heat["i"])
         for panel, name, xs, ys, style in new:
             fig.add_trace(_trace(panel, name, xs, ys, style))
             added = True

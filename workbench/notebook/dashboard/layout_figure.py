@@ -10,6 +10,11 @@ from the ranks; nothing here touches torch. Two views:
 * :func:`tensor_figure` - one tensor drawn as its (rows x cols) grid, each block
   labelled with the ranks that hold it - the "which slice of which weight" view.
 
+Past ``bands.BAND_PAST`` ranks :func:`layout_figure` draws a column per GROUP of ranks whose
+columns would be the same (same share, holding and local shape of every tensor): DDP's 1024
+replicas are one column, "ranks 0-1023", FSDP's 1024 shards one column that says they are
+1024 different shards; the title says per group whether its ranks hold the same blocks.
+
 Both draw what each rank reported holding (the layout's ``holds``: global index runs
 asked of the DTensor / DeepSpeed partition on the rank), never placement arithmetic
 redone here, which gets strided FSDP x TP shards wrong.
@@ -22,6 +27,8 @@ import re
 from fractions import Fraction
 
 import pandas as pd
+
+from .bands import BAND_PAST
 
 
 def layout_table(layouts: list[dict]) -> pd.DataFrame:
@@ -65,34 +72,93 @@ def _pick(table: pd.DataFrame, max_tensors: int, match: str | None) -> list[str]
     return [n for n in names if n in keep]
 
 
+def _ranks_text(ranks: list[int]) -> str:
+    from ..cluster.ranges import format_ranks
+
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
+def rank_groups(layouts: list[dict]) -> list[dict]:
+    """Ranks whose column of the layout picture is the same, first rank first.
+
+    Each group: ``ranks``, ``label`` (``ranks 0-31``), ``shards`` (how many different sets of
+    blocks its ranks hold: 1 for replicas, ``len(ranks)`` when each holds its own shard) and
+    ``summary``, a line such as "ranks 0-31 hold the whole model (32 replicas)".
+    """
+    columns: dict[tuple, list[int]] = {}
+    blocks: dict[int, tuple] = {}
+    whole: dict[int, bool] = {}
+    share: dict[int, set] = {}
+    for lay in sorted(layouts, key=lambda lay: lay["rank"]):
+        r = lay["rank"]
+        key = []
+        held = []
+        share[r] = set()
+        for p in lay["params"]:
+            fraction = held_fraction(p)
+            partial = bool(p["holds"].get("partial"))
+            key.append((p["name"], fraction, partial, tuple(p["local_shape"]), tuple(p["placements"])))
+            held.append((p["name"], tuple(held_blocks(p)), partial))
+            share[r].add(Fraction(fraction).limit_denominator(1 << 20))
+        columns.setdefault(tuple(key), []).append(r)
+        blocks[r] = tuple(held)
+        whole[r] = all(f == 1 for f in share[r])
+    out = []
+    for ranks in columns.values():
+        label = _ranks_text(ranks)
+        shards = len({blocks[r] for r in ranks})
+        n = len(ranks)
+        if whole[ranks[0]]:
+            summary = f"{label} hold the whole model" + (f" ({n} replicas)" if n > 1 else "")
+        else:
+            fractions = share[ranks[0]]
+            what = f"{next(iter(fractions))} of every tensor" if len(fractions) == 1 else "a part of each tensor"
+            if n == 1:
+                summary = f"{label} holds {what}"
+            elif shards == 1:
+                summary = f"{label} hold the same blocks, {what} ({n} replicas)"
+            elif shards == n:
+                summary = f"{label} hold {what}, each a different shard"
+            else:
+                summary = f"{label} hold {what}: {shards} different shards, each on {n // shards} ranks"
+        out.append({"ranks": ranks, "label": label, "shards": shards, "summary": summary})
+    return sorted(out, key=lambda g: g["ranks"][0])
+
+
 def layout_figure(layouts: list[dict], *, max_tensors: int = 24, match: str | None = None):
-    """Heatmap of the fraction of each tensor held by each rank."""
+    """Heatmap of the fraction of each tensor held by each rank (past ``BAND_PAST`` ranks, by
+    each group of ranks whose columns are the same: see :func:`rank_groups`)."""
     import plotly.graph_objects as go
 
     table = layout_table(layouts)
     names = _pick(table, max_tensors, match)
     ranks = sorted({lay["rank"] for lay in layouts})
+    groups = rank_groups(layouts) if len(ranks) > BAND_PAST else None
+    columns = [(g["ranks"][0], g["label"], g) for g in groups] if groups else [(r, f"rank {r}", None) for r in ranks]
     sub = table[table["tensor"].isin(names)].set_index(["tensor", "rank"])
     z, text, cell = [], [], []
     for name in names:
-        cell.append([_cell_label(sub.loc[(name, r)]) if (name, r) in sub.index else "" for r in ranks])
-        z.append([float(sub.loc[(name, r), "fraction"]) if (name, r) in sub.index else 0.0 for r in ranks])
+        cell.append([_cell_label(sub.loc[(name, r)]) if (name, r) in sub.index else "" for r, _, _ in columns])
+        z.append([float(sub.loc[(name, r), "fraction"]) if (name, r) in sub.index else 0.0 for r, _, _ in columns])
         text.append(
             [
-                f"{name}<br>rank {r}: {sub.loc[(name, r), 'local_shape']} of {sub.loc[(name, r), 'global_shape']}"
+                f"{name}<br>{label}: {sub.loc[(name, r), 'local_shape']} of {sub.loc[(name, r), 'global_shape']}"
                 f" ({sub.loc[(name, r), 'holding']}, {100 * sub.loc[(name, r), 'fraction']:.1f}%)"
-                f"<br>{sub.loc[(name, r), 'placements']}"
+                f"<br>{sub.loc[(name, r), 'placements']}" + (f"<br>{g['summary']}" if g else "")
                 if (name, r) in sub.index
-                else f"{name}<br>rank {r}: not held"
-                for r in ranks
+                else f"{name}<br>{label}: not held"
+                for r, label, g in columns
             ]
         )
     lay0 = layouts[0]
     mesh = " x ".join(f"{n}={s}" for n, s in zip(lay0["mesh"]["dim_names"], lay0["mesh"]["shape"]))
+    grouped = "".join(f"<br><sub>{g['summary']}</sub>" for g in groups[:6]) if groups else ""
+    if groups and len(groups) > 6:
+        grouped += f"<br><sub>... and {len(groups) - 6} more groups of ranks</sub>"
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            x=[f"rank {r}" for r in ranks],
+            x=[label for _, label, _ in columns],
             y=names,
             hovertext=text,
             hoverinfo="text",
@@ -105,10 +171,12 @@ def layout_figure(layouts: list[dict], *, max_tensors: int = 24, match: str | No
         )
     )
     fig.update_layout(
-        title=f"{lay0['strategy']} ({lay0['path']} path) on mesh {mesh}: share of each tensor per rank",
+        title=f"{lay0['strategy']} ({lay0['path']} path) on mesh {mesh}: share of each tensor per "
+        + ("group of ranks" if groups else "rank")
+        + grouped,
         yaxis={"autorange": "reversed"},
-        height=max(300, 22 * len(names) + 120),
-        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        height=max(300, 22 * len(names) + 120) + (18 * min(len(groups), 7) if groups else 0),
+        margin={"l": 10, "r": 10, "t": 50 + (18 * min(len(groups), 7) if groups else 0), "b": 10},
     )
     return fig
 
@@ -233,27 +301,33 @@ def tensor_figure(layouts: list[dict], name: str):
     per_rank = {r: sum(1 for rs in blocks.values() if r in rs) for rs in blocks.values() for r in rs}
     fig = go.Figure()
     palette = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6"]
+    rects, labels = [], []  # set at once: add_shape / add_annotation per block is quadratic
     for i, ((rspan, cspan), ranks) in enumerate(blocks.items()):
-        label = "ranks " + ",".join(map(str, sorted(ranks))) if len(ranks) > 1 else f"rank {ranks[0]}"
+        label = _ranks_text(sorted(ranks))
         if partial & set(ranks):
             label += " (partial sum)"
-        fig.add_shape(
-            type="rect",
-            x0=cspan[0],
-            x1=cspan[1],
-            y0=rspan[0],
-            y1=rspan[1],
-            fillcolor=palette[i % len(palette)],
-            opacity=0.75,
-            line={"color": "white", "width": 2},
+        rects.append(
+            {
+                "type": "rect",
+                "x0": cspan[0],
+                "x1": cspan[1],
+                "y0": rspan[0],
+                "y1": rspan[1],
+                "fillcolor": palette[i % len(palette)],
+                "opacity": 0.75,
+                "line": {"color": "white", "width": 2},
+            }
         )
-        fig.add_annotation(
-            x=(cspan[0] + cspan[1]) / 2,
-            y=(rspan[0] + rspan[1]) / 2,
-            text=label,
-            showarrow=False,
-            font={"color": "white"},
+        labels.append(
+            {
+                "x": (cspan[0] + cspan[1]) / 2,
+                "y": (rspan[0] + rspan[1]) / 2,
+                "text": label,
+                "showarrow": False,
+                "font": {"color": "white"},
+            }
         )
+    fig.update_layout(shapes=rects, annotations=labels)
     split = sorted(r for r, n in per_rank.items() if n > 1)
     fig.update_xaxes(
         range=[0, cols], title=("dim 1" if len(shape) == 2 else "dims 1.. flattened") if len(shape) > 1 else ""

@@ -6,11 +6,19 @@ phases (data, forward, backward, optimizer, agreement) and its collectives (by k
 hatched where the rank sat blocked in them). The straggler of a step is the rank that
 waited least: in a synchronous step the others wait for it in the first collective
 they share with it, so their waiting is its lateness.
+
+Past ``bands.BAND_PAST`` ranks two lanes a rank would be thousands of lanes: the chart shows
+the ``EXTREMES`` slowest and fastest ranks (by time working, i.e. not blocked, over the steps)
+and the straggler, each lane saying why it is there; the straggler is judged over every rank.
 """
 
 from __future__ import annotations
 
 import pandas as pd
+
+from .bands import BAND_PAST
+
+EXTREMES = 3  # past BAND_PAST ranks: this many slowest and this many fastest ranks are drawn
 
 PHASE_COLORS = {
     "data": "#72B7B2",
@@ -74,8 +82,44 @@ def stragglers(records: list[dict]) -> dict[int, int]:
     return out
 
 
-def timeline_figure(records: list[dict]):
-    """Per-rank Gantt chart of the recorded steps (milliseconds from the first step's start)."""
+def _straggler(late: dict[int, int]) -> int | None:
+    """The rank most often the straggler over the judged steps (None when none was judged)."""
+    return int(pd.Series(list(late.values())).value_counts().index[0]) if late else None
+
+
+def extreme_ranks(records: list[dict], k: int = EXTREMES) -> dict[int, list[str]]:
+    """{rank: why it is drawn} for a chart of many ranks: the ``k`` slowest and ``k`` fastest
+    ranks by their mean time working (the step less the time blocked), and the straggler;
+    slowest first, fastest last."""
+    table = timeline_table(records)
+    work = (table["step_s"] - table["waiting_s"]).groupby(table["rank"]).mean().sort_values(ascending=False)
+    order = [int(r) for r in work.index]
+    why: dict[int, list[str]] = {}
+    for r in order[:k]:
+        why.setdefault(r, []).append("slowest")
+    straggler = _straggler(stragglers(records))
+    if straggler is not None:
+        why.setdefault(straggler, []).append("straggler")
+    for r in order[-k:]:
+        why.setdefault(r, []).append("fastest")
+    return {r: why[r] for r in order if r in why}
+
+
+def _ranks_list(ranks: list[int]) -> str:
+    """``0, 1, 3`` for a few ranks, ``0-511,513-1023`` past ``BAND_PAST``."""
+    if len(ranks) <= BAND_PAST:
+        return ", ".join(map(str, ranks))
+    from ..cluster.ranges import format_ranks
+
+    return format_ranks(ranks)
+
+
+def timeline_figure(records: list[dict], *, every_rank: bool = False):
+    """Per-rank Gantt chart of the recorded steps (milliseconds from the first step's start).
+
+    Past ``BAND_PAST`` ranks only the slowest, the fastest and the straggler are drawn (see
+    :func:`extreme_ranks`) unless ``every_rank``.
+    """
     import plotly.graph_objects as go
 
     if not records:
@@ -84,13 +128,20 @@ def timeline_figure(records: list[dict]):
         )
     origin = min(r["wall_start"] for r in records)
     ranks = sorted({r["rank"] for r in records})
-    lanes = [lane for r in ranks for lane in (f"rank {r}", f"rank {r} comm")]
+    why: dict[int, list[str]] = {}
+    shown = records
+    if not every_rank and len(ranks) > BAND_PAST:
+        why = extreme_ranks(records)
+        shown = [rec for rec in records if rec["rank"] in why]
+        ranks = list(why)
+    names = {r: f"rank {r}" + (f" ({', '.join(why[r])})" if r in why else "") for r in ranks}
+    lanes = [lane for r in ranks for lane in (names[r], f"{names[r]} comm")]
     bars: dict[tuple[str, bool], dict] = {}
     comm_kinds: list[str] = []
-    for rec in records:
+    for rec in shown:
         t0 = (rec["wall_start"] - origin) * 1e3
         for s in rec["spans"]:
-            lane = f"rank {rec['rank']}" if s["lane"] == "phase" else f"rank {rec['rank']} comm"
+            lane = names[rec["rank"]] if s["lane"] == "phase" else f"{names[rec['rank']]} comm"
             if s["lane"] == "comm" and s["name"] not in comm_kinds:
                 comm_kinds.append(s["name"])
             b = bars.setdefault(
@@ -122,16 +173,23 @@ def timeline_figure(records: list[dict]):
                 marker={"color": color, "line": {"width": 0}, "pattern": {"shape": "/" if blocked else ""}},
             )
         )
-    for rec in records:  # step boundaries, so a late start is visible
+    # step boundaries, so a late start is visible (set at once: add_shape per step is quadratic)
+    lane_at = {lane: i for i, lane in enumerate(lanes)}
+    boxes = []
+    for rec in shown:
         t0 = (rec["wall_start"] - origin) * 1e3
-        fig.add_shape(
-            type="rect",
-            x0=t0,
-            x1=t0 + rec["duration"] * 1e3,
-            y0=lanes.index(f"rank {rec['rank']}") - 0.45,
-            y1=lanes.index(f"rank {rec['rank']}") + 0.45,
-            line={"color": "#333", "width": 1},
+        y = lane_at[names[rec["rank"]]]
+        boxes.append(
+            {
+                "type": "rect",
+                "x0": t0,
+                "x1": t0 + rec["duration"] * 1e3,
+                "y0": y - 0.45,
+                "y1": y + 0.45,
+                "line": {"color": "#333", "width": 1},
+            }
         )
+    fig.update_layout(shapes=boxes)
     late = stragglers(records)
     if late:
         counts = pd.Series(list(late.values())).value_counts()
@@ -149,9 +207,15 @@ def timeline_figure(records: list[dict]):
             notes.setdefault(note, []).append((rec["step"], rec["rank"]))
     sub = "".join(
         f"<br><sub>step {', '.join(map(str, sorted({s for s, _ in where})))}, "
-        f"rank {', '.join(map(str, sorted({r for _, r in where})))}: {note}</sub>"
+        f"rank {_ranks_list(sorted({r for _, r in where}))}: {note}</sub>"
         for note, where in notes.items()
     )
+    if why:
+        n_all = len({r["rank"] for r in records})
+        sub += (
+            f"<br><sub>{len(why)} of {n_all} ranks drawn: the {EXTREMES} slowest and {EXTREMES} fastest by time "
+            "working (not blocked), and the straggler; every rank: `%distrain timeline --ranks all`</sub>"
+        )
     fig.update_layout(
         title=f"steps {steps[0]}-{steps[-1]}: {title}{sub}",
         barmode="overlay",

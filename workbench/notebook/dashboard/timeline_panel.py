@@ -45,5 +45,10 @@ class TimelinePanel:
             self.figure.data = []
             self.figure.add_traces(list(fig.data))
             self.figure.layout = fig.layout
-        self.message.value = f"<span class='wb-timeline-drawn'>{len(recs)} rank-steps drawn</span>"
+        ranks = len({r["rank"] for r in recs})
+        drawn = len(fig.layout.yaxis.categoryarray) // 2  # two lanes a rank (past 16 ranks, the extremes)
+        of = f" (of {ranks} ranks: the slowest, the fastest, the straggler)" if drawn < ranks else ""
+        self.message.value = (
+            f"<span class='wb-timeline-drawn'>{len(recs)} rank-steps pulled, {drawn} ranks drawn{of}</span>"
+        )
         return True
