@@ -19,7 +19,9 @@ interleaved per round so that all see the same machine load:
 Each figure is kernel start request -> the reply of the cell that leaves every rank's
 process group initialised (``workbench-loaded``: that cell's request -> reply). Each run
 starts once the previous one's processes are gone (a second's pause), and records the load
-average. ``--idle S``: the standby's cost while it waits for a start that never comes (its
+average; a run that fails (an error, or no answer in 120 s: jupyter-distributed picks its
+rendezvous port when its kernel starts, and on a busy machine another process may take it
+before its ranks listen) is recorded with the round and tried once more. ``--idle S``: the standby's cost while it waits for a start that never comes (its
 memory, and the CPU it uses over S seconds once its import is done), measured once. Results
 (medians, every run, load average) go to
 ``benchmarks/results/startup-*.json`` (``--pool``: every saved run); exit 1 on a miss.
@@ -85,6 +87,7 @@ def run_cell(kc, code, timeout=300, expressions=None):
             return {k: v.get("data", {}).get("text/plain") for k, v in reply["content"]["user_expressions"].items()}
 
 
+RUN_TIMEOUT_S = 120  # a start that takes longer failed (a run is tried twice; see _measure)
 MOMENT_S = 3.0  # between `%load_ext workbench` and `%distrain start` (workbench-loaded)
 STANDBY_PID = "__import__('workbench.notebook.cluster.standby').notebook.cluster.standby.current().pid"
 
@@ -136,7 +139,7 @@ def one(tool: str, n: int) -> float:
             run_cell(kc, "%load_ext workbench")
             time.sleep(MOMENT)
             t0 = time.perf_counter()
-        run_cell(kc, code)
+        run_cell(kc, code, timeout=RUN_TIMEOUT_S)
         elapsed = time.perf_counter() - t0
         if tool == "workbench-loaded":
             preloaded = run_cell(kc, "", expressions={"p": "__import__('workbench').current().preloaded"})["p"]
@@ -150,7 +153,12 @@ def one(tool: str, n: int) -> float:
         kernel = psutil.Process(km.provisioner.process.pid)
         tree = [kernel, *kernel.children(recursive=True)]
         km.shutdown_kernel(now=False)
-        psutil.wait_procs(tree, timeout=30)  # the next run starts on a machine this one has left
+        _, left = psutil.wait_procs(tree, timeout=30)  # the next run starts on a machine this one has left
+        for proc in left:  # a kernel group stuck in a failed run: its processes, by pid
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
         time.sleep(1.0)
     return elapsed
 
@@ -269,10 +277,20 @@ def _measure(args) -> int:
     for r in range(args.rounds):
         for n in args.sizes:
             for tool in args.tools:
-                s = one(tool, n)
+                failed = []
+                for _attempt in range(2):
+                    try:
+                        s = one(tool, n)
+                        break
+                    except Exception as exc:  # e.g. a rendezvous port taken meanwhile: recorded, tried again
+                        failed.append(f"{type(exc).__name__}: {exc}"[:300])
+                        print(f"round {r + 1}, {n} ranks, {tool}: failed ({failed[-1]}), trying again", flush=True)
+                else:
+                    raise RuntimeError(f"{tool} x{n} failed twice: {failed}")
                 runs[str(n)][tool].append(s)
                 load = [round(x, 2) for x in os.getloadavg()]
-                run.rounds.append({"round": r, "ranks": n, "tool": tool, "seconds": s, "load_avg_1_5_15": load})
+                row = {"round": r, "ranks": n, "tool": tool, "seconds": s, "load_avg_1_5_15": load}
+                run.rounds.append({**row, "failed_attempts": failed} if failed else row)
                 print(f"round {r + 1}, {n} ranks, {tool}: {s:.2f} s", flush=True)
     median = {n: {t: statistics.median(v) for t, v in tools.items()} for n, tools in runs.items()}
     run.summary = {"what": "kernel start -> every rank's process group initialised, seconds", "median_s": median}
