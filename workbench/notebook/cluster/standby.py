@@ -7,8 +7,8 @@ of the kernel (``local_launch.start``) takes it: its ranks are a fork away. Any 
 torch ranks only (a JAX start, or the mpi/slurm/ssh/ray launchers, start as before and
 leave the standby waiting).
 
-Its idle cost: one process holding torch's import (about 235 MB resident, 160 MB of it its
-own; one thread, no CPU once imported: it blocks reading stdin; measured by
+Its idle cost: one process holding torch's import (about 235 MB resident, 157-215 MB of
+it its own; one thread, no CPU once imported: it blocks reading stdin; measured by
 ``benchmarks/startup_bench.py --idle``, figures in docs/getting-started.md). One per kernel. It ends with the kernel: the kernel's end closes its stdin, and until it
 is handed a start it is killed at once should the kernel die (``preload.end_with_parent``).
 Not started outside a kernel (a script, a terminal IPython, ``import workbench``), nor with
