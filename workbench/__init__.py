@@ -78,17 +78,22 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def load_ipython_extension(ipython) -> None:
     """Register the ``%distrain`` magics (called by ``%load_ext workbench``)."""
     _notebook_side()
+    from .notebook.cluster import standby
     from .notebook.magics import DistrainMagics
     from .notebook.shell_compat import mark_kernelless
 
+    if standby.wanted(ipython):  # a kernel: ranks are about to start; import their torch now
+        standby.begin()
     mark_kernelless(ipython)
     ipython.register_magics(DistrainMagics)
 
 
 def unload_ipython_extension(ipython) -> None:
     from .notebook.api import stop
+    from .notebook.cluster import standby
 
     stop()
+    standby.close()
 
 
 __all__ = sorted(_PUBLIC) + ["load_ipython_extension"]

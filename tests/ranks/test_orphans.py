@@ -86,3 +86,45 @@ def test_controller_ends_with_the_notebook_when_no_rank_runs_on_its_host(tmp_pat
         proc.kill()
         for pid in alive(pids):
             os.kill(pid, 9)
+
+
+def _killed_kernel_leaves_nothing(code: str, within: float = 3.0) -> None:
+    """Run ``code`` in a new kernel (it prints ``PIDS ...``), kill the kernel by pid: every one
+    of those pids is gone ``within`` seconds."""
+    from jupyter_client.manager import start_new_kernel
+    from kernel_runs import execute, printed
+
+    km, kc = start_new_kernel(kernel_name="python3", env=dict(os.environ))
+    pids = []
+    try:
+        reply, msgs = execute(kc, code)
+        assert reply["status"] == "ok", printed(msgs)
+        pids = [int(p) for p in next(ln for ln in printed(msgs).splitlines() if ln.startswith("PIDS ")).split()[1:]]
+        assert pids and len(alive(pids)) == len(pids)
+        os.kill(km.provisioner.process.pid, 9)  # the kernel, by pid: no clean-up at all
+        deadline = time.monotonic() + within
+        while alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive(pids) == [], f"left {within} s after the kernel was killed: {alive(pids)}"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        for pid in alive(pids):
+            os.kill(pid, 9)
+
+
+def test_a_standby_ends_with_its_kernel_even_while_it_imports_torch():
+    """Killed a moment after `%load_ext workbench`: the standby is still importing torch, and
+    goes at once (it would otherwise finish that import, over a second, then see its stdin closed)."""
+    _killed_kernel_leaves_nothing(
+        "%load_ext workbench\nfrom workbench.notebook.cluster import standby\nprint('PIDS', standby.current().pid)",
+        within=1.0,
+    )
+
+
+def test_ranks_forked_from_the_standby_end_with_their_kernel():
+    _killed_kernel_leaves_nothing(
+        "%load_ext workbench\nimport time; time.sleep(2)\n%distrain start -n 2 --backend gloo --threads 1\n"
+        "from workbench.notebook import api\nrs = api.current()\nassert rs.preloaded\n"
+        "print('PIDS', *rs.started_pids)"
+    )

@@ -116,8 +116,8 @@ def test_cluster_launchers_pass_through_to_ipyparallel(launcher, engine_class):
     cluster = ipp.Cluster(**kwargs)
     assert cluster.n == 8
     assert cluster.engine_launcher_class.__name__ == engine_class
-    if launcher == "mpi":  # deaths seen by pid: 300 ms while the 8 register, then 3 s, a minute's silence
-        assert {"--workbench-heartbeat=300,8", "--HeartMonitor.period=3000"} <= set(cluster.controller_args)
+    if launcher == "mpi":  # deaths seen by pid: 100 ms while the 8 register, then 3 s, a minute's silence
+        assert {"--workbench-heartbeat=100,8", "--HeartMonitor.period=3000"} <= set(cluster.controller_args)
         assert "--HeartMonitor.max_heartmonitor_misses=20" in cluster.controller_args
     else:  # unguarded ranks elsewhere have only the heartbeat: always 300 ms, dead after 1.5 s
         assert "--HeartMonitor.period=300" in cluster.controller_args

@@ -1,20 +1,21 @@
 """Entry point of ranks on this host:
-``python -m workbench.engine.preload [--ranks N] [--framework torch|jax] [ipengine args]``.
+``python -m workbench.engine.preload [--fork [--standby-of PID]] [--framework torch|jax] [ipengine args]``.
 
 Imports the rank's framework (torch, or jax for ``--framework jax``: a JAX rank does not
 pay for torch's import) and ipyparallel's engine first, then runs the engine. The engine would
 otherwise sit idle while the controller writes its connection file and only then import
 torch (the longest step of a rank's start); this way the two overlap.
 
-With ``--ranks N`` this process imports once and forks N engines (the ranks), then stays
+With ``--fork`` this process imports once and forks the engines (the ranks), then stays
 as their parent: it reaps each and writes its exit status to ``<exit_dir>/<pid>`` for the
 notebook, which watches the ranks by pid but is not their parent. N ranks importing torch
 each cost N times the CPU of one import, and on a machine with fewer cores than ranks that
 is most of the start-up. Nothing in the import starts a thread or touches CUDA, so the
-forks are as fresh as a new process. The notebook starts this process before it has even
-imported ipyparallel, so it sends the rest as one JSON line on stdin once it knows it:
+forks are as fresh as a new process. The notebook starts this process before it knows the
+cluster (at ``%distrain start``, or earlier as a standby: ``notebook.cluster.standby``), so
+it sends the rest as one JSON line on stdin once it does: ``ranks`` (how many to fork),
 ``env`` (the cluster to join), ``engine_args``, ``exit_dir`` and ``log`` (the ranks' output).
-"""
+End of file on stdin before that line (the notebook closed it, or died) ends this process."""
 
 from __future__ import annotations
 
@@ -40,18 +41,36 @@ def own_framework(argv: list[str]) -> tuple[str, list[str]]:
     return name, argv[:i] + argv[i + 2 :]
 
 
-def own_args(argv: list[str]) -> tuple[int | None, list[str]]:
-    """``--ranks N`` taken out of the engine's arguments."""
-    if "--ranks" not in argv:
-        return None, argv
-    i = argv.index("--ranks")
+def own_args(argv: list[str]) -> tuple[bool, int | None, list[str]]:
+    """``--fork`` and ``--standby-of PID`` taken out of the engine's arguments."""
+    fork = "--fork" in argv
+    rest = [a for a in argv if a != "--fork"]
+    if "--standby-of" not in rest:
+        return fork, None, rest
+    i = rest.index("--standby-of")
     try:
-        ranks = int(argv[i + 1])
+        parent = int(rest[i + 1])
     except (IndexError, ValueError):
-        ranks = 0
-    if ranks < 1:
-        raise SystemExit(f"--ranks needs a whole number of ranks >= 1: {' '.join(argv)}")
-    return ranks, argv[:i] + argv[i + 2 :]
+        raise SystemExit(f"--standby-of needs the notebook's pid: {' '.join(argv)}") from None
+    return fork, parent, rest[:i] + rest[i + 2 :]
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int | None) -> None:
+    """A standby: killed at once should the notebook die before it hands over a start
+    (``None``: that watch is cleared, once the ranks are forked; they watch the notebook
+    themselves, and this process reports their exits). Linux only; elsewhere the end of
+    file on stdin ends a standby once its imports are done."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL if parent else 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if parent and os.getppid() != parent:  # the notebook was gone before the watch was set
+        os._exit(1)
 
 
 # ipykernel leaves fd 1/2 uncaptured in a kernel whose environment says it runs under
@@ -64,12 +83,14 @@ def main() -> None:
     for name in RANK_ENV_DROPPED:
         os.environ.pop(name, None)
     framework, rest = own_framework(sys.argv[1:])
-    ranks, rest = own_args(rest)
+    fork, standby_of, rest = own_args(rest)
+    if standby_of:
+        end_with_parent(standby_of)
     for module in PRELOADS[framework]:
         importlib.import_module(module)
     from ipyparallel.engine.app import main as engine_main
 
-    if ranks is None:
+    if not fork:
         sys.argv = [sys.argv[0], *rest]
         engine_main()
         return
@@ -77,9 +98,12 @@ def main() -> None:
     # end the parent that reports their exits
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     line = sys.stdin.readline()
-    if not line:
-        raise SystemExit("no setup line on stdin: the notebook gave up on this start")
+    if not line:  # the notebook ended, or gave up this start or standby: nothing to tidy
+        os._exit(0)
     setup = json.loads(line)
+    if standby_of:
+        end_with_parent(None)
+    ranks = int(setup["ranks"])
     os.environ.update(setup["env"])
     sys.argv = [sys.argv[0], *rest, *setup["engine_args"]]
     os.makedirs(setup["exit_dir"], exist_ok=True)

@@ -221,6 +221,8 @@ def bootstrap(
     kwargs = {}
     if backend == "nccl":
         kwargs["device_id"] = torch.device(device)
+    if rank != 0:
+        await_store(master_addr, master_port, timeout_s)
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{master_addr}:{master_port}",
@@ -244,6 +246,30 @@ def bootstrap(
         timeout_s=timeout_s,
     )
     return describe()
+
+
+STORE_POLL_S = 0.005
+
+
+def await_store(addr: str, port: int, timeout_s: float) -> bool:
+    """Wait until rank 0's store listens on ``addr:port``; True once it does.
+
+    A rank whose first connection to the store is refused backs off for about half a
+    second before it tries again (torch's TCPStore client): rank 0 binds the store only
+    when its own bootstrap runs, a few milliseconds after the others' at times, and that
+    half second was most of the process group's start. Probing every few milliseconds
+    first, the group forms in tens of milliseconds. On a timeout the process group's own
+    connect reports the failure, as before.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(STORE_POLL_S)
 
 
 # glibc's thresholds where its own dynamic adjustment ends (once a 32 MB block was freed)
@@ -453,6 +479,8 @@ def rejoin_group(master_port: int) -> dict:
         import torch
 
         kwargs["device_id"] = torch.device(ctx.device)
+    if ctx.rank != 0:
+        await_store(ctx.master_addr, master_port, ctx.timeout_s)
     dist.init_process_group(
         backend=ctx.backend,
         init_method=f"tcp://{ctx.master_addr}:{master_port}",

@@ -64,8 +64,9 @@ class Launcher(Protocol):
 
 
 # The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
-# A short period makes engines register fast (the controller admits a new engine on its
-# next heartbeat), so the controller beats every ``HEARTBEAT_MS`` until every rank beats,
+# A short period makes engines register fast (the controller admits a new engine on the
+# second beat after it answers one), so the controller beats every ``REGISTERING_HEARTBEAT_MS``
+# until every rank beats (at 300 ms that wait was half a second of a 2.5 s start),
 # then every ``SETTLED_HEARTBEAT_MS`` (ipyparallel's default; the period engines are told):
 # a beat wakes the heart monitor, each rank's heart thread and ZMQ's threads, on the
 # cores the ranks train on (``controller_process.settling_heartbeat``). Ranks on this
@@ -77,6 +78,7 @@ class Launcher(Protocol):
 # is reported at once with its exit status, and the heartbeat may be as patient as for
 # local ranks (a rank importing torch on a busy node misses beats while it registers).
 HEARTBEAT_MS = 300
+REGISTERING_HEARTBEAT_MS = 100
 SETTLED_HEARTBEAT_MS = 3000
 SILENCE_LOCAL_MS = 60_000
 SILENCE_REMOTE_MS = 1500
@@ -178,27 +180,36 @@ def heartbeat_args(n: int, *, patient: bool) -> list[str]:
     return [
         f"--HeartMonitor.period={SETTLED_HEARTBEAT_MS}",
         f"--HeartMonitor.max_heartmonitor_misses={SILENCE_LOCAL_MS // SETTLED_HEARTBEAT_MS}",
-        f"--workbench-heartbeat={HEARTBEAT_MS},{n}",
+        f"--workbench-heartbeat={REGISTERING_HEARTBEAT_MS},{n}",
     ]
 
 
 class ForkedRanks:
     """The one process that imports the ranks' framework (torch or jax) and forks the ranks on this host
-    (``workbench.engine.preload --ranks N``).
+    (``workbench.engine.preload --fork``).
 
     Started before the notebook imports ipyparallel, so that its imports overlap with the
-    notebook's and the controller's; :meth:`setup` then tells it the cluster to join. Until
+    notebook's and the controller's, or earlier still, as a standby (``standby.py``:
+    ``standby_of`` is the notebook's pid, which it watches until it is handed a start);
+    :meth:`setup` then tells it how many ranks to fork and the cluster they join. Until
     then its output goes to a temporary file that :meth:`output` reads back if it fails.
     """
 
-    def __init__(self, n: int, framework: str = "torch"):
+    def __init__(self, framework: str = "torch", *, standby_of: int | None = None):
         import subprocess
         import tempfile
 
-        self.n = n
+        self.framework = framework
+        self.n: int | None = None
+        # what the ranks inherit: a standby serves a start only while these still hold
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
         self._early = tempfile.TemporaryFile()
+        cmd = [sys.executable, "-m", "workbench.engine.preload", "--fork", "--framework", framework]
+        if standby_of:
+            cmd += ["--standby-of", str(standby_of)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workbench.engine.preload", "--ranks", str(n), "--framework", framework],
+            cmd,
             stdin=subprocess.PIPE,
             stdout=self._early,
             stderr=subprocess.STDOUT,
@@ -208,14 +219,17 @@ class ForkedRanks:
         self.exit_dir: str | None = None
         self.log: str | None = None
 
-    def setup(self, cluster, engine_args: list[str], exit_dir: str) -> None:
-        """Join ``cluster``; ranks log to ipyparallel's engine log and exits go to ``exit_dir``."""
+    def setup(self, n: int, cluster, engine_args: list[str], exit_dir: str) -> None:
+        """Fork ``n`` ranks that join ``cluster``; they log to ipyparallel's engine log and
+        their exits go to ``exit_dir``."""
         import json
 
+        self.n = n
         self.exit_dir = exit_dir
         self.log = os.path.join(cluster.profile_dir, "log", f"ipengine-{cluster.cluster_id}-ranks.log")
         os.makedirs(os.path.dirname(self.log), exist_ok=True)
         line = {
+            "ranks": n,
             "env": {"IPP_CLUSTER_ID": cluster.cluster_id, "IPP_PROFILE_DIR": cluster.profile_dir},
             "engine_args": list(engine_args),
             "exit_dir": exit_dir,

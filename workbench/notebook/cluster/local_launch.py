@@ -8,16 +8,20 @@ import os
 import time
 
 from .. import background
-from . import launchers
+from . import launchers, standby
 
 
 def start(rs) -> None:
     """Start the controller and the engines; return once all ``n`` registered."""
     cfg = rs.config
     if cfg.launcher == "local" and not cfg.launcher_options:
-        # first of all, the process that imports torch and forks the ranks: its imports
-        # then overlap with ipyparallel's in this process and with the controller's start
-        rs.forked = launchers.ForkedRanks(cfg.n, cfg.framework)
+        # first of all, the process that imports torch and forks the ranks: the standby
+        # started when the extension loaded (its import done, or under way), else a new one
+        # whose imports overlap with ipyparallel's in this process and the controller's start
+        rs.forked = standby.take(cfg.framework)
+        rs.preloaded = rs.forked is not None
+        if rs.forked is None:
+            rs.forked = launchers.ForkedRanks(cfg.framework)
         rs.started_pids.append(rs.forked.pid)
     import ipyparallel as ipp
 
@@ -29,7 +33,7 @@ def start(rs) -> None:
     rs._note_controller()
     if rs.forked is not None:
         rs.exit_dir = os.path.join(rs.state_dir(), "exits")
-        rs.forked.setup(rs.cluster, kwargs["config"].EngineLauncher.engine_args, rs.exit_dir)
+        rs.forked.setup(cfg.n, rs.cluster, kwargs["config"].EngineLauncher.engine_args, rs.exit_dir)
     else:
         rs.cluster.start_engines_sync()
         rs.started_pids.extend(rs._launcher_pids())

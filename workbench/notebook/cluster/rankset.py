@@ -158,6 +158,7 @@ class RankSet:
         # processes it forks stay in that session after it is gone (RankSet.stop)
         self._controller_session: tuple[int, float] | None = None
         self.forked: launchers.ForkedRanks | None = None  # local ranks: the process that forks them
+        self.preloaded = False  # that process was the kernel's standby (its torch imported early)
         self.exit_dir: str | None = None  # where it writes their exit statuses
         self.job_id: str | None = None  # slurm
         self.launcher: launchers.Launcher | None = None  # ray: its placement group and actors
