@@ -124,3 +124,38 @@ def test_output_marker_follows_output_only_for_ranks_that_printed(fanned):
     mds = call.fanned.metadata()
     assert [rank_fanout.OUTPUT_DONE in (md.get("data") or {}) for md in mds] == [False, False, True, False]
     assert mds[2]["stdout"] == "only two\n"
+
+
+ALL_REDUCE_LOOP = """
+import torch, torch.distributed as dist
+t = torch.ones(1)
+for _ in range(100000):
+    dist.all_reduce(t)
+    t.fill_(1)
+"""
+
+
+def test_a_rank_killed_during_a_fanned_call_is_named_and_the_survivors_answer_after(fresh_ranks):
+    """The tree's reply never comes when a rank dies (it waits for every rank): the death is
+    seen by pid as on the direct path, and the survivors take new calls once out of their collective."""
+    import os
+    import signal
+
+    from workbench.notebook.cluster import RankDied
+
+    rs = fresh_ranks(4, timeout=6)
+    rs.fanout_from = 0
+    call = rs.execute_async(ALL_REDUCE_LOOP)
+    time.sleep(1.0)
+    victim = rs.procs[2].pid
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(RankDied) as err:
+        call.result()
+    assert f"rank 2 (host {rs.procs[2].host}, pid {victim}) killed by SIGKILL" in str(err.value)
+    # the survivors wait in their all_reduce until the collective timeout (6 s), then fail there
+    assert [r["state"] for r in rs.status()] == ["busy", "busy", "dead", "busy"]
+    deadline = time.monotonic() + 6 + 10
+    while time.monotonic() < deadline and any(r["state"] == "busy" for r in rs.status()):
+        time.sleep(0.2)
+    assert [r["state"] for r in rs.status()] == ["idle", "idle", "dead", "idle"]
+    assert rs.apply(_rank, ranks=[0, 1, 3], timeout=60) == [0, 1, 3]

@@ -488,14 +488,24 @@ class RankSet:
             raise
         call = RankCall(self, sel, ar, fanned=coalesced if fanned else None)
         if fanned:
-            self._fanned_calls = [ref for ref in self._fanned_calls if _in_flight(ref())]
+            calls = [ref for ref in self._fanned_calls if ref() is not None]
+            self._fanned_calls = calls if any(_in_flight(ref()) for ref in calls) else []
             self._fanned_calls.append(weakref.ref(call))
         return call
 
     def _busy_in_fanned_calls(self) -> set[int]:
-        """Ranks still running a call sent through the broadcast tree."""
-        calls = [c for c in (ref() for ref in self._fanned_calls) if _in_flight(c) and not c.deaths()]
-        return {r for c in calls for r in c.pending()}
+        """Ranks still running a call sent through the broadcast tree: not yet answered, no
+        error from them yet, alive, and not answered on a later call (a rank runs its calls in
+        order). A call one of whose ranks died is never answered as a whole."""
+        busy: set[int] = set()
+        answered_later: set[int] = set()
+        for call in reversed([c for c in (ref() for ref in self._fanned_calls) if c is not None]):
+            if not _in_flight(call):
+                answered_later.update(call.ranks)
+                continue
+            dead = {d["rank"] for d in call.deaths()}
+            busy.update(r for r in call.pending() if r not in dead and r not in answered_later)
+        return busy
 
     def apply(self, fn, *args, ranks=None, timeout: float | None = None, **kwargs) -> list:
         """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
