@@ -159,3 +159,18 @@ def test_a_rank_killed_during_a_fanned_call_is_named_and_the_survivors_answer_af
         time.sleep(0.2)
     assert [r["state"] for r in rs.status()] == ["idle", "idle", "dead", "idle"]
     assert rs.apply(_rank, ranks=[0, 1, 3], timeout=60) == [0, 1, 3]
+
+
+def test_a_cell_on_1024_SIMULATED_ranks_comes_back_per_rank_through_the_fan_out(tmp_path, capsys):
+    """A SIMULATION (tests/sim_controller.py): the real rank set, client and fan-out in this
+    process, a stand-in controller answering as the broadcast tree does for 1024 ranks."""
+    import sim_controller
+
+    from workbench.notebook.cluster.cell import run_cell
+    from workbench.shared import replies
+
+    with sim_controller.simulated_rankset(1024, str(tmp_path)) as rs:
+        call = run_cell(rs, "pass")
+        assert call.fanned is not None
+        assert call.result(timeout=30) == [replies.CellRun(published=0)] * 1024
+    assert capsys.readouterr().out == ""  # a quiet cell shows nothing, on any number of ranks
