@@ -56,6 +56,16 @@ def test_a_fanned_call_is_one_request_and_its_results_come_in_rank_order(fanned)
     assert fanned.apply(_rank, ranks="1,3") == [1, 3]
 
 
+def test_push_and_pull_through_the_tree(fanned):
+    fanned.push({"pushed_once": [1, 2, 3]})
+    assert fanned.pull("pushed_once") == [[1, 2, 3]] * 4
+    fanned.push({"pushed_once": "two"}, ranks=[2])
+    assert fanned.pull("pushed_once", ranks="1-2") == [[1, 2, 3], "two"]
+    with pytest.raises(RankFailure, match="NameError: name 'never_pushed' is not defined"):
+        fanned.pull("never_pushed")
+    fanned.execute("del pushed_once")
+
+
 def test_a_quiet_fanned_cell_sends_nothing_per_rank_to_the_notebook(fanned):
     call = fanned.execute_async("x_fanned = 1")
     call.result(timeout=60)

@@ -49,6 +49,23 @@ def run(fn, *args, **kwargs) -> tuple:
     return published, error, value
 
 
+def set_names(namespace: dict) -> None:
+    """``%distrain push`` through the tree: the names set in this rank's user namespace."""
+    from IPython import get_ipython
+
+    get_ipython().user_ns.update(namespace)
+
+
+def get_name(name: str):
+    """``%distrain pull`` through the tree: a name's value in this rank's user namespace."""
+    from IPython import get_ipython
+
+    try:
+        return get_ipython().user_ns[name]
+    except KeyError:
+        raise NameError(f"name '{name}' is not defined") from None
+
+
 def _mark_output_done(kernel) -> None:
     """One data message after this call's output (the IOPub thread keeps their order)."""
     from ipyparallel.serialize import serialize_object

@@ -13,6 +13,7 @@ merges them by content on the way up). The ranks send no status for such a call
 from __future__ import annotations
 
 import time
+import weakref
 from types import MappingProxyType
 
 from ...engine import fanout as rank_fanout
@@ -72,6 +73,9 @@ class Coalesced:
         self._output_ids = [f"{msg_id}_{u}" for u in uuids]
         self._outcomes: list[tuple] | None = None
         self._final: list | None = None
+        # the client keeps what arrived for each id until told otherwise (its own calls: once their
+        # output is in, which for a coalesced call it cannot tell): dropped with this call
+        weakref.finalize(self, _forget, client.metadata, [msg_id, *self._output_ids])
 
     def outcomes(self) -> list[tuple]:
         """``(published, error content, value)`` per rank, in rank order, once the reply is in."""
@@ -107,3 +111,8 @@ class Coalesced:
             time.sleep(OUTPUT_POLL_S)
         self._final = self.metadata()  # all in: nothing more will come for this call
         return True
+
+
+def _forget(metadata: dict, ids: list[str]) -> None:
+    for i in ids:
+        metadata.pop(i, None)

@@ -18,6 +18,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
+from ...engine import fanout as rank_fanout
 from ...engine import rpc
 from ...shared.errors import Interrupted, NotRunning, RankDied
 from ..shell_compat import mark_kernelless
@@ -529,11 +530,17 @@ class RankSet:
 
     def push(self, namespace: dict, ranks=None) -> None:
         """Set variables in the ranks' namespaces."""
-        self.view(ranks).push(namespace, block=True)
+        sel = self.select(ranks)
+        if len(sel) >= self.fanout_from:  # the values travel once, to the tree, not once per rank
+            self.apply(rank_fanout.set_names, namespace, ranks=sel)
+            return
+        self.view(sel).push(namespace, block=True)
 
     def pull(self, name: str, ranks=None) -> list:
         """Fetch a variable from the ranks, in rank order."""
         sel = self.select(ranks)
+        if len(sel) >= self.fanout_from:
+            return self.apply(rank_fanout.get_name, name, ranks=sel)
         ar = self.view(sel).pull(name, block=False)
         return RankCall(self, sel, ar).result()
 
