@@ -25,8 +25,8 @@ STREAM_AFTER_S = 3.0  # where output cannot be regrouped (no kernel): live after
 GRACE_S = stragglers.GRACE_S
 # a failure seen while others still run is shown once no other has followed it for SETTLE_S
 # (or BATCH_MAX_S after it), so that ranks failing alike are one grouped block, not a trickle
-SETTLE_S = 0.25
-BATCH_MAX_S = 1.0
+SETTLE_S = 0.2
+BATCH_MAX_S = 0.6
 
 
 def run_cell(
