@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import sys
 
+from ..shared.replies import CellRun
+
 OUTPUT_DONE = "_workbench_output_done"
 _installed = False
 
@@ -41,8 +43,9 @@ def run(fn, *args, **kwargs) -> tuple:
     for stream in (sys.stdout, sys.stderr):
         if stream is not None and hasattr(stream, "flush"):
             stream.flush()  # what was printed goes out before the marker (free when nothing was)
-    published = getattr(value, "published", "?")  # a cell knows best (its fd output included)
-    if published == "?":
+    if isinstance(value, CellRun):  # a cell knows best (its fd output included)
+        published = value.published
+    else:
         published = None if before is None else session.message_count - before
     if published != 0 and kernel is not None:
         _mark_output_done(kernel)
