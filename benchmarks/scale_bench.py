@@ -68,7 +68,8 @@ def real_ranks(n: int, calls: int) -> dict:
     import workbench
 
     ip = get_ipython()
-    ip.run_line_magic("load_ext", "workbench")
+    with redirect_stdout(io.StringIO()):  # "already loaded" after the first size
+        ip.run_line_magic("load_ext", "workbench")
     quiet = io.StringIO()
     t0 = time.perf_counter()
     with redirect_stdout(quiet), redirect_stderr(quiet):
@@ -146,7 +147,8 @@ def simulated_cell(n: int, calls: int) -> dict:
     from workbench.notebook import session
 
     ip = get_ipython()
-    ip.run_line_magic("load_ext", "workbench")
+    with redirect_stdout(io.StringIO()):  # "already loaded" after the first size
+        ip.run_line_magic("load_ext", "workbench")
     state = ROOT / ".state" / "bench"
     state.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=state) as folder, sim_controller.simulated_rankset(n, folder) as rs:
