@@ -1,6 +1,6 @@
 """The notebook side's cost against the rank count: real ranks here, SIMULATED ranks to 1024.
 
-1. Real ranks (``--real``, default 2 4 8 16): ``%distrain start`` to initialised process groups,
+1. Real ranks (``--real``, default 2 4 8 16 32 64): ``%distrain start`` to initialised process groups,
    a trivial ``%%distrain`` cell and a 1-element all_reduce cell (median of ``--calls``),
    ``%distrain status`` and ``where``.
 2. Simulated ranks (``--sim``, default 64 256 1024; tests/sim_ranks.py: events at the real schema
@@ -249,7 +249,7 @@ def simulated(n: int, steps: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--real", type=int, nargs="*", default=[2, 4, 8, 16], help="real rank counts")
+    parser.add_argument("--real", type=int, nargs="*", default=[2, 4, 8, 16, 32, 64], help="real rank counts")
     parser.add_argument("--sim", type=int, nargs="*", default=[64, 256, 1024], help="simulated rank counts")
     parser.add_argument("--calls", type=int, default=30, help="cells per real size")
     parser.add_argument("--steps", type=int, default=20, help="steps of simulated history before measuring")
