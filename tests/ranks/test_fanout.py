@@ -54,6 +54,12 @@ def test_a_fanned_call_is_one_request_and_its_results_come_in_rank_order(fanned)
     assert call.fanned is not None  # one coalesced reply, not one per rank
     assert call.result(timeout=60) == [0, 1, 2, 3]
     assert fanned.apply(_rank, ranks="1,3") == [1, 3]
+    # the same reply from every rank reaches the notebook once: the tree merged them by content
+    same = fanned.submit(_fail_on, [])
+    assert same.result(timeout=60) == [0, 1, 2, 3]
+    alike = fanned.submit(len, "four")
+    assert alike.result(timeout=60) == [4] * 4
+    assert len(same.ar.get()) == 1 + 4 and len(alike.ar.get()) == 1 + 1  # a header, then each distinct reply
 
 
 def test_push_and_pull_through_the_tree(fanned):
