@@ -68,7 +68,9 @@ demo: $(BIN)/.installed | $(STATE)
 TEST_LOGS := $(STATE)/test-logs
 RANKS_TIMED := $(patsubst %,tests/ranks/test_%.py,failures health orphans rank_lifecycle)
 NOTEBOOKS_TIMED := $(patsubst %,tests/notebooks/test_%.py,cells_kernel gpu_check)
-UNTIMED := $(addprefix !,$(RANKS_TIMED) $(NOTEBOOKS_TIMED))
+# 64 real ranks: the most the machine holds, so nothing runs beside them
+RANKS_64 := tests/ranks/test_scale_64.py
+UNTIMED := $(addprefix !,$(RANKS_TIMED) $(NOTEBOOKS_TIMED) $(RANKS_64))
 TEST_STREAM_1 := unit=tests/unit,gpu=tests/gpu,top=tests/test_*.py,ranks-l=tests/ranks/test_l*.py,install=tests/install,\
 	ranks-g-k=tests/ranks/test_[g-k]*.py $(UNTIMED),ranks-m-p=tests/ranks/test_[m-p]*.py $(UNTIMED)
 TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED),ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED)
@@ -79,7 +81,7 @@ TEST_MIXED := tests/unit/test_boundaries.py::test_import_workbench_alone_loads_n
 	tests/cluster/test_ssh.py::test_sigkill_on_the_other_host_is_named_with_host_and_exit_within_2s \
 	tests/cluster/test_ssh.py::test_notebook_killed_leaves_no_rank_on_either_host tests/browser/test_lab_installed.py
 TEST_ALONE := notebooks=tests/notebooks $(UNTIMED),ranks-timed=$(RANKS_TIMED),notebooks-timed=$(NOTEBOOKS_TIMED),\
-	browser=tests/browser,cluster=tests/cluster,mixed=$(TEST_MIXED)
+	ranks-64=$(RANKS_64),browser=tests/browser,cluster=tests/cluster,mixed=$(TEST_MIXED)
 # DeepSpeed's async I/O op (ZeRO-Infinity's NVMe offload; needs libaio-dev) is compiled on first
 # use: built once here, alone on the cores (~4 min on 2), into the folder the tests use
 # (tests/conftest.py), not inside a test group with others beside it (20+ min there)

@@ -47,6 +47,22 @@ def test_where_at_1024_ranks_is_one_grouped_answer():
     assert per_rank.splitlines()[0].startswith("[rank 0] ") and "[rank 1] " in per_rank
 
 
+def test_where_groups_a_cell_whose_file_differs_only_by_each_ranks_kernel_pid():
+    cell = (
+        "Thread 0x{t:x} (most recent call first):\n"
+        '  File "/tmp/ipykernel_{pid}/3052660847.py", line 3 in wait_here\n'
+        '  File "/tmp/ipykernel_{pid}/3052660847.py", line 5 in <module>\n'
+    )
+    stacks = {r: cell.format(t=0x7F00 + r, pid=26000 + r) for r in range(16)}
+    lines = format_where(stacks).splitlines()
+    assert lines[:2] == [
+        "1 place(s) for 16 ranks:",
+        '  ranks 0-15: "/tmp/ipykernel_<pid>/3052660847.py", line 3 in wait_here',
+    ]
+    # one rank at a time keeps its own file
+    assert "/tmp/ipykernel_26001/" in format_where(stacks, group=False)
+
+
 def test_a_cells_end_shows_each_distinct_output_and_traceback_once(capsys):
     from workbench.notebook.cluster.cell import show_grouped
 

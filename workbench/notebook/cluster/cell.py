@@ -23,6 +23,10 @@ from .ranges import format_ranks
 
 STREAM_AFTER_S = 3.0  # where output cannot be regrouped (no kernel): live after this long
 GRACE_S = stragglers.GRACE_S
+# a failure seen while others still run is shown once no other has followed it for SETTLE_S
+# (or BATCH_MAX_S after it), so that ranks failing alike are one grouped block, not a trickle
+SETTLE_S = 0.2
+BATCH_MAX_S = 0.6
 
 
 def run_cell(
@@ -54,7 +58,9 @@ def run_cell(
     stream_after = {None: default_after, True: 0.0, False: float("inf")}[stream]
     poll = LIVE_POLL_S if stream_after < float("inf") else 0.25
     first: list[int] = []  # ranks whose failure was seen while others still ran, in order
-    failed_at = None
+    shown: list[int] = []  # of those, the ones whose traceback is shown already
+    failed_at = batch_since = last_fresh = None
+    noticed = False
     released = None
     done = False
     try:
@@ -74,13 +80,21 @@ def run_cell(
             fresh = [r for r in call.failures() if r not in first and r not in running]
             if fresh:
                 first.extend(fresh)
-                if display:
-                    _show_failures(call, live, fresh, group=group)
-                    if running and failed_at is None:
-                        sys.stderr.write(stragglers.notice(first, running, grace) + "\n")
-                        sys.stderr.flush()
+                last_fresh = now
+                batch_since = batch_since if batch_since is not None else now
                 if failed_at is None:
                     failed_at = now
+            if batch_since is not None and (now - last_fresh >= SETTLE_S or now - batch_since >= BATCH_MAX_S):
+                # ranks that fail alike fail within moments of each other: shown together, grouped
+                batch = [r for r in first if r not in shown]
+                shown.extend(batch)
+                batch_since = None
+                if display:
+                    _show_failures(call, live, batch, group=group)
+                    if running and not noticed:
+                        sys.stderr.write(stragglers.notice(first, running, grace) + "\n")
+                        sys.stderr.flush()
+                noticed = True
             if failed_at is not None and now - failed_at >= grace and call.pending():
                 released = stragglers.release(rankset, call)
                 done = call.ar.ready()
@@ -92,11 +106,11 @@ def run_cell(
         call.ar.wait(5)
         if display:
             live.close()
-            show(call, live.printed, skip=first, group=group)
+            show(call, live.printed, skip=shown, group=group)
         raise Interrupted(f"interrupted: sent SIGINT to ranks {format_ranks(call.ranks)}") from None
     if display:
         live.close()
-        show(call, live.printed, skip=first, group=group)
+        show(call, live.printed, skip=shown, group=group)
     elif call.ar.ready():  # a rank's error is an output message, which the reply can overtake
         call.wait_for_output()
     deaths = [] if done and call.ar.successful() else call.deaths()

@@ -88,8 +88,69 @@ def settling_heartbeat(fast_ms: int, hearts: int) -> None:
     HeartMonitor.start, HeartMonitor.beat = start_fast, beat_then_pace
 
 
+COALESCED = "_workbench_coalesced"  # the first reply of a merged coalesced reply (cluster/fanout.py)
+
+
+def merge_replies(parts: list[list], *, merged: bool) -> list:
+    """One coalesced reply's buffers from its parts (each an engine's reply buffers, or with
+    ``merged`` a merged reply of a scheduler below), each distinct reply once: a header ``{COALESCED: 1, "index":
+    [which distinct reply, per target in order], "sizes": [buffers of each distinct reply]}``
+    serialised as ipyparallel serialises a result, then the distinct replies' buffers."""
+    from ipyparallel.serialize import deserialize_object, serialize_object
+
+    distinct: dict[tuple, int] = {}
+    units: list[list] = []
+    index: list[int] = []
+
+    def add(unit: list) -> int:
+        key = tuple(bytes(getattr(b, "bytes", b)) for b in unit)
+        if key not in distinct:
+            distinct[key] = len(units)
+            units.append(unit)
+        return distinct[key]
+
+    for part in parts:
+        if merged:  # split it again
+            head = deserialize_object([part[0]])[0]
+            rest, local = part[1:], []
+            for size in head["sizes"]:
+                local.append(add(rest[:size]))
+                rest = rest[size:]
+            index.extend(local[i] for i in head["index"])
+        else:  # one engine's reply
+            index.append(add(part))
+    head = serialize_object({COALESCED: 1, "index": index, "sizes": [len(u) for u in units]})
+    return head + [b for unit in units for b in unit]
+
+
+def aggregating_coalescence() -> None:
+    """Replies that the broadcast tree coalesces are merged by content on the way up: each
+    scheduler sends each distinct reply once with an index, so that a quiet cell on 1024 ranks
+    reaches the notebook as one reply to unpack, not 1024. Patched on the class before the
+    controller forks its schedulers, which inherit it."""
+    from ipyparallel.controller.broadcast_scheduler import BroadcastScheduler
+
+    def coalescing_reply(self, raw_msg, msg, original_msg_id, outgoing_id, idents):
+        pending = self.accumulated_replies[original_msg_id]
+        pending[outgoing_id] = msg["buffers"]
+        if any(b is None for b in pending.values()):
+            return
+        replies = self.accumulated_replies.pop(original_msg_id)
+        targets = self.accumulated_targets.pop(original_msg_id)
+        new_msg = msg.copy()
+        if self.is_leaf:
+            new_msg["metadata"]["broadcast_targets"] = targets
+        else:
+            new_msg["metadata"]["broadcast_targets"] = [t for sub in replies for t in targets[sub]]
+        buffers = merge_replies(list(replies.values()), merged=not self.is_leaf)
+        self.client_stream.send_multipart(idents + self.session.serialize(new_msg) + buffers, copy=False)
+
+    BroadcastScheduler.coalescing_reply = coalescing_reply
+
+
 def main() -> None:
     threading.Thread(target=_end_when_orphaned, args=(os.getppid(),), name="owner-watch", daemon=True).start()
+    aggregating_coalescence()
     for arg in [a for a in sys.argv[1:] if a.startswith(HEARTBEAT_FLAG)]:
         sys.argv.remove(arg)
         fast_ms, hearts = (int(x) for x in arg[len(HEARTBEAT_FLAG) :].split(","))

@@ -39,17 +39,21 @@ def collect_stacks(rankset, ranks: list[int], wait: float = 1.0) -> dict[int, st
     deadline = time.monotonic() + wait
     while sizes and time.monotonic() < deadline:
         time.sleep(0.05)
-        for rank in list(sizes):
-            path = os.path.join(stack_dir, f"rank{rank}.stack")
-            if os.path.exists(path) and os.path.getsize(path) > sizes[rank]:
-                time.sleep(0.05)  # let faulthandler finish writing
-                with open(path) as fh:
-                    fh.seek(sizes[rank])
-                    out[rank] = fh.read().strip()
-                sizes.pop(rank)
+        grown = [r for r in sizes if _grew(os.path.join(stack_dir, f"rank{r}.stack"), sizes[r])]
+        if not grown:
+            continue
+        time.sleep(0.05)  # let faulthandler finish writing: one pause for every rank that answered
+        for rank in grown:
+            with open(os.path.join(stack_dir, f"rank{rank}.stack")) as fh:
+                fh.seek(sizes.pop(rank))
+                out[rank] = fh.read().strip()
     for rank in sizes:
         out[rank] = "no stack arrived (the rank did not answer SIGUSR1 within the wait)"
     return dict(sorted(out.items()))
+
+
+def _grew(path: str, size: int) -> bool:
+    return os.path.exists(path) and os.path.getsize(path) > size
 
 
 _PLUMBING = (

@@ -14,10 +14,13 @@ class RankCall:
     """A call in flight on some ranks of ``rankset`` (a :class:`RankSet`). ``result()``
     waits, watching for dead ranks."""
 
-    def __init__(self, rankset, ranks: list[int], ar, *, cell: bool = False):
+    def __init__(self, rankset, ranks: list[int], ar, *, cell: bool = False, fanned=None):
         self.rankset = rankset
         self.ranks = ranks
         self.ar = ar
+        # a call through the broadcast tree (``fanout.Coalesced``): one reply for all ranks,
+        # each rank's output filed apart
+        self.fanned = fanned
         # a cell's error arrives as an output message (its reply is 'ok'), which the reply can overtake
         self.cell = cell
         # the output wait is paid once per call: result() and failures() both need it, and
@@ -60,6 +63,8 @@ class RankCall:
         failures = self.failures()
         if failures:
             raise RankFailure(failure_message(failures), failures)
+        if self.fanned is not None:
+            return [value for _, _, value in self.fanned.outcomes()]
         results = self.ar.get()
         return list(results) if isinstance(results, list) else [results]
 
@@ -67,6 +72,13 @@ class RankCall:
         """Wait until what the ranks printed or displayed has arrived (the reply to a call
         can overtake its output); a cell whose every rank published nothing needs no wait.
         False when the output did not complete within ``timeout``; waits at most once."""
+        if self.fanned is not None:
+            if not self.ar.ready():
+                return False
+            if self._output_waited:
+                timeout = 0
+            self._output_waited = True
+            return self.fanned.output_in(timeout)
         if self.cell and self.ar.ready() and self.ar.successful():
             if all(isinstance(r, replies.CellRun) and r.published == 0 for r in self.ar.get()):
                 return True
@@ -76,6 +88,11 @@ class RankCall:
         return bool(self.ar.wait_for_output(timeout=timeout))
 
     def pending(self) -> list[int]:
+        if self.fanned is not None:
+            # one reply for all: until it is in, a rank is done once its cell's error is in
+            if self.ar.ready():
+                return []
+            return [r for r, m in zip(self.ranks, self.fanned.metadata()) if m.get("error") is None]
         return [r for r, m in zip(self.ranks, self.ar._metadata) if not m.get("completed")]
 
     def failures(self) -> dict[int, tuple[str, str, str]]:
@@ -83,7 +100,16 @@ class RankCall:
         if self.cell and self.ar.ready() and self.ar.successful():
             self.wait_for_output()  # a cell's error is an output message, which its reply can overtake
         out = {}
-        for rank, md in zip(self.ranks, self.ar._metadata):
+        if self.fanned is not None and self.ar.ready() and self.ar.successful():
+            for rank, (_, content, _) in zip(self.ranks, self.fanned.outcomes()):
+                if content is not None:  # the call raised on that rank
+                    from ipyparallel.error import unwrap_exception
+
+                    err = unwrap_exception(content)
+                    out[rank] = (err.ename, str(err.evalue), err.traceback or "")
+        for rank, md in zip(self.ranks, self._metadata()):
+            if rank in out:
+                continue
             err = md.get("error")
             if err is not None:
                 out[rank] = (
@@ -95,7 +121,10 @@ class RankCall:
 
     def per_rank(self, key: str) -> list:
         """stdout / stderr / outputs / execute_result per rank, in rank order."""
-        return [md.get(key) for md in self.ar._metadata]
+        return [md.get(key) for md in self._metadata()]
+
+    def _metadata(self) -> list[dict]:
+        return self.fanned.metadata() if self.fanned is not None else self.ar._metadata
 
 
 def failure_message(failures: dict[int, tuple[str, str, str]]) -> str:

@@ -15,12 +15,14 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
+from ...engine import fanout as rank_fanout
 from ...engine import rpc
 from ...shared.errors import Interrupted, NotRunning, RankDied
 from ..shell_compat import mark_kernelless
-from . import health, launchers, local_launch, network, ray_launcher, slurm, ssh
+from . import fanout, health, launchers, local_launch, network, ray_launcher, slurm, ssh
 from .gpu_plan import plan_gpus
 from .ranges import parse_ranks
 from .rank_call import RankCall
@@ -31,6 +33,10 @@ def _is_ssh(engine_set) -> bool:
     from ipyparallel.cluster.launcher import SSHEngineSetLauncher
 
     return isinstance(engine_set, SSHEngineSetLauncher)
+
+
+def _in_flight(call) -> bool:
+    return call is not None and not call.ar.ready()
 
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -151,6 +157,11 @@ class RankSet:
         self.stopped = False
         self.start_seconds: float | None = None
         self._views: dict[tuple[int, ...], object] = {}
+        self._fan_views: dict[tuple[int, ...], object] = {}
+        # calls on this many ranks or more go through the controller's broadcast tree (fanout)
+        self.fanout_from = fanout.FANOUT_FROM
+        # fanned calls not yet answered: the controller's queues do not see the broadcast tree's
+        self._fanned_calls: list[weakref.ref] = []
         self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
         self.listen_ip = "127.0.0.1"  # where the controller, event stream and lifeline listen
         self.lifeline = None
@@ -445,6 +456,14 @@ class RankSet:
             view = self._views[sel] = self.client[[self.engine_ids[r] for r in sel]]
         return view
 
+    def fan_view(self, sel: list[int]):
+        """A coalescing broadcast view on the selected ranks (rank order), cached per selection."""
+        key = tuple(sel)
+        view = self._fan_views.get(key)
+        if view is None:
+            view = self._fan_views[key] = fanout.view(self.client, [self.engine_ids[r] for r in sel])
+        return view
+
     def select(self, ranks) -> list[int]:
         self.require_running()
         if ranks is None:
@@ -457,14 +476,38 @@ class RankSet:
     def submit(self, fn, *args, ranks=None, **kwargs) -> RankCall:
         """Run ``fn(*args, **kwargs)`` on the ranks without waiting."""
         sel = self.select(ranks)
+        fanned = len(sel) >= self.fanout_from
         try:
-            ar = self.view(sel).apply_async(fn, *args, **kwargs)
+            if fanned:  # one request and one reply, however many ranks
+                ar = fanout.submit(self.fan_view(sel), fn, args, kwargs)
+                coalesced = fanout.Coalesced(self.client, ar, [self.engine_ids[r] for r in sel])
+            else:
+                ar = self.view(sel).apply_async(fn, *args, **kwargs)
         except KeyError:  # the controller has dropped a dead rank's engine: name the rank
             deaths = [d for d in self.dead() if d["rank"] in sel]
             if deaths:
                 raise RankDied(health.death_message(deaths), deaths) from None
             raise
-        return RankCall(self, sel, ar)
+        call = RankCall(self, sel, ar, fanned=coalesced if fanned else None)
+        if fanned:
+            calls = [ref for ref in self._fanned_calls if ref() is not None]
+            self._fanned_calls = calls if any(_in_flight(ref()) for ref in calls) else []
+            self._fanned_calls.append(weakref.ref(call))
+        return call
+
+    def _busy_in_fanned_calls(self) -> set[int]:
+        """Ranks still running a call sent through the broadcast tree: not yet answered, no
+        error from them yet, alive, and not answered on a later call (a rank runs its calls in
+        order). A call one of whose ranks died is never answered as a whole."""
+        busy: set[int] = set()
+        answered_later: set[int] = set()
+        for call in reversed([c for c in (ref() for ref in self._fanned_calls) if c is not None]):
+            if not _in_flight(call):
+                answered_later.update(call.ranks)
+                continue
+            dead = {d["rank"] for d in call.deaths()}
+            busy.update(r for r in call.pending() if r not in dead and r not in answered_later)
+        return busy
 
     def apply(self, fn, *args, ranks=None, timeout: float | None = None, **kwargs) -> list:
         """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
@@ -488,11 +531,17 @@ class RankSet:
 
     def push(self, namespace: dict, ranks=None) -> None:
         """Set variables in the ranks' namespaces."""
-        self.view(ranks).push(namespace, block=True)
+        sel = self.select(ranks)
+        if len(sel) >= self.fanout_from:  # the values travel once, to the tree, not once per rank
+            self.apply(rank_fanout.set_names, namespace, ranks=sel)
+            return
+        self.view(sel).push(namespace, block=True)
 
     def pull(self, name: str, ranks=None) -> list:
         """Fetch a variable from the ranks, in rank order."""
         sel = self.select(ranks)
+        if len(sel) >= self.fanout_from:
+            return self.apply(rank_fanout.get_name, name, ranks=sel)
         ar = self.view(sel).pull(name, block=False)
         return RankCall(self, sel, ar).result()
 
@@ -535,6 +584,7 @@ class RankSet:
             queues = self.client.queue_status(verbose=False)
         except Exception:
             queues = {}
+        fanned_busy = self._busy_in_fanned_calls()
         rows = []
         for rank, eid in enumerate(self.engine_ids):
             info = self.info[rank] if rank < len(self.info) else {}
@@ -545,7 +595,7 @@ class RankSet:
                 state = "stopped"
             else:
                 q = queues.get(eid, {}) if isinstance(queues, dict) else {}
-                state = "busy" if (q.get("queue", 0) or q.get("tasks", 0)) else "idle"
+                state = "busy" if (q.get("queue", 0) or q.get("tasks", 0) or rank in fanned_busy) else "idle"
             rss = proc.rss() if proc is not None and rank not in deaths else None
             rows.append(
                 {

@@ -7,8 +7,13 @@ reported by its process state.
 
 from __future__ import annotations
 
+import re
+
 from ...shared.argtypes import rank_selection, seconds
 from . import command
+
+# where ipykernel compiles a cell: /tmp/ipykernel_<pid>/<hash of the code>.py
+_CELL_FILE = re.compile(r"(/ipykernel_)\d+(/\d+\.py)")
 
 
 def _build(p) -> None:
@@ -47,8 +52,11 @@ def format_where(stacks: dict[int, str], *, full: bool = False, group: bool | No
             return (stack.splitlines()[0] if stack else "?"), ()
         return where(stack), tuple(stack.splitlines() if full else frames[1:8])
 
+    grouped = grouping.resolve(group, len(stacks))
+    if grouped:  # the same cell on every rank: its file differs only by each kernel's pid
+        stacks = {rank: _CELL_FILE.sub(r"\1<pid>\2", stack) for rank, stack in stacks.items()}
     items = [(rank, shown(stack)) for rank, stack in stacks.items()]
-    if grouping.resolve(group, len(stacks)):
+    if grouped:
         groups = sorted(grouping.group_identical(items), key=lambda g: (-len(g[0]), g[0][0]))
         summary = [f"{grouping.label(ranks)}: {head}" for ranks, (head, _) in groups]
         lines = [f"{len(groups)} place(s) for {len(stacks)} ranks:", *(f"  {s}" for s in summary)]
