@@ -104,7 +104,7 @@ def test_with_a_budget_the_run_continues_on_the_host_left_resharded(second_host,
     rs = _two_hosts(fresh_ranks, second_host)
     host = second_host.hostname
     training.setup("ddp", rankset=rs)
-    ck.autosave(10, keep=3, async_=False, root=str(tmp_path), rankset=rs)  # step 10 on disk at step 11
+    ck.autosave(10, keep=10, async_=False, root=str(tmp_path), rankset=rs)  # step 10 on disk at step 11; all kept
     try:
         run = training.start(60, max_failures=1, rankset=rs)
         training.wait(step=13, rankset=rs, timeout=240)
