@@ -43,17 +43,18 @@ def describe(rec: dict) -> str:
     return f"{head}; restarted {ranks}, loaded {ck} (step {rec['checkpoint_step']}), {rec['steps_redone']} steps redone, {lost}"
 
 
-DEFAULT_BATCH = 8  # engine.control.build_default's global batch (the recipe's, unless it gave one)
-
-
 def shrink(sess, rs) -> dict:
     """A host is lost: restart options (``n``, ``hosts``) for the largest size the layout allows on
     the hosts left; ``{}`` where the launcher has no hosts to drop (the same request again).
 
     The layout is the recorded recipe's strategy (its degrees must divide the size, its global
-    batch split over the data-parallel ranks); with setup code of the user's own, every rank the
-    hosts left hold (the setup's own check names the degrees that fit). Checkpoints reshard on load.
+    batch split over the data-parallel ranks), checked by a surviving rank (``control.largest_size``:
+    the strategies need torch); with setup code of the user's own, or no survivor that answers,
+    every rank the hosts left hold (the setup's own check then names the degrees that fit).
+    Checkpoints reshard on load.
     """
+    from ..engine import control
+    from ..shared.errors import RankFailure
     from .cluster import ssh
 
     lost = rs.lost_entries()
@@ -64,27 +65,23 @@ def shrink(sess, rs) -> dict:
         raise ValueError(f"every host of --hosts {rs.config.hosts} is lost")
     n = room
     recipe = sess.setup_recipe if sess.resume_setup is None else None
-    if recipe is not None:
-        n = largest_size(recipe["strategy"], room, recipe.get("batch_size", DEFAULT_BATCH))
+    survivors = [r for r in range(rs.world_size) if r not in rs.watcher.known()]
+    if recipe is not None and survivors:
+        try:
+            (n,) = rs.apply(
+                control.largest_size,
+                recipe["strategy"],
+                room,
+                recipe.get("batch_size"),
+                ranks=survivors[:1],
+                timeout=30,
+            )
+        except RankFailure as exc:  # no size fits: say so rather than rebuild something else
+            raise ValueError(str(exc).split(": ", 2)[-1]) from None
+        except Exception:  # the survivor is stuck too: the setup's own check will speak
+            n = room
     hosts, n = ssh.remaining_hosts(rs.config.hosts, lost, n)
     return {"n": n, "hosts": hosts}
-
-
-def largest_size(strategy: str, room: int, batch_size: int) -> int:
-    """The most ranks, at most ``room``, that ``strategy`` runs on with this global batch."""
-    from ..strategies.spec import SpecError, StrategySpec
-
-    spec = StrategySpec.parse(strategy)
-    for n in range(room, 0, -1):
-        try:
-            s = spec.validate(n)
-        except (SpecError, ValueError):
-            continue
-        if batch_size % max(1, n // (s.tp * s.pp * s.cp)) == 0:
-            return n
-    raise ValueError(
-        f"{strategy!r} fits no size of 1..{room} ranks (the hosts left) with a global batch of {batch_size}"
-    )
 
 
 class Supervisor:
