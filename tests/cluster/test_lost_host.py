@@ -125,6 +125,7 @@ def test_with_a_budget_the_run_continues_on_the_host_left_resharded(second_host,
             "localhost:2",
         ), rec
         assert rec["checkpoint_step"] >= 10 and 0 <= rec["steps_redone"] <= 10, rec
+        assert rec["lost_s"] is not None and rec["lost_s"] >= rec["down_s"] > 0, rec  # caught up on 2 ranks
         saved = {c["name"]: c["world_size"] for c in catalog.list_checkpoints(str(tmp_path)).to_dict("records")}
         assert saved[rec["checkpoint"]] == 4  # saved by 4 ranks on two hosts, loaded onto 2 on one
         frame = metrics.metrics()

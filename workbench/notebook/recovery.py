@@ -249,7 +249,10 @@ class Supervisor:
         pending = [r for r in self.records if r.get("lost_s") is None and r.get("checkpoint_step") is not None]
         if not pending:
             return
-        steps = self.store.last_steps(self.run)
+        rs = self.sess.rankset
+        size = rs.world_size if rs is not None else 0
+        # the ranks that run now: after a lost host, the higher ranks of the old set never step again
+        steps = {r: s for r, s in self.store.last_steps(self.run).items() if r < size}
         rec = pending[-1]
         if steps and min(steps.values()) >= rec["failed_step"]:
             with self.store.lock:
