@@ -65,7 +65,8 @@ def shrink(sess, rs) -> dict:
         raise ValueError(f"every host of --hosts {rs.config.hosts} is lost")
     n = room
     recipe = sess.setup_recipe if sess.resume_setup is None else None
-    survivors = [r for r in range(rs.world_size) if r not in rs.watcher.known()]
+    dead = rs.watcher.known() if rs.watcher is not None else {}
+    survivors = [r for r in range(rs.world_size) if r not in dead]
     if recipe is not None and survivors:
         try:
             (n,) = rs.apply(
@@ -296,8 +297,7 @@ class Supervisor:
         try:
             if self.watchdog is not None:
                 self.watchdog.close()
-            if failure["kind"] == "host lost":
-                size = shrink(self.sess, rs)
+            size = shrink(self.sess, rs)  # {} unless a host is lost (whatever was seen first)
             info = checkpoints.resume_session(self.sess, None, which, root=root, before_load=before_load, **size)
             new_rs = self.sess.rankset
             left = self.target - int(info["step"])
