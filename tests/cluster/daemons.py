@@ -327,6 +327,12 @@ class SecondHost:
             timeout=30,
         )
 
+    def set_link(self, up: bool) -> None:
+        """Take this host's end of the veth down (a cable pulled: nothing ends, nothing is
+        told) or up again. Its own end: this host's address on the pair stays reachable
+        from here, as a local address is whatever its link does."""
+        self._ip("netns", "exec", self.netns, "ip", "link", "set", self.veth_there, "up" if up else "down")
+
     def pids_in_namespace(self) -> list[int]:
         """Processes whose network namespace is this host's (the ranks launched there, sshd)."""
         r = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)

@@ -44,6 +44,29 @@ def build_default(
     return {**t.status(), "layout": repr(prepared)}
 
 
+def largest_size(strategy: str, room: int, batch_size: int | None = None) -> int:
+    """The most ranks, at most ``room``, that :func:`build_default` runs ``strategy`` on: its
+    degrees divide the size and its global batch splits over the data-parallel ranks. Asked
+    of a surviving rank when a host is lost (the notebook does not import the strategies)."""
+    import inspect
+
+    from ..strategies.spec import SpecError, StrategySpec
+
+    if batch_size is None:
+        batch_size = inspect.signature(build_default).parameters["batch_size"].default
+    spec = StrategySpec.parse(strategy)
+    for n in range(room, 0, -1):
+        try:
+            s = spec.validate(n)
+        except (SpecError, ValueError):
+            continue
+        if batch_size % max(1, n // (s.tp * s.pp * s.cp)) == 0:
+            return n
+    raise ValueError(
+        f"{strategy!r} fits no size of 1..{room} ranks (the hosts left) with a global batch of {batch_size}"
+    )
+
+
 def start(steps: int) -> dict:
     return trainer_mod.current().start(steps)
 

@@ -7,7 +7,9 @@ the engine as its child and holds one TCP connection to the notebook (the "lifel
   at once (``rank 3 (host b, pid 77) killed by SIGKILL``, not a heartbeat timeout);
 - the notebook process is gone (its end of the connection closes, or TCP keepalive gives
   up on a dead link): the guard ends the engine, and under Slurm cancels the job, so a
-  killed kernel leaves no rank on any host.
+  killed kernel leaves no rank on any host;
+- it beats every ``BEAT_S`` seconds: the notebook names a host whose guards all fall silent
+  (a link down, a host powered off: no exit is ever seen) as lost (``cluster.lifeline``).
 
 The lifeline address and key come in the environment (``WORKBENCH_LIFELINE``,
 ``WORKBENCH_LIFELINE_KEY``), which Slurm and ipyparallel's SSH launcher carry, not on
@@ -32,6 +34,10 @@ ENV_ADDRESS = "WORKBENCH_LIFELINE"
 ENV_KEY = "WORKBENCH_LIFELINE_KEY"
 ENV_SLOT = "WORKBENCH_HOST_SLOT"  # which --hosts entry started this rank (for rank order)
 END_GRACE_S = 2.0
+BEAT_S = 0.5  # a beat line this often; the notebook allows ``lifeline.HOST_SILENCE_S`` of silence
+# unacknowledged beats on a dead link: the connection is given up after this long (without it
+# the kernel retransmits for ~15 minutes before keepalive or a read sees the link is gone)
+GIVE_UP_MS = 10_000
 
 
 def sign(key: bytes, body: str) -> bytes:
@@ -56,7 +62,7 @@ def _connect(address: str) -> socket.socket:
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     # a notebook host that vanishes without closing (power, network) is given up on in ~10 s
-    for opt, value in (("TCP_KEEPIDLE", 4), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3)):
+    for opt, value in (("TCP_KEEPIDLE", 4), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", GIVE_UP_MS)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
     return sock
@@ -138,6 +144,12 @@ def main(argv: list[str]) -> int:
             os._exit(128 - code if code < 0 else code)
 
     threading.Thread(target=wait_child, daemon=True).start()
+
+    def beat() -> None:
+        while not ending.wait(BEAT_S):
+            send(kind="beat")
+
+    threading.Thread(target=beat, daemon=True).start()
     while True:  # the notebook never writes: any return from recv is its end closing
         try:
             data = sock.recv(64)

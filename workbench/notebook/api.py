@@ -231,10 +231,31 @@ def restart(n: int | None = None, *, of: Session | None = None, **overrides) -> 
     changes = {k: v for k, v in overrides.items() if v is not None}
     if n is not None:
         changes["n"] = n
+    if "hosts" not in changes:
+        changes.update(_without_lost_hosts(sess.rankset, n))
     config = dataclasses.replace(config, **changes)
     config.validate()
     _stop_session(sess)
     return _launch(sess, config)
+
+
+def _without_lost_hosts(rs: RankSet, n: int | None) -> dict:
+    """SSH ranks on a lost host (``RankSet.lost_hosts``): restart on the hosts left, every
+    rank they hold (or ``n``); asking ssh to reach a lost host would fail the restart."""
+    from .cluster import ssh
+
+    lost = rs.lost_entries()
+    if not lost:
+        return {}
+    hosts, room = ssh.remaining_hosts(rs.config.hosts, lost, n)
+    gone = ", ".join(sorted(lost))
+    if room == 0:
+        raise ValueError(f"every host of --hosts {rs.config.hosts} is lost ({gone}): start anew with hosts that answer")
+    if n is not None and room < n:
+        raise ValueError(
+            f"-n {n}: the hosts left after losing {gone} hold {room} ranks ({hosts}); give -n {room} or less"
+        )
+    return {"hosts": hosts, "n": room}
 
 
 def status() -> list[dict]:

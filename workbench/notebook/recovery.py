@@ -6,6 +6,8 @@ that hangs past ``--step-timeout`` (the watchdog's report), a trainer that raise
 the NaN/spike guard pausing the run. Within the budget it does what a person does at the
 keyboard: ``restart --resume`` (same size, the session's recorded setup repeated, the
 newest *verified* checkpoint loaded) and ``train start`` of the steps left to the target.
+A lost host (its guards fell silent) restarts on the hosts left instead, at the largest
+size the layout allows there (:func:`shrink`); the checkpoint reshards on load.
 The recovered trainer names a new run; the store files it under the run it continues
 (``EventStore.continue_run``), so ``metrics()`` and the dashboard show one run with every
 step once. Each recovery is a record (what failed, rank/host, exit or stack, checkpoint
@@ -24,15 +26,63 @@ LOSS_WORDS = ("non-finite", "spike")  # the guard's pause reasons (engine.traine
 def describe(rec: dict) -> str:
     """One line of a recovery record."""
     where = f"rank {rec['rank']} (host {rec['host']})" if rec.get("rank") is not None else "the run"
+    kind = rec["kind"]
+    if kind == "host lost":  # every rank there: the host is what failed
+        where, kind = f"host {rec['host']}", "lost"
     what = rec["detail"].splitlines()[0][:200] if rec.get("detail") else ""
-    head = f"failure {rec['n']}: {where} {rec['kind']} at step {rec['failed_step']}" + (f": {what}" if what else "")
+    head = f"failure {rec['n']}: {where} {kind} at step {rec['failed_step']}" + (f": {what}" if what else "")
     if rec.get("error"):
         return f"{head}; the recovery failed: {rec['error']}"
     if rec.get("checkpoint_step") is None:
         return head
     ck = rec["checkpoint"] or "no checkpoint yet: from the setup's step 0"
     lost = f"{rec['lost_s']:.1f} s lost" if rec.get("lost_s") is not None else f"down {rec['down_s']:.1f} s"
-    return f"{head}; restarted {rec['world_size']} ranks, loaded {ck} (step {rec['checkpoint_step']}), {rec['steps_redone']} steps redone, {lost}"
+    ranks = f"{rec['world_size']} ranks"
+    if rec.get("from_world_size") is not None:  # a lost host: on the hosts left, resharded on load
+        ranks += f" (was {rec['from_world_size']}) on {rec['hosts']}"
+    return f"{head}; restarted {ranks}, loaded {ck} (step {rec['checkpoint_step']}), {rec['steps_redone']} steps redone, {lost}"
+
+
+def shrink(sess, rs) -> dict:
+    """A host is lost: restart options (``n``, ``hosts``) for the largest size the layout allows on
+    the hosts left; ``{}`` where the launcher has no hosts to drop (the same request again).
+
+    The layout is the recorded recipe's strategy (its degrees must divide the size, its global
+    batch split over the data-parallel ranks), checked by a surviving rank (``control.largest_size``:
+    the strategies need torch); with setup code of the user's own, or no survivor that answers,
+    every rank the hosts left hold (the setup's own check then names the degrees that fit).
+    Checkpoints reshard on load.
+    """
+    from ..engine import control
+    from ..shared.errors import RankFailure
+    from .cluster import ssh
+
+    lost = rs.lost_entries()
+    if not lost:
+        return {}
+    hosts, room = ssh.remaining_hosts(rs.config.hosts, lost)
+    if room == 0:
+        raise ValueError(f"every host of --hosts {rs.config.hosts} is lost")
+    n = room
+    recipe = sess.setup_recipe if sess.resume_setup is None else None
+    dead = rs.watcher.known() if rs.watcher is not None else {}
+    survivors = [r for r in range(rs.world_size) if r not in dead]
+    if recipe is not None and survivors:
+        try:
+            (n,) = rs.apply(
+                control.largest_size,
+                recipe["strategy"],
+                room,
+                recipe.get("batch_size"),
+                ranks=survivors[:1],
+                timeout=30,
+            )
+        except RankFailure as exc:  # no size fits: say so rather than rebuild something else
+            raise ValueError(str(exc).split(": ", 2)[-1]) from None
+        except Exception:  # the survivor is stuck too: the setup's own check will speak
+            n = room
+    hosts, n = ssh.remaining_hosts(rs.config.hosts, lost, n)
+    return {"n": n, "hosts": hosts}
 
 
 class Supervisor:
@@ -150,7 +200,8 @@ class Supervisor:
         deaths = rs.watcher.known() if rs.watcher is not None else {}
         if deaths:
             d = deaths[min(deaths)]
-            return {"kind": "died", "rank": d["rank"], "host": d["host"], "detail": d["exit"], "time": d["time"]}
+            kind = "host lost" if d.get("host_lost") else "died"
+            return {"kind": kind, "rank": d["rank"], "host": d["host"], "detail": d["exit"], "time": d["time"]}
         if self._hang is not None:
             rep, self._hang = self._hang, None
             stuck = rep.get("stuck") or []
@@ -199,7 +250,10 @@ class Supervisor:
         pending = [r for r in self.records if r.get("lost_s") is None and r.get("checkpoint_step") is not None]
         if not pending:
             return
-        steps = self.store.last_steps(self.run)
+        rs = self.sess.rankset
+        size = rs.world_size if rs is not None else 0
+        # the ranks that run now: after a lost host, the higher ranks of the old set never step again
+        steps = {r: s for r, s in self.store.last_steps(self.run).items() if r < size}
         rec = pending[-1]
         if steps and min(steps.values()) >= rec["failed_step"]:
             with self.store.lock:
@@ -225,6 +279,7 @@ class Supervisor:
             "failed_step": max(steps.values()) if steps else 0,
             "world_size": rs.world_size,
         }
+        size: dict = {}  # a lost host: the size and hosts to restart on (shrink)
         root = (self.sess.autosave or {}).get("root") or self.sess.checkpoint_dir
         which = "latest" if catalog.entries(root) else None
         dash = self.sess.dashboard
@@ -242,7 +297,8 @@ class Supervisor:
         try:
             if self.watchdog is not None:
                 self.watchdog.close()
-            info = checkpoints.resume_session(self.sess, None, which, root=root, before_load=before_load)
+            size = shrink(self.sess, rs)  # {} unless a host is lost (whatever was seen first)
+            info = checkpoints.resume_session(self.sess, None, which, root=root, before_load=before_load, **size)
             new_rs = self.sess.rankset
             left = self.target - int(info["step"])
             if left > 0:
@@ -259,6 +315,8 @@ class Supervisor:
             self.sess.dashboard = dash
         self.sess.started_run = self.run
         rec.update(
+            world_size=new_rs.world_size,
+            **({"from_world_size": rs.world_size, "hosts": size["hosts"]} if size else {}),
             checkpoint=info.get("name"),
             checkpoint_step=int(info["step"]),
             steps_redone=max(0, rec["failed_step"] - int(info["step"])),
@@ -292,12 +350,15 @@ class Supervisor:
 
         steps = self.store.last_steps(self.run)
         where = f"rank {failure['rank']} (host {failure.get('host')})" if failure.get("rank") is not None else "the run"
+        kind = failure["kind"]
+        if kind == "host lost":
+            where, kind = f"host {failure.get('host')}", "lost"
         detail = (failure.get("detail") or "").strip()
         lines = [
             f"training {self.run}: "
             + (why or f"failure budget spent ({self.failures} of {self.max_failures} recoveries used)")
             + "; "
-            f"{where} {failure['kind']} at step {max(steps.values()) if steps else 0}"
+            f"{where} {kind} at step {max(steps.values()) if steps else 0}"
             + (f": {detail.splitlines()[0][:300]}" if detail else "")
             + ". The run is stopped there; `%distrain restart --resume` continues from the newest verified checkpoint.",
             *("  " + describe(r) for r in self.records),

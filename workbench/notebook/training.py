@@ -167,7 +167,6 @@ def wait(
     rs = _rs(rankset)
     store = stream.attach(rs).store
     until = (until,) if isinstance(until, str) else tuple(until)
-    n = rs.world_size
 
     sess = session.of(rs)
     run = run or sess.started_run
@@ -176,6 +175,8 @@ def wait(
     def done(s) -> bool:
         if sup is not None and sup.state == "gave up":
             return True
+        # a recovery may restart at another size (a lost host): count the set that runs now
+        n = sess.rankset.world_size if sup is not None and sess.rankset is not None else rs.world_size
         r = run or s.latest_run()
         if r is None:
             return False

@@ -5,7 +5,9 @@ launchers): on Linux it sleeps on a pidfd per rank, which the kernel makes reada
 moment the process ends, so a death is known at once and a run costs no wake-ups (the
 4 polls a second it replaced took ~0.1 ms of CPU per training step on cores the ranks
 train on); elsewhere it polls every 0.25 s. Ranks on other hosts are watched through
-ipyparallel's heartbeat (the controller drops an engine after ~1.5 s of silence).
+ipyparallel's heartbeat (the controller drops an engine after ~1.5 s of silence), or,
+where a guard runs them (SSH, Slurm, Ray), by the guard: its exit report, and its beats,
+whose silence names the whole host lost (``lifeline.HOST_SILENCE_S``).
 """
 
 from __future__ import annotations
@@ -217,12 +219,13 @@ class Watcher:
             except Exception:  # a listener (the Lab registry) must never break the watching
                 pass
 
-    def mark_dead(self, rank: int, reason: str, exit_code: int | None = None) -> None:
-        """Record a death reported from outside: the controller (a heartbeat stopped) or the
-        rank's guard (with the exit status, which replaces a death seen without one)."""
+    def mark_dead(self, rank: int, reason: str, exit_code: int | None = None, *, host_lost: bool = False) -> None:
+        """Record a death reported from outside: the controller (a heartbeat stopped), the
+        rank's guard (with the exit status, which replaces a death seen without one) or the
+        lifeline (``host_lost``: its host fell silent; a later exit keeps that mark)."""
         with self._lock:
             known = self.deaths.get(rank)
-            if known is None or (known["exit_code"] is None and exit_code is not None):
+            if known is None or (known["exit_code"] is None and exit_code is not None and not known.get("host_lost")):
                 p = self.procs[rank]
                 self.deaths[rank] = {
                     "rank": rank,
@@ -231,6 +234,7 @@ class Watcher:
                     "exit_code": exit_code,
                     "exit": self._noted(rank, reason),
                     "time": known["time"] if known else time.time(),
+                    **({"host_lost": True} if host_lost else {}),
                 }
                 self._tell(self.deaths[rank])
 

@@ -300,7 +300,7 @@ def start_guarded_controller(rs, **options) -> dict:
     from .lifeline import Lifeline
 
     cfg = rs.config
-    rs.lifeline = Lifeline(rs.listen_ip, rs.secret, on_exit=rs._guard_exit)
+    rs.lifeline = Lifeline(rs.listen_ip, rs.secret, on_exit=rs._guard_exit, on_lost=rs._host_lost)
     kwargs = cluster_kwargs(cfg.launcher, cfg.n, guarded=True)
     kwargs["controller_ip"] = rs.listen_ip
     if cfg.profile_dir:

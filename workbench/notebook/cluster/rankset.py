@@ -289,6 +289,32 @@ class RankSet:
             if p.pid == pid and p.host == host:
                 self.watcher.mark_dead(p.rank, health.describe_exit(code), exit_code=code)
 
+    def _host_lost(self, host: str, silent_s: float) -> None:
+        """Every guard on ``host`` fell silent (a link down, the host gone): its ranks are dead."""
+        if self.watcher is None:
+            return
+        if self.config.launcher == "ssh" and self.config.hosts:
+            for entry in self.lost_entries():
+                ssh.forget_host(self.cluster, entry)
+        for p in self.procs:
+            if p.host == host:
+                self.watcher.mark_dead(
+                    p.rank, f"lost with its host: no heartbeat from {host} for {silent_s:.1f} s", host_lost=True
+                )
+
+    @property
+    def lost_hosts(self) -> list[str]:
+        """Hosts named lost: every guard there stopped beating (``lifeline.HOST_SILENCE_S``)."""
+        return sorted(self.lifeline.lost) if self.lifeline is not None else []
+
+    def lost_entries(self) -> set[str]:
+        """The ``--hosts`` entries (``[user@]name``) whose ranks ran on a lost host (SSH)."""
+        lost = set(self.lost_hosts)
+        if not lost or self.config.launcher != "ssh" or not self.config.hosts:
+            return set()
+        entries = ssh.entries_of_ranks(self.config.hosts)
+        return {entries[p.rank] for p in self.procs if p.host in lost and p.rank < len(entries)}
+
     def _actor_died(self, bundle: int, cause: str) -> None:
         """A Ray rank's actor died (rank = bundle): named with Ray's cause, beside any exit status."""
         if self.watcher is None or bundle >= len(self.procs):
@@ -412,6 +438,8 @@ class RankSet:
         if self.lifeline is not None:  # engines that ended while the set was coming up
             for (host, pid), code in list(self.lifeline.exits.items()):
                 self._guard_exit(host, pid, code)
+            for host, silent in list(self.lifeline.lost.items()):
+                self._host_lost(host, silent)
 
     # ------------------------------------------------------------- properties
     @property

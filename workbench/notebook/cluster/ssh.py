@@ -63,8 +63,76 @@ def engine_cmd(python: str) -> list[str]:
     return guard_cmd(python) + ["--", python, "-m", "ipyparallel.engine"]
 
 
+# ipyparallel keeps one ``ssh host python`` open per remote engine (it waits on the pid for
+# 60 s, then again): on a link that went down such a session would hang for the ~15 minutes
+# TCP retransmits. These end it (and a connect to a host that is gone) within seconds;
+# options on the command line win over the user's ssh_config.
+LINK_OPTIONS = ("-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3")
+
+
 def ssh_options(ssh_config: str | None) -> list[str]:
-    return ["-F", ssh_config] if ssh_config else []
+    return [*LINK_OPTIONS, *(["-F", ssh_config] if ssh_config else [])]
+
+
+def engine_set_launcher():
+    """ipyparallel's SSH engine set, whose pid polls give up quietly on a host that is gone.
+
+    Its poll thread dies with a traceback when ssh fails; here a failed poll counts as "still
+    running": whether a host is gone is the lifeline's call (its beats), which then stops the
+    polls (:func:`forget_host`)."""
+    import subprocess
+
+    from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
+
+    class PatientSSHEngine(SSHEngineLauncher):
+        def wait_one(self, timeout):
+            try:
+                return super().wait_one(timeout)
+            except (subprocess.CalledProcessError, RuntimeError, OSError):
+                stop = getattr(self, "_stop_waiting", None)
+                if stop is not None:
+                    stop.wait(min(timeout, 5))  # no tight loop of ssh calls to an unreachable host
+                raise TimeoutError("host not reachable now") from None
+
+    class GuardedSSHEngineSet(SSHEngineSetLauncher):
+        launcher_class = PatientSSHEngine
+
+    return GuardedSSHEngineSet
+
+
+def forget_host(cluster, entry: str) -> None:
+    """Stop ipyparallel's pid polls of the engines started for the ``--hosts`` entry
+    ``entry`` (``[user@]name``), whose host is lost: each poll would be an ssh to it."""
+    from ipyparallel.cluster.launcher import SSHEngineSetLauncher
+
+    for es in list((getattr(cluster, "engines", None) or {}).values()):
+        if not isinstance(es, SSHEngineSetLauncher):
+            continue
+        for launcher in (getattr(es, "launchers", None) or {}).values():
+            if getattr(launcher, "location", None) == entry:
+                waiting = getattr(launcher, "_stop_waiting", None)
+                if waiting is not None:
+                    waiting.set()
+
+
+def entries_of_ranks(hosts: str) -> list[str]:
+    """The ``--hosts`` entry each rank was started for, in rank order (ranks follow the entries)."""
+    return [slot.host for slot in parse_hosts(hosts) for _ in range(slot.n)]
+
+
+def remaining_hosts(hosts: str, lost_entries: set[str], n: int | None = None) -> tuple[str, int]:
+    """``--hosts`` without the lost entries, holding at most ``n`` ranks (default all that
+    fit): (the new ``--hosts``, its ranks). Entries are filled in their order."""
+    kept = [s for s in parse_hosts(hosts) if s.host not in lost_entries]
+    room = sum(s.n for s in kept)
+    left = room if n is None else min(n, room)
+    out = []
+    for s in kept:
+        take = min(s.n, left)
+        if take:
+            out.append(f"{s.host}:{take}")
+        left -= take
+    return ",".join(out), sum(int(e.rpartition(":")[2]) for e in out)
 
 
 def remote_env(python: str | None, lifeline_env: dict, slot: int) -> dict:
@@ -102,7 +170,7 @@ def start(rs) -> None:
             rs.cluster.engine_launcher_class = "local"
             rs.cluster.start_engines_sync(slot.n, environment={"WORKBENCH_HOST_SLOT": str(i)})
         else:
-            rs.cluster.engine_launcher_class = "ssh"
+            rs.cluster.engine_launcher_class = engine_set_launcher()
             opts = ssh_options(cfg.ssh_config)
             rs.cluster.start_engines_sync(
                 slot.n,

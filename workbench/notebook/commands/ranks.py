@@ -196,8 +196,10 @@ def _restart(args, shell):
         return None
     if args.setup or args.dir:
         raise UsageError("--setup and --dir go with --resume")
+    lost = api.current().lost_hosts if api.is_running() else []
     rs = api.restart(args.n, backend=args.backend, timeout=args.timeout)
-    print(f"{rs.world_size} ranks up again in {rs.start_seconds:.1f} s")
+    where = f" on {rs.config.hosts} (lost: {', '.join(lost)})" if lost else ""
+    print(f"{rs.world_size} ranks up again{where} in {rs.start_seconds:.1f} s")
 
 
 @command("status", "rank, host, pid, device, memory and state of each rank")
@@ -207,10 +209,15 @@ def _status(args, shell):
     if where:
         print(where)
     dead = [r for r in rows if r["state"] == "dead"]
+    lost = api.current().lost_hosts
     if dead:
         print(
             "; ".join(f"rank {r['rank']} (host {r['host']}, pid {r['pid']}) {r['exit']}" for r in dead)
-            + " -- `%distrain restart` brings the rank set back"
+            + (
+                f" -- host {', '.join(lost)} lost: `%distrain restart` brings the rank set back on the hosts left"
+                if lost
+                else " -- `%distrain restart` brings the rank set back"
+            )
         )
     import pandas as pd
 
