@@ -22,7 +22,11 @@ LOSS_WORDS = ("non-finite", "spike")  # the guard's pause reasons (engine.traine
 
 
 def describe(rec: dict) -> str:
-    """One line of a recovery record."""
+    """One line of a recovery record (a fault-tolerant run's replica replacement included)."""
+    if rec.get("replica") is not None:
+        from .fault_tolerance import describe as replacement
+
+        return replacement(rec)
     where = f"rank {rec['rank']} (host {rec['host']})" if rec.get("rank") is not None else "the run"
     what = rec["detail"].splitlines()[0][:200] if rec.get("detail") else ""
     head = f"failure {rec['n']}: {where} {rec['kind']} at step {rec['failed_step']}" + (f": {what}" if what else "")

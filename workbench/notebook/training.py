@@ -93,6 +93,14 @@ def start(
     return run
 
 
+def fault_tolerant(steps: int, **options):
+    """``steps`` steps with each replica group a torchft replica group: survivors keep training while a
+    lost replica is replaced and heals from a live peer (:func:`workbench.notebook.fault_tolerance.start`)."""
+    from . import fault_tolerance
+
+    return fault_tolerance.start(steps, **options)
+
+
 def _on_hang(sess, store, rep: dict) -> None:
     from ..shared import events
 
@@ -188,6 +196,9 @@ def wait(
     ok = store.wait(done, timeout)
     if ok and sup is not None and step is None:
         sup.wait(5.0)  # it sees the same end at its next look: its state and records are final
+    ft = sess.fault_tolerant
+    if ok and ft is not None and ft.run == run and step is None:
+        ft.wait(5.0)  # likewise a fault-tolerant run's watcher
     if sup is not None and sup.state == "gave up":
         raise BudgetSpent(sup.summary)
     rs = sess.rankset if sup is not None and sess.rankset is not None else rs  # a recovery's new set

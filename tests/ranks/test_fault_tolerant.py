@@ -1,0 +1,112 @@
+"""``train start --fault-tolerant``: survivors keep training while a lost replica is replaced (torchft).
+
+4 gloo ranks as 2 torchft replica groups of 2. Rank 2 (replica 1) is SIGKILLed mid-run; the
+other replica's steps keep coming (its longest gap is measured and bounded by the quorum
+timeout), the workbench replaces replica 1's ranks on the same controller, they heal from a
+live peer over torchft's checkpoint transport and rejoin, and at the end every rank holds the
+same weights. A fresh rank set: ranks are killed and replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from workbench.notebook import api, metrics, training
+from workbench.notebook.cluster import lighthouse
+
+pytestmark = pytest.mark.skipif(lighthouse.binary() is None, reason="torchft (the ft extra) is not installed")
+
+QUORUM_TIMEOUT = 5.0
+STEPS = 1500
+KILL_AT = 30
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ranks, ipshell, capsys):
+    from workbench.engine import fault_tolerant
+
+    rs = fresh_ranks(4)
+    pids = [p.pid for p in rs.procs]
+    ipshell.run_line_magic(
+        "distrain",
+        f"train start --fault-tolerant --replicas 2 --quorum-timeout {QUORUM_TIMEOUT:g} --steps {STEPS} --no-dashboard",
+    )
+    sess = api.session()
+    ft = sess.fault_tolerant
+    store = sess.store
+    lh_pid = rs.lighthouse.pid
+    _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
+    rs.signal_rank(2, signal.SIGKILL)
+    killed_at = time.time()
+    assert training.wait(timeout=600) == dict.fromkeys(range(4), "finished")  # nobody types meanwhile
+    assert ft.state == "finished"
+
+    # the replaced replica: new processes in ranks 2 and 3; replica 0 untouched
+    new = [p.pid for p in rs.procs]
+    assert new[:2] == pids[:2] and new[2] != pids[2] and new[3] != pids[3], (pids, new)
+    (rec,) = ft.records
+    assert (rec["replica"], rec["rank"], rec["ranks"], rec["detail"]) == (1, 2, [2, 3], "killed by SIGKILL"), rec
+    assert rec["checkpoint_step"] is not None and rec["checkpoint_step"] > rec["failed_step"] >= KILL_AT, rec
+    status = {s["rank"]: s for s in rs.apply(fault_tolerant.status)}
+    # replica 1's new ranks healed from a live peer (torchft's checkpoint transport) at the step the
+    # survivors were at; the survivors never healed
+    assert status[2]["heals"] == status[3]["heals"] == [rec["checkpoint_step"] - 1], status
+    assert status[0]["heals"] == status[1]["heals"] == [], status
+    assert all(status[r]["step"] == STEPS for r in range(4)), status
+
+    frame = metrics.metrics()
+    loss = frame[frame["metric"] == "loss"]
+    for rank in (0, 1):  # the survivors: every step once, none skipped
+        assert loss[loss["rank"] == rank]["step"].tolist() == list(range(1, STEPS + 1))
+    for rank in (2, 3):  # the replacement: from the step it healed at to the end
+        steps = loss[loss["rank"] == rank]["step"].tolist()
+        assert steps[-1] == STEPS and rec["checkpoint_step"] in steps
+    # the survivors' longest wait between two steps: the lighthouse's timeout for the silent replica
+    rows = frame[(frame["metric"] == "loss") & (frame["rank"] == 0)].sort_values("step")
+    times = rows["time"].tolist()
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    longest = max(gaps)
+    at = rows["step"].tolist()[gaps.index(longest)]
+    with capsys.disabled():
+        print(
+            f"\nlongest gap on rank 0: {longest:.2f} s after step {at}; quorum timeout {QUORUM_TIMEOUT:g} s; "
+            f"replica 1 restarted in {rec['restart_s']:.1f} s, healed at step {rec['checkpoint_step']}, "
+            f"rejoined {rec['rejoined_s']:.1f} s after the kill"
+        )
+    assert longest <= QUORUM_TIMEOUT + 4.0, (longest, at)
+    assert times[gaps.index(longest)] <= killed_at + 1.0  # the gap is the failure's, not another stall
+    # the quorum size each step was taken with: 2, then 1 while replica 1 was away, then 2 again
+    q = frame[(frame["metric"] == "quorum") & (frame["rank"] == 0)].sort_values("step")["value"].tolist()
+    changes = [int(v) for i, v in enumerate(q) if i == 0 or v != q[i - 1]]
+    assert changes == [2, 1, 2], changes
+
+    digests = rs.apply(fault_tolerant.weights_digest)
+    assert len({d["digest"] for d in digests}) == 1 and {d["step"] for d in digests} == {STEPS}, digests
+
+    capsys.readouterr()
+    ipshell.run_line_magic("distrain", "train status")
+    out = capsys.readouterr().out
+    assert f"fault-tolerant run {ft.run}: finished; 2 replica groups x 2 ranks, quorum 2 of 2 at step {STEPS}" in out
+    assert "replacement 1: replica 1 lost rank 2 (host " in out and "killed by SIGKILL" in out, out
+    assert "ranks 2-3 restarted in" in out and "healed from a live peer at step" in out, out
+    from workbench.notebook.dashboard import dashboard
+
+    dash = dashboard(rs, show=False)
+    try:
+        line = dash.status_line(ft.run)
+        assert "quorum 2" in line and "replacement 1: replica 1" in line, line
+    finally:
+        dash.close()
+    api.stop()
+    _wait_for(lambda: not os.path.exists(f"/proc/{lh_pid}"), 10, "the lighthouse outlived its rank set")
