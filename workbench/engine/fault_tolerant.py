@@ -10,7 +10,8 @@ replica agrees it went well. A replica that loses a rank drops out of the quorum
 heartbeat stops (the lighthouse's timeout); the others keep stepping. Its replacement
 heals from a live peer over torchft's checkpoint transport (HTTP, no disk) and rejoins.
 
-One run per process (``start``); the notebook side (``notebook.fault_tolerance``) plans the
+One run per process (``start``); torch is imported inside (the notebook names these functions
+without importing torch). The notebook side (``notebook.fault_tolerance``) plans the
 groups, starts the lighthouse, and replaces lost replicas.
 """
 
@@ -20,8 +21,6 @@ import hashlib
 import threading
 import time
 import traceback
-
-import torch
 
 from ..shared import events
 from . import publisher, runtime
@@ -35,6 +34,7 @@ class FaultTolerantRun:
     def __init__(self, plan: dict):
         from datetime import timedelta
 
+        import torch
         from torch.distributed import PrefixStore, TCPStore
         from torchft import Manager, ProcessGroupGloo
 
@@ -114,6 +114,8 @@ class FaultTolerantRun:
             publisher.flush(10.0)
 
     def _one_step(self) -> None:
+        import torch
+
         from ..models import batch_at
 
         t0 = time.perf_counter()
