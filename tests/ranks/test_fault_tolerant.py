@@ -81,8 +81,8 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     with capsys.disabled():
         print(
             f"\nlongest gap on rank 0: {longest:.2f} s after step {at}; quorum timeout {QUORUM_TIMEOUT:g} s; "
-            f"replica 1 restarted in {rec['restart_s']:.1f} s, healed at step {rec['checkpoint_step']}, "
-            f"rejoined {rec['rejoined_s']:.1f} s after the kill"
+            f"replica 1 restarted in {rec['restart_s']:.1f} s, rejoined at step {rec['checkpoint_step']}, "
+            f" {rec['rejoined_s']:.1f} s after the kill"
         )
     assert longest <= QUORUM_TIMEOUT + 4.0, (longest, at)
     assert times[gaps.index(longest)] <= killed_at + 1.0  # the gap is the failure's, not another stall
@@ -99,7 +99,7 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     out = capsys.readouterr().out
     assert f"fault-tolerant run {ft.run}: finished; 2 replica groups x 2 ranks, quorum 2 of 2 at step {STEPS}" in out
     assert "replacement 1: replica 1 lost rank 2 (host " in out and "killed by SIGKILL" in out, out
-    assert "ranks 2-3 restarted in" in out and "healed from a live peer at step" in out, out
+    assert "ranks 2-3 restarted in" in out and "healed from a live peer and rejoined at step" in out, out
     from workbench.notebook.dashboard import dashboard
 
     dash = dashboard(rs, show=False)

@@ -106,6 +106,14 @@ class FaultTolerantRun:
             self._set_state("running")
             while not self._stop.is_set() and self.manager.current_step() < self.target:
                 self._one_step()
+                if self.plan.get("send_as") and not self.heals and self.manager.current_step() > 0:
+                    # a replacement alone in its first quorum: no live peer held the run's state
+                    self._set_state(
+                        "stopped",
+                        f"replica {self.replica} came back with no live replica to heal from (the others had "
+                        "finished or were lost): it did not train on from its fresh weights",
+                    )
+                    return
             publisher.flush(10.0)
             self._set_state("stopped" if self._stop.is_set() else "finished")
         except Exception as exc:  # a lost peer of this replica: the notebook replaces the replica

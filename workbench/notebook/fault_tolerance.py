@@ -71,7 +71,7 @@ def describe(rec: dict) -> str:
     out = f"{head}; {ranks} restarted in {rec['restart_s']:.1f} s"
     if rec.get("checkpoint_step") is not None:
         out += (
-            f", healed from a live peer at step {rec['checkpoint_step']} and rejoined "
+            f", healed from a live peer and rejoined at step {rec['checkpoint_step']}, "
             f"{rec['rejoined_s']:.1f} s after the failure"
         )
     else:
