@@ -82,7 +82,7 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
         print(
             f"\nlongest gap on rank 0: {longest:.2f} s after step {at}; quorum timeout {QUORUM_TIMEOUT:g} s; "
             f"replica 1 restarted in {rec['restart_s']:.1f} s, rejoined at step {rec['checkpoint_step']}, "
-            f" {rec['rejoined_s']:.1f} s after the kill"
+            f"{rec['rejoined_s']:.1f} s after the kill"
         )
     assert longest <= QUORUM_TIMEOUT + 4.0, (longest, at)
     assert times[gaps.index(longest)] <= killed_at + 1.0  # the gap is the failure's, not another stall

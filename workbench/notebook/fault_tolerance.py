@@ -300,13 +300,25 @@ def start(
     rs.require_running()
     replicas = 2 if replicas is None else replicas
     check(rs, strategy=strategy, replicas=replicas, quorum_timeout=quorum_timeout, steps=steps)
+    from ..engine import control
+
     sess = session.of(rs)
-    for old in (sess.supervisor, getattr(sess, "fault_tolerant", None)):
-        if old is not None:
-            old.close()
-    sess.supervisor = None
-    if rs.lighthouse is not None and rs.dead():
+    if sess.fault_tolerant is not None and not sess.fault_tolerant.done.is_set():
+        raise ValueError(
+            f"the fault-tolerant run {sess.fault_tolerant.run} is still training: `%distrain train stop` first; "
+            "nothing was started"
+        )
+    if rs.dead():
         raise ValueError("ranks of this set are dead: `%distrain restart` first; nothing was started")
+    busy = {s["state"] for s in rs.apply(control.status)} & {"running", "paused"}
+    if busy:
+        raise ValueError(
+            f"the workbench trainer on these ranks is {'/'.join(sorted(busy))}: `%distrain train stop` first "
+            "(a fault-tolerant run trains in a loop of its own); nothing was started"
+        )
+    if sess.supervisor is not None:
+        sess.supervisor.close()
+    sess.supervisor = None
     sess.fault_tolerant = FaultTolerantRun(
         sess, steps, replicas=replicas, quorum_timeout=quorum_timeout, model=model, batch_size=batch_size, lr=lr
     )

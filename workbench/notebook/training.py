@@ -70,6 +70,9 @@ def start(
     if sess.supervisor is not None:
         sess.supervisor.close()
         sess.supervisor = None
+    if sess.fault_tolerant is not None:  # a later run of the workbench trainer is what status shows
+        sess.fault_tolerant.close()
+        sess.fault_tolerant = None
     if setup is not None:
         sess.resume_setup = setup  # remembered as `restart --resume --setup` remembers it
     if max_failures is not None:  # the supervisor owns the step watchdog: a hang is one of its failures

@@ -154,7 +154,7 @@ def _train(args, shell):
         return training.wait(timeout=args.timeout)
     import pandas as pd
 
-    if ft is not None and ft.rankset is api.current():
+    if ft is not None and ft.rankset is api.current() and api.session().started_run == ft.run:
         from ...engine import fault_tolerant
 
         print(ft.status_text())
