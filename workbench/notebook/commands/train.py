@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds, session_names
-from .. import api, training
+from .. import api, session, training
 from ..session import UnknownSession
 from . import UsageError, command
 
@@ -137,7 +137,8 @@ def _train(args, shell):
             if value is not None:
                 raise UsageError(f"{flag} goes with --fault-tolerant; nothing was started")
         return _start(args, shell)
-    ft = api.session().fault_tolerant
+    current = session.KERNEL.current()  # None before any start: the calls below say so as before
+    ft = current.fault_tolerant if current is not None else None
     if ft is not None and not ft.done.is_set() and args.action != "status" and args.action != "wait":
         return _fault_tolerant_action(ft, args.action)
     if args.action == "set":
