@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from workbench.notebook import api, metrics, training
+from workbench.notebook import api, metrics, registry, training
 from workbench.notebook.cluster import lighthouse
 
 pytestmark = pytest.mark.skipif(lighthouse.binary() is None, reason="torchft (the ft extra) is not installed")
@@ -55,6 +55,8 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     # the replaced replica: new processes in ranks 2 and 3; replica 0 untouched
     new = [p.pid for p in rs.procs]
     assert new[:2] == pids[:2] and new[2] != pids[2] and new[3] != pids[3], (pids, new)
+    entry = registry.read(registry.entry_id_of(rs))  # what the Lab's sidebar lists
+    assert [r["pid"] for r in entry["ranks"]] == new and not entry["deaths"], entry
     (rec,) = ft.records
     assert (rec["replica"], rec["rank"], rec["ranks"], rec["detail"]) == (1, 2, [2, 3], "killed by SIGKILL"), rec
     assert rec["checkpoint_step"] is not None and rec["checkpoint_step"] > rec["failed_step"] >= KILL_AT, rec

@@ -241,6 +241,12 @@ class FaultTolerantRun:
         t0 = time.time()
         try:
             replacements.replace_ranks(rs, ranks)
+            try:  # the Lab's sidebar shows the new pids, and no death for these ranks
+                from . import registry
+
+                registry.ranks_replaced(rs, ranks)
+            except Exception:
+                pass
             collector = self.sess.collector
             rs.apply(publisher.connect, collector.address, key=collector.key, ranks=ranks, timeout=60)
             # the new ranks' sequence numbers start again: they send under their own id, filed under the run

@@ -93,5 +93,5 @@ def replace_ranks(rs, ranks: list[int], *, timeout: float | None = None) -> list
     rs._views.clear()
     rs.started_pids = sorted(set(rs.started_pids) | {i["pid"] for i in infos})
     rs.watcher = health.Watcher(rs.procs)  # watches the new pids (the old ones' pidfds are spent)
-    rs.watcher.listeners.extend(listeners)
+    rs.watcher.listeners.extend(listeners)  # those told of deaths (the Lab registry) go on being told
     return infos
