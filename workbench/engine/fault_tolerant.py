@@ -151,8 +151,10 @@ class FaultTolerantRun:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
         quorum = self.manager.num_participants()
+        grad_norm = float(flat.norm())  # of the averaged gradient: the same on every rank that commits
         if self.manager.should_commit():
             self.optim.step()
+            seconds = time.perf_counter() - t0
             self.step, self.quorum = self.manager.current_step(), quorum
             publisher.emit(
                 events.step_event(
@@ -163,7 +165,9 @@ class FaultTolerantRun:
                         "loss": float(loss.detach()),
                         "quorum": quorum,
                         "replica": self.replica,
-                        "time_step_s": time.perf_counter() - t0,
+                        "grad_norm": grad_norm,
+                        "time_step_s": seconds,
+                        "tps": x.numel() / max(1e-9, seconds),  # this rank's tokens per second
                     },
                 )
             )
