@@ -49,7 +49,8 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
     rs.signal_rank(2, signal.SIGKILL)
     killed_at = time.time()
-    assert training.wait(timeout=600) == dict.fromkeys(range(4), "finished")  # nobody types meanwhile
+    states = training.wait(timeout=600)  # nobody types meanwhile
+    assert states == dict.fromkeys(range(4), "finished"), (states, ft.status_text())
     assert ft.state == "finished"
 
     # the replaced replica: new processes in ranks 2 and 3; replica 0 untouched
@@ -75,7 +76,8 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
         steps = loss[loss["rank"] == rank]["step"].tolist()
         assert steps[-1] == STEPS and rec["checkpoint_step"] in steps
     # the survivors' longest wait between two steps: the lighthouse's timeout for the silent replica
-    rows = frame[(frame["metric"] == "loss") & (frame["rank"] == 0)].sort_values("step")
+    # (the last step is left out: had the replacement taken longer than the steps left, it waits for it)
+    rows = frame[(frame["metric"] == "loss") & (frame["rank"] == 0) & (frame["step"] < STEPS)].sort_values("step")
     times = rows["time"].tolist()
     gaps = [b - a for a, b in zip(times, times[1:])]
     longest = max(gaps)
@@ -112,3 +114,30 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
         dash.close()
     api.stop()
     _wait_for(lambda: not os.path.exists(f"/proc/{lh_pid}"), 10, "the lighthouse outlived its rank set")
+
+
+def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks):
+    """Fewer steps left than the replacement takes: the survivors wait before their last step, which the
+    replacement (healed in it) takes with them; the run ends whole, with the same weights everywhere."""
+    from workbench.engine import fault_tolerant
+    from workbench.notebook import fault_tolerance
+
+    rs = fresh_ranks(4)
+    steps = 120
+    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=QUORUM_TIMEOUT)
+    store = api.session().store
+    _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
+    rs.signal_rank(2, signal.SIGKILL)
+    states = training.wait(timeout=600)
+    assert states == dict.fromkeys(range(4), "finished"), (states, ft.status_text())
+    (rec,) = ft.records
+    status = {s["rank"]: s for s in rs.apply(fault_tolerant.status)}
+    assert rec["checkpoint_step"] == steps and status[2]["heals"] == status[3]["heals"] == [steps - 1], status
+    digests = rs.apply(fault_tolerant.weights_digest)
+    assert len({d["digest"] for d in digests}) == 1 and {d["step"] for d in digests} == {steps}, digests
+    frame = metrics.metrics()
+    rows = frame[(frame["metric"] == "loss") & (frame["rank"] == 0)].sort_values("step")
+    assert rows["step"].tolist() == list(range(1, steps + 1))
+    back = rec["time"] + rec["restart_s"]  # about when the replacement was started on the run
+    before_last, last = rows["time"].iloc[-2], rows["time"].iloc[-1]
+    assert before_last < back - 1.0 < last, (before_last - rec["time"], last - rec["time"], rec)  # it waited

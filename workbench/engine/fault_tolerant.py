@@ -50,6 +50,7 @@ class FaultTolerantRun:
         self.state, self.reason, self.step = "idle", "", 0
         self.quorum = 0
         self._stop = threading.Event()
+        self._hold = threading.Event()  # set while a lost replica is replaced: the last step waits for it
         timeout = timedelta(seconds=float(plan["collective_timeout"]))
         port = int(plan["store_ports"][self.replica])
         # the replica's own store: hosted by its group rank 0 (the Manager only connects to it)
@@ -105,6 +106,8 @@ class FaultTolerantRun:
         try:
             self._set_state("running")
             while not self._stop.is_set() and self.manager.current_step() < self.target:
+                if self.manager.current_step() == self.target - 1:
+                    self._wait_for_replacement()
                 self._one_step()
                 if self.plan.get("send_as") and not self.heals and self.manager.current_step() > 0:
                     # a replacement alone in its first quorum: no live peer held the run's state
@@ -172,6 +175,16 @@ class FaultTolerantRun:
                 )
             )
 
+    def _wait_for_replacement(self) -> None:
+        """Before the last step, while a lost replica is being replaced: the replacement can heal only
+        in a step the others take with it, so the run does not end without it."""
+        while self._hold.is_set() and not self._stop.is_set():
+            time.sleep(0.05)
+
+    def hold(self, on: bool) -> dict:
+        (self._hold.set if on else self._hold.clear)()
+        return self.status()
+
     def start(self) -> dict:
         self._thread.start()
         return self.status()
@@ -192,7 +205,8 @@ class FaultTolerantRun:
 
     def close(self, timeout: float = 30.0) -> None:
         self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
         try:
             self.manager.shutdown(wait=False)
         except Exception:
@@ -228,6 +242,13 @@ def stop(timeout: float = 30.0) -> dict:
         return status()
     _CURRENT.close(timeout)
     return _CURRENT.status()
+
+
+def hold(on: bool = True) -> dict:
+    """``on``: a replica is being replaced, do not take the last step yet; ``False``: go on."""
+    if _CURRENT is None:
+        return status()
+    return _CURRENT.hold(on)
 
 
 def weights_digest() -> dict:

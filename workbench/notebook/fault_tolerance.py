@@ -170,6 +170,10 @@ class FaultTolerantRun:
             + (f"; lighthouse {lh.address} (pid {lh.pid})" if lh is not None and lh.alive() else "")
         )
         lines = [head, *("  " + describe(r) for r in self.records)]
+        states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
+        for rank, e in sorted(states.items()):
+            if e["state"] in ("error", "stopped") and e.get("reason"):
+                lines.append(f"  rank {rank} {e['state']}: {e['reason'].splitlines()[0][:300]}")
         if self.error:
             lines.append("  " + self.error)
         return "\n".join(lines)
@@ -239,7 +243,9 @@ class FaultTolerantRun:
         }
         rs = self.rankset
         t0 = time.time()
+        others = [r for r in range(rs.world_size) if r not in ranks and r not in deaths]
         try:
+            self._hold(others, True)  # the others may step on, but not take the last step without it
             replacements.replace_ranks(rs, ranks)
             try:  # the Lab's sidebar shows the new pids, and no death for these ranks
                 from . import registry
@@ -256,16 +262,32 @@ class FaultTolerantRun:
                 "send_as": send_as,
                 "store_ports": {**self.plan["store_ports"], replica: network.free_port()},
             }
-            rs.apply(fault_tolerant.start, plan, ranks=ranks, timeout=300)
+            rs.apply(fault_tolerant.start, plan, begin=False, ranks=ranks, timeout=300)
+            rs.apply(fault_tolerant.begin, ranks=ranks, timeout=60)
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             raise
         finally:
+            self._hold(others, False)
             rec["restart_s"] = round(time.time() - t0, 3)
             self.store.note_recovery(rec)
             text = "fault tolerance: " + describe(rec)
             self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
             print(text, flush=True)
+
+    def _hold(self, ranks: list[int], on: bool) -> None:
+        """Tell the other replicas' ranks a replacement is (no longer) under way; a rank that died
+        meanwhile is left to the next look."""
+        from ..engine import fault_tolerant
+
+        dead = {d["rank"] for d in self.rankset.dead()}
+        live = [r for r in ranks if r not in dead]
+        if not live:
+            return
+        try:
+            self.rankset.apply(fault_tolerant.hold, on, ranks=live, timeout=30)
+        except Exception:
+            pass
 
     def _note_healed(self) -> None:
         """A replacement healed once its first step arrived: that step, and the time since the failure."""
