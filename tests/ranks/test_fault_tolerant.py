@@ -123,7 +123,7 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks):
     from workbench.notebook import fault_tolerance
 
     rs = fresh_ranks(4)
-    steps = 120
+    steps = KILL_AT + 20  # the survivors are there seconds before a replacement can be
     ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=QUORUM_TIMEOUT)
     store = api.session().store
     _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
