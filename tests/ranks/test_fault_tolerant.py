@@ -50,7 +50,8 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     rs.signal_rank(2, signal.SIGKILL)
     killed_at = time.time()
     states = training.wait(timeout=600)  # nobody types meanwhile
-    assert states == dict.fromkeys(range(4), "finished"), (states, ft.status_text())
+    if states != dict.fromkeys(range(4), "finished"):
+        pytest.fail(f"{states}\n{ft.status_text()}", pytrace=False)
     assert ft.state == "finished"
 
     # the replaced replica: new processes in ranks 2 and 3; replica 0 untouched
@@ -116,20 +117,27 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     _wait_for(lambda: not os.path.exists(f"/proc/{lh_pid}"), 10, "the lighthouse outlived its rank set")
 
 
-def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks):
+def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipshell):
     """Fewer steps left than the replacement takes: the survivors wait before their last step, which the
-    replacement (healed in it) takes with them; the run ends whole, with the same weights everywhere."""
+    replacement (healed in it) takes with them; the run ends whole, with the same weights everywhere.
+    Then a second run on the same ranks (replaced ones included), stopped from the notebook."""
     from workbench.engine import fault_tolerant
     from workbench.notebook import fault_tolerance
+    from workbench.notebook.commands import UsageError
 
     rs = fresh_ranks(4)
     steps = KILL_AT + 20  # the survivors are there seconds before a replacement can be
     ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=QUORUM_TIMEOUT)
     store = api.session().store
+    with pytest.raises(
+        UsageError, match=r"the fault-tolerant run .* takes `train stop`, `train status` and `train wait`"
+    ):
+        ipshell.run_line_magic("distrain", "train pause")
     _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
     rs.signal_rank(2, signal.SIGKILL)
     states = training.wait(timeout=600)
-    assert states == dict.fromkeys(range(4), "finished"), (states, ft.status_text())
+    if states != dict.fromkeys(range(4), "finished"):
+        pytest.fail(f"{states}\n{ft.status_text()}", pytrace=False)
     (rec,) = ft.records
     status = {s["rank"]: s for s in rs.apply(fault_tolerant.status)}
     assert rec["checkpoint_step"] == steps and status[2]["heals"] == status[3]["heals"] == [steps - 1], status
@@ -141,3 +149,43 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks):
     back = rec["time"] + rec["restart_s"]  # about when the replacement was started on the run
     before_last, last = rows["time"].iloc[-2], rows["time"].iloc[-1]
     assert before_last < back - 1.0 < last, (before_last - rec["time"], last - rec["time"], rec)  # it waited
+
+    first_lighthouse = rs.lighthouse.pid
+    ipshell.run_line_magic("distrain", "train start --fault-tolerant --steps 100000 --no-dashboard")
+    again = api.session().fault_tolerant
+    assert again.run != ft.run and rs.lighthouse.pid != first_lighthouse
+    assert (
+        not os.path.exists(f"/proc/{first_lighthouse}")
+        or open(f"/proc/{first_lighthouse}/stat").read().split()[2] == "Z"
+    )
+    _wait_for(lambda: min(store.last_steps(again.run).values() or [0]) >= 5, 120, "the second run did not step")
+    assert len(store.last_steps(again.run)) == 4
+    ipshell.run_line_magic("distrain", "train stop")
+    assert training.wait(timeout=120) == dict.fromkeys(range(4), "stopped")
+
+
+def test_the_lighthouse_takes_another_port_when_its_port_was_taken(monkeypatch, tmp_path):
+    """A free port may be taken before the lighthouse binds it (it then exits at once): the next try
+    uses another, and the address given to the ranks is the one it listens on."""
+    import socket
+
+    from workbench.notebook.cluster import network
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    first = taken.getsockname()[1]
+    ports = iter([first])
+    real = network.free_port
+    monkeypatch.setattr(network, "free_port", lambda: next(ports, None) or real())
+    try:
+        lh = lighthouse.Lighthouse(quorum_timeout_s=1.0, log_path=str(tmp_path / "lighthouse.log"))
+    finally:
+        taken.close()
+    try:
+        assert lh.alive() and lh.port != first
+        assert "Address already in use" in lh.log()  # the first try
+        with socket.create_connection(("127.0.0.1", lh.port), timeout=2):
+            pass
+    finally:
+        assert lh.stop() == [] and not lh.alive()

@@ -18,6 +18,7 @@ groups, starts the lighthouse, and replaces lost replicas.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 import traceback
@@ -26,6 +27,7 @@ from ..shared import events
 from . import publisher, runtime
 
 _CURRENT: FaultTolerantRun | None = None
+EXIT_REPLICA_LOST = 75  # the exit status of a rank that ended itself because its replica cannot step on
 
 
 class FaultTolerantRun:
@@ -119,8 +121,13 @@ class FaultTolerantRun:
                     return
             publisher.flush(10.0)
             self._set_state("stopped" if self._stop.is_set() else "finished")
-        except Exception as exc:  # a lost peer of this replica: the notebook replaces the replica
+        except Exception as exc:
+            # a lost member of this replica, or a torchft call that failed: the replica cannot step on.
+            # This process ends itself: its peers in the other replicas stop waiting on it at once
+            # (their collective errors), and the notebook replaces the replica as it does a dead one.
             self._set_state("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+            publisher.flush(10.0)
+            os._exit(EXIT_REPLICA_LOST)
         finally:
             publisher.flush(10.0)
 
@@ -221,6 +228,9 @@ def start(plan: dict, begin: bool = True) -> dict:
     global _CURRENT
     if _CURRENT is not None and _CURRENT.state in ("running", "idle"):
         raise RuntimeError(f"rank {_CURRENT.rank}: a fault-tolerant run ({_CURRENT.run}) is already running")
+    if _CURRENT is not None:  # the previous run's Manager: its servers and heartbeat end here
+        _CURRENT.close(timeout=5.0)
+    _CURRENT = None
     _CURRENT = FaultTolerantRun(plan)
     return _CURRENT.start() if begin else _CURRENT.status()
 

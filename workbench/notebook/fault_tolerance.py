@@ -122,9 +122,10 @@ class FaultTolerantRun:
             "group_size": self.group_size,
             "lighthouse": rs.lighthouse.address,
             "store_ports": {r: network.free_port() for r in range(replicas)},
-            # a collective with a lost peer errors at once on gloo; one that waits on a stuck
-            # peer gives up after this, so a stuck replica costs no more than a dead one
-            "collective_timeout": max(5.0, self.quorum_timeout),
+            # a collective with a lost peer errors at once on gloo (and a rank whose replica lost a
+            # member ends itself); torchft's calls that wait on a live but slow peer (should_commit
+            # waits for every rank of the replica) give up after this: generous on a loaded machine
+            "collective_timeout": max(30.0, 2 * self.quorum_timeout),
             "manager_quorum_timeout": 4 * self.quorum_timeout + 60.0,
             "model": model,
             "batch_size": batch_size,

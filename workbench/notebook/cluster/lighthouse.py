@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
+
+import psutil
 
 from . import health, network
 
@@ -42,40 +43,45 @@ class Lighthouse:
         exe = binary()
         if exe is None:
             raise RuntimeError(NOT_INSTALLED)
-        self.port = network.free_port()
-        self.address = f"http://127.0.0.1:{self.port}"
         self.quorum_timeout_s = quorum_timeout_s
         self.log_path = log_path
-        ms = str(max(100, int(quorum_timeout_s * 1000)))
-        cmd = [exe, "--bind", f"127.0.0.1:{self.port}", "--min_replicas", str(min_replicas)]
-        cmd += ["--join_timeout_ms", ms, "--heartbeat_timeout_ms", ms, "--quorum_tick_ms", "50"]
         if log_path:
             os.makedirs(os.path.dirname(log_path), exist_ok=True)
         self._log = open(log_path or os.devnull, "ab")
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.pid = self.proc.pid
-        try:
-            self._wait_listening(30.0)
-        except BaseException:
-            self.stop()
-            raise
+        ms = str(max(100, int(quorum_timeout_s * 1000)))
+        for _attempt in range(3):  # a free port may be taken by another process before the lighthouse binds it
+            self.port = network.free_port()
+            self.address = f"http://127.0.0.1:{self.port}"
+            cmd = [exe, "--bind", f"127.0.0.1:{self.port}", "--min_replicas", str(min_replicas)]
+            cmd += ["--join_timeout_ms", ms, "--heartbeat_timeout_ms", ms, "--quorum_tick_ms", "50"]
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            self.pid = self.proc.pid
+            try:
+                if self._wait_listening(30.0):
+                    return
+            except BaseException:
+                self.stop()
+                raise
+        self.stop()
+        raise RuntimeError(f"the torchft lighthouse could not bind a port in 3 tries: {self.log()}")
 
-    def _wait_listening(self, limit: float) -> None:
+    def _wait_listening(self, limit: float) -> bool:
+        """True once this process listens on its port; False if it ended (the port was taken)."""
         deadline = time.monotonic() + limit
+        me = psutil.Process(self.pid)
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the torchft lighthouse ended at once (exit {self.proc.returncode}): {self.log()}")
+                return False
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"the torchft lighthouse did not listen on port {self.port} within {limit} s"
-                    ) from None
-                time.sleep(0.05)
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in me.net_connections("tcp")):
+                    return True
+            except psutil.Error:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the torchft lighthouse did not listen on port {self.port} within {limit} s")
+            time.sleep(0.05)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
