@@ -189,3 +189,22 @@ def test_the_lighthouse_takes_another_port_when_its_port_was_taken(monkeypatch, 
             pass
     finally:
         assert lh.stop() == [] and not lh.alive()
+
+
+def test_a_killed_notebook_leaves_no_lighthouse():
+    """The lighthouse ends with the notebook process that started it, as the controller does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time\nfrom workbench.notebook.cluster.lighthouse import Lighthouse\n"
+        "lh = Lighthouse(quorum_timeout_s=1.0)\nprint(lh.pid, flush=True)\ntime.sleep(120)\n"
+    )
+    notebook = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(notebook.stdout.readline())
+        assert os.path.exists(f"/proc/{pid}")
+    finally:
+        notebook.kill()
+        notebook.wait()
+    _wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the lighthouse outlived its notebook process")

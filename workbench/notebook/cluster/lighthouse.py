@@ -7,12 +7,15 @@ never imports torch or torchft. Its log (a line per quorum) goes to a file, not 
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
@@ -30,6 +33,36 @@ def binary() -> str | None:
         return None
     here = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
     return here if os.access(here, os.X_OK) else shutil.which("torchft_lighthouse")
+
+
+_PR_SET_PDEATHSIG = 1
+_spawner: ThreadPoolExecutor | None = None
+
+
+def _end_with_parent() -> None:
+    """In the child before exec: SIGTERM when the notebook process is gone (a killed kernel leaves
+    no lighthouse behind; the controller watches its parent the same way)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
+def _spawn(cmd: list[str], log) -> subprocess.Popen:
+    """Start the lighthouse from one thread that lives as long as this process: PDEATHSIG fires when
+    the thread that forked the child ends, not the process."""
+    global _spawner
+    if _spawner is None:
+        _spawner = ThreadPoolExecutor(1, thread_name_prefix="workbench-lighthouse-spawner")
+    return _spawner.submit(
+        subprocess.Popen,
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_end_with_parent,
+    ).result()
 
 
 class Lighthouse:
@@ -54,9 +87,7 @@ class Lighthouse:
             self.address = f"http://127.0.0.1:{self.port}"
             cmd = [exe, "--bind", f"127.0.0.1:{self.port}", "--min_replicas", str(min_replicas)]
             cmd += ["--join_timeout_ms", ms, "--heartbeat_timeout_ms", ms, "--quorum_tick_ms", "50"]
-            self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.proc = _spawn(cmd, self._log)
             self.pid = self.proc.pid
             try:
                 if self._wait_listening(30.0):
