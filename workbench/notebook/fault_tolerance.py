@@ -19,6 +19,7 @@ import os
 import threading
 import time
 
+from ..engine.fault_tolerant import EXIT_REPLICA_LOST
 from . import session, stream
 from .cluster import lighthouse, network, replacements
 
@@ -222,7 +223,11 @@ class FaultTolerantRun:
 
         g = self.group_size
         ranks = list(range(replica * g, (replica + 1) * g))
-        dead = deaths[min(r for r in ranks if r in deaths)]
+        # the rank that was lost, not one that ended itself after it (it exits with EXIT_REPLICA_LOST)
+        dead = min(
+            (deaths[r] for r in ranks if r in deaths),
+            key=lambda d: (d.get("exit_code") == EXIT_REPLICA_LOST, d["time"], d["rank"]),
+        )
         steps = self.store.last_steps(self.run)
         self.generation[replica] += 1
         send_as = f"{self.run}-r{replica}g{self.generation[replica]}"
