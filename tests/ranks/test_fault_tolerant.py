@@ -126,8 +126,10 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
     from workbench.notebook.commands import UsageError
 
     rs = fresh_ranks(4)
-    steps = KILL_AT + 20  # the survivors are there seconds before a replacement can be
-    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=QUORUM_TIMEOUT)
+    # killed five steps before the end, with a 1 s quorum timeout: the survivors are at their last step
+    # seconds before new ranks can be (a process start, torch's import, the model, the Manager)
+    steps = KILL_AT + 5
+    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
     store = api.session().store
     with pytest.raises(
         UsageError, match=r"the fault-tolerant run .* takes `train stop`, `train status` and `train wait`"
@@ -148,7 +150,7 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
     assert rows["step"].tolist() == list(range(1, steps + 1))
     back = rec["time"] + rec["restart_s"]  # about when the replacement was started on the run
     before_last, last = rows["time"].iloc[-2], rows["time"].iloc[-1]
-    assert before_last < back - 1.0 < last, (before_last - rec["time"], last - rec["time"], rec)  # it waited
+    assert before_last < back - 0.5 < last, (before_last - rec["time"], last - rec["time"], rec)  # it waited
 
     first_lighthouse = rs.lighthouse.pid
     ipshell.run_line_magic("distrain", "train start --fault-tolerant --steps 100000 --no-dashboard")

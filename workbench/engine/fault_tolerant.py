@@ -53,6 +53,7 @@ class FaultTolerantRun:
         self.quorum = 0
         self._stop = threading.Event()
         self._hold = threading.Event()  # set while a lost replica is replaced: the last step waits for it
+        self.stopped_at: int | None = None  # `train stop`: the step every rank ends after (stop_at)
         timeout = timedelta(seconds=float(plan["collective_timeout"]))
         port = int(plan["store_ports"][self.replica])
         # the replica's own store: hosted by its group rank 0 (the Manager only connects to it)
@@ -120,7 +121,7 @@ class FaultTolerantRun:
                     )
                     return
             publisher.flush(10.0)
-            self._set_state("stopped" if self._stop.is_set() else "finished")
+            self._set_state("stopped" if self._stop.is_set() or self.stopped_at is not None else "finished")
         except Exception as exc:
             # a lost member of this replica, or a torchft call that failed: the replica cannot step on.
             # This process ends itself: its peers in the other replicas stop waiting on it at once
@@ -251,6 +252,17 @@ def stop(timeout: float = 30.0) -> dict:
     if _CURRENT is None:
         return status()
     _CURRENT.close(timeout)
+    return _CURRENT.status()
+
+
+def stop_at(step: int) -> dict:
+    """End the loop after ``step`` (``train stop``): the notebook gives every rank the same step, a little
+    past the newest, so that the ranks of a replica end together (one that stopped a step before its
+    peer would leave it waiting in the replica's collective)."""
+    if _CURRENT is None:
+        return status()
+    _CURRENT.stopped_at = int(step)
+    _CURRENT.target = min(_CURRENT.target, int(step))
     return _CURRENT.status()
 
 

@@ -103,6 +103,7 @@ class FaultTolerantRun:
         self.replicas, self.group_size = replicas, rs.world_size // replicas
         self.quorum_timeout = float(quorum_timeout)
         self.state = "starting"
+        self.stopping = False  # `train stop`: the ranks end at one step; a rank that ends then is not replaced
         self.error = ""
         self._stop = threading.Event()
         self.done = threading.Event()
@@ -183,6 +184,16 @@ class FaultTolerantRun:
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
 
+    def stop(self) -> int:
+        """End the run on every rank after one step, the same for all (``engine.fault_tolerant.stop_at``)."""
+        from ..engine import fault_tolerant
+
+        self.stopping = True
+        live = [r for r in range(self.rankset.world_size) if r not in {d["rank"] for d in self.rankset.dead()}]
+        at = max(s["step"] for s in self.rankset.apply(fault_tolerant.status, ranks=live)) + 2
+        self.rankset.apply(fault_tolerant.stop_at, at, ranks=live)
+        return at
+
     def close(self) -> None:
         self._stop.set()
         if not self.done.is_set():
@@ -200,7 +211,7 @@ class FaultTolerantRun:
                 if rs is not self.rankset or not rs.running:
                     return self._finish("stopped")
                 deaths = rs.watcher.known() if rs.watcher is not None else {}
-                for replica in sorted({r // self.group_size for r in deaths}):
+                for replica in sorted({r // self.group_size for r in deaths}) if not self.stopping else ():
                     self._replace(replica, deaths)
                 self._note_healed()
                 states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))

@@ -276,10 +276,8 @@ def _fault_tolerant_action(ft, action: str):
             f"`train {action}` changes the workbench trainer; the fault-tolerant run {ft.run} takes "
             "`train stop`, `train status` and `train wait`"
         )
-    from ...engine import fault_tolerant
-
-    api.current().apply(fault_tolerant.stop)
-    print(f"stop requested: the fault-tolerant run {ft.run} stops at each rank's next step")
+    at = ft.stop()
+    print(f"stop requested: the fault-tolerant run {ft.run} stops after step {at} on every rank")
     return None
 
 
