@@ -113,6 +113,14 @@ CASES: dict[tuple[str, str], object] = {
     # their effect (a run recovered by itself, a budget spent): tests/ranks/test_recovery.py
     ("train start", "--max-failures"): refused("train start --max-failures 0", "argument --max-failures"),
     ("train start", "--setup"): refused("train start --setup code", "--setup names the code a recovery repeats"),
+    # their effect (survivors keep stepping, a lost replica healed from a peer): tests/ranks/test_fault_tolerant.py
+    ("train start", "--fault-tolerant"): refused(
+        "train start --fault-tolerant --strategy fsdp2", "--fault-tolerant runs a replicated layout"
+    ),
+    ("train start", "--replicas"): refused("train start --replicas 2", "--replicas goes with --fault-tolerant"),
+    ("train start", "--quorum-timeout"): refused(
+        "train start --quorum-timeout 5", "--quorum-timeout goes with --fault-tolerant"
+    ),
     ("train wait", "--timeout"): TRAIN,
     ("dashboard", "--export"): TRAIN,
     ("dashboard", "--run"): TRAIN,

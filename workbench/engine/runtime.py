@@ -129,6 +129,7 @@ def bootstrap(
     interface_addr: str | None = None,
     framework: str = "torch",
     extra_env: dict[str, str] | None = None,
+    process_group: bool = True,
 ) -> dict:
     """Set the rank's environment, pin its device and initialise the process group
     (``framework="jax"``: ``jax.distributed`` instead, :mod:`workbench.engine.jax_runtime`).
@@ -139,6 +140,9 @@ def bootstrap(
 
     Returns :func:`describe` of the new context. Raises if the process group is
     already initialised (a rank set is bootstrapped once; restart makes new ranks).
+    ``process_group=False``: a rank that replaces a lost replica of a fault-tolerant run
+    (``notebook.fault_tolerance``); the set's process group cannot take a new member, and the
+    run talks over its replica's own groups.
     """
     global _CONTEXT
     env = {
@@ -221,16 +225,17 @@ def bootstrap(
     kwargs = {}
     if backend == "nccl":
         kwargs["device_id"] = torch.device(device)
-    if rank != 0:
-        await_store(master_addr, master_port, timeout_s)
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        **kwargs,
-    )
+    if process_group:
+        if rank != 0:
+            await_store(master_addr, master_port, timeout_s)
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **kwargs,
+        )
     _CONTEXT = RankContext(
         rank=rank,
         world_size=world_size,

@@ -24,7 +24,11 @@ LOSS_WORDS = ("non-finite", "spike")  # the guard's pause reasons (engine.traine
 
 
 def describe(rec: dict) -> str:
-    """One line of a recovery record."""
+    """One line of a recovery record (a fault-tolerant run's replica replacement included)."""
+    if rec.get("replica") is not None:
+        from .fault_tolerance import describe as replacement
+
+        return replacement(rec)
     where = f"rank {rec['rank']} (host {rec['host']})" if rec.get("rank") is not None else "the run"
     kind = rec["kind"]
     if kind == "host lost":  # every rank there: the host is what failed

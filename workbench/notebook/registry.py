@@ -263,6 +263,17 @@ def _record_death(entry_id: str, death: dict) -> None:
     update(entry_id, deaths=deaths)
 
 
+def ranks_replaced(rankset, ranks: list[int]) -> None:
+    """Some ranks of a running set were replaced (a fault-tolerant run's lost replica): their new
+    pids and engines, their deaths cleared (the new watcher goes on telling later ones)."""
+    entry_id = entry_id_of(rankset)
+    entry = read(entry_id) if entry_id is not None else None
+    if entry is None:
+        return
+    deaths = {k: v for k, v in (entry.get("deaths") or {}).items() if int(k) not in ranks}
+    update(entry_id, ranks=entry_for(rankset)["ranks"], deaths=deaths)
+
+
 def entry_id_of(rankset) -> str | None:
     with _lock:
         return _entries.get(id(rankset))

@@ -45,6 +45,7 @@ class Session:
         self.hangs: list[dict] = []  # step-timeout diagnoses, newest last
         self.supervisor = None  # the recovery.Supervisor of the latest `train start --max-failures`
         self.recovering = False  # a supervisor restarts the set: its store and dashboard carry over
+        self.fault_tolerant = None  # the fault_tolerance.FaultTolerantRun of the latest `train start --fault-tolerant`
         self.trackers: dict = {}  # tracker name -> trackers.Tracker mirroring this session's stream
 
     @property

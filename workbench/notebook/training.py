@@ -70,6 +70,9 @@ def start(
     if sess.supervisor is not None:
         sess.supervisor.close()
         sess.supervisor = None
+    if sess.fault_tolerant is not None:  # a later run of the workbench trainer is what status shows
+        sess.fault_tolerant.close()
+        sess.fault_tolerant = None
     if setup is not None:
         sess.resume_setup = setup  # remembered as `restart --resume --setup` remembers it
     if max_failures is not None:  # the supervisor owns the step watchdog: a hang is one of its failures
@@ -91,6 +94,16 @@ def start(
             rs, store, run, step_timeout, mark=mark, on_hang=lambda rep: _on_hang(sess, store, rep)
         )
     return run
+
+
+def fault_tolerant(steps: int, **options):
+    """``steps`` steps with each replica group a torchft replica group: survivors keep training while a
+    lost replica is replaced and heals from a live peer (``train start --fault-tolerant``; ``options``:
+    ``replicas=2``, ``quorum_timeout=10.0``, ``model``, ``batch_size``, ``lr``). Returns the run:
+    ``.run``, ``.status_text()``, ``.records``; ``workbench.train.wait()`` waits for it."""
+    from . import fault_tolerance
+
+    return fault_tolerance.start(steps, **options)
 
 
 def _on_hang(sess, store, rep: dict) -> None:
@@ -189,6 +202,9 @@ def wait(
     ok = store.wait(done, timeout)
     if ok and sup is not None and step is None:
         sup.wait(5.0)  # it sees the same end at its next look: its state and records are final
+    ft = sess.fault_tolerant
+    if ok and ft is not None and ft.run == run and step is None:
+        ft.wait(5.0)  # likewise a fault-tolerant run's watcher
     if sup is not None and sup.state == "gave up":
         raise BudgetSpent(sup.summary)
     rs = sess.rankset if sup is not None and sess.rankset is not None else rs  # a recovery's new set

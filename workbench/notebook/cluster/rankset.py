@@ -170,6 +170,8 @@ class RankSet:
         self._controller_session: tuple[int, float] | None = None
         self.forked: launchers.ForkedRanks | None = None  # local ranks: the process that forks them
         self.preloaded = False  # that process was the kernel's standby (its torch imported early)
+        self.replacements: list[launchers.ForkedRanks] = []  # those that forked replacement ranks (replacements.py)
+        self.lighthouse = None  # a fault-tolerant run's torchft lighthouse (cluster.lighthouse), ended with the set
         self.exit_dir: str | None = None  # where it writes their exit statuses
         self.job_id: str | None = None  # slurm
         self.launcher: launchers.Launcher | None = None  # ray: its placement group and actors
@@ -681,6 +683,10 @@ class RankSet:
         self.stopped = True
         if self.forked is not None:
             self.forked.close()
+        for fork in self.replacements:
+            fork.close()
+        if self.lighthouse is not None:
+            self.lighthouse.stop()
         left = health.end_pids(pids, grace=1.0)
         # A controller stopped within a second of its start may be ended before it has set
         # its signal handlers, while it forks its schedulers: those it forked after the scan

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds, session_names
-from .. import api, training
+from .. import api, session, training
 from ..session import UnknownSession
 from . import UsageError, command
 
@@ -63,6 +63,26 @@ def _start_args(p) -> None:
         help="with --max-failures: notebook variable holding the setup code a recovery repeats "
         "(default: the trainer's recorded setup)",
     )
+    p.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="run each replica group as a torchft replica group: when a rank dies the other replicas keep "
+        "stepping, its replica is restarted and heals from a live peer (ddp, gloo, local ranks; needs torchft)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=None,
+        metavar="R",
+        help="with --fault-tolerant: R replica groups of N/R consecutive ranks (default 2)",
+    )
+    p.add_argument(
+        "--quorum-timeout",
+        type=seconds,
+        default=None,
+        metavar="S",
+        help="with --fault-tolerant: seconds the survivors wait for a silent replica before stepping without it (default 10)",
+    )
     p.add_argument("--no-dashboard", action="store_true", help="do not open the dashboard")
 
 
@@ -111,7 +131,16 @@ def parse_pairs(values: list[str]) -> dict:
 )
 def _train(args, shell):
     if args.action == "start":
+        if args.fault_tolerant:
+            return _start_fault_tolerant(args)
+        for flag, value in (("--replicas", args.replicas), ("--quorum-timeout", args.quorum_timeout)):
+            if value is not None:
+                raise UsageError(f"{flag} goes with --fault-tolerant; nothing was started")
         return _start(args, shell)
+    current = session.KERNEL.current()  # None before any start: the calls below say so as before
+    ft = current.fault_tolerant if current is not None else None
+    if ft is not None and not ft.done.is_set() and args.action != "status" and args.action != "wait":
+        return _fault_tolerant_action(ft, args.action)
     if args.action == "set":
         applied = training.set(**parse_pairs(args.values))
         print(
@@ -126,6 +155,12 @@ def _train(args, shell):
         return training.wait(timeout=args.timeout)
     import pandas as pd
 
+    if ft is not None and ft.rankset is api.current() and api.session().started_run == ft.run:
+        from ...engine import fault_tolerant
+
+        print(ft.status_text())
+        rows = api.current().apply(fault_tolerant.status)
+        return pd.DataFrame(rows).set_index("rank")
     sup = api.session().supervisor
     if sup is not None:
         print(sup.status_text())
@@ -189,6 +224,60 @@ def _start(args, shell):
         from ..dashboard import dashboard
 
         dashboard()
+    return None
+
+
+def _start_fault_tolerant(args):
+    """``train start --fault-tolerant``: refusals first (one line each), then the run (notebook.fault_tolerance)."""
+    from .. import fault_tolerance
+
+    given = [
+        flag
+        for flag, value in (
+            ("--max-failures", args.max_failures),
+            ("--setup", args.setup),
+            ("--step-timeout", args.step_timeout),
+            ("--grad-accum", args.grad_accum),
+        )
+        if value is not None
+    ]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} cannot go with --fault-tolerant: a fault-tolerant run replaces a lost replica "
+            "itself while the others keep stepping (--quorum-timeout bounds the wait); --max-failures restarts "
+            "the whole set instead; give one or the other; nothing was started"
+        )
+    try:
+        run = fault_tolerance.start(
+            args.steps,
+            replicas=args.replicas,
+            quorum_timeout=args.quorum_timeout or 10.0,
+            strategy=args.strategy or "ddp",
+            model=args.model or "tiny",
+            batch_size=args.batch_size or 8,
+            lr=args.lr or 1e-3,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(
+        f"training {run.run}: {args.steps} steps, {run.replicas} torchft replica groups x {run.group_size} ranks, "
+        f"quorum timeout {run.quorum_timeout:g} s (in the background)"
+    )
+    if not args.no_dashboard:
+        from ..dashboard import dashboard
+
+        dashboard()
+    return None
+
+
+def _fault_tolerant_action(ft, action: str):
+    if action != "stop":
+        raise UsageError(
+            f"`train {action}` changes the workbench trainer; the fault-tolerant run {ft.run} takes "
+            "`train stop`, `train status` and `train wait`"
+        )
+    at = ft.stop()
+    print(f"stop requested: the fault-tolerant run {ft.run} stops after step {at} on every rank")
     return None
 
 

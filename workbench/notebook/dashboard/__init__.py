@@ -99,11 +99,13 @@ class Dashboard(LiveView):
         reasons = {e["reason"] for e in states.values() if e["reason"] and e["state"] in ("paused", "error", "stopped")}
         loss, mfu, lr = (s.last(run, m, min(last)) if last else None for m in ("loss", "mfu", "lr"))
         total_tps = sum(v for r in last if (v := s.last(run, "tps", r)) is not None)
+        quorum = s.last(run, "quorum", max(last, key=last.get)) if last else None  # --fault-tolerant runs
         parts = [
             f"<b>{html.escape(run)}</b>",
             f"step {max(last.values()) if last else 0}",
             f"<b>{html.escape(state_text)}</b>",
             f"{len(last)} ranks",
+            *([f"<b class='wb-quorum'>quorum {int(quorum)}</b>"] if quorum is not None else []),
             f"loss {loss:.4g}" if loss is not None else "loss -",
             f"lr {lr:.3g}" if lr is not None else "lr -",
             f"{total_tps:,.0f} tokens/s",

@@ -1,0 +1,212 @@
+"""``train start --fault-tolerant``: survivors keep training while a lost replica is replaced (torchft).
+
+4 gloo ranks as 2 torchft replica groups of 2. Rank 2 (replica 1) is SIGKILLed mid-run; the
+other replica's steps keep coming (its longest gap is measured and bounded by the quorum
+timeout), the workbench replaces replica 1's ranks on the same controller, they heal from a
+live peer over torchft's checkpoint transport and rejoin, and at the end every rank holds the
+same weights. A fresh rank set: ranks are killed and replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from workbench.notebook import api, metrics, registry, training
+from workbench.notebook.cluster import lighthouse
+
+pytestmark = pytest.mark.skipif(lighthouse.binary() is None, reason="torchft (the ft extra) is not installed")
+
+QUORUM_TIMEOUT = 5.0
+STEPS = 1500
+KILL_AT = 30
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ranks, ipshell, capsys):
+    from workbench.engine import fault_tolerant
+
+    rs = fresh_ranks(4)
+    pids = [p.pid for p in rs.procs]
+    ipshell.run_line_magic(
+        "distrain",
+        f"train start --fault-tolerant --replicas 2 --quorum-timeout {QUORUM_TIMEOUT:g} --steps {STEPS} --no-dashboard",
+    )
+    sess = api.session()
+    ft = sess.fault_tolerant
+    store = sess.store
+    lh_pid = rs.lighthouse.pid
+    _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
+    rs.signal_rank(2, signal.SIGKILL)
+    killed_at = time.time()
+    states = training.wait(timeout=600)  # nobody types meanwhile
+    if states != dict.fromkeys(range(4), "finished"):
+        pytest.fail(f"{states}\n{ft.status_text()}", pytrace=False)
+    assert ft.state == "finished"
+
+    # the replaced replica: new processes in ranks 2 and 3; replica 0 untouched
+    new = [p.pid for p in rs.procs]
+    assert new[:2] == pids[:2] and new[2] != pids[2] and new[3] != pids[3], (pids, new)
+    entry = registry.read(registry.entry_id_of(rs))  # what the Lab's sidebar lists
+    assert [r["pid"] for r in entry["ranks"]] == new and not entry["deaths"], entry
+    (rec,) = ft.records
+    assert (rec["replica"], rec["rank"], rec["ranks"], rec["detail"]) == (1, 2, [2, 3], "killed by SIGKILL"), rec
+    assert rec["checkpoint_step"] is not None and rec["checkpoint_step"] > rec["failed_step"] >= KILL_AT, rec
+    status = {s["rank"]: s for s in rs.apply(fault_tolerant.status)}
+    # replica 1's new ranks healed from a live peer (torchft's checkpoint transport) at the step the
+    # survivors were at; the survivors never healed
+    assert status[2]["heals"] == status[3]["heals"] == [rec["checkpoint_step"] - 1], status
+    assert status[0]["heals"] == status[1]["heals"] == [], status
+    assert all(status[r]["step"] == STEPS for r in range(4)), status
+
+    frame = metrics.metrics()
+    loss = frame[frame["metric"] == "loss"]
+    for rank in (0, 1):  # the survivors: every step once, none skipped
+        assert loss[loss["rank"] == rank]["step"].tolist() == list(range(1, STEPS + 1))
+    for rank in (2, 3):  # the replacement: from the step it healed at to the end
+        steps = loss[loss["rank"] == rank]["step"].tolist()
+        assert steps[-1] == STEPS and rec["checkpoint_step"] in steps
+    # the survivors' longest wait between two steps: the lighthouse's timeout for the silent replica
+    # (the last step is left out: had the replacement taken longer than the steps left, it waits for it)
+    rows = frame[(frame["metric"] == "loss") & (frame["rank"] == 0) & (frame["step"] < STEPS)].sort_values("step")
+    times = rows["time"].tolist()
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    longest = max(gaps)
+    at = rows["step"].tolist()[gaps.index(longest)]
+    with capsys.disabled():
+        print(
+            f"\nlongest gap on rank 0: {longest:.2f} s after step {at}; quorum timeout {QUORUM_TIMEOUT:g} s; "
+            f"replica 1 restarted in {rec['restart_s']:.1f} s, rejoined at step {rec['checkpoint_step']}, "
+            f"{rec['rejoined_s']:.1f} s after the kill"
+        )
+    assert longest <= QUORUM_TIMEOUT + 4.0, (longest, at)
+    assert times[gaps.index(longest)] <= killed_at + 1.0  # the gap is the failure's, not another stall
+    # the quorum size each step was taken with: 2, then 1 while replica 1 was away, then 2 again
+    q = frame[(frame["metric"] == "quorum") & (frame["rank"] == 0)].sort_values("step")["value"].tolist()
+    changes = [int(v) for i, v in enumerate(q) if i == 0 or v != q[i - 1]]
+    assert changes == [2, 1, 2], changes
+
+    digests = rs.apply(fault_tolerant.weights_digest)
+    assert len({d["digest"] for d in digests}) == 1 and {d["step"] for d in digests} == {STEPS}, digests
+
+    capsys.readouterr()
+    ipshell.run_line_magic("distrain", "train status")
+    out = capsys.readouterr().out
+    assert f"fault-tolerant run {ft.run}: finished; 2 replica groups x 2 ranks, quorum 2 of 2 at step {STEPS}" in out
+    assert "replacement 1: replica 1 lost rank 2 (host " in out and "killed by SIGKILL" in out, out
+    assert "ranks 2-3 restarted in" in out and "healed from a live peer and rejoined at step" in out, out
+    from workbench.notebook.dashboard import dashboard
+
+    dash = dashboard(rs, show=False)
+    try:
+        line = dash.status_line(ft.run)
+        assert "quorum 2" in line and "replacement 1: replica 1" in line, line
+    finally:
+        dash.close()
+    api.stop()
+    _wait_for(lambda: not os.path.exists(f"/proc/{lh_pid}"), 10, "the lighthouse outlived its rank set")
+
+
+def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipshell):
+    """Fewer steps left than the replacement takes: the survivors wait before their last step, which the
+    replacement (healed in it) takes with them; the run ends whole, with the same weights everywhere.
+    Then a second run on the same ranks (replaced ones included), stopped from the notebook."""
+    from workbench.engine import fault_tolerant
+    from workbench.notebook import fault_tolerance
+    from workbench.notebook.commands import UsageError
+
+    rs = fresh_ranks(4)
+    # killed five steps before the end, with a 1 s quorum timeout: the survivors are at their last step
+    # seconds before new ranks can be (a process start, torch's import, the model, the Manager)
+    steps = KILL_AT + 5
+    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    store = api.session().store
+    with pytest.raises(
+        UsageError, match=r"the fault-tolerant run .* takes `train stop`, `train status` and `train wait`"
+    ):
+        ipshell.run_line_magic("distrain", "train pause")
+    _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
+    rs.signal_rank(2, signal.SIGKILL)
+    states = training.wait(timeout=600)
+    if states != dict.fromkeys(range(4), "finished"):
+        pytest.fail(f"{states}\n{ft.status_text()}", pytrace=False)
+    (rec,) = ft.records
+    status = {s["rank"]: s for s in rs.apply(fault_tolerant.status)}
+    assert rec["checkpoint_step"] == steps and status[2]["heals"] == status[3]["heals"] == [steps - 1], status
+    digests = rs.apply(fault_tolerant.weights_digest)
+    assert len({d["digest"] for d in digests}) == 1 and {d["step"] for d in digests} == {steps}, digests
+    frame = metrics.metrics()
+    rows = frame[(frame["metric"] == "loss") & (frame["rank"] == 0)].sort_values("step")
+    assert rows["step"].tolist() == list(range(1, steps + 1))
+    back = rec["time"] + rec["restart_s"]  # about when the replacement was started on the run
+    before_last, last = rows["time"].iloc[-2], rows["time"].iloc[-1]
+    assert before_last < back - 0.5 < last, (before_last - rec["time"], last - rec["time"], rec)  # it waited
+
+    first_lighthouse = rs.lighthouse.pid
+    ipshell.run_line_magic("distrain", "train start --fault-tolerant --steps 100000 --no-dashboard")
+    again = api.session().fault_tolerant
+    assert again.run != ft.run and rs.lighthouse.pid != first_lighthouse
+    assert (
+        not os.path.exists(f"/proc/{first_lighthouse}")
+        or open(f"/proc/{first_lighthouse}/stat").read().split()[2] == "Z"
+    )
+    _wait_for(lambda: min(store.last_steps(again.run).values() or [0]) >= 5, 120, "the second run did not step")
+    assert len(store.last_steps(again.run)) == 4
+    ipshell.run_line_magic("distrain", "train stop")
+    assert training.wait(timeout=120) == dict.fromkeys(range(4), "stopped")
+
+
+def test_the_lighthouse_takes_another_port_when_its_port_was_taken(monkeypatch, tmp_path):
+    """A free port may be taken before the lighthouse binds it (it then exits at once): the next try
+    uses another, and the address given to the ranks is the one it listens on."""
+    import socket
+
+    from workbench.notebook.cluster import network
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    first = taken.getsockname()[1]
+    ports = iter([first])
+    real = network.free_port
+    monkeypatch.setattr(network, "free_port", lambda: next(ports, None) or real())
+    try:
+        lh = lighthouse.Lighthouse(quorum_timeout_s=1.0, log_path=str(tmp_path / "lighthouse.log"))
+    finally:
+        taken.close()
+    try:
+        assert lh.alive() and lh.port != first
+        assert "Address already in use" in lh.log()  # the first try
+        with socket.create_connection(("127.0.0.1", lh.port), timeout=2):
+            pass
+    finally:
+        assert lh.stop() == [] and not lh.alive()
+
+
+def test_a_killed_notebook_leaves_no_lighthouse():
+    """The lighthouse ends with the notebook process that started it, as the controller does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time\nfrom workbench.notebook.cluster.lighthouse import Lighthouse\n"
+        "lh = Lighthouse(quorum_timeout_s=1.0)\nprint(lh.pid, flush=True)\ntime.sleep(120)\n"
+    )
+    notebook = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(notebook.stdout.readline())
+        assert os.path.exists(f"/proc/{pid}")
+    finally:
+        notebook.kill()
+        notebook.wait()
+    _wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the lighthouse outlived its notebook process")

@@ -1,0 +1,284 @@
+"""Rank side of ``--fault-tolerant``: each replica group trains under a torchft ``Manager``.
+
+Why not the workbench :class:`~.trainer.Trainer`: its per-step agreement and DDP run over the
+whole rank set's process group, and a process group cannot lose a member and go on. Here the
+ranks of one replica group (``group_size`` consecutive ranks) share a private gloo group of
+their own (gradients averaged inside the replica), and the replicas meet only through torchft:
+a lighthouse forms a quorum every step, gradients are averaged over a reconfigurable gloo
+group of the replicas in that quorum, and a step commits only where every rank of the
+replica agrees it went well. A replica that loses a rank drops out of the quorum once its
+heartbeat stops (the lighthouse's timeout); the others keep stepping. Its replacement
+heals from a live peer over torchft's checkpoint transport (HTTP, no disk) and rejoins.
+
+One run per process (``start``); torch is imported inside (the notebook names these functions
+without importing torch). The notebook side (``notebook.fault_tolerance``) plans the
+groups, starts the lighthouse, and replaces lost replicas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import traceback
+
+from ..shared import events
+from . import publisher, runtime
+
+_CURRENT: FaultTolerantRun | None = None
+EXIT_REPLICA_LOST = 75  # the exit status of a rank that ended itself because its replica cannot step on
+
+
+class FaultTolerantRun:
+    """One replica group member's training loop (module doc); ``plan`` is the notebook's."""
+
+    def __init__(self, plan: dict):
+        from datetime import timedelta
+
+        import torch
+        from torch.distributed import PrefixStore, TCPStore
+        from torchft import Manager, ProcessGroupGloo
+
+        from ..models import GPT, GPTConfig, TextDataset
+
+        ctx = runtime.context()
+        self.plan = plan
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+        g = int(plan["group_size"])
+        self.replica, self.group_rank, self.group_size = self.rank // g, self.rank % g, g
+        self.run, self.sent_as = plan["run"], plan.get("send_as") or plan["run"]
+        self.target = int(plan["target"])
+        self.state, self.reason, self.step = "idle", "", 0
+        self.quorum = 0
+        self._stop = threading.Event()
+        self._hold = threading.Event()  # set while a lost replica is replaced: the last step waits for it
+        self.stopped_at: int | None = None  # `train stop`: the step every rank ends after (stop_at)
+        timeout = timedelta(seconds=float(plan["collective_timeout"]))
+        port = int(plan["store_ports"][self.replica])
+        # the replica's own store: hosted by its group rank 0 (the Manager only connects to it)
+        self._store = TCPStore(
+            "127.0.0.1", port, g, is_master=self.group_rank == 0, timeout=timeout, wait_for_workers=False
+        )
+        self.inner = None
+        if g > 1:  # gradients are averaged inside the replica first, over the replica's own group
+            from torch.distributed import ProcessGroupGloo as GlooBackend
+
+            self.inner = GlooBackend(PrefixStore("inner", self._store), self.group_rank, g, timeout)
+        cfg = {"tiny": GPTConfig.tiny, "small": GPTConfig.small}[plan.get("model", "tiny")](max_seq_len=32)
+        torch.manual_seed(int(plan.get("seed", 0)))
+        self.model = GPT(cfg)
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=float(plan.get("lr", 1e-3)))
+        self.dataset = TextDataset(32)
+        self.batch_size = int(plan.get("batch_size", 8))
+        self.heals: list[int] = []  # the steps this member healed at (a replica that started late heals at once)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=self._load,
+            state_dict=self._state,
+            min_replica_size=1,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=float(plan["manager_quorum_timeout"])),
+            connect_timeout=timedelta(seconds=60),
+            rank=self.group_rank,
+            world_size=g,
+            store_addr="127.0.0.1",
+            store_port=port,
+            lighthouse_addr=plan["lighthouse"],
+            replica_id=f"workbench_replica_{self.replica}",
+            init_sync=False,  # every replica seeds its model alike; a replacement heals anyway
+        )
+        self._thread = threading.Thread(target=self._loop, name="workbench-ft-train", daemon=True)
+
+    # torchft asks for the replica's state to send to a healing peer, and loads what it got
+    def _state(self) -> dict:
+        return {"model": self.model.state_dict(), "optim": self.optim.state_dict()}
+
+    def _load(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+        self.heals.append(self.manager.current_step())  # torchft set the step it healed to first
+
+    def _set_state(self, state: str, reason: str = "") -> None:
+        self.state, self.reason = state, reason
+        publisher.emit(
+            events.status_event(run=self.sent_as, rank=self.rank, state=state, step=self.step, reason=reason)
+        )
+
+    def _loop(self) -> None:
+        try:
+            self._set_state("running")
+            while not self._stop.is_set() and self.manager.current_step() < self.target:
+                if self.manager.current_step() == self.target - 1:
+                    self._wait_for_replacement()
+                self._one_step()
+                if self.plan.get("send_as") and not self.heals and self.manager.current_step() > 0:
+                    # a replacement alone in its first quorum: no live peer held the run's state
+                    self._set_state(
+                        "stopped",
+                        f"replica {self.replica} came back with no live replica to heal from (the others had "
+                        "finished or were lost): it did not train on from its fresh weights",
+                    )
+                    return
+            publisher.flush(10.0)
+            self._set_state("stopped" if self._stop.is_set() or self.stopped_at is not None else "finished")
+        except Exception as exc:
+            # a lost member of this replica, or a torchft call that failed: the replica cannot step on.
+            # This process ends itself: its peers in the other replicas stop waiting on it at once
+            # (their collective errors), and the notebook replaces the replica as it does a dead one.
+            self._set_state("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+            publisher.flush(10.0)
+            os._exit(EXIT_REPLICA_LOST)
+        finally:
+            publisher.flush(10.0)
+
+    def _one_step(self) -> None:
+        import torch
+
+        from ..models import batch_at
+
+        t0 = time.perf_counter()
+        self.optim.zero_grad(set_to_none=False)
+        self.manager.start_quorum()
+        index = self.manager.current_step()  # the data follows the committed step: a healed replica goes on
+        x, y = batch_at(
+            self.dataset, self.batch_size, index, dp_rank=self.rank % self.world_size, dp_size=self.world_size
+        )
+        logits = self.model(x)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([g.flatten() for g in grads])
+        if self.inner is not None:
+            try:
+                self.inner.allreduce([flat]).wait()
+            except Exception as exc:  # this replica lost a rank: it cannot step again
+                self.manager.report_error(exc)
+                raise RuntimeError(f"replica {self.replica} lost a rank: {exc}") from exc
+            flat /= self.group_size
+        self.manager.allreduce(flat).wait()  # the mean over the replicas in this step's quorum
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+        quorum = self.manager.num_participants()
+        grad_norm = float(flat.norm())  # of the averaged gradient: the same on every rank that commits
+        if self.manager.should_commit():
+            self.optim.step()
+            seconds = time.perf_counter() - t0
+            self.step, self.quorum = self.manager.current_step(), quorum
+            publisher.emit(
+                events.step_event(
+                    run=self.sent_as,
+                    rank=self.rank,
+                    step=self.step,
+                    metrics={
+                        "loss": float(loss.detach()),
+                        "quorum": quorum,
+                        "replica": self.replica,
+                        "grad_norm": grad_norm,
+                        "time_step_s": seconds,
+                        "tps": x.numel() / max(1e-9, seconds),  # this rank's tokens per second
+                    },
+                )
+            )
+
+    def _wait_for_replacement(self) -> None:
+        """Before the last step, while a lost replica is being replaced: the replacement can heal only
+        in a step the others take with it, so the run does not end without it."""
+        while self._hold.is_set() and not self._stop.is_set():
+            time.sleep(0.05)
+
+    def hold(self, on: bool) -> dict:
+        (self._hold.set if on else self._hold.clear)()
+        return self.status()
+
+    def start(self) -> dict:
+        self._thread.start()
+        return self.status()
+
+    def status(self) -> dict:
+        return {
+            "run": self.run,
+            "rank": self.rank,
+            "replica": self.replica,
+            "group_rank": self.group_rank,
+            "state": self.state,
+            "reason": self.reason,
+            "step": self.step,
+            "target": self.target,
+            "quorum": self.quorum,
+            "heals": list(self.heals),
+        }
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        try:
+            self.manager.shutdown(wait=False)
+        except Exception:
+            pass
+
+
+def start(plan: dict, begin: bool = True) -> dict:
+    """Build this rank's replica member (its Manager then heartbeats the lighthouse) and, with
+    ``begin``, start its loop in the background. The first start builds every rank before any
+    begins: a replica that stepped alone while the others were still building would make them
+    heal at once from it."""
+    global _CURRENT
+    if _CURRENT is not None and _CURRENT.state in ("running", "idle"):
+        raise RuntimeError(f"rank {_CURRENT.rank}: a fault-tolerant run ({_CURRENT.run}) is already running")
+    if _CURRENT is not None:  # the previous run's Manager: its servers and heartbeat end here
+        _CURRENT.close(timeout=5.0)
+    _CURRENT = None
+    _CURRENT = FaultTolerantRun(plan)
+    return _CURRENT.start() if begin else _CURRENT.status()
+
+
+def begin() -> dict:
+    """Start the loop of the member :func:`start` built with ``begin=False``."""
+    if _CURRENT is None or _CURRENT.state != "idle":
+        raise RuntimeError("no fault-tolerant run built on this rank to begin")
+    return _CURRENT.start()
+
+
+def status() -> dict:
+    return {"state": "none", "step": 0} if _CURRENT is None else _CURRENT.status()
+
+
+def stop(timeout: float = 30.0) -> dict:
+    """Stop at the next step and end the Manager (its server, the checkpoint transport)."""
+    if _CURRENT is None:
+        return status()
+    _CURRENT.close(timeout)
+    return _CURRENT.status()
+
+
+def stop_at(step: int) -> dict:
+    """End the loop after ``step`` (``train stop``): the notebook gives every rank the same step, a little
+    past the newest, so that the ranks of a replica end together (one that stopped a step before its
+    peer would leave it waiting in the replica's collective)."""
+    if _CURRENT is None:
+        return status()
+    _CURRENT.stopped_at = int(step)
+    _CURRENT.target = min(_CURRENT.target, int(step))
+    return _CURRENT.status()
+
+
+def hold(on: bool = True) -> dict:
+    """``on``: a replica is being replaced, do not take the last step yet; ``False``: go on."""
+    if _CURRENT is None:
+        return status()
+    return _CURRENT.hold(on)
+
+
+def weights_digest() -> dict:
+    """A hash of the model's parameters and the step: equal on ranks that hold the same weights."""
+    if _CURRENT is None:
+        raise RuntimeError("no fault-tolerant run on this rank")
+    h = hashlib.sha256()
+    for name, t in sorted(_CURRENT.model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return {"rank": _CURRENT.rank, "step": _CURRENT.manager.current_step(), "digest": h.hexdigest()}

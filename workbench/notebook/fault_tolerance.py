@@ -1,0 +1,370 @@
+"""Notebook side of ``train start --fault-tolerant``: survivors keep training (torchft).
+
+The ranks are split into replica groups of consecutive ranks (``--replicas R``: R groups of
+N/R); each trains under a torchft ``Manager`` (``engine.fault_tolerant``), and the replicas
+meet only through torchft: a lighthouse (``cluster.lighthouse``, a process of the rank set,
+ended with it) forms a quorum every step. When a rank dies, its replica drops out of the
+quorum once the lighthouse stops hearing it (``--quorum-timeout``); the other replicas keep
+stepping. A :class:`FaultTolerantRun` thread (no cell needed, as the failure budget's
+supervisor) then ends the rest of that replica by pid, starts new ranks in its place on the
+same controller (``cluster.replacements``), and starts them on the run; torchft heals them
+from a live peer over its checkpoint transport (HTTP, no disk) and they rejoin the quorum.
+Each replacement is a record in the store (dashboard, ``train status``); every step row
+carries the quorum size it was taken with (metric ``quorum``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from ..engine.fault_tolerant import EXIT_REPLICA_LOST
+from . import session, stream
+from .cluster import lighthouse, network, replacements
+
+STRATEGIES = ("ddp",)  # replicated layouts whose replicas can run as torchft replica groups here
+
+
+def check(rs, *, strategy: str, replicas: int, quorum_timeout: float, steps: int) -> int:
+    """Refuse what cannot run fault-tolerant, before anything starts; returns the group size."""
+    name = (strategy or "ddp").split()[0].lower()
+    if name not in STRATEGIES:
+        extra = (
+            "; hsdp's dp_replicate groups as replica groups are not built yet"
+            if name == "hsdp"
+            else " (tensor, pipeline and fully sharded layouts have no replica to lose)"
+        )
+        raise ValueError(
+            f"--fault-tolerant runs a replicated layout: --strategy ddp, not {strategy!r}{extra}; nothing was started"
+        )
+    if lighthouse.binary() is None:
+        raise ValueError(f"--fault-tolerant needs torchft: {lighthouse.NOT_INSTALLED}; nothing was started")
+    replacements.check_replaceable(rs)
+    backend = rs.info[0].get("backend") if rs.info else None
+    if backend != "gloo":
+        raise ValueError(
+            f"--fault-tolerant runs on gloo ranks here (these use {backend}): start with --backend gloo; nothing was started"
+        )
+    n = rs.world_size
+    if not isinstance(replicas, int) or replicas < 2 or n % replicas:
+        ok = [r for r in range(2, n + 1) if n % r == 0]
+        raise ValueError(
+            f"--replicas {replicas} does not split {n} ranks into equal replica groups of 2 or more replicas: "
+            f"use one of {ok or '(none: start at least 2 ranks)'}; nothing was started"
+        )
+    if not quorum_timeout or quorum_timeout <= 0:
+        raise ValueError(f"--quorum-timeout must be a positive number of seconds, got {quorum_timeout!r}")
+    if steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {steps}")
+    return n // replicas
+
+
+def describe(rec: dict) -> str:
+    """One line of a replica replacement (``train status``, the dashboard)."""
+    head = (
+        f"replacement {rec['n']}: replica {rec['replica']} lost rank {rec['rank']} (host {rec['host']}) "
+        f"at step {rec['failed_step']}: {(rec.get('detail') or '').splitlines()[0][:200] if rec.get('detail') else ''}"
+    )
+    if rec.get("error"):
+        return f"{head}; the replacement failed: {rec['error']}"
+    ranks = f"ranks {rec['ranks'][0]}-{rec['ranks'][-1]}" if len(rec["ranks"]) > 1 else f"rank {rec['ranks'][0]}"
+    out = f"{head}; {ranks} restarted in {rec['restart_s']:.1f} s"
+    if rec.get("checkpoint_step") is not None:
+        out += (
+            f", healed from a live peer and rejoined at step {rec['checkpoint_step']}, "
+            f"{rec['rejoined_s']:.1f} s after the failure"
+        )
+    else:
+        out += ", healing from a live peer"
+    return out
+
+
+class FaultTolerantRun:
+    """One fault-tolerant run of ``sess``'s ranks and the thread that replaces lost replicas."""
+
+    def __init__(
+        self,
+        sess,
+        steps: int,
+        *,
+        replicas: int,
+        quorum_timeout: float,
+        model: str = "tiny",
+        batch_size: int = 8,
+        lr: float = 1e-3,
+        seed: int = 0,
+        poll: float = 0.2,
+    ):
+        from ..engine import fault_tolerant
+
+        rs = sess.rankset
+        self.sess, self.rankset, self.poll = sess, rs, poll
+        self.replicas, self.group_size = replicas, rs.world_size // replicas
+        self.quorum_timeout = float(quorum_timeout)
+        self.state = "starting"
+        self.stopping = False  # `train stop`: the ranks end at one step; a rank that ends then is not replaced
+        self.error = ""
+        self._stop = threading.Event()
+        self.done = threading.Event()
+        collector = stream.attach(rs)
+        if rs.lighthouse is not None:  # the previous fault-tolerant run's
+            rs.lighthouse.stop()
+        rs.lighthouse = lighthouse.Lighthouse(
+            min_replicas=1,
+            quorum_timeout_s=self.quorum_timeout,
+            log_path=os.path.join(rs.state_dir(), "lighthouse.log"),
+        )
+        rs.started_pids.append(rs.lighthouse.pid)  # ended with the set, like the controller
+        self.run = f"ft-{time.strftime('%Y%m%d-%H%M%S')}-{int(time.time() * 1000) % 1000:03d}"
+        self.target = int(steps)
+        self.plan = {
+            "run": self.run,
+            "target": self.target,
+            "group_size": self.group_size,
+            "lighthouse": rs.lighthouse.address,
+            "store_ports": {r: network.free_port() for r in range(replicas)},
+            # a collective with a lost peer errors at once on gloo (and a rank whose replica lost a
+            # member ends itself); torchft's calls that wait on a live but slow peer (should_commit
+            # waits for every rank of the replica) give up after this: generous on a loaded machine
+            "collective_timeout": max(30.0, 2 * self.quorum_timeout),
+            "manager_quorum_timeout": 4 * self.quorum_timeout + 60.0,
+            "model": model,
+            "batch_size": batch_size,
+            "lr": lr,
+            "seed": seed,
+        }
+        self.generation = dict.fromkeys(range(replicas), 0)
+        store = collector.store
+        sess.marks[self.run] = len(store.statuses)
+        sess.started_run = self.run
+        rs.apply(fault_tolerant.start, self.plan, begin=False, timeout=300)  # every replica built, then
+        rs.apply(fault_tolerant.begin, timeout=60)  # all step: none trains alone at the start
+        self.state = "running"
+        self._thread = threading.Thread(target=self._loop, name="workbench-fault-tolerance", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def store(self):
+        return self.sess.store
+
+    @property
+    def records(self) -> list[dict]:
+        with self.store.lock:
+            return [r for r in self.store.recoveries if r.get("run") == self.run and "replica" in r]
+
+    def quorum(self) -> tuple[int | None, int]:
+        """(quorum size of the newest step, that step) as the ranks reported it."""
+        last = self.store.last_steps(self.run)
+        if not last:
+            return None, 0
+        rank = max(last, key=last.get)
+        q = self.store.last(self.run, "quorum", rank)
+        return (int(q) if q is not None else None), last[rank]
+
+    def status_text(self) -> str:
+        q, step = self.quorum()
+        lh = self.rankset.lighthouse
+        head = (
+            f"fault-tolerant run {self.run}: {self.state}; {self.replicas} replica groups x {self.group_size} ranks, "
+            f"quorum {q if q is not None else '-'} of {self.replicas} at step {step}, target step {self.target}; "
+            f"quorum timeout {self.quorum_timeout:g} s"
+            + (f"; lighthouse {lh.address} (pid {lh.pid})" if lh is not None and lh.alive() else "")
+        )
+        lines = [head, *("  " + describe(r) for r in self.records)]
+        states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
+        for rank, e in sorted(states.items()):
+            if e["state"] in ("error", "stopped") and e.get("reason"):
+                lines.append(f"  rank {rank} {e['state']}: {e['reason'].splitlines()[0][:300]}")
+        if self.error:
+            lines.append("  " + self.error)
+        return "\n".join(lines)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+    def stop(self) -> int:
+        """End the run on every rank after one step, the same for all (``engine.fault_tolerant.stop_at``)."""
+        from ..engine import fault_tolerant
+
+        self.stopping = True
+        live = [r for r in range(self.rankset.world_size) if r not in {d["rank"] for d in self.rankset.dead()}]
+        at = max(s["step"] for s in self.rankset.apply(fault_tolerant.status, ranks=live)) + 2
+        self.rankset.apply(fault_tolerant.stop_at, at, ranks=live)
+        return at
+
+    def close(self) -> None:
+        self._stop.set()
+        if not self.done.is_set():
+            self.state = "closed"
+            self.done.set()
+
+    # ------------------------------------------------------------------ watching
+    def _loop(self) -> None:
+        from .background import lower_this_thread
+
+        lower_this_thread()
+        try:
+            while not self._stop.wait(self.poll):
+                rs = self.sess.rankset
+                if rs is not self.rankset or not rs.running:
+                    return self._finish("stopped")
+                deaths = rs.watcher.known() if rs.watcher is not None else {}
+                for replica in sorted({r // self.group_size for r in deaths}) if not self.stopping else ():
+                    self._replace(replica, deaths)
+                self._note_healed()
+                states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
+                if len(states) == rs.world_size and {e["state"] for e in states.values()} <= {"finished", "stopped"}:
+                    return self._finish(
+                        "finished" if all(e["state"] == "finished" for e in states.values()) else "stopped"
+                    )
+        except Exception as exc:  # never die silently: a lost replica would wait for a person unannounced
+            self.error = f"the replacement of lost replicas stopped: {type(exc).__name__}: {exc}"
+            print(self.error, flush=True)
+            self._finish("error")
+
+    def _finish(self, state: str) -> None:
+        self.state = state
+        self.done.set()
+
+    def _replace(self, replica: int, deaths: dict) -> None:
+        from ..engine import fault_tolerant, publisher
+        from ..shared import events
+
+        g = self.group_size
+        ranks = list(range(replica * g, (replica + 1) * g))
+        # the rank that was lost, not one that ended itself after it (it exits with EXIT_REPLICA_LOST)
+        dead = min(
+            (deaths[r] for r in ranks if r in deaths),
+            key=lambda d: (d.get("exit_code") == EXIT_REPLICA_LOST, d["time"], d["rank"]),
+        )
+        steps = self.store.last_steps(self.run)
+        self.generation[replica] += 1
+        send_as = f"{self.run}-r{replica}g{self.generation[replica]}"
+        rec = {
+            "run": self.run,
+            "n": len(self.records) + 1,
+            "kind": "died",
+            "replica": replica,
+            "ranks": ranks,
+            "rank": dead["rank"],
+            "host": dead["host"],
+            "detail": dead["exit"],
+            "time": dead["time"],
+            "failed_step": max(steps.values()) if steps else 0,
+            "world_size": g,
+            "sent_as": send_as,
+            "checkpoint": None,
+            "checkpoint_step": None,
+        }
+        rs = self.rankset
+        t0 = time.time()
+        others = [r for r in range(rs.world_size) if r not in ranks and r not in deaths]
+        try:
+            self._hold(others, True)  # the others may step on, but not take the last step without it
+            replacements.replace_ranks(rs, ranks)
+            try:  # the Lab's sidebar shows the new pids, and no death for these ranks
+                from . import registry
+
+                registry.ranks_replaced(rs, ranks)
+            except Exception:
+                pass
+            collector = self.sess.collector
+            rs.apply(publisher.connect, collector.address, key=collector.key, ranks=ranks, timeout=60)
+            # the new ranks' sequence numbers start again: they send under their own id, filed under the run
+            self.store.continue_run(send_as, self.run)
+            plan = {
+                **self.plan,
+                "send_as": send_as,
+                "store_ports": {**self.plan["store_ports"], replica: network.free_port()},
+            }
+            rs.apply(fault_tolerant.start, plan, begin=False, ranks=ranks, timeout=300)
+            rs.apply(fault_tolerant.begin, ranks=ranks, timeout=60)
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            raise
+        finally:
+            self._hold(others, False)
+            rec["restart_s"] = round(time.time() - t0, 3)
+            self.store.note_recovery(rec)
+            text = "fault tolerance: " + describe(rec)
+            self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
+            print(text, flush=True)
+
+    def _hold(self, ranks: list[int], on: bool) -> None:
+        """Tell the other replicas' ranks a replacement is (no longer) under way; a rank that died
+        meanwhile is left to the next look."""
+        from ..engine import fault_tolerant
+
+        dead = {d["rank"] for d in self.rankset.dead()}
+        live = [r for r in ranks if r not in dead]
+        if not live:
+            return
+        try:
+            self.rankset.apply(fault_tolerant.hold, on, ranks=live, timeout=30)
+        except Exception:
+            pass
+
+    def _note_healed(self) -> None:
+        """A replacement healed once its first step arrived: that step, and the time since the failure."""
+        pending = [r for r in self.records if r.get("checkpoint_step") is None and not r.get("error")]
+        if not pending:
+            return
+        with self.store.lock:
+            rows = [row for row in self.store.rows if row["run"] == self.run]
+        for rec in pending:
+            first = [
+                row
+                for row in rows
+                if row["rank"] in rec["ranks"] and row["time"] > rec["time"] + rec["restart_s"] - 1e-3
+            ]
+            if first and min(row["step"] for row in first) > 0:
+                row = min(first, key=lambda x: x["step"])
+                with self.store.lock:  # ``rec`` is the store's own record (``records``)
+                    rec.update(checkpoint_step=int(row["step"]), rejoined_s=round(row["time"] - rec["time"], 3))
+                    self.store.version += 1
+
+
+def start(
+    steps: int,
+    *,
+    replicas: int | None = None,
+    quorum_timeout: float = 10.0,
+    strategy: str = "ddp",
+    model: str = "tiny",
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    rankset=None,
+) -> FaultTolerantRun:
+    """``workbench.train.fault_tolerant(...)``: train ``steps`` steps with each replica group a torchft
+    replica group (module doc); ``replicas`` defaults to 2. Returns the run (``.run``, ``.status_text()``)."""
+    from . import api
+
+    rs = rankset if rankset is not None else api.current()
+    rs.require_running()
+    replicas = 2 if replicas is None else replicas
+    check(rs, strategy=strategy, replicas=replicas, quorum_timeout=quorum_timeout, steps=steps)
+    from ..engine import control
+
+    sess = session.of(rs)
+    if sess.fault_tolerant is not None and not sess.fault_tolerant.done.is_set():
+        raise ValueError(
+            f"the fault-tolerant run {sess.fault_tolerant.run} is still training: `%distrain train stop` first; "
+            "nothing was started"
+        )
+    if rs.dead():
+        raise ValueError("ranks of this set are dead: `%distrain restart` first; nothing was started")
+    busy = {s["state"] for s in rs.apply(control.status)} & {"running", "paused"}
+    if busy:
+        raise ValueError(
+            f"the workbench trainer on these ranks is {'/'.join(sorted(busy))}: `%distrain train stop` first "
+            "(a fault-tolerant run trains in a loop of its own); nothing was started"
+        )
+    if sess.supervisor is not None:
+        sess.supervisor.close()
+    sess.supervisor = None
+    sess.fault_tolerant = FaultTolerantRun(
+        sess, steps, replicas=replicas, quorum_timeout=quorum_timeout, model=model, batch_size=batch_size, lr=lr
+    )
+    return sess.fault_tolerant
