@@ -1,0 +1,162 @@
+"""``%distrain detach`` / ``attach``: a run that outlives its kernel, taken back by another one.
+
+Real kernels (jupyter_client), the first killed by pid with SIGKILL as an out-of-memory kill or
+a crashed server would end it; the set keeps training under its keeper process, and a new
+kernel attaches and finds every step. Fresh rank sets: their kernels die.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import ROOT, alive
+from jupyter_client.manager import start_new_kernel
+from kernel_runs import execute, printed
+
+from workbench.notebook import handoff, registry
+
+STEPS = 300
+
+
+def _run(kc, code: str, timeout: float = 300) -> str:
+    reply, msgs = execute(kc, textwrap.dedent(code), timeout=timeout)
+    out = printed(msgs)
+    assert reply["status"] == "ok", out
+    return out
+
+
+def _line(out: str, tag: str) -> dict:
+    (line,) = [x for x in out.splitlines() if x.startswith(tag + " ")]
+    return json.loads(line[len(tag) + 1 :])
+
+
+def _kill_kernel(km, kc) -> None:
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_sees_every_step(tmp_path):
+    env = dict(os.environ)
+    km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+    km2 = kc2 = None
+    held: list[int] = []
+    try:
+        out = _run(
+            kc,
+            f"""
+            %load_ext workbench
+            import json, os, workbench
+            %distrain start -n 2 --name night --backend gloo --threads 1
+            %distrain train start --steps {STEPS} --model tiny --no-dashboard
+            workbench.train.wait(step=5, timeout=240)
+            pids = sorted(workbench.current().started_pids)
+            before = int(workbench.metrics().step.max())
+            %distrain detach
+            entry = workbench.detached()["night"]
+            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["supervisor_pid"], "before": before}}))
+            """,
+        )
+        assert "detached 'night': 2 ranks held by keeper pid" in out, out
+        info = _line(out, "SET")
+        held = [*info["pids"], info["keeper"]]
+        assert info["before"] < STEPS
+        killed_at = time.time()
+        os.kill(info["kernel"], signal.SIGKILL)  # by pid: no atexit, no clean-up in the kernel
+        _kill_kernel(km, kc)
+        time.sleep(3.0)  # a set that was not detached ends within a second or two (test_orphans)
+        assert alive(held) == held, f"the detached set lost processes with its kernel: {set(held) - set(alive(held))}"
+
+        km2, kc2 = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+        out = _run(
+            kc2,
+            """
+            %load_ext workbench
+            import json, time, workbench
+            attached_at = time.time()
+            %distrain attach night
+            workbench.train.wait(timeout=300)
+            loss = workbench.metrics(None)
+            loss = loss[loss.metric == "loss"]
+            steps = {r: sorted(int(s) for s in loss[loss["rank"] == r].step) for r in (0, 1)}
+            times = {r: [float(t) for t in loss[loss["rank"] == r].time] for r in (0, 1)}
+            print("SEEN " + json.dumps({"steps": steps, "times": times, "attached_at": attached_at}))
+            """,
+        )
+        assert "attached 'night': 2 ranks" in out, out
+        seen = _line(out, "SEEN")
+        for rank in ("0", "1"):
+            assert seen["steps"][rank] == list(range(1, STEPS + 1)), f"rank {rank}: not every step exactly once"
+            unattended = [t for t in seen["times"][rank] if killed_at < t < seen["attached_at"]]
+            assert unattended, f"rank {rank} trained no step between the kernel's death and the attach"
+        assert info["keeper"] not in alive([info["keeper"]]), "the keeper stays after the set was taken back"
+
+        out = _run(kc2, "%distrain stop --name night")
+        assert "ranks stopped" in out, out
+        assert alive(held) == [], f"processes left behind: {alive(held)}"
+        assert not [e for e in registry.read_all() if e.get("name") == "night" or e.get("kernel_pid") == info["keeper"]]
+    finally:
+        for manager, client in ((km, kc), (km2, kc2)):
+            if manager is not None and manager.is_alive():
+                _kill_kernel(manager, client)
+        for pid in alive(held):
+            os.kill(pid, signal.SIGKILL)
+
+
+HEADLESS = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+import workbench
+from workbench.notebook import handoff
+rs = workbench.start(2, backend="gloo", threads=1, name="overnight")
+busy = rs.execute_async("import time; time.sleep(4)")
+time.sleep(0.5)
+try:
+    workbench.detach("overnight")
+except handoff.DetachError as exc:
+    print("REFUSED " + json.dumps(str(exc)), flush=True)
+busy.result(timeout=60)
+rs.execute("still_here = 7")
+entry = workbench.detach("overnight")
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "entry": entry}}), flush=True)
+"""  # then exits normally: the atexit clean-up of a process must not stop a set it detached
+
+
+def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_process(ipshell):
+    proc = subprocess.run(
+        [sys.executable, "-c", HEADLESS.format(root=str(ROOT))],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    refused = json.loads(proc.stdout.split("REFUSED ", 1)[1].splitlines()[0])
+    assert "ranks 0-1 of 'overnight' are running a cell" in refused and "Nothing was changed" in refused
+    info = _line(proc.stdout, "SET")
+    entry = info["entry"]
+    keeper = entry["supervisor_pid"]
+    held = [*info["pids"], keeper]
+    try:
+        assert alive(held) == held, "the set did not outlive the process that detached it"
+        # the owner file is the keeper's registry entry, which the Lab extension reads
+        (listed,) = [e for e in registry.read_all() if e.get("name") == "overnight"]
+        assert listed["detached"] is True and listed["kernel_pid"] == keeper and not listed["stale"]
+        assert sorted(handoff.detached_sets()) == ["overnight"]
+
+        with pytest.raises(handoff.DetachError) as err:
+            ipshell.run_line_magic("distrain", "attach nope")
+        assert str(err.value).startswith("there is no detached rank set named 'nope'; the detached sets are: overnight")
+
+        ipshell.run_line_magic("distrain", "stop --name overnight")
+        assert alive(held) == [], f"processes left behind: {alive(held)}"
+        assert handoff.detached_sets() == {} and registry.read(listed["id"]) is None
+    finally:
+        for pid in alive(held):
+            os.kill(pid, signal.SIGKILL)
