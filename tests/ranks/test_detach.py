@@ -160,3 +160,86 @@ def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_pr
     finally:
         for pid in alive(held):
             os.kill(pid, signal.SIGKILL)
+
+
+BUDGET = """
+import json, os, signal, sys, time
+sys.path.insert(0, {root!r})
+import workbench
+from workbench.notebook import api, training
+from workbench.notebook import checkpoints as ck
+rs = workbench.start(2, backend="gloo", threads=1, name="budget")
+training.setup("ddp", rankset=rs)
+ck.autosave(10, keep=3, async_=False, root={ckpt!r}, rankset=rs)
+# rank 1 ends itself with SIGKILL right after step 40, while no kernel is attached
+api.run('''
+import os, signal
+from workbench.engine import trainer as _t
+_t.current().add_hook(lambda record: record["step"] == 40 and os.kill(os.getpid(), signal.SIGKILL), pauses=False)
+''', ranks=[1], display=False)
+training.start(120, max_failures=1, rankset=rs)
+training.wait(step=3, timeout=240)
+entry = workbench.detach("budget")
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "entry": entry}}), flush=True)
+"""
+
+
+def test_the_failure_budget_recovers_a_detached_run_and_the_attached_kernel_sees_the_recovery(tmp_path):
+    """The keeper runs the failure budget's supervisor: a rank killed while no kernel is attached
+    is recovered there, and the kernel that attaches gets the recovery record and every step once."""
+    from workbench.notebook import api, metrics, session, training
+
+    proc = subprocess.run(
+        [sys.executable, "-c", BUDGET.format(root=str(ROOT), ckpt=str(tmp_path / "ckpt"))],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = _line(proc.stdout, "SET")
+    keeper = info["entry"]["supervisor_pid"]
+    first = {r["pid"] for r in info["entry"]["ranks"]}
+    held = [*info["pids"], keeper]
+    sess = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # the keeper's recovery starts a new set: a new owner entry
+            entry = handoff.detached_sets().get("budget")
+            if entry is not None and not first & {r["pid"] for r in entry["ranks"]}:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"no recovery while detached; the keeper's log: {_keeper_log(info)}")
+        held += [r["pid"] for r in entry["ranks"]] + list(entry["controller_pids"])
+        sess = handoff.attach("budget")
+        held += list(sess.rankset.started_pids)
+        assert training.wait(timeout=300, rankset=sess.rankset) == {0: "finished", 1: "finished"}
+        (rec,) = sess.recoveries
+        assert (rec["kind"], rec["rank"], rec["detail"]) == ("died", 1, "killed by SIGKILL"), rec
+        assert rec["checkpoint_step"] in (30, 40), rec
+        assert sess.supervisor is not None and sess.supervisor.failures == 1
+        loss = metrics.metrics(store=sess.store)
+        loss = loss[loss.metric == "loss"]
+        for rank in (0, 1):
+            assert sorted(loss[loss["rank"] == rank].step) == list(range(1, 121)), f"rank {rank}"
+    finally:
+        if sess is not None and sess.running:
+            api.stop("budget")
+        session.KERNEL.by_name.pop("budget", None)
+        if "budget" in handoff.detached_sets():
+            handoff.stop("budget")
+        left = alive(held)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], f"processes left behind: {left}"
+
+
+def _keeper_log(info: dict) -> str:
+    """What the keeper printed (beside the set's stack folder)."""
+    path = os.path.join(os.path.dirname(info["entry"]["stack_dir"]), "keeper", "keeper.log")
+    try:
+        with open(path) as f:
+            return f.read()[-3000:]
+    except OSError as exc:
+        return str(exc)

@@ -32,7 +32,8 @@ from ..shared.errors import NotRunning, WorkbenchError
 from . import api, registry, session
 
 FIELDS = ("setup_recipe", "autosave", "checkpoint_root", "own_folder", "marks", "started_run", "hangs")
-HANDOFF_TIMEOUT_S = 120.0
+HANDOFF_TIMEOUT_S = 900.0  # a keeper finishing a recovery before it hands the set over
+RECOVERY_WAIT_S = 600.0
 _KEEPERS: dict[int, subprocess.Popen] = {}  # keepers this process started: reaped when they end
 
 
@@ -41,9 +42,16 @@ class DetachError(WorkbenchError):
 
 
 # ------------------------------------------------------------------ the session in transit
-def _supervisor_state(sess) -> dict | None:
-    sup = sess.supervisor
-    if sup is None or sup.done.is_set():
+def _settle_supervisor(sess) -> dict | None:
+    """Stop the failure budget's supervisor of ``sess`` (a recovery under way finishes first:
+    the set it starts is the one handed over); what the taker needs to start it again, or None."""
+    sup, sess.supervisor = sess.supervisor, None
+    if sup is None:
+        return None
+    active = not sup.done.is_set()
+    sup.close()
+    sup.join(RECOVERY_WAIT_S)
+    if not active or sup.state == "gave up":
         return None
     return {
         "run": sup.run,
@@ -60,12 +68,13 @@ def give(sess, pid: int, address: str, key: bytes) -> dict:
     from ..engine import publisher
     from .cluster import adoption
 
+    recovery = _settle_supervisor(sess)
+    if sess.watchdog is not None:
+        sess.watchdog.close()
+        sess.watchdog = None
     rs = sess.rankset
-    recovery = _supervisor_state(sess)
-    for watcher in (sess.supervisor, sess.watchdog):
-        if watcher is not None:
-            watcher.close()
-    sess.supervisor = sess.watchdog = None
+    if rs is None or not rs.running:
+        raise NotRunning(f"the rank set {sess.name!r} is not running (its recovery failed): nothing to hand over")
     adoption.rehome(rs, pid)
     live = [r for r in range(rs.world_size) if r not in rs.watcher.known()]
     if live:

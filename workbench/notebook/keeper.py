@@ -33,11 +33,10 @@ ENTRY_POLL_S = 1.0  # how often the keeper looks for a stop from the Lab sidebar
 
 
 class Keeper:
-    def __init__(self, sess, entry_id: str):
+    def __init__(self, sess):
         from multiprocessing.connection import Listener
 
         self.sess = sess
-        self.entry_id = entry_id
         self.key = secrets.token_bytes(32)
         self.path = os.path.join(tempfile.gettempdir(), f"distrain-keeper-{os.getpid()}-{secrets.token_hex(4)}.sock")
         self.listener = Listener(self.path, family="AF_UNIX", authkey=self.key)
@@ -47,6 +46,23 @@ class Keeper:
 
     def control(self) -> dict:
         return {"address": self.path, "key": self.key.hex()}
+
+    def mark(self, rs=None) -> dict | None:
+        """Make the registry entry of the set this keeper holds its owner file. Called again for
+        the new set a failure budget's recovery starts here (its entry is a new one)."""
+        from . import registry
+
+        entry_id = registry.entry_id_of(rs or self.sess.rankset)
+        if entry_id is None:
+            return None
+        return registry.update(
+            entry_id,
+            detached=True,
+            name=self.sess.name,
+            supervisor_pid=os.getpid(),
+            control=self.control(),
+            detached_at=time.time(),
+        )
 
     def serve(self) -> None:
         threading.Thread(target=self._watch_entry, name="keeper-entry", daemon=True).start()
@@ -111,8 +127,10 @@ class Keeper:
         from . import registry
 
         while not self.done.wait(ENTRY_POLL_S):
-            entry = registry.read(self.entry_id)
-            if entry is None or entry.get("stopped_by"):
+            rs = self.sess.rankset
+            entry_id = registry.entry_id_of(rs) if rs is not None else None
+            entry = registry.read(entry_id) if entry_id is not None else None  # None: a recovery's restart
+            if entry is not None and entry.get("stopped_by"):
                 with self.lock:
                     if not self.done.is_set():
                         self.stop()
@@ -139,7 +157,7 @@ class Keeper:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from . import handoff, registry
+    from . import api, handoff
     from .stream.collector import Collector
 
     parser = argparse.ArgumentParser(prog="python -m workbench.notebook.keeper")
@@ -155,16 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     sys.stdout = os.fdopen(os.dup(log), "w", buffering=1)
     sess = handoff.take(state, collector)
-    entry_id = registry.entry_id_of(sess.rankset)
-    keeper = Keeper(sess, entry_id)
-    entry = registry.update(
-        entry_id,
-        detached=True,
-        name=sess.name,
-        supervisor_pid=os.getpid(),
-        control=keeper.control(),
-        detached_at=time.time(),
-    )
+    keeper = Keeper(sess)
+    entry = keeper.mark()
+    api.on("started", keeper.mark)  # after the registry's own listener has written the new entry
     out.write(json.dumps(entry) + "\n")
     out.flush()
     out.close()
