@@ -23,7 +23,9 @@ def _detach(args, shell):
 
 
 def _attach_args(p) -> None:
-    p.add_argument("name", help="the detached set to take back (`%%distrain attach -h`; a wrong name lists them)")
+    p.add_argument(
+        "name", metavar="NAME", help="the name it was detached under (a name that is not there lists the detached sets)"
+    )
 
 
 @command("attach", "take a detached set back into this kernel: ranks, metrics history, dashboard", _attach_args)

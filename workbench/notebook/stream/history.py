@@ -44,8 +44,8 @@ class History:
         with self._lock:
             state = dict(self.__dict__)
         state.pop("_lock")
-        if state["path"] is None and not isinstance(state["_where"], str):
-            state["_where"] = os.path.abspath(state["_where"]())
+        if not isinstance(state["_where"], str):
+            state["_where"] = state["path"] or os.path.abspath(state["_where"]())
         return state
 
     def __setstate__(self, state: dict) -> None:
