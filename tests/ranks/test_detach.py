@@ -128,7 +128,7 @@ print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "entry": entry}}), 
 """  # then exits normally: the atexit clean-up of a process must not stop a set it detached
 
 
-def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_process(ipshell):
+def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_process(ipshell, capsys):
     proc = subprocess.run(
         [sys.executable, "-c", HEADLESS.format(root=str(ROOT))],
         capture_output=True,
@@ -149,6 +149,13 @@ def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_pr
         (listed,) = [e for e in registry.read_all() if e.get("name") == "overnight"]
         assert listed["detached"] is True and listed["kernel_pid"] == keeper and not listed["stale"]
         assert sorted(handoff.detached_sets()) == ["overnight"]
+
+        capsys.readouterr()
+        ipshell.run_line_magic("distrain", "sessions")
+        assert (
+            f"overnight: 2 ranks, detached (keeper pid {keeper}): `%distrain attach overnight`"
+            in capsys.readouterr().out
+        )
 
         with pytest.raises(handoff.DetachError) as err:
             ipshell.run_line_magic("distrain", "attach nope")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import api, handoff, session
+from .. import api, auto_cells, handoff, session
 from . import command
 
 
@@ -15,6 +15,8 @@ def _detach(args, shell):
     sess = api.session(args.name) if args.name is not None else session.current()
     name = sess.name if sess is not None else None
     entry = handoff.detach(args.name)
+    if auto_cells.turn_off(shell):
+        print("auto mode off: plain cells run in the notebook")
     print(
         f"detached {name!r}: {entry['world_size']} ranks held by keeper pid {entry['supervisor_pid']}; "
         f"training goes on. `%distrain attach {name}` from any kernel takes it back, "
