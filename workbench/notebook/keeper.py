@@ -38,7 +38,7 @@ class Keeper:
 
         self.sess = sess
         self.key = secrets.token_bytes(32)
-        self.path = os.path.join(tempfile.gettempdir(), f"distrain-keeper-{os.getpid()}-{secrets.token_hex(4)}.sock")
+        self.path = _socket_path()
         self.listener = Listener(self.path, family="AF_UNIX", authkey=self.key)
         os.chmod(self.path, 0o600)
         self.lock = threading.Lock()  # one request at a time (a sidebar stop and an attach)
@@ -154,6 +154,19 @@ class Keeper:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+def _socket_path() -> str:
+    """Beside the registry entries (Jupyter's runtime folder, this user's), unless that path is too
+    long for a Unix socket (108 bytes on Linux): then the temporary folder."""
+    from . import registry
+
+    name = f"keeper-{os.getpid()}-{secrets.token_hex(4)}.sock"
+    path = os.path.join(registry.folder(), name)
+    if len(path.encode()) < 100:
+        os.makedirs(registry.folder(), mode=0o700, exist_ok=True)
+        return path
+    return os.path.join(tempfile.gettempdir(), "distrain-" + name)
 
 
 def main(argv: list[str] | None = None) -> None:
