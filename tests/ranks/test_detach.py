@@ -53,6 +53,9 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             f"""
             %load_ext workbench
             import json, os, workbench
+            from workbench.notebook import stream
+            # a small window: rows spill to the Parquet history before, while and after detached
+            stream.WINDOW_ROWS, stream.HISTORY_PART_ROWS = 200, 100
             %distrain start -n 2 --name night --backend gloo --threads 1
             %distrain train start --steps {STEPS} --model tiny --no-dashboard
             workbench.train.wait(step=5, timeout=240)
@@ -78,7 +81,7 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             kc2,
             """
             %load_ext workbench
-            import json, time, workbench
+            import json, os, time, workbench
             attached_at = time.time()
             %distrain attach night
             workbench.train.wait(timeout=300)
@@ -86,7 +89,11 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             loss = loss[loss.metric == "loss"]
             steps = {r: sorted(int(s) for s in loss[loss["rank"] == r].step) for r in (0, 1)}
             times = {r: [float(t) for t in loss[loss["rank"] == r].time] for r in (0, 1)}
-            print("SEEN " + json.dumps({"steps": steps, "times": times, "attached_at": attached_at}))
+            store = workbench.session().store
+            parts = store.history.parts()
+            print("SEEN " + json.dumps({"steps": steps, "times": times, "attached_at": attached_at,
+                                        "spilled": store.spilled, "window": len(store.rows), "parts": len(parts),
+                                        "on_disk": all(os.path.isfile(p) for p in parts)}))
             """,
         )
         assert "attached 'night': 2 ranks" in out, out
@@ -96,6 +103,11 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             unattended = [t for t in seen["times"][rank] if killed_at < t < seen["attached_at"]]
             assert unattended, f"rank {rank} trained no step between the kernel's death and the attach"
         assert info["keeper"] not in alive([info["keeper"]]), "the keeper stays after the set was taken back"
+        # steps 1..N above came back through the Parquet history (the window holds 200 rows):
+        # the parts the first kernel, the keeper and this kernel wrote, one dataset
+        assert seen["window"] <= 200 + 2 and seen["spilled"] > 0, seen
+        assert seen["spilled"] + seen["window"] >= 2 * STEPS, seen
+        assert seen["on_disk"] and seen["parts"] >= 2, seen
 
         out = _run(kc2, "%distrain stop --name night")
         assert "ranks stopped" in out, out
