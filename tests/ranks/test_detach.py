@@ -25,10 +25,12 @@ from workbench.notebook import handoff, registry
 STEPS = 300
 
 
-def _run(kc, code: str, timeout: float = 300) -> str:
+def _run(kc, code: str, timeout: float = 300, *, widgets: list | None = None) -> str:
     reply, msgs = execute(kc, textwrap.dedent(code), timeout=timeout)
     out = printed(msgs)
     assert reply["status"] == "ok", out
+    if widgets is not None:  # the widget views the cell displayed (the dashboard)
+        widgets += [m for _, m in msgs if "application/vnd.jupyter.widget-view+json" in m["content"].get("data", {})]
     return out
 
 
@@ -77,6 +79,7 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
         assert alive(held) == held, f"the detached set lost processes with its kernel: {set(held) - set(alive(held))}"
 
         km2, kc2 = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+        shown: list = []
         out = _run(
             kc2,
             """
@@ -84,6 +87,15 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             import json, os, time, workbench
             attached_at = time.time()
             %distrain attach night
+            """,
+            widgets=shown,
+        )
+        assert "attached 'night': 2 ranks; run run-" in out, out
+        assert shown, "attach showed no dashboard"
+        out = _run(
+            kc2,
+            """
+            print("RANKS " + json.dumps(workbench.apply(os.getpid)))  # the same ranks, answering here
             workbench.train.wait(timeout=300)
             loss = workbench.metrics(None)
             loss = loss[loss.metric == "loss"]
@@ -96,7 +108,8 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
                                         "on_disk": all(os.path.isfile(p) for p in parts)}))
             """,
         )
-        assert "attached 'night': 2 ranks" in out, out
+        rank_pids = _line(out, "RANKS")
+        assert len(set(rank_pids)) == 2 and set(rank_pids) <= set(info["pids"]), out
         seen = _line(out, "SEEN")
         for rank in ("0", "1"):
             assert seen["steps"][rank] == list(range(1, STEPS + 1)), f"rank {rank}: not every step exactly once"
