@@ -33,6 +33,9 @@ _PUBLIC = {
     "session": ("workbench.notebook.api", "session"),
     "sessions": ("workbench.notebook.api", "sessions"),
     "use": ("workbench.notebook.api", "use"),
+    "detach": ("workbench.notebook.handoff", "detach"),  # the set outlives this process (a keeper holds it)
+    "attach": ("workbench.notebook.handoff", "attach"),
+    "detached": ("workbench.notebook.handoff", "detached_sets"),
     "export_metrics": ("workbench.notebook.metrics", "export_metrics"),
     "dashboard": ("workbench.notebook.dashboard", None),  # callable: workbench.dashboard()
     "ckpt": ("workbench.notebook.checkpoints", None),  # workbench.ckpt.save() / .load("latest") / .list()

@@ -30,6 +30,9 @@ export interface RankSet {
   stopped_by: string | null;
   stream: boolean;
   job_id: string | null;
+  detached?: boolean | null; // held by a keeper process past its kernel (%distrain detach)
+  supervisor_pid?: number | null;
+  name?: string | null;
   queue: { job_id: string; state: string; reason: string; nodes: string[] } | null;
   step: number | null;
   loss: number | null;

@@ -75,6 +75,12 @@ export class RanksSidebar extends Widget {
     box.dataset.state = rs.state;
     const title = el('div', 'wb-RankSet-title', displayName(rs));
     title.title = rs.notebook || '';
+    if (rs.detached) {
+      box.dataset.detached = 'true';
+      const badge = el('span', 'wb-Badge wb-Badge-detached', 'detached');
+      badge.title = `held by keeper pid ${rs.supervisor_pid}: %distrain attach ${rs.name} takes it back`;
+      title.appendChild(badge);
+    }
     box.appendChild(title);
     let meta = `${rs.world_size} ranks · ${rs.launcher} · ${rs.backend} · ${rs.state}`;
     if (rs.step !== null) {
@@ -282,6 +288,9 @@ export function queueText(rs: RankSet): string {
 }
 
 export function displayName(rs: RankSet): string {
+  if (rs.detached && rs.name) {
+    return rs.name; // its kernel is gone: the set's name is what `%distrain attach NAME` takes
+  }
   const path = rs.notebook_path || rs.notebook;
   return path ? path.split('/').pop()! : `kernel ${rs.kernel_pid}`;
 }

@@ -354,3 +354,56 @@ def test_sidebar_groups_1024_simulated_ranks_by_host_and_state(lab_page, lab_bas
         sim.withdraw()
         pubs.close()
         collector.close()
+
+
+DETACHED = """
+import json, sys
+sys.path.insert(0, {root!r})
+import workbench
+rs = workbench.start(2, backend="gloo", threads=1, name="overnight")
+workbench.train.setup("ddp", model="tiny")
+workbench.train.start(100000)
+entry = workbench.detach("overnight")
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "keeper": entry["supervisor_pid"], "id": entry["id"]}}), flush=True)
+"""  # then exits: the set lives on under its keeper (tests/ranks/test_detach.py)
+
+
+def test_sidebar_shows_a_detached_set_and_its_stop_ends_the_keeper_too(lab_page, lab_base):
+    import subprocess
+    import sys
+
+    page, lab = lab_page, lab_base
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(HERE / "runtime")}  # the Lab server's registry
+    proc = subprocess.run(
+        [sys.executable, "-c", DETACHED.format(root=str(ROOT))], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads(proc.stdout.split("SET ", 1)[1].splitlines()[0])
+    held = [*info["pids"], info["keeper"]]
+    try:
+        page.goto(f"{lab.base}/lab/workspaces/detached?reset&token={lab.token}")
+        page.locator(".lm-TabBar-tab[data-id='workbench-ranks']").click()
+        box = page.locator(f".wb-RankSet[data-rankset-id='{info['id']}']")
+        box.and_(page.locator("[data-detached='true'][data-state='running']")).wait_for(timeout=15_000)
+        assert box.locator(".wb-RankSet-title").evaluate("n => n.firstChild.textContent") == "overnight"
+        assert box.locator(".wb-Badge-detached").inner_text() == "detached"
+        assert (
+            box.locator(".wb-Badge-detached")
+            .get_attribute("title")
+            .startswith(f"held by keeper pid {info['keeper']}: %distrain attach overnight")
+        )
+        # the trainer keeps reporting to the keeper, and the server's copy of its stream
+        page.locator(".wb-RankSet[data-detached='true'] .wb-RankSet-meta", has_text=re.compile(r"step \d+")).wait_for(
+            timeout=30_000
+        )
+        box.locator("button[data-action='stop']").click()
+        page.locator(".jp-Dialog .jp-mod-accept").click()
+        deadline = time.monotonic() + 15
+        while _alive(held) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _alive(held) == [], f"left after a stop from the sidebar: {_alive(held)}"
+        box.wait_for(state="detached", timeout=10_000)  # the keeper removed its entry
+        assert page.js_errors == [], page.js_errors
+    finally:
+        for pid in _alive(held):
+            os.kill(pid, signal.SIGKILL)

@@ -67,6 +67,8 @@ CASES: dict[tuple[str, str], object] = {
     ("start", "--auto"): LIFE,
     ("start", "--name"): NAMED,
     ("stop", "--name"): NAMED,
+    # its effect (a set that outlives its kernel, taken back by another): tests/ranks/test_detach.py
+    ("detach", "--name"): refused("detach --name nope", "there is no rank set named 'nope'"),
     ("start", "--ip"): refused("start --ip 127.0.0.1", "--ip goes with --launcher ssh, slurm or ray"),
     ("start", "--launcher"): refused("start -n 2 --launcher ssh", "--launcher ssh needs --hosts"),
     # its effect on real JAX ranks: tests/ranks/test_jax_ranks.py

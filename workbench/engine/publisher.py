@@ -163,9 +163,12 @@ def connect(address: str, rank: int | None = None, key: bytes = b"") -> dict:
         rank = runtime.context().rank
     if _PUBLISHER is not None and _PUBLISHER.address == address and _PUBLISHER._key == key:
         return {"rank": rank, "address": address, "reused": True}
-    if _PUBLISHER is not None:
-        _PUBLISHER.close(timeout=1.0)
-    _PUBLISHER = Publisher(address, rank, key)
+    # the new one first: an event emitted meanwhile goes to one or the other, never nowhere
+    # (the old one sends all it queued before its thread ends: a detached set's keeper and
+    # the kernel that attaches take the stream over from each other mid-run)
+    old, _PUBLISHER = _PUBLISHER, Publisher(address, rank, key)
+    if old is not None:
+        old.close(timeout=5.0)
     return {"rank": rank, "address": address, "reused": False}
 
 

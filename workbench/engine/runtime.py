@@ -301,21 +301,39 @@ def settle_malloc() -> bool:
         return False
 
 
+# The process whose death ends this rank: the notebook kernel, or the keeper process of a
+# set detached from it (``rehome``); a list so the watch thread sees a change at once.
+_OWNER: list[int] = []
+
+
+def rehome(owner_pid: int) -> dict:
+    """From now on this rank ends when ``owner_pid`` dies, not its old owner (``%distrain detach``:
+    the keeper process; ``attach``: the kernel that took the set back). Rank 0 still ends the
+    controller with it."""
+    if not _OWNER:
+        raise RuntimeError("this rank does not end with a notebook (it was started on another host)")
+    _OWNER[0] = int(owner_pid)
+    return {"rank": context().rank if _CONTEXT is not None else None, "owner": int(owner_pid)}
+
+
 def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
     """End this rank (and ``also_end``: the controller, from rank 0) when the notebook dies.
 
     A notebook kernel that is killed (SIGKILL, OOM, a crashed test runner) runs no
     clean-up; without this its ranks and controller would live on as orphans. The watch
-    blocks on a pidfd (readable once the parent has exited, zombie or reaped), so it never
-    wakes while the notebook lives; without pidfds it polls once a second.
+    blocks on a pidfd (readable once the owner has exited, zombie or reaped), so it never
+    wakes while the notebook lives; without pidfds it polls once a second. When the owner
+    was changed meanwhile (:func:`rehome`), the watch goes on with the new one.
     """
     import threading
 
     import psutil
 
-    def alive() -> bool:
+    _OWNER[:] = [parent_pid]
+
+    def alive(pid: int) -> bool:
         try:
-            return psutil.Process(parent_pid).status() != psutil.STATUS_ZOMBIE
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
 
@@ -327,9 +345,9 @@ def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
         except psutil.Error:
             return []
 
-    def wait_for_exit() -> None:
+    def wait_for_exit(pid: int) -> None:
         try:
-            fd = os.pidfd_open(parent_pid)
+            fd = os.pidfd_open(pid)
         except (AttributeError, OSError):  # no pidfds here (not Linux >= 5.3), or already gone
             fd = None
         if fd is not None:
@@ -340,11 +358,15 @@ def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
             while not poller.poll():
                 pass
             os.close(fd)
-        while alive():
+        while alive(pid):
             time.sleep(1.0)
 
     def watch() -> None:
-        wait_for_exit()
+        while True:
+            owner = _OWNER[0]
+            wait_for_exit(owner)
+            if _OWNER[0] == owner or not alive(_OWNER[0]):
+                break
         for pid in [*also_end, *nanny()]:
             try:
                 os.kill(pid, signal.SIGKILL)

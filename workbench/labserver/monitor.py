@@ -294,6 +294,9 @@ class Monitor:
                 "host",
                 "stopped_by",
                 "job_id",
+                "detached",  # held by a keeper process that outlives its kernel (%distrain detach)
+                "supervisor_pid",
+                "name",
             )
         }
         out["notebook_path"] = self._relative(entry.get("notebook"))

@@ -156,6 +156,10 @@ class Supervisor:
             self.state = "closed"
             self.done.set()
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread to end (after :meth:`close`, a recovery under way finishes first)."""
+        self._thread.join(timeout)
+
     # ------------------------------------------------------------------ watching
     def _watch(self, rankset) -> None:
         if self.watchdog is not None:

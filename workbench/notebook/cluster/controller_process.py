@@ -5,7 +5,9 @@ ipyparallel starts the controller in a session of its own, so a killed notebook 
 (rank 0 watches the notebook), but Slurm and SSH ranks run elsewhere and their guards end
 them first: the controller and the schedulers it forked would live on. So the controller
 watches its parent itself and, once the notebook is gone, ends its own process group
-(itself and its schedulers, nothing else: it leads that group).
+(itself and its schedulers, nothing else: it leads that group). A set handed to a keeper
+process (``%distrain detach``) names that process in its owner file
+(``--workbench-owner=PATH``): the controller then ends with it instead.
 
 It also paces the heartbeat (``--workbench-heartbeat=FAST_MS,HEARTS``, see
 :func:`settling_heartbeat`): fast while the ranks register (the controller admits an engine
@@ -26,19 +28,56 @@ import time
 
 POLL_S = 0.5
 HEARTBEAT_FLAG = "--workbench-heartbeat="
+OWNER_FLAG = "--workbench-owner="  # a file that may name the process it ends with instead (detach)
 
 
-def _end_when_orphaned(parent: int) -> None:
-    try:  # sleep until the parent exits (its pidfd turns readable); polling woke twice a second
-        fd = os.pidfd_open(parent)
-    except (AttributeError, OSError):  # no pidfds here, or the parent is gone already
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (no such process, or a zombie not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _wait_for_exit(pid: int) -> None:
+    try:  # sleep until it exits (its pidfd turns readable); polling woke twice a second
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfds here, or it is gone already
         fd = None
-    if fd is not None and os.getppid() == parent:
+    if fd is not None:
         import select
 
         select.select([fd], [], [])
-    while os.getppid() == parent:
+        os.close(fd)
+    while not _gone(pid):
         time.sleep(POLL_S)
+
+
+def _next_owner(owner_file: str | None, was: int) -> int | None:
+    """The process named in the owner file (a set handed to a keeper, ``%distrain detach``),
+    when it is another one and alive; else None: the controller ends."""
+    if not owner_file:
+        return None
+    try:
+        with open(owner_file) as f:
+            pid = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid != was and not _gone(pid) else None
+
+
+def _end_when_orphaned(parent: int, owner_file: str | None = None) -> None:
+    owner = parent
+    while True:
+        _wait_for_exit(owner)
+        if owner == parent:
+            while os.getppid() == parent:  # reparented once the parent has exited
+                time.sleep(POLL_S)
+        nxt = _next_owner(owner_file, owner)
+        if nxt is None:
+            break
+        owner = nxt
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)  # the group this process leads: it and its schedulers
     import psutil  # not a group leader (started some other way): its children by pid, then itself
@@ -149,7 +188,13 @@ def aggregating_coalescence() -> None:
 
 
 def main() -> None:
-    threading.Thread(target=_end_when_orphaned, args=(os.getppid(),), name="owner-watch", daemon=True).start()
+    owner_file = None
+    for arg in [a for a in sys.argv[1:] if a.startswith(OWNER_FLAG)]:
+        sys.argv.remove(arg)
+        owner_file = arg[len(OWNER_FLAG) :]
+    threading.Thread(
+        target=_end_when_orphaned, args=(os.getppid(), owner_file), name="owner-watch", daemon=True
+    ).start()
     aggregating_coalescence()
     for arg in [a for a in sys.argv[1:] if a.startswith(HEARTBEAT_FLAG)]:
         sys.argv.remove(arg)

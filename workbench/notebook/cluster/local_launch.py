@@ -8,7 +8,7 @@ import os
 import time
 
 from .. import background
-from . import launchers, standby
+from . import controller_process, launchers, standby
 
 
 def start(rs) -> None:
@@ -29,6 +29,8 @@ def start(rs) -> None:
     if cfg.profile_dir:
         kwargs["profile_dir"] = cfg.profile_dir
     rs.cluster = ipp.Cluster(**kwargs)
+    # the controller ends with this process, or with the one its owner file names (detach)
+    rs.cluster.controller_args = [*rs.cluster.controller_args, controller_process.OWNER_FLAG + rs.owner_file()]
     rs.cluster.start_controller_sync()
     rs._note_controller()
     if rs.forked is not None:

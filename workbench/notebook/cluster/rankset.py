@@ -458,6 +458,10 @@ class RankSet:
         cid = getattr(self.cluster, "cluster_id", "") or "default"
         return os.path.join(base, "workbench", cid)
 
+    def owner_file(self) -> str:
+        """Names the process the controller ends with when it is not the notebook (detach)."""
+        return os.path.join(self.state_dir(), "owner")
+
     def require_running(self) -> None:
         if not self.running:
             raise NotRunning("no ranks are running: start them with `%distrain start -n 2`")

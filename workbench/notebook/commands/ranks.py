@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...shared.argtypes import positive_int, rank_selection, seconds
-from .. import api, auto_cells
+from .. import api, auto_cells, handoff
 from ..cluster.launchers import FRAMEWORKS, LAUNCHERS
 from ..cluster.rankset import BACKENDS
 from . import UsageError, command
@@ -152,13 +152,23 @@ def _auto(args, shell):
 
 def _stop_args(p) -> None:
     p.add_argument(
-        "--name", default=None, help="the named set to stop (default: the current one); the others keep running"
+        "--name",
+        default=None,
+        help="the named set to stop (default: the current one), or a detached one; the others keep running",
     )
 
 
 @command("stop", "stop the ranks (every process they started)", _stop_args)
 def _stop(args, shell):
     if args.name is not None:
+        if args.name not in api.sessions() and args.name in handoff.detached_sets():
+            left = handoff.stop(args.name)  # a detached set, from any kernel
+            print(
+                f"stopped the detached set {args.name!r}; processes still alive: {left}"
+                if left
+                else f"stopped the detached set {args.name!r} and its keeper"
+            )
+            return
         if not api.session(args.name).running:  # an unknown name: the error names those there are
             print(f"the rank set {args.name!r} is not running")
             return

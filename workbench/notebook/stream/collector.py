@@ -31,7 +31,10 @@ class Collector:
         local_only: bool = True,
         bind_ip: str | None = None,
         key: bytes | None = None,
+        paused: bool = False,
     ):
+        """``paused``: bind now, read nothing until :meth:`begin` (a set taken over from
+        another process: its batches wait in the socket until the store they belong in is here)."""
         import zmq
 
         self.store = store or EventStore()
@@ -53,7 +56,28 @@ class Collector:
         # (it polled ten times a second, on the cores the ranks train on)
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="workbench-collector", daemon=True)
+        if not paused:
+            self._thread.start()
+
+    def begin(self, store: EventStore | None = None) -> None:
+        """Start reading a paused collector, into ``store`` when given."""
+        if store is not None:
+            self.store = store
         self._thread.start()
+
+    def drain(self, quiet: float = 0.3, limit: float = 10.0) -> None:
+        """Return once nothing has arrived for ``quiet`` seconds (the ranks' stream went elsewhere
+        and what they had sent here is in the store), or after ``limit`` seconds."""
+        import time
+
+        deadline = time.monotonic() + limit
+        seen, since = self.store.received, time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if self.store.received != seen:
+                seen, since = self.store.received, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                return
 
     def _run(self) -> None:
         import zmq
@@ -90,7 +114,8 @@ class Collector:
             return
         self._stop.set()
         os.write(self._wake_w, b"x")
-        self._thread.join(2.0)
+        if self._thread.is_alive():
+            self._thread.join(2.0)
         os.close(self._wake_r)
         os.close(self._wake_w)
         if self.mirror is not None:

@@ -38,6 +38,20 @@ class History:
         self._pending: list[tuple] = []
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """For a detached set's keeper (``notebook.handoff``): the folder is decided now (the
+        rows go on into the same dataset), what is pending travels with it."""
+        with self._lock:
+            state = dict(self.__dict__)
+        state.pop("_lock")
+        if not isinstance(state["_where"], str):
+            state["_where"] = state["path"] or os.path.abspath(state["_where"]())
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def add_row(self, row: dict) -> None:
         """One wide store row (ids + metrics), as tidy rows."""
         ids = (row["run"], int(row["rank"]), int(row["step"]), float(row["time"]), row["source"])
@@ -75,7 +89,7 @@ class History:
         types = (pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.string(), pa.float64())
         table = pa.table({name: pa.array(c, t) for name, c, t in zip(COLUMNS, cols, types, strict=True)})
         if self.path is None:
-            self.path = os.path.abspath(self._where())
+            self.path = os.path.abspath(self._where if isinstance(self._where, str) else self._where())
         os.makedirs(self.path, exist_ok=True)
         pq.write_table(table, os.path.join(self.path, f"part-{self._parts:05d}.parquet"))
         self._parts += 1

@@ -119,6 +119,21 @@ class EventStore:
         self.recoveries: list[dict] = []  # what a failure budget's supervisor did, oldest first
         self.listeners: list = []  # fn(new step rows), called on the adding thread (trackers)
 
+    def __getstate__(self) -> dict:
+        """Everything kept, for the process that takes a detached set over (``notebook.handoff``);
+        not the locks, nor the listeners (they belong to the process that subscribed them)."""
+        with self.lock:
+            state = dict(self.__dict__)
+        for name in ("lock", "changed", "listeners"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+        self.changed = threading.Condition()
+        self.listeners = []
+
     @property
     def dropped_rows(self) -> int:
         return max(0, self._n_rows - len(self.rows) - self.spilled)

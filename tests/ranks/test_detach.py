@@ -1,0 +1,288 @@
+"""``%distrain detach`` / ``attach``: a run that outlives its kernel, taken back by another one.
+
+Real kernels (jupyter_client), the first killed by pid with SIGKILL as an out-of-memory kill or
+a crashed server would end it; the set keeps training under its keeper process, and a new
+kernel attaches and finds every step. Fresh rank sets: their kernels die.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import ROOT, alive
+from jupyter_client.manager import start_new_kernel
+from kernel_runs import execute, printed
+
+from workbench.notebook import handoff, registry
+
+STEPS = 300
+
+
+def _run(kc, code: str, timeout: float = 300, *, widgets: list | None = None) -> str:
+    reply, msgs = execute(kc, textwrap.dedent(code), timeout=timeout)
+    out = printed(msgs)
+    assert reply["status"] == "ok", out
+    if widgets is not None:  # the widget views the cell displayed (the dashboard)
+        widgets += [m for _, m in msgs if "application/vnd.jupyter.widget-view+json" in m["content"].get("data", {})]
+    return out
+
+
+def _line(out: str, tag: str) -> dict:
+    (line,) = [x for x in out.splitlines() if x.startswith(tag + " ")]
+    return json.loads(line[len(tag) + 1 :])
+
+
+def _kill_kernel(km, kc) -> None:
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_sees_every_step(tmp_path):
+    env = dict(os.environ)
+    km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+    km2 = kc2 = None
+    held: list[int] = []
+    try:
+        out = _run(
+            kc,
+            f"""
+            %load_ext workbench
+            import json, os, workbench
+            from workbench.notebook import stream
+            # a small window: rows spill to the Parquet history before, while and after detached
+            stream.WINDOW_ROWS, stream.HISTORY_PART_ROWS = 200, 100
+            PACE = "import time\\nfrom workbench.engine import trainer\\ntrainer.current().add_hook(lambda record: time.sleep(0.03), pauses=False)"
+            %distrain start -n 2 --name night --backend gloo --threads 1
+            workbench.train.setup("ddp", model="tiny")
+            # each step at least 30 ms: the run is still going when its kernel is killed
+            workbench.run(PACE, display=False)
+            %distrain train start --steps {STEPS} --no-dashboard
+            workbench.train.wait(step=5, timeout=240)
+            pids = sorted(workbench.current().started_pids)
+            before = int(workbench.metrics().step.max())
+            %distrain detach
+            entry = workbench.detached()["night"]
+            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["supervisor_pid"], "before": before}}))
+            """,
+        )
+        assert "detached 'night': 2 ranks held by keeper pid" in out, out
+        info = _line(out, "SET")
+        held = [*info["pids"], info["keeper"]]
+        assert info["before"] < STEPS
+        killed_at = time.time()
+        os.kill(info["kernel"], signal.SIGKILL)  # by pid: no atexit, no clean-up in the kernel
+        _kill_kernel(km, kc)
+        time.sleep(3.0)  # a set that was not detached ends within a second or two (test_orphans)
+        assert alive(held) == held, f"the detached set lost processes with its kernel: {set(held) - set(alive(held))}"
+
+        km2, kc2 = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+        shown: list = []
+        out = _run(
+            kc2,
+            """
+            %load_ext workbench
+            import json, os, time, workbench
+            attached_at = time.time()
+            %distrain attach night
+            """,
+            widgets=shown,
+        )
+        assert "attached 'night': 2 ranks; run run-" in out, out
+        assert shown, "attach showed no dashboard"
+        out = _run(
+            kc2,
+            """
+            print("RANKS " + json.dumps(workbench.apply(os.getpid)))  # the same ranks, answering here
+            workbench.train.wait(timeout=300)
+            loss = workbench.metrics(None)
+            loss = loss[loss.metric == "loss"]
+            steps = {r: sorted(int(s) for s in loss[loss["rank"] == r].step) for r in (0, 1)}
+            times = {r: [float(t) for t in loss[loss["rank"] == r].time] for r in (0, 1)}
+            store = workbench.session().store
+            parts = store.history.parts()
+            print("SEEN " + json.dumps({"steps": steps, "times": times, "attached_at": attached_at,
+                                        "spilled": store.spilled, "window": len(store.rows), "parts": len(parts),
+                                        "on_disk": all(os.path.isfile(p) for p in parts)}))
+            """,
+        )
+        rank_pids = _line(out, "RANKS")
+        assert len(set(rank_pids)) == 2 and set(rank_pids) <= set(info["pids"]), out
+        seen = _line(out, "SEEN")
+        for rank in ("0", "1"):
+            assert seen["steps"][rank] == list(range(1, STEPS + 1)), f"rank {rank}: not every step exactly once"
+            unattended = [t for t in seen["times"][rank] if killed_at < t < seen["attached_at"]]
+            assert unattended, f"rank {rank} trained no step between the kernel's death and the attach"
+        assert info["keeper"] not in alive([info["keeper"]]), "the keeper stays after the set was taken back"
+        # steps 1..N above came back through the Parquet history (the window holds 200 rows):
+        # the parts the first kernel, the keeper and this kernel wrote, one dataset
+        assert seen["window"] <= 200 + 2 and seen["spilled"] > 0, seen
+        assert seen["spilled"] + seen["window"] >= 2 * STEPS, seen
+        assert seen["on_disk"] and seen["parts"] >= 2, seen
+
+        out = _run(kc2, "%distrain stop --name night")
+        assert "ranks stopped" in out, out
+        assert alive(held) == [], f"processes left behind: {alive(held)}"
+        assert not [e for e in registry.read_all() if e.get("name") == "night" or e.get("kernel_pid") == info["keeper"]]
+    finally:
+        for manager, client in ((km, kc), (km2, kc2)):
+            if manager is not None and manager.is_alive():
+                _kill_kernel(manager, client)
+        for pid in alive(held):
+            os.kill(pid, signal.SIGKILL)
+
+
+HEADLESS = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+import workbench
+from workbench.notebook import handoff
+rs = workbench.start(2, backend="gloo", threads=1, name="overnight")
+busy = rs.execute_async("import time; time.sleep(4)")
+time.sleep(0.5)
+try:
+    workbench.detach("overnight")
+except handoff.DetachError as exc:
+    print("REFUSED " + json.dumps(str(exc)), flush=True)
+busy.result(timeout=60)
+rs.execute("still_here = 7")
+entry = workbench.detach("overnight")
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "entry": entry}}), flush=True)
+"""  # then exits normally: the atexit clean-up of a process must not stop a set it detached
+
+
+def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_process(ipshell, capsys):
+    proc = subprocess.run(
+        [sys.executable, "-c", HEADLESS.format(root=str(ROOT))],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    refused = json.loads(proc.stdout.split("REFUSED ", 1)[1].splitlines()[0])
+    assert "ranks 0-1 of 'overnight' are running a cell" in refused and "Nothing was changed" in refused
+    info = _line(proc.stdout, "SET")
+    entry = info["entry"]
+    keeper = entry["supervisor_pid"]
+    held = [*info["pids"], keeper]
+    try:
+        assert alive(held) == held, "the set did not outlive the process that detached it"
+        # the owner file is the keeper's registry entry, which the Lab extension reads
+        (listed,) = [e for e in registry.read_all() if e.get("name") == "overnight"]
+        assert listed["detached"] is True and listed["kernel_pid"] == keeper and not listed["stale"]
+        assert sorted(handoff.detached_sets()) == ["overnight"]
+
+        capsys.readouterr()
+        ipshell.run_line_magic("distrain", "sessions")
+        assert (
+            f"overnight: 2 ranks, detached (keeper pid {keeper}): `%distrain attach overnight`"
+            in capsys.readouterr().out
+        )
+
+        with pytest.raises(handoff.DetachError) as err:
+            ipshell.run_line_magic("distrain", "attach nope")
+        assert str(err.value).startswith("there is no detached rank set named 'nope'; the detached sets are: overnight")
+
+        ipshell.run_line_magic("distrain", "stop --name overnight")
+        assert alive(held) == [], f"processes left behind: {alive(held)}"
+        assert handoff.detached_sets() == {} and registry.read(listed["id"]) is None
+    finally:
+        for pid in alive(held):
+            os.kill(pid, signal.SIGKILL)
+
+
+BUDGET = """
+import json, os, signal, sys, time
+sys.path.insert(0, {root!r})
+import workbench
+from workbench.notebook import api, training
+from workbench.notebook import checkpoints as ck
+rs = workbench.start(2, backend="gloo", threads=1, name="budget")
+training.setup("ddp", rankset=rs)
+ck.autosave(10, keep=3, async_=False, root={ckpt!r}, rankset=rs)
+# every step at least 30 ms; rank 1 ends itself with SIGKILL at its first step from 40 on once
+# it ends with the keeper (the set is detached): the failure comes while no kernel is attached
+api.run('''
+import os, signal, time
+from workbench.engine import runtime, trainer as _t
+_first_owner = runtime._OWNER[0]
+def _pace_then_crash(record):
+    time.sleep(0.03)
+    if record["step"] >= 40 and runtime._OWNER[0] != _first_owner and _t.current().rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+_t.current().add_hook(_pace_then_crash, pauses=False)
+''', display=False)
+training.start(200, max_failures=1, rankset=rs)
+training.wait(step=3, timeout=240)
+entry = workbench.detach("budget")
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "entry": entry}}), flush=True)
+"""
+
+
+def test_the_failure_budget_recovers_a_detached_run_and_the_attached_kernel_sees_the_recovery(tmp_path):
+    """The keeper runs the failure budget's supervisor: a rank killed while no kernel is attached
+    is recovered there, and the kernel that attaches gets the recovery record and every step once."""
+    from workbench.notebook import api, metrics, session, training
+
+    proc = subprocess.run(
+        [sys.executable, "-c", BUDGET.format(root=str(ROOT), ckpt=str(tmp_path / "ckpt"))],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = _line(proc.stdout, "SET")
+    keeper = info["entry"]["supervisor_pid"]
+    first = {r["pid"] for r in info["entry"]["ranks"]}
+    held = [*info["pids"], keeper]
+    sess = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # the keeper's recovery starts a new set: a new owner entry
+            entry = handoff.detached_sets().get("budget")
+            if entry is not None and not first & {r["pid"] for r in entry["ranks"]}:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"no recovery while detached; the keeper's log: {_keeper_log(info)}")
+        held += [r["pid"] for r in entry["ranks"]] + list(entry["controller_pids"])
+        sess = handoff.attach("budget")
+        held += list(sess.rankset.started_pids)
+        assert training.wait(timeout=300, rankset=sess.rankset) == {0: "finished", 1: "finished"}
+        (rec,) = sess.recoveries
+        assert (rec["kind"], rec["rank"], rec["detail"]) == ("died", 1, "killed by SIGKILL"), rec
+        assert rec["failed_step"] >= 40 and rec["checkpoint_step"] % 10 == 0, rec
+        assert 0 <= rec["steps_redone"] <= 10, rec  # at most the save interval
+        assert sess.supervisor is not None and sess.supervisor.failures == 1
+        loss = metrics.metrics(store=sess.store)
+        loss = loss[loss.metric == "loss"]
+        for rank in (0, 1):
+            assert sorted(loss[loss["rank"] == rank].step) == list(range(1, 201)), f"rank {rank}"
+    finally:
+        if sess is not None and sess.running:
+            api.stop("budget")
+        session.KERNEL.by_name.pop("budget", None)
+        if "budget" in handoff.detached_sets():
+            handoff.stop("budget")
+        left = alive(held)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], f"processes left behind: {left}"
+
+
+def _keeper_log(info: dict) -> str:
+    """What the keeper printed (beside the set's stack folder)."""
+    path = os.path.join(os.path.dirname(info["entry"]["stack_dir"]), "keeper", "keeper.log")
+    try:
+        with open(path) as f:
+            return f.read()[-3000:]
+    except OSError as exc:
+        return str(exc)

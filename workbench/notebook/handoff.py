@@ -1,0 +1,322 @@
+"""``%distrain detach`` / ``attach`` / ``stop --name`` of a detached set: a session moved between processes.
+
+A detached set is held by a keeper process (:mod:`workbench.notebook.keeper`) that outlives
+the kernel; ``attach`` from any later kernel takes it back. Either way one process gives the
+session and another takes it, in the same steps (:func:`give`, :func:`take`):
+
+1. the taker binds a paused event collector (batches wait in its socket);
+2. the giver makes the set end with the taker (each rank's watch, the controller's owner
+   file: ``cluster.adoption.rehome``), points the ranks' event stream at the taker's
+   collector, reads what was still on its way, and closes its own;
+3. the giver sends the session: the rank set's pids/addresses, the event store (its window,
+   thinned series and Parquet history folder), the setup recipe, auto-save, and the failure
+   budget's state; it lets go of the set without stopping it;
+4. the taker rebuilds the set on its own client, starts reading into the store it got, and
+   starts the failure budget's supervisor again with the recoveries it had used.
+
+A training run on the ranks never notices: its trainer thread emits into a queue the whole
+time, and the switch of stream moves no event twice (the store drops duplicates) or nowhere.
+Owner files are the Lab registry's entries of the keepers (``"detached": true``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import subprocess
+import sys
+import time
+
+from ..shared.errors import NotRunning, WorkbenchError
+from . import api, registry, session
+
+FIELDS = ("setup_recipe", "autosave", "checkpoint_root", "own_folder", "marks", "started_run", "hangs")
+HANDOFF_TIMEOUT_S = 900.0  # a keeper finishing a recovery before it hands the set over
+RECOVERY_WAIT_S = 600.0
+_KEEPERS: dict[int, subprocess.Popen] = {}  # keepers this process started: reaped when they end
+
+
+class DetachError(WorkbenchError):
+    """A set that cannot be detached, attached or stopped as asked; nothing was changed."""
+
+
+# ------------------------------------------------------------------ the session in transit
+def _settle_supervisor(sess) -> dict | None:
+    """Stop the failure budget's supervisor of ``sess`` (a recovery under way finishes first:
+    the set it starts is the one handed over); what the taker needs to start it again, or None."""
+    sup, sess.supervisor = sess.supervisor, None
+    if sup is None:
+        return None
+    active = not sup.done.is_set()
+    sup.close()
+    sup.join(RECOVERY_WAIT_S)
+    if not active or sup.state == "gave up":
+        return None
+    return {
+        "run": sup.run,
+        "target": sup.target,
+        "max_failures": sup.max_failures,
+        "failures": sup.failures,
+        "step_timeout": sup.step_timeout,
+    }
+
+
+def give(sess, pid: int, address: str, key: bytes) -> dict:
+    """Hand ``sess``'s running set to process ``pid``, whose collector listens at ``address``;
+    returns the session's state for it. This process holds the set no more afterwards."""
+    from ..engine import publisher
+    from .cluster import adoption
+
+    recovery = _settle_supervisor(sess)
+    if sess.watchdog is not None:
+        sess.watchdog.close()
+        sess.watchdog = None
+    rs = sess.rankset
+    if rs is None or not rs.running:
+        raise NotRunning(f"the rank set {sess.name!r} is not running (its recovery failed): nothing to hand over")
+    adoption.rehome(rs, pid)
+    live = [r for r in range(rs.world_size) if r not in rs.watcher.known()]
+    if live:
+        rs.apply(publisher.connect, address, key=key, ranks=live, timeout=30)
+    if sess.collector is not None and sess.collector_of is rs:
+        sess.collector.drain()
+    store = sess.store
+    for fn in session.KERNEL.listeners["stopping"]:  # dashboard, trackers, stream, registry entry
+        try:
+            fn(rs)
+        except Exception:
+            pass
+    state = {
+        "name": sess.name,
+        "rankset": adoption.export(rs),
+        "store": store,
+        "fields": {k: getattr(sess, k) for k in FIELDS},
+        "resume_setup": sess.resume_setup if isinstance(sess.resume_setup, str) else None,
+        "recovery": recovery,
+    }
+    adoption.release(rs)
+    _forget(sess)
+    return state
+
+
+def _forget(sess) -> None:
+    kernel = session.KERNEL
+    if kernel.by_name.get(sess.name) is sess:
+        del kernel.by_name[sess.name]
+    if kernel.current_name == sess.name:
+        kernel.current_name = None
+    sess.rankset = sess.collector = sess.collector_of = None
+
+
+def take(state: dict, collector) -> session.Session:
+    """Hold the set ``state`` describes in this process, reading its stream with ``collector``."""
+    from . import stream, training
+    from .cluster import adoption
+
+    rs = adoption.adopt(state["rankset"])
+    kernel = session.KERNEL
+    sess = kernel.add(state["name"])
+    for k, v in state["fields"].items():
+        setattr(sess, k, v)
+    sess.resume_setup = state["resume_setup"]
+    store = state["store"] if state["store"] is not None else stream.new_store(sess)
+    sess.rankset, sess.store = rs, store
+    sess.collector, sess.collector_of = collector, rs
+    collector.begin(store)
+    kernel.make_current(sess)
+    registry.announce(rs)
+    rec = state.get("recovery")
+    if rec is not None:
+        from . import recovery
+
+        sess.supervisor = recovery.Supervisor(
+            sess,
+            rec["run"],
+            rec["target"],
+            rec["max_failures"],
+            step_timeout=rec["step_timeout"],
+            on_hang=training._on_hang,
+            stop_run=lambda rs: training.stop(rankset=rs),
+        )
+        sess.supervisor.failures = rec["failures"]
+    return sess
+
+
+# ------------------------------------------------------------------ owner files (the keepers' entries)
+def detached_sets() -> dict[str, dict]:
+    """The detached sets of this user on this host, by name (their keepers' registry entries)."""
+    out = {}
+    for entry in registry.read_all():
+        if entry.get("detached") and not entry.get("stale"):
+            out[entry["name"]] = entry
+    return out
+
+
+def _listing(sets: dict[str, dict]) -> str:
+    if not sets:
+        return "there are no detached sets (`%distrain detach` makes one)"
+    return "the detached sets are: " + ", ".join(
+        f"{n} ({e.get('world_size')} ranks, keeper pid {e.get('supervisor_pid')})" for n, e in sorted(sets.items())
+    )
+
+
+def _entry(name: str) -> dict:
+    sets = detached_sets()
+    if name not in sets:
+        raise DetachError(f"there is no detached rank set named {name!r}; {_listing(sets)}")
+    return sets[name]
+
+
+def _call(entry: dict, request: dict, timeout: float = HANDOFF_TIMEOUT_S):
+    from multiprocessing.connection import Client
+
+    ctl = entry["control"]
+    try:
+        conn = Client(ctl["address"], family="AF_UNIX", authkey=bytes.fromhex(ctl["key"]))
+    except OSError as exc:
+        raise DetachError(
+            f"the keeper of {entry['name']!r} (pid {entry.get('supervisor_pid')}) does not answer: {exc}"
+        ) from None
+    with conn:
+        conn.send(request)
+        if not conn.poll(timeout):
+            raise DetachError(f"the keeper of {entry['name']!r} did not answer within {timeout:.0f} s")
+        reply = conn.recv()
+    if isinstance(reply, dict) and reply.get("error"):
+        raise DetachError(reply["error"])
+    return reply
+
+
+# ------------------------------------------------------------------ the API behind the magics
+def detach(name: str | None = None) -> dict:
+    """Hand the set ``name`` (default: the current one) to a keeper process that outlives this
+    kernel; returns its owner entry. A run started with ``train start`` keeps training."""
+    sess = api.session(name) if name is not None else session.current()
+    if sess is None or not sess.running:
+        raise NotRunning(
+            f"the rank set {sess.name!r} is not running: there is nothing to detach"
+            if sess is not None
+            else "no ranks are running: there is nothing to detach (`%distrain start -n 2 --name NAME`)"
+        )
+    from .cluster import adoption
+
+    rs = sess.rankset
+    why = adoption.refusal(rs)
+    if why:
+        raise DetachError(f"{why}; nothing was changed")
+    taken = detached_sets()
+    if sess.name in taken:
+        raise DetachError(
+            f"a detached set is already named {sess.name!r}: stop it (`%distrain stop --name {sess.name}`) "
+            "or attach it first; nothing was changed"
+        )
+    busy = _busy_ranks(rs)
+    if busy:
+        from .cluster.ranges import format_ranks
+
+        raise DetachError(
+            f"ranks {format_ranks(busy)} of {sess.name!r} are running a cell: wait for it (or interrupt it) "
+            "and detach again; a run started with `train start` goes on while detached. Nothing was changed"
+        )
+    return _start_keeper(sess)
+
+
+def _busy_ranks(rs) -> list[int]:
+    """Ranks with a cell or call in their queue (a training run's thread is not one)."""
+    queues = rs.client.queue_status(verbose=False)
+    return [
+        r
+        for r, eid in enumerate(rs.engine_ids)
+        if (queues.get(eid, {}).get("queue", 0) or queues.get(eid, {}).get("tasks", 0))
+    ]
+
+
+def _start_keeper(sess) -> dict:
+    import json
+
+    log_dir = os.path.join(sess.rankset.state_dir(), "keeper")
+    os.makedirs(log_dir, exist_ok=True)
+    log = open(os.path.join(log_dir, "keeper.log"), "ab")  # noqa: SIM115 - the keeper's, closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.notebook.keeper", "--log", log.name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        start_new_session=True,  # no signal to the kernel's group (a Jupyter restart) reaches it
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+    )
+    log.close()
+    _KEEPERS[proc.pid] = proc
+    try:
+        ready = proc.stdout.readline()
+        if not ready:
+            raise DetachError(f"the keeper process ended before it was ready (exit {proc.wait()}); see {log_dir}")
+        hello = json.loads(ready)
+        state = give(sess, proc.pid, hello["address"], bytes.fromhex(hello["key"]))
+        pickle.dump(state, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        proc.stdin.close()
+        done = proc.stdout.readline()
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()  # a set already pointed at it ends with it: never an orphan
+            proc.wait()
+        raise
+    if not done:
+        raise DetachError(f"the keeper process ended while taking the set over (exit {proc.wait()}); see {log_dir}")
+    entry = json.loads(done)
+    proc.stdout.close()
+    return entry
+
+
+def attach(name: str) -> session.Session:
+    """Take the detached set ``name`` back into this process: its ranks, whole metrics history,
+    failure budget and controls; it is then this kernel's set again (ends with it)."""
+    from .stream.collector import Collector
+
+    existing = session.KERNEL.by_name.get(name)
+    if existing is not None and existing.running:
+        raise DetachError(
+            f"this kernel already has a running set named {name!r}: stop it or detach it first; nothing was changed"
+        )
+    entry = _entry(name)
+    key = secrets.token_bytes(32)
+    collector = Collector(key=key, paused=True)
+    try:
+        state = _call(entry, {"op": "handover", "pid": os.getpid(), "address": collector.address, "key": key.hex()})
+    except BaseException:
+        collector.close()
+        raise
+    _wait_gone(entry.get("supervisor_pid"), 10.0)
+    return take(state, collector)
+
+
+def stop(name: str) -> list[int]:
+    """End the detached set ``name`` from any process: its ranks, controller and keeper; returns
+    pids still alive afterwards (normally none)."""
+    entry = _entry(name)
+    reply = _call(entry, {"op": "stop"})
+    left = list(reply.get("left") or [])
+    if not _wait_gone(entry.get("supervisor_pid"), 10.0):
+        left.append(entry["supervisor_pid"])
+    return left
+
+
+def _wait_gone(pid, timeout: float) -> bool:
+    import psutil
+
+    if not pid:
+        return True
+    own = _KEEPERS.get(int(pid))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if own is not None and own.poll() is not None:
+            _KEEPERS.pop(int(pid), None)
+            return True
+        try:
+            if psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
