@@ -8,6 +8,7 @@ picture (the same figure code as DTensor's) draws exactly the shards
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -18,6 +19,7 @@ pytest.importorskip("jax")
 
 from workbench.notebook import api  # noqa: E402
 from workbench.notebook.cluster import RankDied  # noqa: E402
+from workbench.notebook.cluster.ranges import parse_ranks  # noqa: E402
 from workbench.notebook.commands import UsageError  # noqa: E402
 
 MATMUL = """
@@ -77,7 +79,7 @@ def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell)
         fig = ipshell.run_line_magic("distrain", f"layout --tensor {name}")
         drawn = {}
         for shape, note in zip(fig.layout.shapes, fig.layout.annotations):
-            ranks = [int(x) for x in note.text.split(" ", 1)[1].split(",")]
+            ranks = parse_ranks(re.match(r"ranks? ([\d,-]+)", note.text).group(1), 1 << 20)  # "ranks 0-1,3"
             drawn[((int(shape.y0), int(shape.y1)), (int(shape.x0), int(shape.x1)))] = ranks
         assert drawn == {k: sorted(v) for k, v in expected.items()}, name
     heat = ipshell.run_line_magic("distrain", "layout")
