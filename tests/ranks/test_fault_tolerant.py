@@ -118,17 +118,19 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
 
 
 def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipshell):
-    """Fewer steps left than the replacement takes: the survivors wait before their last step, which the
-    replacement (healed in it) takes with them; the run ends whole, with the same weights everywhere.
+    """Fewer steps left than the replacement takes: the survivors' last step waits for a quorum of every
+    replica, so the replacement (healed in it) takes it with them; the run ends whole, with the same weights everywhere.
     Then a second run on the same ranks (replaced ones included), stopped from the notebook."""
     from workbench.engine import fault_tolerant
     from workbench.notebook import fault_tolerance
     from workbench.notebook.commands import UsageError
 
     rs = fresh_ranks(4)
-    # killed five steps before the end, with a 1 s quorum timeout: the survivors are at their last step
-    # seconds before new ranks can be (a process start, torch's import, the model, the Manager)
-    steps = KILL_AT + 5
+    # killed 40 steps before the end, with a 1 s quorum timeout: the survivors are at their last step
+    # seconds before new ranks can be (a process start, torch's import, the model, the Manager). Not
+    # fewer: a step takes ~15 ms here and the store sees a step up to ~0.15 s late (the ranks' send
+    # window, this test's poll), so with 5 left the run could end before the kill
+    steps = KILL_AT + 40
     ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
     store = api.session().store
     with pytest.raises(

@@ -47,12 +47,15 @@ class FaultTolerantRun:
         self.rank, self.world_size = ctx.rank, ctx.world_size
         g = int(plan["group_size"])
         self.replica, self.group_rank, self.group_size = self.rank // g, self.rank % g, g
+        self.replicas = self.world_size // g
         self.run, self.sent_as = plan["run"], plan.get("send_as") or plan["run"]
         self.target = int(plan["target"])
         self.state, self.reason, self.step = "idle", "", 0
         self.quorum = 0
         self._stop = threading.Event()
-        self._hold = threading.Event()  # set while a lost replica is replaced: the last step waits for it
+        # set by the notebook when a lost replica's replacement failed: the last step is taken without it
+        self._alone = threading.Event()
+        self.waiting = False  # at the last step, for a lost replica to be back in the quorum
         self.stopped_at: int | None = None  # `train stop`: the step every rank ends after (stop_at)
         timeout = timedelta(seconds=float(plan["collective_timeout"]))
         port = int(plan["store_ports"][self.replica])
@@ -72,8 +75,9 @@ class FaultTolerantRun:
         self.dataset = TextDataset(32)
         self.batch_size = int(plan.get("batch_size", 8))
         self.heals: list[int] = []  # the steps this member healed at (a replica that started late heals at once)
+        self.pg = ProcessGroupGloo(timeout=timeout)  # sized to every replica of each step's quorum
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout),
+            pg=self.pg,
             load_state_dict=self._load,
             state_dict=self._state,
             min_replica_size=1,
@@ -109,9 +113,8 @@ class FaultTolerantRun:
         try:
             self._set_state("running")
             while not self._stop.is_set() and self.manager.current_step() < self.target:
-                if self.manager.current_step() == self.target - 1:
-                    self._wait_for_replacement()
-                self._one_step()
+                if self._one_step() is None:  # the last step, with a replica away: again shortly
+                    time.sleep(0.1)
                 if self.plan.get("send_as") and not self.heals and self.manager.current_step() > 0:
                     # a replacement alone in its first quorum: no live peer held the run's state
                     self._set_state(
@@ -132,7 +135,8 @@ class FaultTolerantRun:
         finally:
             publisher.flush(10.0)
 
-    def _one_step(self) -> None:
+    def _one_step(self) -> bool | None:
+        """One step; whether it committed, None when it was the last and waits for a lost replica."""
         import torch
 
         from ..models import batch_at
@@ -141,6 +145,7 @@ class FaultTolerantRun:
         self.optim.zero_grad(set_to_none=False)
         self.manager.start_quorum()
         index = self.manager.current_step()  # the data follows the committed step: a healed replica goes on
+        away = index == self.target - 1 and self._replica_away()
         x, y = batch_at(
             self.dataset, self.batch_size, index, dp_rank=self.rank % self.world_size, dp_size=self.world_size
         )
@@ -163,7 +168,13 @@ class FaultTolerantRun:
             offset += g.numel()
         quorum = self.manager.num_participants()
         grad_norm = float(flat.norm())  # of the averaged gradient: the same on every rank that commits
-        if self.manager.should_commit():
+        if away:  # the step is taken in full (the others in the quorum wait on it) but not committed
+            self.manager.report_error(RuntimeError("the last step waits for a lost replica"))
+            self.manager.should_commit()  # False on every rank of this replica
+            return None
+        self.waiting = False
+        committed = self.manager.should_commit()
+        if committed:
             self.optim.step()
             seconds = time.perf_counter() - t0
             self.step, self.quorum = self.manager.current_step(), quorum
@@ -182,16 +193,22 @@ class FaultTolerantRun:
                     },
                 )
             )
+        return committed
 
-    def _wait_for_replacement(self) -> None:
-        """Before the last step, while a lost replica is being replaced: the replacement can heal only
-        in a step the others take with it, so the run does not end without it."""
-        while self._hold.is_set() and not self._stop.is_set():
-            time.sleep(0.05)
-
-    def hold(self, on: bool) -> dict:
-        (self._hold.set if on else self._hold.clear)()
-        return self.status()
+    def _replica_away(self) -> bool:
+        """Whether this step's quorum lacks a replica (a healing one counts: it is in the quorum).
+        A lost replica heals only in a step taken with the others, so the run's last step waits for
+        its replacement; the ranks see the loss themselves, at once, before the notebook could tell
+        them (a survivor already in its last step would otherwise finish alone, and a replacement
+        would then find no quorum to join). Not after ``train stop``, nor once the notebook gave up
+        on the replacement (:func:`finish_alone`)."""
+        if self.stopped_at is not None or self._alone.is_set() or self._stop.is_set():
+            return False
+        self.manager.wait_quorum()
+        if self.manager.errored() is not None:  # no quorum was configured: this step does not commit anyway
+            return False
+        self.waiting = self.pg.size() < self.replicas
+        return self.waiting
 
     def start(self) -> dict:
         self._thread.start()
@@ -209,6 +226,7 @@ class FaultTolerantRun:
             "target": self.target,
             "quorum": self.quorum,
             "heals": list(self.heals),
+            "waiting": self.waiting,
         }
 
     def close(self, timeout: float = 30.0) -> None:
@@ -266,11 +284,12 @@ def stop_at(step: int) -> dict:
     return _CURRENT.status()
 
 
-def hold(on: bool = True) -> dict:
-    """``on``: a replica is being replaced, do not take the last step yet; ``False``: go on."""
+def finish_alone() -> dict:
+    """A lost replica will not be back (its replacement failed): take the last step without it."""
     if _CURRENT is None:
         return status()
-    return _CURRENT.hold(on)
+    _CURRENT._alone.set()
+    return _CURRENT.status()
 
 
 def weights_digest() -> dict:

@@ -261,8 +261,9 @@ class FaultTolerantRun:
         rs = self.rankset
         t0 = time.time()
         others = [r for r in range(rs.world_size) if r not in ranks and r not in deaths]
+        # the others step on meanwhile; their last step waits for the replacement (the ranks see
+        # the short quorum themselves: ``engine.fault_tolerant``), unless it fails (below)
         try:
-            self._hold(others, True)  # the others may step on, but not take the last step without it
             replacements.replace_ranks(rs, ranks)
             try:  # the Lab's sidebar shows the new pids, and no death for these ranks
                 from . import registry
@@ -283,18 +284,18 @@ class FaultTolerantRun:
             rs.apply(fault_tolerant.begin, ranks=ranks, timeout=60)
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self._finish_alone(others)
             raise
         finally:
-            self._hold(others, False)
             rec["restart_s"] = round(time.time() - t0, 3)
             self.store.note_recovery(rec)
             text = "fault tolerance: " + describe(rec)
             self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
             print(text, flush=True)
 
-    def _hold(self, ranks: list[int], on: bool) -> None:
-        """Tell the other replicas' ranks a replacement is (no longer) under way; a rank that died
-        meanwhile is left to the next look."""
+    def _finish_alone(self, ranks: list[int]) -> None:
+        """The replacement failed: the other replicas' ranks take their last step without it rather
+        than wait for it for good; a rank that died meanwhile is left to the next look."""
         from ..engine import fault_tolerant
 
         dead = {d["rank"] for d in self.rankset.dead()}
@@ -302,7 +303,7 @@ class FaultTolerantRun:
         if not live:
             return
         try:
-            self.rankset.apply(fault_tolerant.hold, on, ranks=live, timeout=30)
+            self.rankset.apply(fault_tolerant.finish_alone, ranks=live, timeout=30)
         except Exception:
             pass
 
