@@ -165,7 +165,8 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
     _wait_for(lambda: min(store.last_steps(again.run).values() or [0]) >= 5, 120, "the second run did not step")
     assert len(store.last_steps(again.run)) == 4
     ipshell.run_line_magic("distrain", "train stop")
-    assert training.wait(timeout=120) == dict.fromkeys(range(4), "stopped")
+    states = training.wait(timeout=120)
+    assert states == dict.fromkeys(range(4), "stopped"), again.status_text()
 
 
 def test_the_lighthouse_takes_another_port_when_its_port_was_taken(monkeypatch, tmp_path):

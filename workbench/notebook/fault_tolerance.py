@@ -190,7 +190,21 @@ class FaultTolerantRun:
 
         self.stopping = True
         live = [r for r in range(self.rankset.world_size) if r not in {d["rank"] for d in self.rankset.dead()}]
-        at = max(s["step"] for s in self.rankset.apply(fault_tolerant.status, ranks=live)) + 2
+
+        def newest() -> tuple[int, float]:
+            t0 = time.monotonic()
+            step = max(s["step"] for s in self.rankset.apply(fault_tolerant.status, ranks=live))
+            return step, time.monotonic() - t0
+
+        # past every rank's step by the time the call reaches it: a rank already beyond the step would
+        # go on alone and leave its replica's others waiting in a collective. The steps can be ~15 ms
+        # and a call to the ranks a good part of a second on a loaded host: the margin is the steps
+        # taken in a few such calls' time, as measured now
+        first, latency = newest()
+        time.sleep(0.2)
+        step, again = newest()
+        rate = max(0, step - first) / (0.2 + again)
+        at = step + 2 + int(rate * (0.5 + 4 * max(latency, again)))
         self.rankset.apply(fault_tolerant.stop_at, at, ranks=live)
         return at
 
