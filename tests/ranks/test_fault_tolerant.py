@@ -272,4 +272,19 @@ def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_pe
 
     digests = rs.apply(fault_tolerant.weights_digest)  # each replica gathers its shards
     assert len({d["digest"] for d in digests}) == 1 and {d["step"] for d in digests} == {steps}, digests
+
+    # the same training as ddp's: two short runs on these ranks (replaced ones included) from the same seed,
+    # one sharded, one not, take the same losses step by step
+    from workbench.notebook import fault_tolerance
+
+    losses = {}
+    for strategy in ("hsdp", "ddp"):
+        run = fault_tolerance.start(40, replicas=2, quorum_timeout=QUORUM_TIMEOUT, strategy=strategy)
+        assert training.wait(timeout=300) == dict.fromkeys(range(4), "finished"), run.status_text()
+        frame = metrics.metrics()
+        rows = frame[(frame["run"] == run.run) & (frame["metric"] == "loss")].sort_values(["rank", "step"])
+        losses[strategy] = rows["value"].to_numpy()
+        assert len(losses[strategy]) == 4 * 40
+    assert abs(losses["hsdp"] - losses["ddp"]).max() < 1e-4, (losses["hsdp"][-4:], losses["ddp"][-4:])
+    assert losses["hsdp"][39] < losses["hsdp"][0] - 0.5  # it learns: rank 0's loss at step 40 against step 1
     api.stop()
