@@ -23,20 +23,22 @@ from ..engine.fault_tolerant import EXIT_REPLICA_LOST
 from . import session, stream
 from .cluster import lighthouse, network, replacements
 
-STRATEGIES = ("ddp",)  # replicated layouts whose replicas can run as torchft replica groups here
+# replicated layouts whose replicas can run as torchft replica groups here; hsdp: each replica sharded over its ranks
+STRATEGIES = ("ddp", "hsdp")
 
 
 def check(rs, *, strategy: str, replicas: int, quorum_timeout: float, steps: int) -> int:
     """Refuse what cannot run fault-tolerant, before anything starts; returns the group size."""
     name = (strategy or "ddp").split()[0].lower()
     if name not in STRATEGIES:
-        extra = (
-            "; hsdp's dp_replicate groups as replica groups are not built yet"
-            if name == "hsdp"
-            else " (tensor, pipeline and fully sharded layouts have no replica to lose)"
-        )
         raise ValueError(
-            f"--fault-tolerant runs a replicated layout: --strategy ddp, not {strategy!r}{extra}; nothing was started"
+            f"--fault-tolerant runs a replicated layout: --strategy ddp or hsdp, not {strategy!r} "
+            "(tensor, pipeline and fully sharded layouts have no replica to lose); nothing was started"
+        )
+    if (strategy or "ddp").strip().lower() != name:
+        raise ValueError(
+            f"--fault-tolerant takes --strategy {name} without options (got {strategy!r}): --replicas R sets the "
+            "replica groups (hsdp's dp_replicate), the ranks of each shard it (dp_shard); nothing was started"
         )
     if lighthouse.binary() is None:
         raise ValueError(f"--fault-tolerant needs torchft: {lighthouse.NOT_INSTALLED}; nothing was started")
@@ -52,6 +54,12 @@ def check(rs, *, strategy: str, replicas: int, quorum_timeout: float, steps: int
         raise ValueError(
             f"--replicas {replicas} does not split {n} ranks into equal replica groups of 2 or more replicas: "
             f"use one of {ok or '(none: start at least 2 ranks)'}; nothing was started"
+        )
+    if name == "hsdp" and n // replicas < 2:
+        ok = [r for r in range(2, n // 2 + 1) if n % r == 0]
+        raise ValueError(
+            f"--strategy hsdp shards each replica over its ranks: --replicas {replicas} leaves {n // replicas} rank "
+            f"per replica; use one of {ok or '(none: start at least 4 ranks)'}, or --strategy ddp; nothing was started"
         )
     if not quorum_timeout or quorum_timeout <= 0:
         raise ValueError(f"--quorum-timeout must be a positive number of seconds, got {quorum_timeout!r}")
@@ -90,6 +98,7 @@ class FaultTolerantRun:
         *,
         replicas: int,
         quorum_timeout: float,
+        strategy: str = "ddp",
         model: str = "tiny",
         batch_size: int = 8,
         lr: float = 1e-3,
@@ -101,6 +110,7 @@ class FaultTolerantRun:
         rs = sess.rankset
         self.sess, self.rankset, self.poll = sess, rs, poll
         self.replicas, self.group_size = replicas, rs.world_size // replicas
+        self.strategy = (strategy or "ddp").strip().lower()  # hsdp: each replica sharded over its ranks
         self.quorum_timeout = float(quorum_timeout)
         self.state = "starting"
         self.stopping = False  # `train stop`: the ranks end at one step; a rank that ends then is not replaced
@@ -122,6 +132,7 @@ class FaultTolerantRun:
             "run": self.run,
             "target": self.target,
             "group_size": self.group_size,
+            "strategy": self.strategy,
             "lighthouse": rs.lighthouse.address,
             "store_ports": {r: network.free_port() for r in range(replicas)},
             # a collective with a lost peer errors at once on gloo (and a rank whose replica lost a
@@ -167,7 +178,9 @@ class FaultTolerantRun:
         q, step = self.quorum()
         lh = self.rankset.lighthouse
         head = (
-            f"fault-tolerant run {self.run}: {self.state}; {self.replicas} replica groups x {self.group_size} ranks, "
+            f"fault-tolerant run {self.run}: {self.state}; {self.replicas} replica groups x {self.group_size} ranks"
+            + (" (each sharded over its ranks, hsdp)" if self.strategy == "hsdp" else "")
+            + ", "
             f"quorum {q if q is not None else '-'} of {self.replicas} at step {step}, target step {self.target}; "
             f"quorum timeout {self.quorum_timeout:g} s"
             + (f"; lighthouse {lh.address} (pid {lh.pid})" if lh is not None and lh.alive() else "")
@@ -380,6 +393,13 @@ def start(
         sess.supervisor.close()
     sess.supervisor = None
     sess.fault_tolerant = FaultTolerantRun(
-        sess, steps, replicas=replicas, quorum_timeout=quorum_timeout, model=model, batch_size=batch_size, lr=lr
+        sess,
+        steps,
+        replicas=replicas,
+        quorum_timeout=quorum_timeout,
+        strategy=strategy,
+        model=model,
+        batch_size=batch_size,
+        lr=lr,
     )
     return sess.fault_tolerant
