@@ -301,7 +301,8 @@ class ShardedFaultTolerantRun(FaultTolerantRun):
             p.data = full[offset : offset + shape.numel()].view(shape)
             offset += shape.numel()
 
-    def _one_step(self) -> None:
+    def _one_step(self) -> bool | None:
+        """As the ddp replica's step: whether it committed, None at a last step that waits for a lost replica."""
         import torch
 
         from ..models import batch_at
@@ -309,6 +310,7 @@ class ShardedFaultTolerantRun(FaultTolerantRun):
         t0 = time.perf_counter()
         self.manager.start_quorum()
         index = self.manager.current_step()
+        away = index == self.target - 1 and self._replica_away()
         x, y = batch_at(
             self.dataset, self.batch_size, index, dp_rank=self.rank % self.world_size, dp_size=self.world_size
         )
@@ -336,7 +338,13 @@ class ShardedFaultTolerantRun(FaultTolerantRun):
         square = (grad * grad).sum().reshape(1)
         self.inner.allreduce([square]).wait()  # the whole gradient's norm: its shards' squares summed
         quorum = self.manager.num_participants()
-        if self.manager.should_commit():
+        if away:  # taken in full (the others in the quorum wait on it), not committed
+            self.manager.report_error(RuntimeError("the last step waits for a lost replica"))
+            self.manager.should_commit()
+            return None
+        self.waiting = False
+        committed = self.manager.should_commit()
+        if committed:
             self.shard.grad = grad
             self.optim.step()
             self.shard.grad = None
@@ -357,6 +365,7 @@ class ShardedFaultTolerantRun(FaultTolerantRun):
                     },
                 )
             )
+        return committed
 
     def held(self) -> dict:
         """The bytes this rank holds between steps: the model's parameters (none), its shard, its AdamW state."""
