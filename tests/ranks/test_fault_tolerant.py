@@ -118,17 +118,19 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
 
 
 def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipshell):
-    """Fewer steps left than the replacement takes: the survivors wait before their last step, which the
-    replacement (healed in it) takes with them; the run ends whole, with the same weights everywhere.
+    """Fewer steps left than the replacement takes: the survivors' last step waits for a quorum of every
+    replica, so the replacement (healed in it) takes it with them; the run ends whole, with the same weights everywhere.
     Then a second run on the same ranks (replaced ones included), stopped from the notebook."""
     from workbench.engine import fault_tolerant
     from workbench.notebook import fault_tolerance
     from workbench.notebook.commands import UsageError
 
     rs = fresh_ranks(4)
-    # killed five steps before the end, with a 1 s quorum timeout: the survivors are at their last step
-    # seconds before new ranks can be (a process start, torch's import, the model, the Manager)
-    steps = KILL_AT + 5
+    # killed 40 steps before the end, with a 1 s quorum timeout: the survivors are at their last step
+    # seconds before new ranks can be (a process start, torch's import, the model, the Manager). Not
+    # fewer: a step takes ~15 ms here and the store sees a step up to ~0.15 s late (the ranks' send
+    # window, this test's poll), so with 5 left the run could end before the kill
+    steps = KILL_AT + 40
     ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
     store = api.session().store
     with pytest.raises(
@@ -163,7 +165,8 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
     _wait_for(lambda: min(store.last_steps(again.run).values() or [0]) >= 5, 120, "the second run did not step")
     assert len(store.last_steps(again.run)) == 4
     ipshell.run_line_magic("distrain", "train stop")
-    assert training.wait(timeout=120) == dict.fromkeys(range(4), "stopped")
+    states = training.wait(timeout=120)
+    assert states == dict.fromkeys(range(4), "stopped"), again.status_text()
 
 
 def test_the_lighthouse_takes_another_port_when_its_port_was_taken(monkeypatch, tmp_path):
@@ -210,3 +213,81 @@ def test_a_killed_notebook_leaves_no_lighthouse():
         notebook.kill()
         notebook.wait()
     _wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the lighthouse outlived its notebook process")
+
+
+def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_peer(fresh_ranks, ipshell, capsys):
+    """``--strategy hsdp``: 2 replica groups (dp_replicate) x 2 ranks that shard the model (dp_shard). Rank 3
+    (replica 1's second shard) is SIGKILLed; replica 0 keeps stepping, replica 1's new ranks each heal their
+    own shard from the same shard of replica 0, and at the end the whole weights (gathered in each replica)
+    are equal across replicas while every rank holds only its shard between steps."""
+    from workbench.engine import fault_tolerant
+
+    steps = 2000
+    rs = fresh_ranks(4)
+    capsys.readouterr()
+    ipshell.run_line_magic(
+        "distrain",
+        f"train start --fault-tolerant --strategy hsdp --replicas 2 --quorum-timeout {QUORUM_TIMEOUT:g} "
+        f"--steps {steps} --no-dashboard",
+    )
+    assert "2 torchft replica groups x 2 ranks (each sharded over its ranks, hsdp)" in capsys.readouterr().out
+    ft = api.session().fault_tolerant
+    store = api.session().store
+    _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
+    rs.signal_rank(3, signal.SIGKILL)
+    killed_at = time.time()
+    states = training.wait(timeout=600)
+    if states != dict.fromkeys(range(4), "finished"):
+        pytest.fail(f"{states}\n{ft.status_text()}", pytrace=False)
+    (rec,) = ft.records
+    assert (rec["replica"], rec["rank"], rec["ranks"]) == (1, 3, [2, 3]), rec
+    # replica 0 kept stepping while replica 1 was away: it rejoined many steps past the failure
+    assert rec["checkpoint_step"] is not None and rec["checkpoint_step"] > rec["failed_step"] + 20, rec
+
+    held = {h["rank"]: h for h in rs.apply(fault_tolerant.held)}
+    full = held[0]["full_param_bytes"]
+    for h in held.values():  # between steps: the shard and its AdamW moments, no whole parameters
+        assert h["model_param_bytes"] == 0, h
+        assert h["shard_bytes"] == h["shard_numel"] * 4 and full / 2 <= h["shard_bytes"] < full / 2 + 4 * 2, h
+        assert h["optim_bytes"] == 2 * h["shard_bytes"], h
+    # each new rank healed its own shard (half the model), not the whole model, at the step the survivors were at
+    assert held[2]["healed_numel"] == held[3]["healed_numel"] == held[2]["shard_numel"], held
+    assert held[0]["healed_numel"] is None and held[1]["healed_numel"] is None, held
+    status = {s["rank"]: s for s in rs.apply(fault_tolerant.status)}
+    assert status[2]["heals"] == status[3]["heals"] == [rec["checkpoint_step"] - 1], status
+    assert all(status[r]["step"] == steps for r in range(4)), status
+
+    frame = metrics.metrics()
+    rows = frame[(frame["metric"] == "loss") & (frame["rank"] == 0)].sort_values("step")
+    assert rows["step"].tolist() == list(range(1, steps + 1))
+    times = rows[rows["step"] < steps]["time"].tolist()
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    longest = max(gaps)
+    with capsys.disabled():
+        print(
+            f"\nhsdp: longest gap on rank 0: {longest:.2f} s; replica 1 restarted in {rec['restart_s']:.1f} s, "
+            f"rejoined at step {rec['checkpoint_step']}, {rec['rejoined_s']:.1f} s after the kill; "
+            f"shard {held[0]['shard_bytes']} of {full} parameter bytes per rank"
+        )
+    assert longest <= QUORUM_TIMEOUT + 4.0 and times[gaps.index(longest)] <= killed_at + 1.0, longest
+    q = frame[(frame["metric"] == "quorum") & (frame["rank"] == 0)].sort_values("step")["value"].tolist()
+    assert [int(v) for i, v in enumerate(q) if i == 0 or v != q[i - 1]] == [2, 1, 2]
+
+    digests = rs.apply(fault_tolerant.weights_digest)  # each replica gathers its shards
+    assert len({d["digest"] for d in digests}) == 1 and {d["step"] for d in digests} == {steps}, digests
+
+    # the same training as ddp's: two short runs on these ranks (replaced ones included) from the same seed,
+    # one sharded, one not, take the same losses step by step
+    from workbench.notebook import fault_tolerance
+
+    losses = {}
+    for strategy in ("hsdp", "ddp"):
+        run = fault_tolerance.start(40, replicas=2, quorum_timeout=QUORUM_TIMEOUT, strategy=strategy)
+        assert training.wait(timeout=300) == dict.fromkeys(range(4), "finished"), run.status_text()
+        frame = metrics.metrics()
+        rows = frame[(frame["run"] == run.run) & (frame["metric"] == "loss")].sort_values(["rank", "step"])
+        losses[strategy] = rows["value"].to_numpy()
+        assert len(losses[strategy]) == 4 * 40
+    assert abs(losses["hsdp"] - losses["ddp"]).max() < 1e-4, (losses["hsdp"][-4:], losses["ddp"][-4:])
+    assert losses["hsdp"][39] < losses["hsdp"][0] - 0.5  # it learns: rank 0's loss at step 40 against step 1
+    api.stop()

@@ -34,13 +34,29 @@ def test_a_replicated_layout_is_split_into_equal_replica_groups():
     assert check(ranks(4), replicas=4) == 1
 
 
+def test_hsdp_replicas_are_the_replica_groups_and_their_ranks_shard():
+    assert check(strategy="hsdp") == 2
+    assert check(ranks(8), strategy="hsdp", replicas=2) == 4
+    assert check(ranks(6), strategy="HSDP", replicas=3) == 2
+    with pytest.raises(ValueError, match=r"leaves 1 rank per replica; use one of \(none: start at least 4 ranks\)"):
+        check(ranks(2), strategy="hsdp")
+
+
 @pytest.mark.parametrize(
     "kwargs, says",
     [
-        ({"strategy": "fsdp2"}, "--fault-tolerant runs a replicated layout: --strategy ddp, not 'fsdp2'"),
+        ({"strategy": "fsdp2"}, "--fault-tolerant runs a replicated layout: --strategy ddp or hsdp, not 'fsdp2'"),
         ({"strategy": "tp"}, "tensor, pipeline and fully sharded layouts have no replica to lose"),
         ({"strategy": "pp"}, "tensor, pipeline and fully sharded layouts have no replica to lose"),
-        ({"strategy": "hsdp"}, "hsdp's dp_replicate groups as replica groups are not built yet"),
+        (
+            {"strategy": "hsdp", "replicas": 4},
+            "--strategy hsdp shards each replica over its ranks: --replicas 4 leaves 1 rank per replica; use one of [2]",
+        ),
+        (
+            {"strategy": "hsdp dp_shard=2"},
+            "--fault-tolerant takes --strategy hsdp without options (got 'hsdp dp_shard=2'): --replicas R sets",
+        ),
+        ({"strategy": "ddp bucket_mb=25"}, "--fault-tolerant takes --strategy ddp without options"),
         (
             {"replicas": 3},
             "--replicas 3 does not split 4 ranks into equal replica groups of 2 or more replicas: use one of [2, 4]",

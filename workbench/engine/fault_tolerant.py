@@ -47,12 +47,15 @@ class FaultTolerantRun:
         self.rank, self.world_size = ctx.rank, ctx.world_size
         g = int(plan["group_size"])
         self.replica, self.group_rank, self.group_size = self.rank // g, self.rank % g, g
+        self.replicas = self.world_size // g
         self.run, self.sent_as = plan["run"], plan.get("send_as") or plan["run"]
         self.target = int(plan["target"])
         self.state, self.reason, self.step = "idle", "", 0
         self.quorum = 0
         self._stop = threading.Event()
-        self._hold = threading.Event()  # set while a lost replica is replaced: the last step waits for it
+        # set by the notebook when a lost replica's replacement failed: the last step is taken without it
+        self._alone = threading.Event()
+        self.waiting = False  # at the last step, for a lost replica to be back in the quorum
         self.stopped_at: int | None = None  # `train stop`: the step every rank ends after (stop_at)
         timeout = timedelta(seconds=float(plan["collective_timeout"]))
         port = int(plan["store_ports"][self.replica])
@@ -72,8 +75,9 @@ class FaultTolerantRun:
         self.dataset = TextDataset(32)
         self.batch_size = int(plan.get("batch_size", 8))
         self.heals: list[int] = []  # the steps this member healed at (a replica that started late heals at once)
+        self.pg = ProcessGroupGloo(timeout=timeout)  # sized to every replica of each step's quorum
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout),
+            pg=self.pg,
             load_state_dict=self._load,
             state_dict=self._state,
             min_replica_size=1,
@@ -109,9 +113,8 @@ class FaultTolerantRun:
         try:
             self._set_state("running")
             while not self._stop.is_set() and self.manager.current_step() < self.target:
-                if self.manager.current_step() == self.target - 1:
-                    self._wait_for_replacement()
-                self._one_step()
+                if self._one_step() is None:  # the last step, with a replica away: again shortly
+                    time.sleep(0.1)
                 if self.plan.get("send_as") and not self.heals and self.manager.current_step() > 0:
                     # a replacement alone in its first quorum: no live peer held the run's state
                     self._set_state(
@@ -132,7 +135,8 @@ class FaultTolerantRun:
         finally:
             publisher.flush(10.0)
 
-    def _one_step(self) -> None:
+    def _one_step(self) -> bool | None:
+        """One step; whether it committed, None when it was the last and waits for a lost replica."""
         import torch
 
         from ..models import batch_at
@@ -141,6 +145,7 @@ class FaultTolerantRun:
         self.optim.zero_grad(set_to_none=False)
         self.manager.start_quorum()
         index = self.manager.current_step()  # the data follows the committed step: a healed replica goes on
+        away = index == self.target - 1 and self._replica_away()
         x, y = batch_at(
             self.dataset, self.batch_size, index, dp_rank=self.rank % self.world_size, dp_size=self.world_size
         )
@@ -163,7 +168,13 @@ class FaultTolerantRun:
             offset += g.numel()
         quorum = self.manager.num_participants()
         grad_norm = float(flat.norm())  # of the averaged gradient: the same on every rank that commits
-        if self.manager.should_commit():
+        if away:  # the step is taken in full (the others in the quorum wait on it) but not committed
+            self.manager.report_error(RuntimeError("the last step waits for a lost replica"))
+            self.manager.should_commit()  # False on every rank of this replica
+            return None
+        self.waiting = False
+        committed = self.manager.should_commit()
+        if committed:
             self.optim.step()
             seconds = time.perf_counter() - t0
             self.step, self.quorum = self.manager.current_step(), quorum
@@ -182,16 +193,22 @@ class FaultTolerantRun:
                     },
                 )
             )
+        return committed
 
-    def _wait_for_replacement(self) -> None:
-        """Before the last step, while a lost replica is being replaced: the replacement can heal only
-        in a step the others take with it, so the run does not end without it."""
-        while self._hold.is_set() and not self._stop.is_set():
-            time.sleep(0.05)
-
-    def hold(self, on: bool) -> dict:
-        (self._hold.set if on else self._hold.clear)()
-        return self.status()
+    def _replica_away(self) -> bool:
+        """Whether this step's quorum lacks a replica (a healing one counts: it is in the quorum).
+        A lost replica heals only in a step taken with the others, so the run's last step waits for
+        its replacement; the ranks see the loss themselves, at once, before the notebook could tell
+        them (a survivor already in its last step would otherwise finish alone, and a replacement
+        would then find no quorum to join). Not after ``train stop``, nor once the notebook gave up
+        on the replacement (:func:`finish_alone`)."""
+        if self.stopped_at is not None or self._alone.is_set() or self._stop.is_set():
+            return False
+        self.manager.wait_quorum()
+        if self.manager.errored() is not None:  # no quorum was configured: this step does not commit anyway
+            return False
+        self.waiting = self.pg.size() < self.replicas
+        return self.waiting
 
     def start(self) -> dict:
         self._thread.start()
@@ -209,7 +226,12 @@ class FaultTolerantRun:
             "target": self.target,
             "quorum": self.quorum,
             "heals": list(self.heals),
+            "waiting": self.waiting,
         }
+
+    def full_state(self) -> dict:
+        """The whole model's state (a sharded replica gathers it: ``ShardedFaultTolerantRun``)."""
+        return self.model.state_dict()
 
     def close(self, timeout: float = 30.0) -> None:
         self._stop.set()
@@ -219,6 +241,157 @@ class FaultTolerantRun:
             self.manager.shutdown(wait=False)
         except Exception:
             pass
+
+
+class ShardedFaultTolerantRun(FaultTolerantRun):
+    """``--strategy hsdp``: a replica shards its model over its own ranks (the dp_shard dimension), ZeRO-3
+    style; the replicas are torchft replica groups (dp_replicate) as in ``ddp``.
+
+    Between steps group rank ``i`` of a replica holds only shard ``i`` of the flat parameters (padded to a
+    multiple of the group size) and its AdamW state; the model's own parameters are empty. A step all-gathers
+    the parameters over the replica's gloo group, runs forward and backward, frees them, reduce-scatters the
+    gradients inside the replica, averages its gradient shard with the same shard of the other replicas
+    (``manager.allreduce``: torchft's group of a rank is the same group rank of every replica), and steps
+    its shard. torchft heals a group rank from the same group rank of a live replica, so what it sends and
+    loads is that rank's shard. Why not FSDP2's ``fully_shard``: it needs a ``DeviceMesh``, which takes a
+    process group registered with the world group, and a replacement rank has none (docs/unattended.md).
+    """
+
+    def __init__(self, plan: dict):
+        super().__init__(plan)
+        import torch
+
+        if self.inner is None:
+            raise RuntimeError("a sharded replica needs 2 or more ranks per replica")
+        self.params = list(self.model.parameters())  # tied weights once
+        self._shapes = [p.shape for p in self.params]
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_numel = -(-self.numel // self.group_size)
+        flat = torch.zeros(self.shard_numel * self.group_size)
+        flat[: self.numel] = torch.cat([p.detach().flatten() for p in self.params])
+        lo = self.group_rank * self.shard_numel
+        self.shard = torch.nn.Parameter(flat[lo : lo + self.shard_numel].clone())
+        self.optim = torch.optim.AdamW([self.shard], lr=float(plan.get("lr", 1e-3)))  # elementwise: as on the whole
+        self.healed_numel: int | None = None  # the size of the shard a heal brought
+        self._free()
+
+    def _state(self) -> dict:
+        return {"shard": self.shard.detach(), "optim": self.optim.state_dict()}
+
+    def _load(self, state: dict) -> None:
+        self.shard.data.copy_(state["shard"])
+        self.optim.load_state_dict(state["optim"])
+        self.healed_numel = state["shard"].numel()
+        self.heals.append(self.manager.current_step())
+
+    def _free(self) -> None:
+        import torch
+
+        for p in self.params:
+            p.data, p.grad = torch.empty(0), None
+
+    def _gather(self) -> None:
+        """The whole parameters from every shard of the replica, as views of one flat buffer."""
+        import torch
+
+        full = torch.empty(self.shard_numel * self.group_size)
+        self.inner._allgather_base(full, self.shard.detach()).wait()
+        offset = 0
+        for p, shape in zip(self.params, self._shapes):
+            p.data = full[offset : offset + shape.numel()].view(shape)
+            offset += shape.numel()
+
+    def _one_step(self) -> bool | None:
+        """As the ddp replica's step: whether it committed, None at a last step that waits for a lost replica."""
+        import torch
+
+        from ..models import batch_at
+
+        t0 = time.perf_counter()
+        self.manager.start_quorum()
+        index = self.manager.current_step()
+        away = index == self.target - 1 and self._replica_away()
+        x, y = batch_at(
+            self.dataset, self.batch_size, index, dp_rank=self.rank % self.world_size, dp_size=self.world_size
+        )
+        try:
+            self._gather()
+            logits = self.model(x)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            loss.backward()
+            flat = torch.zeros(self.shard_numel * self.group_size)
+            offset = 0
+            for p, shape in zip(self.params, self._shapes):
+                n = shape.numel()
+                if p.grad is not None:
+                    flat[offset : offset + n] = p.grad.flatten()
+                offset += n
+            self._free()
+            grad = torch.empty(self.shard_numel)
+            self.inner._reduce_scatter_base(grad, flat).wait()  # the replica's sum of this rank's shard
+        except Exception as exc:  # this replica lost a rank: it cannot step again
+            self._free()
+            self.manager.report_error(exc)
+            raise RuntimeError(f"replica {self.replica} lost a rank: {exc}") from exc
+        grad /= self.group_size
+        self.manager.allreduce(grad).wait()  # the same shard's mean over the replicas in the quorum
+        square = (grad * grad).sum().reshape(1)
+        self.inner.allreduce([square]).wait()  # the whole gradient's norm: its shards' squares summed
+        quorum = self.manager.num_participants()
+        if away:  # taken in full (the others in the quorum wait on it), not committed
+            self.manager.report_error(RuntimeError("the last step waits for a lost replica"))
+            self.manager.should_commit()
+            return None
+        self.waiting = False
+        committed = self.manager.should_commit()
+        if committed:
+            self.shard.grad = grad
+            self.optim.step()
+            self.shard.grad = None
+            seconds = time.perf_counter() - t0
+            self.step, self.quorum = self.manager.current_step(), quorum
+            publisher.emit(
+                events.step_event(
+                    run=self.sent_as,
+                    rank=self.rank,
+                    step=self.step,
+                    metrics={
+                        "loss": float(loss.detach()),
+                        "quorum": quorum,
+                        "replica": self.replica,
+                        "grad_norm": float(square.sqrt()),
+                        "time_step_s": seconds,
+                        "tps": x.numel() / max(1e-9, seconds),
+                    },
+                )
+            )
+        return committed
+
+    def held(self) -> dict:
+        """The bytes this rank holds between steps: the model's parameters (none), its shard, its AdamW state."""
+        optim = sum(
+            t.numel() * t.element_size()
+            for s in self.optim.state.values()
+            for k, t in s.items()
+            if k != "step" and hasattr(t, "numel")
+        )
+        return {
+            "rank": self.rank,
+            "model_param_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
+            "shard_bytes": self.shard.numel() * self.shard.element_size(),
+            "optim_bytes": optim,
+            "full_param_bytes": self.numel * self.shard.element_size(),
+            "shard_numel": self.shard_numel,
+            "healed_numel": self.healed_numel,
+        }
+
+    def full_state(self) -> dict:
+        """The whole model's state, gathered over the replica (every rank of it calls this together)."""
+        self._gather()
+        try:
+            return {k: v.clone() for k, v in self.model.state_dict().items()}
+        finally:
+            self._free()
 
 
 def start(plan: dict, begin: bool = True) -> dict:
@@ -232,7 +405,7 @@ def start(plan: dict, begin: bool = True) -> dict:
     if _CURRENT is not None:  # the previous run's Manager: its servers and heartbeat end here
         _CURRENT.close(timeout=5.0)
     _CURRENT = None
-    _CURRENT = FaultTolerantRun(plan)
+    _CURRENT = (ShardedFaultTolerantRun if plan.get("strategy") == "hsdp" else FaultTolerantRun)(plan)
     return _CURRENT.start() if begin else _CURRENT.status()
 
 
@@ -266,19 +439,28 @@ def stop_at(step: int) -> dict:
     return _CURRENT.status()
 
 
-def hold(on: bool = True) -> dict:
-    """``on``: a replica is being replaced, do not take the last step yet; ``False``: go on."""
+def finish_alone() -> dict:
+    """A lost replica will not be back (its replacement failed): take the last step without it."""
     if _CURRENT is None:
         return status()
-    return _CURRENT.hold(on)
+    _CURRENT._alone.set()
+    return _CURRENT.status()
 
 
 def weights_digest() -> dict:
-    """A hash of the model's parameters and the step: equal on ranks that hold the same weights."""
+    """A hash of the model's parameters and the step: equal on ranks that hold the same weights (a sharded
+    replica gathers them: all its ranks call this together, as ``rs.apply`` does)."""
     if _CURRENT is None:
         raise RuntimeError("no fault-tolerant run on this rank")
     h = hashlib.sha256()
-    for name, t in sorted(_CURRENT.model.state_dict().items()):
+    for name, t in sorted(_CURRENT.full_state().items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().numpy().tobytes())
     return {"rank": _CURRENT.rank, "step": _CURRENT.manager.current_step(), "digest": h.hexdigest()}
+
+
+def held() -> dict:
+    """What a sharded replica's rank holds between steps, in bytes (``ShardedFaultTolerantRun.held``)."""
+    if not isinstance(_CURRENT, ShardedFaultTolerantRun):
+        raise RuntimeError("no sharded (--strategy hsdp) fault-tolerant run on this rank")
+    return _CURRENT.held()

@@ -23,20 +23,22 @@ from ..engine.fault_tolerant import EXIT_REPLICA_LOST
 from . import session, stream
 from .cluster import lighthouse, network, replacements
 
-STRATEGIES = ("ddp",)  # replicated layouts whose replicas can run as torchft replica groups here
+# replicated layouts whose replicas can run as torchft replica groups here; hsdp: each replica sharded over its ranks
+STRATEGIES = ("ddp", "hsdp")
 
 
 def check(rs, *, strategy: str, replicas: int, quorum_timeout: float, steps: int) -> int:
     """Refuse what cannot run fault-tolerant, before anything starts; returns the group size."""
     name = (strategy or "ddp").split()[0].lower()
     if name not in STRATEGIES:
-        extra = (
-            "; hsdp's dp_replicate groups as replica groups are not built yet"
-            if name == "hsdp"
-            else " (tensor, pipeline and fully sharded layouts have no replica to lose)"
-        )
         raise ValueError(
-            f"--fault-tolerant runs a replicated layout: --strategy ddp, not {strategy!r}{extra}; nothing was started"
+            f"--fault-tolerant runs a replicated layout: --strategy ddp or hsdp, not {strategy!r} "
+            "(tensor, pipeline and fully sharded layouts have no replica to lose); nothing was started"
+        )
+    if (strategy or "ddp").strip().lower() != name:
+        raise ValueError(
+            f"--fault-tolerant takes --strategy {name} without options (got {strategy!r}): --replicas R sets the "
+            "replica groups (hsdp's dp_replicate), the ranks of each shard it (dp_shard); nothing was started"
         )
     if lighthouse.binary() is None:
         raise ValueError(f"--fault-tolerant needs torchft: {lighthouse.NOT_INSTALLED}; nothing was started")
@@ -52,6 +54,12 @@ def check(rs, *, strategy: str, replicas: int, quorum_timeout: float, steps: int
         raise ValueError(
             f"--replicas {replicas} does not split {n} ranks into equal replica groups of 2 or more replicas: "
             f"use one of {ok or '(none: start at least 2 ranks)'}; nothing was started"
+        )
+    if name == "hsdp" and n // replicas < 2:
+        ok = [r for r in range(2, n // 2 + 1) if n % r == 0]
+        raise ValueError(
+            f"--strategy hsdp shards each replica over its ranks: --replicas {replicas} leaves {n // replicas} rank "
+            f"per replica; use one of {ok or '(none: start at least 4 ranks)'}, or --strategy ddp; nothing was started"
         )
     if not quorum_timeout or quorum_timeout <= 0:
         raise ValueError(f"--quorum-timeout must be a positive number of seconds, got {quorum_timeout!r}")
@@ -90,6 +98,7 @@ class FaultTolerantRun:
         *,
         replicas: int,
         quorum_timeout: float,
+        strategy: str = "ddp",
         model: str = "tiny",
         batch_size: int = 8,
         lr: float = 1e-3,
@@ -101,6 +110,7 @@ class FaultTolerantRun:
         rs = sess.rankset
         self.sess, self.rankset, self.poll = sess, rs, poll
         self.replicas, self.group_size = replicas, rs.world_size // replicas
+        self.strategy = (strategy or "ddp").strip().lower()  # hsdp: each replica sharded over its ranks
         self.quorum_timeout = float(quorum_timeout)
         self.state = "starting"
         self.stopping = False  # `train stop`: the ranks end at one step; a rank that ends then is not replaced
@@ -122,6 +132,7 @@ class FaultTolerantRun:
             "run": self.run,
             "target": self.target,
             "group_size": self.group_size,
+            "strategy": self.strategy,
             "lighthouse": rs.lighthouse.address,
             "store_ports": {r: network.free_port() for r in range(replicas)},
             # a collective with a lost peer errors at once on gloo (and a rank whose replica lost a
@@ -167,7 +178,9 @@ class FaultTolerantRun:
         q, step = self.quorum()
         lh = self.rankset.lighthouse
         head = (
-            f"fault-tolerant run {self.run}: {self.state}; {self.replicas} replica groups x {self.group_size} ranks, "
+            f"fault-tolerant run {self.run}: {self.state}; {self.replicas} replica groups x {self.group_size} ranks"
+            + (" (each sharded over its ranks, hsdp)" if self.strategy == "hsdp" else "")
+            + ", "
             f"quorum {q if q is not None else '-'} of {self.replicas} at step {step}, target step {self.target}; "
             f"quorum timeout {self.quorum_timeout:g} s"
             + (f"; lighthouse {lh.address} (pid {lh.pid})" if lh is not None and lh.alive() else "")
@@ -190,7 +203,21 @@ class FaultTolerantRun:
 
         self.stopping = True
         live = [r for r in range(self.rankset.world_size) if r not in {d["rank"] for d in self.rankset.dead()}]
-        at = max(s["step"] for s in self.rankset.apply(fault_tolerant.status, ranks=live)) + 2
+
+        def newest() -> tuple[int, float]:
+            t0 = time.monotonic()
+            step = max(s["step"] for s in self.rankset.apply(fault_tolerant.status, ranks=live))
+            return step, time.monotonic() - t0
+
+        # past every rank's step by the time the call reaches it: a rank already beyond the step would
+        # go on alone and leave its replica's others waiting in a collective. The steps can be ~15 ms
+        # and a call to the ranks a good part of a second on a loaded host: the margin is the steps
+        # taken in a few such calls' time, as measured now
+        first, latency = newest()
+        time.sleep(0.2)
+        step, again = newest()
+        rate = max(0, step - first) / (0.2 + again)
+        at = step + 2 + int(rate * (0.5 + 4 * max(latency, again)))
         self.rankset.apply(fault_tolerant.stop_at, at, ranks=live)
         return at
 
@@ -261,8 +288,9 @@ class FaultTolerantRun:
         rs = self.rankset
         t0 = time.time()
         others = [r for r in range(rs.world_size) if r not in ranks and r not in deaths]
+        # the others step on meanwhile; their last step waits for the replacement (the ranks see
+        # the short quorum themselves: ``engine.fault_tolerant``), unless it fails (below)
         try:
-            self._hold(others, True)  # the others may step on, but not take the last step without it
             replacements.replace_ranks(rs, ranks)
             try:  # the Lab's sidebar shows the new pids, and no death for these ranks
                 from . import registry
@@ -283,18 +311,18 @@ class FaultTolerantRun:
             rs.apply(fault_tolerant.begin, ranks=ranks, timeout=60)
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self._finish_alone(others)
             raise
         finally:
-            self._hold(others, False)
             rec["restart_s"] = round(time.time() - t0, 3)
             self.store.note_recovery(rec)
             text = "fault tolerance: " + describe(rec)
             self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
             print(text, flush=True)
 
-    def _hold(self, ranks: list[int], on: bool) -> None:
-        """Tell the other replicas' ranks a replacement is (no longer) under way; a rank that died
-        meanwhile is left to the next look."""
+    def _finish_alone(self, ranks: list[int]) -> None:
+        """The replacement failed: the other replicas' ranks take their last step without it rather
+        than wait for it for good; a rank that died meanwhile is left to the next look."""
         from ..engine import fault_tolerant
 
         dead = {d["rank"] for d in self.rankset.dead()}
@@ -302,7 +330,7 @@ class FaultTolerantRun:
         if not live:
             return
         try:
-            self.rankset.apply(fault_tolerant.hold, on, ranks=live, timeout=30)
+            self.rankset.apply(fault_tolerant.finish_alone, ranks=live, timeout=30)
         except Exception:
             pass
 
@@ -365,6 +393,13 @@ def start(
         sess.supervisor.close()
     sess.supervisor = None
     sess.fault_tolerant = FaultTolerantRun(
-        sess, steps, replicas=replicas, quorum_timeout=quorum_timeout, model=model, batch_size=batch_size, lr=lr
+        sess,
+        steps,
+        replicas=replicas,
+        quorum_timeout=quorum_timeout,
+        strategy=strategy,
+        model=model,
+        batch_size=batch_size,
+        lr=lr,
     )
     return sess.fault_tolerant

@@ -99,7 +99,8 @@ def start(
 def fault_tolerant(steps: int, **options):
     """``steps`` steps with each replica group a torchft replica group: survivors keep training while a
     lost replica is replaced and heals from a live peer (``train start --fault-tolerant``; ``options``:
-    ``replicas=2``, ``quorum_timeout=10.0``, ``model``, ``batch_size``, ``lr``). Returns the run:
+    ``replicas=2``, ``quorum_timeout=10.0``, ``strategy="ddp"`` or ``"hsdp"`` (each replica sharded over its
+    ranks), ``model``, ``batch_size``, ``lr``). Returns the run:
     ``.run``, ``.status_text()``, ``.records``; ``workbench.train.wait()`` waits for it."""
     from . import fault_tolerance
 

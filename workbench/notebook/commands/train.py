@@ -260,7 +260,9 @@ def _start_fault_tolerant(args):
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(
-        f"training {run.run}: {args.steps} steps, {run.replicas} torchft replica groups x {run.group_size} ranks, "
+        f"training {run.run}: {args.steps} steps, {run.replicas} torchft replica groups x {run.group_size} ranks"
+        + (" (each sharded over its ranks, hsdp)" if run.strategy == "hsdp" else "")
+        + ", "
         f"quorum timeout {run.quorum_timeout:g} s (in the background)"
     )
     if not args.no_dashboard:
