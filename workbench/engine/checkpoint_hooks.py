@@ -258,6 +258,12 @@ def autosave(root: str, every: int, keep: int = 3, async_: bool = True):
         tr = _trainer_for(t)
         if tr is not None and tr.pausing:
             return None  # the trainer is pausing on a spike/NaN: keep the last good one as latest
+        # the steps up to this one reach the notebook before the checkpoint exists: a recovery
+        # loads it and redoes only later steps, so a rank killed with step events still queued
+        # would otherwise leave steps before the checkpoint missing from the metrics for good
+        from . import publisher
+
+        publisher.flush(5.0)
         return _save.save(t, root, async_=async_, keep=keep, auto=True, report=_report_autosave)
 
     hook.every, hook.keep, hook.root = every, keep, root
