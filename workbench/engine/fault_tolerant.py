@@ -168,14 +168,22 @@ class FaultTolerantRun:
             offset += g.numel()
         quorum = self.manager.num_participants()
         grad_norm = float(flat.norm())  # of the averaged gradient: the same on every rank that commits
-        if away:  # the step is taken in full (the others in the quorum wait on it) but not committed
+        return self._finish_step(away, quorum, loss, grad_norm, x.numel(), t0, self.optim.step)
+
+    def _finish_step(
+        self, away: bool, quorum: int, loss, grad_norm: float, tokens: int, t0: float, apply
+    ) -> bool | None:
+        """A step's end, alike for every replica kind: at a last step that waits for a lost replica the
+        step is taken in full (the others in the quorum wait on it) but not committed (None); else
+        ``apply()`` (the optimizer step) when the quorum commits, and the step reported."""
+        if away:
             self.manager.report_error(RuntimeError("the last step waits for a lost replica"))
             self.manager.should_commit()  # False on every rank of this replica
             return None
         self.waiting = False
         committed = self.manager.should_commit()
         if committed:
-            self.optim.step()
+            apply()
             seconds = time.perf_counter() - t0
             self.step, self.quorum = self.manager.current_step(), quorum
             publisher.emit(
@@ -189,7 +197,7 @@ class FaultTolerantRun:
                         "replica": self.replica,
                         "grad_norm": grad_norm,
                         "time_step_s": seconds,
-                        "tps": x.numel() / max(1e-9, seconds),  # this rank's tokens per second
+                        "tps": tokens / max(1e-9, seconds),  # this rank's tokens per second
                     },
                 )
             )
@@ -338,34 +346,13 @@ class ShardedFaultTolerantRun(FaultTolerantRun):
         square = (grad * grad).sum().reshape(1)
         self.inner.allreduce([square]).wait()  # the whole gradient's norm: its shards' squares summed
         quorum = self.manager.num_participants()
-        if away:  # taken in full (the others in the quorum wait on it), not committed
-            self.manager.report_error(RuntimeError("the last step waits for a lost replica"))
-            self.manager.should_commit()
-            return None
-        self.waiting = False
-        committed = self.manager.should_commit()
-        if committed:
-            self.shard.grad = grad
-            self.optim.step()
-            self.shard.grad = None
-            seconds = time.perf_counter() - t0
-            self.step, self.quorum = self.manager.current_step(), quorum
-            publisher.emit(
-                events.step_event(
-                    run=self.sent_as,
-                    rank=self.rank,
-                    step=self.step,
-                    metrics={
-                        "loss": float(loss.detach()),
-                        "quorum": quorum,
-                        "replica": self.replica,
-                        "grad_norm": float(square.sqrt()),
-                        "time_step_s": seconds,
-                        "tps": x.numel() / max(1e-9, seconds),
-                    },
-                )
-            )
-        return committed
+        return self._finish_step(away, quorum, loss, float(square.sqrt()), x.numel(), t0, lambda: self._apply(grad))
+
+    def _apply(self, grad) -> None:
+        """The optimizer step on this rank's shard, with the replicas' mean gradient of it."""
+        self.shard.grad = grad
+        self.optim.step()
+        self.shard.grad = None
 
     def held(self) -> dict:
         """The bytes this rank holds between steps: the model's parameters (none), its shard, its AdamW state."""
