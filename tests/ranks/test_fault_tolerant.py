@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from workbench.notebook import api, metrics, registry, training
@@ -145,6 +146,9 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
     (rec,) = ft.records
     status = {s["rank"]: s for s in rs.apply(fault_tolerant.status)}
     assert rec["checkpoint_step"] == steps and status[2]["heals"] == status[3]["heals"] == [steps - 1], status
+    # the survivors' last step waited seconds for the replacement, re-forming the quorum (and the replicas'
+    # gloo group) once it asked the lighthouse to join, not every 0.1 s meanwhile
+    assert status[0]["wait_s"] > 1.0 and status[0]["wait_rounds"] <= 4, status[0]
     digests = rs.apply(fault_tolerant.weights_digest)
     assert len({d["digest"] for d in digests}) == 1 and {d["step"] for d in digests} == {steps}, digests
     frame = metrics.metrics()
@@ -167,6 +171,133 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
     ipshell.run_line_magic("distrain", "train stop")
     states = training.wait(timeout=120)
     assert states == dict.fromkeys(range(4), "stopped"), again.status_text()
+
+
+def _die_as_the_run_ends() -> None:
+    """On a rank: SIGKILL this process at the end of its run, once it took the last step and sent its step
+    rows, before it ends its Manager and says it finished (what the notebook hears last)."""
+    from workbench.engine import fault_tolerant
+
+    fault_tolerant.FaultTolerantRun._end_manager = lambda self: os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_at_the_last_step() -> None:
+    """On a rank: SIGKILL this process as its run starts the last step (the others then wait for its replica)."""
+    from workbench.engine import fault_tolerant
+
+    step = fault_tolerant.FaultTolerantRun._one_step
+
+    def one_step(self):
+        if self.manager.current_step() == self.target - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return step(self)
+
+    fault_tolerant.FaultTolerantRun._one_step = one_step
+
+
+def _heartbeating(rs) -> int:
+    """How many replicas the lighthouse hears (its status page)."""
+    import re
+    import urllib.request
+
+    page = urllib.request.urlopen(rs.lighthouse.address + "/status", timeout=5).read().decode()
+    return int(re.search(r"\]\[(\d+) heartbeating\]", page).group(1))
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_rank_lost_after_the_last_step_is_not_replaced(fresh_ranks, ipshell, capsys):
+    """Every replica took the last step, then rank 2 dies before it says it finished: the run is over, so
+    the workbench records a death after the end instead of replacing replica 1 (a replacement would find
+    no run to join), and the run ends finished. The survivors' Managers end with their run: the lighthouse
+    hears no replica after it (else it would wait for them with any later joiner)."""
+    from workbench.engine import fault_tolerant
+    from workbench.notebook import fault_tolerance
+
+    rs = fresh_ranks(4)
+    pids = [p.pid for p in rs.procs]
+    steps = 40
+    rs.apply(_die_as_the_run_ends, ranks=[2])
+    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    states = training.wait(timeout=300)
+    assert states == dict.fromkeys(range(4), "finished"), ft.status_text()
+    assert ft.wait(10) and ft.state == "finished", ft.status_text()
+    (rec,) = ft.after_end
+    assert (rec["replica"], rec["rank"], rec["detail"], rec["failed_step"]) == (1, 2, "killed by SIGKILL", steps)
+    assert ft.records == [] and rs.replacements == [] and [p.pid for p in rs.procs] == pids, ft.records
+    assert not _running(pids[2]) and all(_running(p) for p in pids[:2] + pids[3:])
+    assert rs.dead()[0]["rank"] == 2 and len(rs.dead()) == 1
+    frame = metrics.metrics()
+    loss = frame[(frame["run"] == ft.run) & (frame["metric"] == "loss")]
+    for rank in range(4):  # every step once on every rank, the lost one's included
+        assert sorted(loss[loss["rank"] == rank]["step"].tolist()) == list(range(1, steps + 1)), rank
+    quorum = frame[(frame["run"] == ft.run) & (frame["metric"] == "quorum")]
+    assert set(quorum["value"].tolist()) == {2}
+    status = {s["rank"]: s for s in rs.apply(fault_tolerant.status, ranks=[0, 1, 3])}
+    assert all(s["state"] == "finished" and s["step"] == steps for s in status.values()), status
+    _wait_for(lambda: _heartbeating(rs) == 0, 10, "the lighthouse still hears a finished replica")
+
+    capsys.readouterr()
+    ipshell.run_line_magic("distrain", "train status")
+    out = capsys.readouterr().out
+    assert f"fault-tolerant run {ft.run}: finished; 2 replica groups x 2 ranks, quorum 2 of 2 at step {steps}" in out
+    assert (
+        f"replica 1 lost rank 2 (host {rec['host']}) after the run's last step ({steps}): killed by SIGKILL; "
+        "not replaced, the run had taken all its steps" in out
+    ), out
+    lh = rs.lighthouse.pid
+    api.stop()
+    _wait_for(lambda: not _running(lh), 10, "the lighthouse outlived its rank set")
+
+
+def test_a_failed_replacement_lets_the_others_finish_alone(fresh_ranks, ipshell, capsys):
+    """Rank 1 (replica 1 of 2, one rank each) dies as it starts the last step; replica 0 waits there for
+    its replacement, whose process is SIGKILLed as soon as it appears: the survivors are told to finish
+    alone, take the last step with a quorum of 1, and the run ends finished, saying why replica 1 is out."""
+    from workbench.engine import fault_tolerant
+    from workbench.notebook import fault_tolerance
+
+    rs = fresh_ranks(2)
+    steps = 30
+    rs.apply(_die_at_the_last_step, ranks=[1])
+    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    _wait_for(lambda: rs.replacements, 120, "no replacement was started")
+    fork = rs.replacements[0]
+    os.kill(fork.pid, signal.SIGKILL)  # the process that would fork the new rank, as it imports torch
+    states = training.wait(timeout=300)
+    assert states == {0: "finished", 1: "error"}, ft.status_text()
+    assert ft.wait(10) and ft.state == "finished" and list(ft.left_out) == [1], ft.status_text()
+    (rec,) = ft.records
+    assert (rec["replica"], rec["rank"], rec["detail"], rec["failed_step"]) == (1, 1, "killed by SIGKILL", steps - 1)
+    assert rec["error"].startswith("RuntimeError: the process that starts the replacement ranks ended (exit -9)"), rec
+    assert len(rs.replacements) == 1 and not _running(fork.pid)  # tried once, not again and again
+
+    (status,) = rs.apply(fault_tolerant.status, ranks=[0])
+    # it waited at the last step for replica 1 (rank 1 was lost there), then took it alone
+    assert status["state"] == "finished" and status["step"] == steps and status["quorum"] == 1, status
+    assert status["wait_rounds"] >= 1 and status["wait_s"] > 0, status
+    frame = metrics.metrics()
+    rows = frame[(frame["run"] == ft.run) & (frame["rank"] == 0)]
+    assert sorted(rows[rows["metric"] == "loss"]["step"].tolist()) == list(range(1, steps + 1))
+    q = rows[rows["metric"] == "quorum"].sort_values("step")["value"].tolist()
+    assert q == [2] * (steps - 1) + [1], q
+
+    capsys.readouterr()
+    ipshell.run_line_magic("distrain", "train status")
+    out = capsys.readouterr().out
+    assert (
+        f"fault-tolerant run {ft.run}: finished alone, without replica 1 (its replacement failed); "
+        f"2 replica groups x 1 ranks, quorum 1 of 2 at step {steps}" in out
+    ), out
+    assert f"replacement 1: replica 1 lost rank 1 (host {rec['host']}) at step {steps - 1}: killed by SIGKILL" in out
+    assert "the replacement failed: RuntimeError: the process that starts the replacement ranks ended (exit -9)" in out
+    assert "the other replicas finished alone (replica 1 left out)" in out and "rank 1 error: replica 1 is out" in out
+    api.stop()
 
 
 def test_the_lighthouse_takes_another_port_when_its_port_was_taken(monkeypatch, tmp_path):

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import time
 import traceback
+import urllib.request
 
 from ..shared import events
 from . import publisher, runtime
@@ -56,6 +58,10 @@ class FaultTolerantRun:
         # set by the notebook when a lost replica's replacement failed: the last step is taken without it
         self._alone = threading.Event()
         self.waiting = False  # at the last step, for a lost replica to be back in the quorum
+        # the last step's wait: its rounds (each re-forms the quorum and the replicas' gloo group) and seconds
+        self.wait_rounds, self.wait_s = 0, 0.0
+        self._wait_t0: float | None = None
+        self._manager_down = False
         self.stopped_at: int | None = None  # `train stop`: the step every rank ends after (stop_at)
         timeout = timedelta(seconds=float(plan["collective_timeout"]))
         port = int(plan["store_ports"][self.replica])
@@ -113,10 +119,11 @@ class FaultTolerantRun:
         try:
             self._set_state("running")
             while not self._stop.is_set() and self.manager.current_step() < self.target:
-                if self._one_step() is None:  # the last step, with a replica away: again shortly
-                    time.sleep(0.1)
+                if self._one_step() is None:  # the last step, with a replica away: again once one asks to join
+                    self._wait_for_a_joiner()
                 if self.plan.get("send_as") and not self.heals and self.manager.current_step() > 0:
                     # a replacement alone in its first quorum: no live peer held the run's state
+                    self._end_manager()
                     self._set_state(
                         "stopped",
                         f"replica {self.replica} came back with no live replica to heal from (the others had "
@@ -124,6 +131,7 @@ class FaultTolerantRun:
                     )
                     return
             publisher.flush(10.0)
+            self._end_manager()
             self._set_state("stopped" if self._stop.is_set() or self.stopped_at is not None else "finished")
         except Exception as exc:
             # a lost member of this replica, or a torchft call that failed: the replica cannot step on.
@@ -134,6 +142,54 @@ class FaultTolerantRun:
             os._exit(EXIT_REPLICA_LOST)
         finally:
             publisher.flush(10.0)
+
+    def _end_manager(self) -> None:
+        """The run is over on this rank: end its Manager, so that its replica stops heartbeating the
+        lighthouse (a replacement would otherwise wait for it there for good). The replica's ranks
+        end together: group rank 0's server answers the others' last commit first."""
+        if self._manager_down:
+            return
+        self._manager_down = True
+        if self.inner is not None and not self._stop.is_set():  # (after close(), a peer may be a step behind)
+            try:
+                import torch
+
+                self.inner.allreduce([torch.zeros(1)]).wait()
+            except Exception:  # a peer of this replica is gone: nobody waits on this server
+                pass
+        try:
+            self.manager.shutdown(wait=False)
+        except Exception:
+            pass
+
+    def _wait_for_a_joiner(self) -> None:
+        """At the last step with a replica away: wait until a replica asks the lighthouse for a quorum
+        (the lost one's replacement), then form it again. Each try re-forms the replicas' gloo group
+        (a step that did not commit makes the lighthouse issue a new quorum), so trying every 0.1 s
+        rebuilt it ~7 times a second; the lighthouse's status page is read instead (an HTTP GET).
+        Where it cannot be read, the tries back off (0.1 s doubling to 2 s)."""
+        if self.plan.get("last_step_retry_s"):  # the fixed retry this wait replaced (benchmarks compare the two)
+            time.sleep(float(self.plan["last_step_retry_s"]))
+            return
+        backoff = min(2.0, 0.1 * 2 ** max(0, self.wait_rounds - 1))
+        t0 = time.monotonic()
+        while not (self._stop.is_set() or self._alone.is_set() or self.stopped_at is not None):
+            asking = self._lighthouse_participants()
+            if asking is None and time.monotonic() - t0 >= backoff:
+                return
+            if asking:
+                return
+            time.sleep(0.1)
+
+    def _lighthouse_participants(self) -> int | None:
+        """How many replicas ask the lighthouse for a quorum now (None where its page cannot be read)."""
+        try:
+            with urllib.request.urlopen(self.plan["lighthouse"] + "/status", timeout=2.0) as r:
+                page = r.read().decode(errors="replace")
+        except Exception:
+            return None
+        m = re.search(r"\[(\d+)/(\d+) participants healthy\]", page)
+        return int(m.group(2)) if m else None
 
     def _one_step(self) -> bool | None:
         """One step; whether it committed, None when it was the last and waits for a lost replica."""
@@ -176,9 +232,14 @@ class FaultTolerantRun:
         """A step's end, alike for every replica kind: at a last step that waits for a lost replica the
         step is taken in full (the others in the quorum wait on it) but not committed (None); else
         ``apply()`` (the optimizer step) when the quorum commits, and the step reported."""
+        if self._wait_t0 is not None:  # a round of the last step's wait (_wait_for_a_joiner)
+            self.wait_rounds += 1
+            self.wait_s = time.perf_counter() - self._wait_t0
         if away:
             self.manager.report_error(RuntimeError("the last step waits for a lost replica"))
             self.manager.should_commit()  # False on every rank of this replica
+            if self._wait_t0 is None:
+                self._wait_t0, self.wait_rounds = t0, 1
             return None
         self.waiting = False
         committed = self.manager.should_commit()
@@ -235,6 +296,8 @@ class FaultTolerantRun:
             "quorum": self.quorum,
             "heals": list(self.heals),
             "waiting": self.waiting,
+            "wait_rounds": self.wait_rounds,
+            "wait_s": round(self.wait_s, 3),
         }
 
     def full_state(self) -> dict:
@@ -245,10 +308,12 @@ class FaultTolerantRun:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        try:
-            self.manager.shutdown(wait=False)
-        except Exception:
-            pass
+        if not self._manager_down:
+            self._manager_down = True
+            try:
+                self.manager.shutdown(wait=False)
+            except Exception:
+                pass
 
 
 class ShardedFaultTolerantRun(FaultTolerantRun):

@@ -25,6 +25,7 @@ from .cluster import lighthouse, network, replacements
 
 # replicated layouts whose replicas can run as torchft replica groups here; hsdp: each replica sharded over its ranks
 STRATEGIES = ("ddp", "hsdp")
+AFTER_THE_END = "died after the end"  # the kind of a record of a death once every replica took the last step
 
 
 def check(rs, *, strategy: str, replicas: int, quorum_timeout: float, steps: int) -> int:
@@ -70,12 +71,21 @@ def check(rs, *, strategy: str, replicas: int, quorum_timeout: float, steps: int
 
 def describe(rec: dict) -> str:
     """One line of a replica replacement (``train status``, the dashboard)."""
+    detail = (rec.get("detail") or "").splitlines()[0][:200] if rec.get("detail") else ""
+    if rec.get("kind") == AFTER_THE_END:
+        return (
+            f"replica {rec['replica']} lost rank {rec['rank']} (host {rec['host']}) after the run's last step "
+            f"({rec['failed_step']}): {detail}; not replaced, the run had taken all its steps"
+        )
     head = (
         f"replacement {rec['n']}: replica {rec['replica']} lost rank {rec['rank']} (host {rec['host']}) "
-        f"at step {rec['failed_step']}: {(rec.get('detail') or '').splitlines()[0][:200] if rec.get('detail') else ''}"
+        f"at step {rec['failed_step']}: {detail}"
     )
     if rec.get("error"):
-        return f"{head}; the replacement failed: {rec['error']}"
+        return (
+            f"{head}; the replacement failed: {rec['error']}; the other replicas finished alone "
+            f"(replica {rec['replica']} left out)"
+        )
     ranks = f"ranks {rec['ranks'][0]}-{rec['ranks'][-1]}" if len(rec["ranks"]) > 1 else f"rank {rec['ranks'][0]}"
     out = f"{head}; {ranks} restarted in {rec['restart_s']:.1f} s"
     if rec.get("checkpoint_step") is not None:
@@ -115,6 +125,10 @@ class FaultTolerantRun:
         self.state = "starting"
         self.stopping = False  # `train stop`: the ranks end at one step; a rank that ends then is not replaced
         self.error = ""
+        self.left_out: dict[int, str] = {}  # replica -> why it is out of the run (its replacement failed)
+        self._settled: set[int] = set()  # pids of dead ranks already dealt with (replaced ones leave the watcher)
+        self._ended_dead: set[int] = set()  # ranks that died after the run's last step
+        self._undecided_since: float | None = None  # a death while a live rank was inside the last step
         self._stop = threading.Event()
         self.done = threading.Event()
         collector = stream.attach(rs)
@@ -162,8 +176,18 @@ class FaultTolerantRun:
 
     @property
     def records(self) -> list[dict]:
+        """The replacements (a failed one included); a death after the run's end is in :attr:`after_end`."""
         with self.store.lock:
-            return [r for r in self.store.recoveries if r.get("run") == self.run and "replica" in r]
+            return [
+                r
+                for r in self.store.recoveries
+                if r.get("run") == self.run and "replica" in r and r.get("kind") != AFTER_THE_END
+            ]
+
+    @property
+    def after_end(self) -> list[dict]:
+        with self.store.lock:
+            return [r for r in self.store.recoveries if r.get("run") == self.run and r.get("kind") == AFTER_THE_END]
 
     def quorum(self) -> tuple[int | None, int]:
         """(quorum size of the newest step, that step) as the ranks reported it."""
@@ -177,15 +201,19 @@ class FaultTolerantRun:
     def status_text(self) -> str:
         q, step = self.quorum()
         lh = self.rankset.lighthouse
+        state = self.state
+        if self.left_out:  # the replicas left finished (or go on) without it
+            out = ", ".join(str(r) for r in sorted(self.left_out))
+            state += f" alone, without replica {out} (its replacement failed)"
         head = (
-            f"fault-tolerant run {self.run}: {self.state}; {self.replicas} replica groups x {self.group_size} ranks"
+            f"fault-tolerant run {self.run}: {state}; {self.replicas} replica groups x {self.group_size} ranks"
             + (" (each sharded over its ranks, hsdp)" if self.strategy == "hsdp" else "")
             + ", "
             f"quorum {q if q is not None else '-'} of {self.replicas} at step {step}, target step {self.target}; "
             f"quorum timeout {self.quorum_timeout:g} s"
             + (f"; lighthouse {lh.address} (pid {lh.pid})" if lh is not None and lh.alive() else "")
         )
-        lines = [head, *("  " + describe(r) for r in self.records)]
+        lines = [head, *("  " + describe(r) for r in self.records + self.after_end)]
         states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
         for rank, e in sorted(states.items()):
             if e["state"] in ("error", "stopped") and e.get("reason"):
@@ -238,11 +266,20 @@ class FaultTolerantRun:
                 if rs is not self.rankset or not rs.running:
                     return self._finish("stopped")
                 deaths = rs.watcher.known() if rs.watcher is not None else {}
-                for replica in sorted({r // self.group_size for r in deaths}) if not self.stopping else ():
-                    self._replace(replica, deaths)
+                deaths = {r: d for r, d in deaths.items() if d["pid"] not in self._settled}
+                lost = sorted({r // self.group_size for r in deaths} - set(self.left_out))
+                if lost and not self.stopping:
+                    ended = self._taken_all_steps(deaths)
+                    for replica in lost if ended is not None else ():
+                        (self._note_after_the_end if ended else self._replace)(replica, deaths)
                 self._note_healed()
                 states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
-                if len(states) == rs.world_size and {e["state"] for e in states.values()} <= {"finished", "stopped"}:
+                out = {r for r in range(rs.world_size) if r // self.group_size in self.left_out} | self._ended_dead
+                states = {r: e for r, e in states.items() if r not in out}
+                if len(states) == rs.world_size - len(out) and {e["state"] for e in states.values()} <= {
+                    "finished",
+                    "stopped",
+                }:
                     return self._finish(
                         "finished" if all(e["state"] == "finished" for e in states.values()) else "stopped"
                     )
@@ -254,6 +291,90 @@ class FaultTolerantRun:
     def _finish(self, state: str) -> None:
         self.state = state
         self.done.set()
+
+    def _taken_all_steps(self, deaths: dict) -> bool | None:
+        """Whether the run had taken all its steps when these ranks died: every live rank committed the
+        last step (a replica commits it only with every replica in the quorum, or alone once the
+        notebook gave up on one), so a replacement would find no run to join. None while that is not
+        known yet: a live rank is inside the last step and may still commit it (a few seconds at most)."""
+        from ..engine import fault_tolerant
+
+        g = self.group_size
+        lost = {r // g for r in deaths} | set(self.left_out)  # the lost replicas' other ranks may be ending too
+        live = [r for r in range(self.rankset.world_size) if r // g not in lost]
+        if not live:
+            return False
+        try:
+            rows = self.rankset.apply(fault_tolerant.status, ranks=live, timeout=10)
+        except Exception:  # another rank is dying: replace, as before this look
+            return False
+        if all(s["step"] >= self.target for s in rows):
+            self._undecided_since = None
+            return True
+        inside = [s for s in rows if s["step"] == self.target - 1 and not s["waiting"]] + [
+            s for s in rows if s["step"] >= self.target and s["state"] == "running"
+        ]
+        now = time.monotonic()
+        if inside and not any(s["step"] < self.target - 1 or s["waiting"] for s in rows):
+            if self._undecided_since is None:
+                self._undecided_since = now
+            if now - self._undecided_since < 2 * self.quorum_timeout + 10.0:
+                return None
+        self._undecided_since = None
+        return False
+
+    def _note_after_the_end(self, replica: int, deaths: dict) -> None:
+        """A rank of ``replica`` died once the run had taken all its steps: a record and a log line, and
+        the dead ranks' state in the stream (a rank killed before it said it finished still shows the
+        steps it took), not a replacement."""
+        from ..shared import events
+
+        g = self.group_size
+        ranks = [r for r in range(replica * g, (replica + 1) * g) if r in deaths]
+        dead = min((deaths[r] for r in ranks), key=lambda d: (d.get("exit_code") == EXIT_REPLICA_LOST, d["time"]))
+        rec = {
+            "run": self.run,
+            "n": len(self.after_end) + 1,
+            "kind": AFTER_THE_END,
+            "replica": replica,
+            "ranks": ranks,
+            "rank": dead["rank"],
+            "host": dead["host"],
+            "detail": dead["exit"],
+            "time": dead["time"],
+            "failed_step": self.target,
+            "world_size": g,
+            "checkpoint": None,
+            "checkpoint_step": None,
+        }
+        self._settled.update(deaths[r]["pid"] for r in ranks)
+        self._ended_dead.update(ranks)
+        self.store.note_recovery(rec)
+        self._mark_dead(ranks, "finished", f"died after the run's last step: {dead['exit']}")
+        text = "fault tolerance: " + describe(rec)
+        self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
+        print(text, flush=True)
+
+    def _mark_dead(self, ranks: list[int], state: str, reason: str) -> None:
+        """Put the end of dead ``ranks`` in the stream, where they said nothing more (``train wait``, the
+        dashboard); ``state``: finished where they had taken every step, else error."""
+        from ..shared import events
+
+        states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
+        steps = self.store.last_steps(self.run)
+        batch = [
+            events.status_event(
+                run=self.run,
+                rank=r,
+                state=state if state != "finished" or steps.get(r) == self.target else "error",
+                step=steps.get(r, 0),
+                reason=reason,
+            )
+            for r in ranks
+            if states.get(r, {}).get("state") not in ("finished", "stopped", "error")
+        ]
+        if batch:
+            self.store.add(batch)
 
     def _replace(self, replica: int, deaths: dict) -> None:
         from ..engine import fault_tolerant, publisher
@@ -309,10 +430,12 @@ class FaultTolerantRun:
             }
             rs.apply(fault_tolerant.start, plan, begin=False, ranks=ranks, timeout=300)
             rs.apply(fault_tolerant.begin, ranks=ranks, timeout=60)
-        except Exception as exc:
+        except Exception as exc:  # the others finish alone; this replica is out of the run
             rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self.left_out[replica] = rec["error"]
+            self._settled.update(d["pid"] for r, d in deaths.items() if r in ranks)
             self._finish_alone(others)
-            raise
+            self._mark_dead(ranks, "error", f"replica {replica} is out of the run: its replacement failed")
         finally:
             rec["restart_s"] = round(time.time() - t0, 3)
             self.store.note_recovery(rec)

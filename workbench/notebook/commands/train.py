@@ -159,7 +159,9 @@ def _train(args, shell):
         from ...engine import fault_tolerant
 
         print(ft.status_text())
-        rows = api.current().apply(fault_tolerant.status)
+        dead = {d["rank"] for d in api.current().dead()}  # a replica left out, a rank lost after the end
+        live = [r for r in range(api.current().world_size) if r not in dead]
+        rows = api.current().apply(fault_tolerant.status, ranks=live)
         return pd.DataFrame(rows).set_index("rank")
     sup = api.session().supervisor
     if sup is not None:
