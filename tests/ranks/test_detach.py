@@ -434,3 +434,84 @@ def _scalar_runs(logdir: str) -> set[str]:
 def _entry_of(keeper: int) -> dict:
     (entry,) = [e for e in registry.read_all() if e.get("supervisor_pid") == keeper] or [{"stack_dir": "?/?"}]
     return entry
+
+
+SETUP_FUNCTION = """
+import json, os, sys, threading
+sys.path.insert(0, {root!r})
+import workbench
+from workbench.notebook import handoff, session, training
+rs = workbench.start(2, backend="gloo", threads=1, name="fsetup")
+training.setup("ddp", rankset=rs)
+lock = threading.Lock()
+
+def holds_a_lock():  # refers to something only this process has
+    with lock:
+        training.setup("ddp")
+
+training.start(5, max_failures=1, setup=holds_a_lock, rankset=rs)
+training.wait(rankset=rs, timeout=120)
+try:
+    workbench.detach("fsetup")
+except handoff.DetachError as exc:
+    print("REFUSED " + json.dumps(str(exc)), flush=True)
+sess = session.KERNEL.by_name["fsetup"]
+print("KEPT " + json.dumps({{"running": sess.running, "setup": sess.resume_setup is holds_a_lock,
+                            "detached": sorted(handoff.detached_sets())}}), flush=True)
+
+MARK = {mark!r}
+
+def rebuild():  # a notebook's own function: no module to import it from
+    with open(MARK, "a") as f:
+        f.write("ran ")
+    training.setup("ddp", model="tiny")
+
+training.start(5, max_failures=1, setup=rebuild, rankset=rs)
+training.wait(rankset=rs, timeout=120)
+entry = workbench.detach("fsetup")
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "entry": entry}}), flush=True)
+"""
+
+
+def test_a_recovery_setup_function_travels_to_the_keeper_and_back_and_one_that_cannot_is_refused(tmp_path):
+    """``train start --max-failures K`` with ``setup=`` a function: it goes with the set to the
+    keeper and back (by value) and still rebuilds the trainer; a function that refers to
+    something only the detaching process has is refused before anything changes."""
+    from workbench.notebook import session
+
+    mark = tmp_path / "setup-ran"
+    proc = subprocess.run(
+        [sys.executable, "-c", SETUP_FUNCTION.format(root=str(ROOT), mark=str(mark))],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    refused = json.loads(proc.stdout.split("REFUSED ", 1)[1].splitlines()[0])
+    assert refused.startswith("the recovery setup holds_a_lock() cannot be carried to the keeper"), refused
+    assert "pass the setup as code instead" in refused and "nothing was changed" in refused, refused
+    assert _line(proc.stdout, "KEPT") == {"running": True, "setup": True, "detached": []}
+    info = _line(proc.stdout, "SET")
+    keeper = info["entry"]["supervisor_pid"]
+    held = [*info["pids"], keeper]
+    sess = None
+    try:
+        sess = handoff.attach("fsetup")  # the function went to the keeper and comes back from it
+        assert callable(sess.resume_setup) and sess.resume_setup.__name__ == "rebuild"
+        assert not mark.exists()
+        sess.resume_setup()  # what a recovery runs: it rebuilds the trainer on the ranks
+        assert mark.read_text() == "ran "
+        assert sess.setup_recipe["strategy"] == "ddp"
+    finally:
+        if sess is not None and sess.running:
+            from workbench.notebook import api
+
+            api.stop("fsetup")
+        session.KERNEL.by_name.pop("fsetup", None)
+        if "fsetup" in handoff.detached_sets():
+            handoff.stop("fsetup")
+        left = alive(held)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], f"processes left behind: {left}"
