@@ -315,11 +315,16 @@ def _tensorboard_steps(logdir: str, tags: list[str]) -> dict[str, list]:
     return out
 
 
-def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_step_once(tmp_path):
-    """TensorBoard and MLflow (both offline here) opened before the detach: the keeper writes
-    the steps trained after the kernel was killed into the same runs, and the kernel that
-    attaches gets the trackers back; each tracker holds every step exactly once."""
-    tb, ml = tmp_path / "tb", tmp_path / "mlflow"
+def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_step_once(tmp_path, monkeypatch):
+    """The four trackers (all offline here) opened before the detach: the keeper writes the
+    steps trained after the kernel was killed into the same runs, and the kernel that attaches
+    gets the trackers back; each tracker holds every step exactly once."""
+    import tracker_readers
+
+    tb, ml, wb = tmp_path / "tb", tmp_path / "mlflow", tmp_path / "wandb"
+    tio = tracker_readers.trackio_dir(tmp_path / "trackio")  # this process reads it back
+    if "trackio" not in sys.modules:  # trackio takes its folder from here when first imported
+        monkeypatch.setenv("TRACKIO_DIR", str(tio))
     env = dict(os.environ)
     km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
     km2 = kc2 = None
@@ -336,6 +341,8 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
             workbench.run(PACE, display=False)
             %distrain track tensorboard --dir {tb}
             %distrain track mlflow --dir {ml} --metrics loss
+            %distrain track wandb --dir {wb} --metrics loss
+            %distrain track trackio --dir {tio} --metrics loss
             %distrain train start --steps {TRACKED_STEPS} --no-dashboard
             workbench.train.wait(step=5, timeout=240)
             pids = sorted(workbench.current().started_pids)
@@ -346,7 +353,7 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
                                         "runs": runs, "left": workbench.tracking()}}))
             """,
         )
-        assert "trackers carried to the keeper (same runs): tensorboard, mlflow" in out, out
+        assert "trackers carried to the keeper (same runs): tensorboard, mlflow, wandb, trackio" in out, out
         info = _line(out, "SET")
         keeper = info["keeper"]
         held = [*info["pids"], keeper]
@@ -371,7 +378,7 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
 
         km2, kc2 = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
         out = _run(kc2, "%load_ext workbench\nimport json, workbench\n%distrain attach tracked")
-        assert "trackers carried back (same runs): tensorboard, mlflow" in out, out
+        assert "trackers carried back (same runs): tensorboard, mlflow, wandb, trackio" in out, out
         out = _run(
             kc2,
             """
@@ -399,7 +406,7 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
     assert [s for s, _ in store[0]] == steps
     ended = {e["tracker"]: e for e in seen["ended"]}
     assert {k: (e["run"], e["errors"], e["steps"]) for k, e in ended.items()} == {
-        k: (info["runs"][k], [], TRACKED_STEPS) for k in ("tensorboard", "mlflow")
+        k: (info["runs"][k], [], TRACKED_STEPS) for k in ("tensorboard", "mlflow", "wandb", "trackio")
     }
 
     # TensorBoard: the run folder's event files (the first kernel's, the keeper's), every step once
@@ -420,6 +427,29 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
     for r in (0, 1):
         got = sorted((m.step, m.value) for m in client.get_metric_history(mrun.info.run_id, f"{run}/loss/rank{r}"))
         assert [s for s, _ in got] == steps, f"rank {r}: not every step exactly once in MLflow"
+        assert [v for _, v in got] == pytest.approx([v for _, v in store[r]], rel=1e-6)
+
+    # W&B offline: one run id, a folder per process that wrote (`wandb sync` uploads each into it)
+    import glob
+
+    files = sorted(glob.glob(str(wb / "wandb" / "offline-run-*" / "run-*.wandb")))
+    assert len({os.path.basename(f) for f in files}) == 1, files
+    for r in (0, 1):
+        key = f"{run}/loss/rank{r}"
+        parts = [[(row[f"{run}/step"], row[key]) for row in tracker_readers.history(f) if key in row] for f in files]
+        got = sorted(x for part in parts for x in part)
+        assert [s for s, _ in got] == steps, f"rank {r}: not every step exactly once in W&B"
+        assert [v for _, v in got] == pytest.approx([v for _, v in store[r]], rel=1e-6)
+        assert len([p for p in parts if p]) >= 2, "the keeper wrote nothing into the W&B run"
+
+    # trackio: the one run, resumed where the set went
+    from trackio.sqlite_storage import SQLiteStorage
+
+    logs = SQLiteStorage.get_logs("workbench", info["runs"]["trackio"])
+    for r in (0, 1):
+        key = f"{run}/loss/rank{r}"
+        got = sorted((row["step"], row[key]) for row in logs if key in row)
+        assert [s for s, _ in got] == steps, f"rank {r}: not every step exactly once in trackio"
         assert [v for _, v in got] == pytest.approx([v for _, v in store[r]], rel=1e-6)
 
 

@@ -311,7 +311,7 @@ def _start_keeper(sess) -> dict:
         stdout=subprocess.PIPE,
         stderr=log,
         start_new_session=True,  # no signal to the kernel's group (a Jupyter restart) reaches it
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        env=_keeper_env(),
     )
     log.close()
     _KEEPERS[proc.pid] = proc
@@ -334,6 +334,14 @@ def _start_keeper(sess) -> dict:
     entry = json.loads(done)
     proc.stdout.close()
     return entry
+
+
+def _keeper_env() -> dict:
+    """This process's environment, less what points at services of this process: W&B's service
+    (``WANDB_SERVICE``, set by a tracker here) ends with the kernel, so the keeper starts its own."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
 
 
 def attach(name: str) -> session.Session:
