@@ -3,7 +3,7 @@
 ``workbench.untrack()``, ``workbench.tracking()``; ``%distrain track ...`` calls these.
 
 One tracker run per session and tracker (see :mod:`.mirror` for what is written); it ends
-when the session's ranks stop or on ``untrack``. Nothing here imports a tracker's package
+when the session's ranks stop or on ``untrack``, and goes with a detached set (:func:`carry`). Nothing here imports a tracker's package
 before it is asked for (they take seconds to import), nor torch.
 """
 
