@@ -286,3 +286,262 @@ def _keeper_log(info: dict) -> str:
             return f.read()[-3000:]
     except OSError as exc:
         return str(exc)
+
+
+TRACKED_STEPS = 150
+
+
+def _tensorboard_events(logdir: str):
+    """(the writer's pid, event) for every event of a TensorBoard run folder, each file read as
+    written (a file's name ends ``.<host>.<pid>.<uid>``)."""
+    import glob
+
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto import event_pb2
+
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        pid = int(os.path.basename(path).split(".")[-2])
+        for raw in RawEventFileLoader(path).Load():
+            yield pid, event_pb2.Event.FromString(raw)
+
+
+def _tensorboard_steps(logdir: str, tags: list[str]) -> dict[str, list]:
+    """Every scalar of ``tags`` in the run folder: ``{tag: [(writer's pid, step, value), ...]}``."""
+    out: dict[str, list] = {t: [] for t in tags}
+    for pid, event in _tensorboard_events(logdir):
+        for v in event.summary.value:
+            if v.tag in out:
+                out[v.tag].append((pid, event.step, v.simple_value))
+    return out
+
+
+def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_step_once(tmp_path, monkeypatch):
+    """The four trackers (all offline here) opened before the detach: the keeper writes the
+    steps trained after the kernel was killed into the same runs, and the kernel that attaches
+    gets the trackers back; each tracker holds every step exactly once."""
+    import tracker_readers
+
+    tb, ml, wb = tmp_path / "tb", tmp_path / "mlflow", tmp_path / "wandb"
+    tio = tracker_readers.trackio_dir(tmp_path / "trackio")  # this process reads it back
+    if "trackio" not in sys.modules:  # trackio takes its folder from here when first imported
+        monkeypatch.setenv("TRACKIO_DIR", str(tio))
+    env = dict(os.environ)
+    km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+    km2 = kc2 = None
+    held: list[int] = []
+    try:
+        out = _run(
+            kc,
+            f"""
+            %load_ext workbench
+            import json, os, workbench
+            PACE = "import time\\nfrom workbench.engine import trainer\\ntrainer.current().add_hook(lambda record: time.sleep(0.05), pauses=False)"
+            %distrain start -n 2 --name tracked --backend gloo --threads 1
+            workbench.train.setup("ddp", model="tiny")
+            workbench.run(PACE, display=False)
+            %distrain track tensorboard --dir {tb}
+            %distrain track mlflow --dir {ml} --metrics loss
+            %distrain track wandb --dir {wb} --metrics loss
+            %distrain track trackio --dir {tio} --metrics loss
+            %distrain train start --steps {TRACKED_STEPS} --no-dashboard
+            workbench.train.wait(step=5, timeout=240)
+            pids = sorted(workbench.current().started_pids)
+            runs = {{t["tracker"]: t["run"] for t in workbench.tracking()}}
+            %distrain detach
+            entry = workbench.detached()["tracked"]
+            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["supervisor_pid"],
+                                        "runs": runs, "left": workbench.tracking()}}))
+            """,
+        )
+        assert "trackers carried to the keeper (same runs): tensorboard, mlflow, wandb, trackio" in out, out
+        info = _line(out, "SET")
+        keeper = info["keeper"]
+        held = [*info["pids"], keeper]
+        assert info["left"] == [], "the detaching kernel still mirrors"
+        os.kill(info["kernel"], signal.SIGKILL)
+        _kill_kernel(km, kc)
+
+        # the run finishes under the keeper, which writes it into the same TensorBoard run
+        logdir = str(tb / info["runs"]["tensorboard"])
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            tags = [f"{r}/loss/rank{k}" for r in _scalar_runs(logdir) for k in (0, 1)]
+            got = _tensorboard_steps(logdir, tags)
+            if tags and all(v and max(s for _, s, _ in v) >= TRACKED_STEPS for v in got.values()):
+                break
+            time.sleep(1.0)
+        else:
+            pytest.fail(
+                f"the keeper did not write the run's last step; its log: {_keeper_log({'entry': _entry_of(keeper)})}"
+            )
+        assert alive([keeper]) == [keeper]
+
+        km2, kc2 = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+        out = _run(kc2, "%load_ext workbench\nimport json, workbench\n%distrain attach tracked")
+        assert "trackers carried back (same runs): tensorboard, mlflow, wandb, trackio" in out, out
+        out = _run(
+            kc2,
+            """
+            workbench.train.wait(timeout=120)
+            m = workbench.metrics(None)
+            m = m[m.metric == "loss"]
+            store = {r: [[int(s), float(v)] for s, v in zip(m[m["rank"] == r].step, m[m["rank"] == r].value)] for r in (0, 1)}
+            run = str(m.run.iloc[0])
+            ended = workbench.untrack()
+            print("SEEN " + json.dumps({"store": store, "run": run, "ended": ended}))
+            """,
+        )
+        seen = _line(out, "SEEN")
+        _run(kc2, "%distrain stop --name tracked")
+    finally:
+        for manager, client in ((km, kc), (km2, kc2)):
+            if manager is not None and manager.is_alive():
+                _kill_kernel(manager, client)
+        for pid in alive(held):
+            os.kill(pid, signal.SIGKILL)
+    assert alive(held) == []
+
+    run, steps = seen["run"], list(range(1, TRACKED_STEPS + 1))
+    store = {r: sorted(map(tuple, seen["store"][str(r)])) for r in (0, 1)}
+    assert [s for s, _ in store[0]] == steps
+    ended = {e["tracker"]: e for e in seen["ended"]}
+    assert {k: (e["run"], e["errors"], e["steps"]) for k, e in ended.items()} == {
+        k: (info["runs"][k], [], TRACKED_STEPS) for k in ("tensorboard", "mlflow", "wandb", "trackio")
+    }
+
+    # TensorBoard: the run folder's event files (the first kernel's, the keeper's), every step once
+    written = _tensorboard_steps(logdir, [f"{run}/loss/rank{r}" for r in (0, 1)])
+    for r in (0, 1):
+        got = written[f"{run}/loss/rank{r}"]
+        assert sorted(s for _, s, _ in got) == steps, f"rank {r}: not every step exactly once"
+        assert [v for _, v in sorted((s, v) for _, s, v in got)] == pytest.approx([v for _, v in store[r]], rel=1e-6)
+        by_file = {pid for pid, _, _ in got}
+        assert {info["kernel"], keeper} <= by_file, by_file  # before the detach, and while detached
+
+    # MLflow: one run, every step once, ended by the kernel that attached (FINISHED)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ml}/mlflow.db")
+    (mrun,) = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
+    assert mrun.info.status == "FINISHED" and mrun.info.run_name == info["runs"]["mlflow"]
+    for r in (0, 1):
+        got = sorted((m.step, m.value) for m in client.get_metric_history(mrun.info.run_id, f"{run}/loss/rank{r}"))
+        assert [s for s, _ in got] == steps, f"rank {r}: not every step exactly once in MLflow"
+        assert [v for _, v in got] == pytest.approx([v for _, v in store[r]], rel=1e-6)
+
+    # W&B offline: one run id, a folder per process that wrote (`wandb sync` uploads each into it)
+    import glob
+
+    files = sorted(glob.glob(str(wb / "wandb" / "offline-run-*" / "run-*.wandb")))
+    assert len({os.path.basename(f) for f in files}) == 1, files
+    for r in (0, 1):
+        key = f"{run}/loss/rank{r}"
+        parts = [[(row[f"{run}/step"], row[key]) for row in tracker_readers.history(f) if key in row] for f in files]
+        got = sorted(x for part in parts for x in part)
+        assert [s for s, _ in got] == steps, f"rank {r}: not every step exactly once in W&B"
+        assert [v for _, v in got] == pytest.approx([v for _, v in store[r]], rel=1e-6)
+        assert len([p for p in parts if p]) >= 2, "the keeper wrote nothing into the W&B run"
+
+    # trackio: the one run, resumed where the set went
+    from trackio.sqlite_storage import SQLiteStorage
+
+    logs = SQLiteStorage.get_logs("workbench", info["runs"]["trackio"])
+    for r in (0, 1):
+        key = f"{run}/loss/rank{r}"
+        got = sorted((row["step"], row[key]) for row in logs if key in row)
+        assert [s for s, _ in got] == steps, f"rank {r}: not every step exactly once in trackio"
+        assert [v for _, v in got] == pytest.approx([v for _, v in store[r]], rel=1e-6)
+
+
+def _scalar_runs(logdir: str) -> set[str]:
+    """The workbench runs with scalars in a TensorBoard run folder (the first part of each tag)."""
+    runs = set()
+    for _, event in _tensorboard_events(logdir):
+        runs |= {v.tag.split("/")[0] for v in event.summary.value if v.WhichOneof("value") == "simple_value"}
+    return runs
+
+
+def _entry_of(keeper: int) -> dict:
+    (entry,) = [e for e in registry.read_all() if e.get("supervisor_pid") == keeper] or [{"stack_dir": "?/?"}]
+    return entry
+
+
+SETUP_FUNCTION = """
+import json, os, sys, threading
+sys.path.insert(0, {root!r})
+import workbench
+from workbench.notebook import handoff, session, training
+rs = workbench.start(2, backend="gloo", threads=1, name="fsetup")
+training.setup("ddp", rankset=rs)
+lock = threading.Lock()
+
+def holds_a_lock():  # refers to something only this process has
+    with lock:
+        training.setup("ddp")
+
+training.start(5, max_failures=1, setup=holds_a_lock, rankset=rs)
+training.wait(rankset=rs, timeout=120)
+try:
+    workbench.detach("fsetup")
+except handoff.DetachError as exc:
+    print("REFUSED " + json.dumps(str(exc)), flush=True)
+sess = session.KERNEL.by_name["fsetup"]
+print("KEPT " + json.dumps({{"running": sess.running, "setup": sess.resume_setup is holds_a_lock,
+                            "detached": sorted(handoff.detached_sets())}}), flush=True)
+
+MARK = {mark!r}
+
+def rebuild():  # a notebook's own function: no module to import it from
+    with open(MARK, "a") as f:
+        f.write("ran ")
+    training.setup("ddp", model="tiny")
+
+training.start(5, max_failures=1, setup=rebuild, rankset=rs)
+training.wait(rankset=rs, timeout=120)
+entry = workbench.detach("fsetup")
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "entry": entry}}), flush=True)
+"""
+
+
+def test_a_recovery_setup_function_travels_to_the_keeper_and_back_and_one_that_cannot_is_refused(tmp_path):
+    """``train start --max-failures K`` with ``setup=`` a function: it goes with the set to the
+    keeper and back (by value) and still rebuilds the trainer; a function that refers to
+    something only the detaching process has is refused before anything changes."""
+    from workbench.notebook import session
+
+    mark = tmp_path / "setup-ran"
+    proc = subprocess.run(
+        [sys.executable, "-c", SETUP_FUNCTION.format(root=str(ROOT), mark=str(mark))],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    refused = json.loads(proc.stdout.split("REFUSED ", 1)[1].splitlines()[0])
+    assert refused.startswith("the recovery setup holds_a_lock() cannot be carried to the keeper"), refused
+    assert "pass the setup as code instead" in refused and "nothing was changed" in refused, refused
+    assert _line(proc.stdout, "KEPT") == {"running": True, "setup": True, "detached": []}
+    info = _line(proc.stdout, "SET")
+    keeper = info["entry"]["supervisor_pid"]
+    held = [*info["pids"], keeper]
+    sess = None
+    try:
+        sess = handoff.attach("fsetup")  # the function went to the keeper and comes back from it
+        assert callable(sess.resume_setup) and sess.resume_setup.__name__ == "rebuild"
+        assert not mark.exists()
+        sess.resume_setup()  # what a recovery runs: it rebuilds the trainer on the ranks
+        assert mark.read_text() == "ran "
+        assert sess.setup_recipe["strategy"] == "ddp"
+    finally:
+        if sess is not None and sess.running:
+            from workbench.notebook import api
+
+            api.stop("fsetup")
+        session.KERNEL.by_name.pop("fsetup", None)
+        if "fsetup" in handoff.detached_sets():
+            handoff.stop("fsetup")
+        left = alive(held)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], f"processes left behind: {left}"

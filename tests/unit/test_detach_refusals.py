@@ -1,5 +1,7 @@
 """Tier 1: what ``%distrain detach`` / ``attach`` refuse, with nothing started or changed."""
 
+import sys
+
 import pytest
 
 from workbench.notebook import handoff, session
@@ -26,3 +28,17 @@ def test_detach_without_ranks_and_attach_of_an_unknown_name_say_what_there_is(mo
     assert str(err.value) == (
         "there is no detached rank set named 'overnight'; there are no detached sets (`%distrain detach` makes one)"
     )
+
+
+def test_a_setup_function_without_cloudpickle_is_refused_naming_what_to_pass(monkeypatch):
+    def rebuild():
+        pass
+
+    assert handoff._packed_setup("code = 1") == "code = 1"  # code travels as it is
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)  # as if not installed
+    with pytest.raises(handoff.DetachError) as err:
+        handoff._packed_setup(rebuild)
+    msg = str(err.value)
+    assert msg.startswith("the recovery setup is a function (")
+    assert "rebuild()" in msg and "needs the cloudpickle package" in msg
+    assert "pass the setup as code instead" in msg and msg.endswith("nothing was changed")

@@ -9,10 +9,12 @@ session and another takes it, in the same steps (:func:`give`, :func:`take`):
    file: ``cluster.adoption.rehome``), points the ranks' event stream at the taker's
    collector, reads what was still on its way, and closes its own;
 3. the giver sends the session: the rank set's pids/addresses, the event store (its window,
-   thinned series and Parquet history folder), the setup recipe, auto-save, and the failure
-   budget's state; it lets go of the set without stopping it;
-4. the taker rebuilds the set on its own client, starts reading into the store it got, and
-   starts the failure budget's supervisor again with the recoveries it had used.
+   thinned series and Parquet history folder), the setup recipe and a recovery's setup
+   (code, or a function by value with cloudpickle), auto-save, the failure budget's state
+   and the open trackers (their runs stay open); it lets go of the set without stopping it;
+4. the taker rebuilds the set on its own client, opens the trackers again on the store it
+   got, starts reading into it, and starts the failure budget's supervisor again with the
+   recoveries it had used.
 
 A training run on the ranks never notices: its trainer thread emits into a queue the whole
 time, and the switch of stream moves no event twice (the store drops duplicates) or nowhere.
@@ -42,6 +44,55 @@ class DetachError(WorkbenchError):
 
 
 # ------------------------------------------------------------------ the session in transit
+def _packed_setup(setup):
+    """A recovery's setup as it travels: the code itself, a function pickled by value
+    (cloudpickle: a notebook's function has no module to import it from), or None (none, or the
+    recorded ``train setup``'s own, which the recipe repeats). Raises :class:`DetachError`."""
+    if setup is None or isinstance(setup, str) or getattr(setup, "from_recipe", False):
+        return setup if isinstance(setup, str) else None
+    instead = (
+        "pass the setup as code instead (a string run on every rank: `train start --max-failures K --setup VAR` "
+        "with VAR holding the code, or `workbench.train.start(..., setup=code)`)"
+    )
+    try:
+        import cloudpickle
+    except ImportError:
+        raise DetachError(
+            f"the recovery setup is a function ({_name_of(setup)}) and carrying a function to the keeper "
+            f"needs the cloudpickle package, which is not installed: pip install cloudpickle, or {instead}; "
+            "nothing was changed"
+        ) from None
+    try:
+        packed = cloudpickle.dumps(setup)
+        cloudpickle.loads(packed)
+    except Exception as exc:
+        raise DetachError(
+            f"the recovery setup {_name_of(setup)} cannot be carried to the keeper: pickling it failed with "
+            f"{type(exc).__name__}: {exc} (it refers to something that lives only in this process, such as a "
+            f"rank set or an open file); {instead}; nothing was changed"
+        ) from None
+    return packed
+
+
+def _name_of(fn) -> str:
+    return f"{getattr(fn, '__qualname__', type(fn).__name__)}()"
+
+
+def _unpacked_setup(packed, notes: list[str]):
+    if not isinstance(packed, bytes):
+        return packed
+    try:
+        import cloudpickle
+
+        return cloudpickle.loads(packed)
+    except Exception as exc:
+        notes.append(
+            f"the recovery setup (a function) could not be loaded in this process: {type(exc).__name__}: {exc}; "
+            "a recovery repeats the recorded `train setup` if there is one"
+        )
+        return None
+
+
 def _settle_supervisor(sess) -> dict | None:
     """Stop the failure budget's supervisor of ``sess`` (a recovery under way finishes first:
     the set it starts is the one handed over); what the taker needs to start it again, or None."""
@@ -68,6 +119,7 @@ def give(sess, pid: int, address: str, key: bytes) -> dict:
     from ..engine import publisher
     from .cluster import adoption
 
+    setup = _packed_setup(sess.resume_setup)  # refused here: nothing was changed yet
     recovery = _settle_supervisor(sess)
     if sess.watchdog is not None:
         sess.watchdog.close()
@@ -82,6 +134,11 @@ def give(sess, pid: int, address: str, key: bytes) -> dict:
     if sess.collector is not None and sess.collector_of is rs:
         sess.collector.drain()
     store = sess.store
+    carried = []
+    if sess.trackers:
+        from . import trackers
+
+        carried = trackers.carry(sess)  # every row the old stream took was offered to them first
     for fn in session.KERNEL.listeners["stopping"]:  # dashboard, trackers, stream, registry entry
         try:
             fn(rs)
@@ -92,8 +149,9 @@ def give(sess, pid: int, address: str, key: bytes) -> dict:
         "rankset": adoption.export(rs),
         "store": store,
         "fields": {k: getattr(sess, k) for k in FIELDS},
-        "resume_setup": sess.resume_setup if isinstance(sess.resume_setup, str) else None,
+        "resume_setup": setup,
         "recovery": recovery,
+        "trackers": carried,
     }
     adoption.release(rs)
     _forget(sess)
@@ -119,10 +177,18 @@ def take(state: dict, collector) -> session.Session:
     sess = kernel.add(state["name"])
     for k, v in state["fields"].items():
         setattr(sess, k, v)
-    sess.resume_setup = state["resume_setup"]
+    notes: list[str] = []
+    sess.resume_setup = _unpacked_setup(state["resume_setup"], notes)
     store = state["store"] if state["store"] is not None else stream.new_store(sess)
     sess.rankset, sess.store = rs, store
     sess.collector, sess.collector_of = collector, rs
+    if state.get("trackers"):
+        from . import trackers
+
+        notes += trackers.resume(sess, state["trackers"])  # before the store takes a new row
+    sess.handoff_notes = notes
+    for note in notes:
+        print(note)  # the keeper's log, or the attaching kernel
     collector.begin(store)
     kernel.make_current(sess)
     registry.announce(rs)
@@ -219,6 +285,7 @@ def detach(name: str | None = None) -> dict:
             f"ranks {format_ranks(busy)} of {sess.name!r} are running a cell: wait for it (or interrupt it) "
             "and detach again; a run started with `train start` goes on while detached. Nothing was changed"
         )
+    _packed_setup(sess.resume_setup)  # a setup function that cannot travel is refused before the keeper starts
     return _start_keeper(sess)
 
 
@@ -244,7 +311,7 @@ def _start_keeper(sess) -> dict:
         stdout=subprocess.PIPE,
         stderr=log,
         start_new_session=True,  # no signal to the kernel's group (a Jupyter restart) reaches it
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        env=_keeper_env(),
     )
     log.close()
     _KEEPERS[proc.pid] = proc
@@ -267,6 +334,14 @@ def _start_keeper(sess) -> dict:
     entry = json.loads(done)
     proc.stdout.close()
     return entry
+
+
+def _keeper_env() -> dict:
+    """This process's environment, less what points at services of this process: W&B's service
+    (``WANDB_SERVICE``, set by a tracker here) ends with the kernel, so the keeper starts its own."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
 
 
 def attach(name: str) -> session.Session:

@@ -176,15 +176,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workbench.notebook.keeper")
     parser.add_argument("--log", required=True, help="where this process writes what it prints")
     args = parser.parse_args(argv)
-    out = sys.stdout
+    # the pipe to the kernel is this process's alone (a duplicate: not inherited), and fd 1 is the
+    # log from the start, so nothing a tracker starts here (W&B's service) holds that pipe and
+    # dies with it once the kernel is gone
+    out = os.fdopen(os.dup(1), "w")
+    log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.close(log)
+    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)  # what it prints (a recovery's lines)
     key = secrets.token_bytes(32)
     collector = Collector(key=key, paused=True)
     out.write(json.dumps({"address": collector.address, "key": key.hex(), "pid": os.getpid()}) + "\n")
     out.flush()
     state = pickle.load(sys.stdin.buffer)
-    # from here on, what it prints (a recovery's lines) goes to its log
-    log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    sys.stdout = os.fdopen(os.dup(log), "w", buffering=1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     sess = handoff.take(state, collector)
     keeper = Keeper(sess)
     entry = keeper.mark()
@@ -192,8 +199,6 @@ def main(argv: list[str] | None = None) -> None:
     out.write(json.dumps(entry) + "\n")
     out.flush()
     out.close()
-    os.dup2(log, 1)
-    os.close(log)
     keeper.serve()
     sys.stdout.flush()
     os._exit(0)  # the set is the kernel's or stopped: nothing here to tidy (api's atexit would stop it)

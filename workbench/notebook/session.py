@@ -47,6 +47,7 @@ class Session:
         self.recovering = False  # a supervisor restarts the set: its store and dashboard carry over
         self.fault_tolerant = None  # the fault_tolerance.FaultTolerantRun of the latest `train start --fault-tolerant`
         self.trackers: dict = {}  # tracker name -> trackers.Tracker mirroring this session's stream
+        self.handoff_notes: list[str] = []  # what the latest detach/attach could not carry into this process
 
     @property
     def running(self) -> bool:

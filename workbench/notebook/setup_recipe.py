@@ -39,6 +39,7 @@ def last_setup(sess=None):
     def again():
         return setup(options.pop("strategy"), **options)
 
+    again.from_recipe = True  # a detach carries the recipe, not this function
     return again
 
 

@@ -14,6 +14,7 @@ def _detach_args(p) -> None:
 def _detach(args, shell):
     sess = api.session(args.name) if args.name is not None else session.current()
     name = sess.name if sess is not None else None
+    tracked = [k for k, t in sess.trackers.items() if not t.closed] if sess is not None else []
     entry = handoff.detach(args.name)
     if auto_cells.turn_off(shell):
         print("auto mode off: plain cells run in the notebook")
@@ -22,6 +23,8 @@ def _detach(args, shell):
         f"training goes on. `%distrain attach {name}` from any kernel takes it back, "
         f"`%distrain stop --name {name}` ends it"
     )
+    if tracked:
+        print(f"trackers carried to the keeper (same runs): {', '.join(tracked)}")
 
 
 def _attach_args(p) -> None:
@@ -38,6 +41,8 @@ def _attach(args, shell):
     steps = store.last_steps(run) if store is not None and run else {}
     where = f"; run {run} at step {max(steps.values())}" if steps else ""
     print(f"attached {sess.name!r}: {sess.rankset.world_size} ranks{where}")
+    if sess.trackers:
+        print(f"trackers carried back (same runs): {', '.join(sess.trackers)}")
     if sess.supervisor is not None:
         print(sess.supervisor.status_text())
     if shell is not None and getattr(shell, "kernel", None) is not None:

@@ -3,7 +3,7 @@
 ``workbench.untrack()``, ``workbench.tracking()``; ``%distrain track ...`` calls these.
 
 One tracker run per session and tracker (see :mod:`.mirror` for what is written); it ends
-when the session's ranks stop or on ``untrack``. Nothing here imports a tracker's package
+when the session's ranks stop or on ``untrack``, and goes with a detached set (:func:`carry`). Nothing here imports a tracker's package
 before it is asked for (they take seconds to import), nor torch.
 """
 
@@ -24,6 +24,8 @@ __all__ = [
     "default_dir",
     "parse_metrics",
     "series_name",
+    "carry",
+    "resume",
     "track",
     "tracking",
     "untrack",
@@ -126,6 +128,41 @@ def tracking(session: str | None = None) -> list[dict]:
     if session is None and cur is not None and cur not in chosen:
         chosen.append(cur)
     return [t.info() for s in chosen for t in s.trackers.values()]
+
+
+def carry(sess) -> list[dict]:
+    """The session's open trackers, taken from this process for another one (``detach``/``attach``):
+    their runs stay open; :func:`resume` there writes on into them."""
+    out = []
+    for kind in list(sess.trackers):
+        tracker = sess.trackers.pop(kind)
+        if tracker.closed:
+            continue
+        try:
+            out.append(tracker.carry())
+        except Exception as exc:  # never fail a hand-over half done: say it, end the run here
+            print(
+                f"the {kind} tracker could not be carried ({type(exc).__name__}: {exc}): its run "
+                f"{tracker.run_name} ends here; `%distrain track {kind} --dir {tracker.directory}` starts a new one"
+            )
+            tracker.close()
+    return out
+
+
+def resume(sess, carried: list[dict]) -> list[str]:
+    """Open again in this process the trackers :func:`carry` took (before the session's store
+    takes any new row); returns a line for each that could not be, saying how to track again."""
+    failed = []
+    for c in carried or ():
+        kind = c["kind"]
+        try:
+            sess.trackers[kind] = Tracker.resumed(_backend(kind), sess, c)
+        except Exception as exc:
+            failed.append(
+                f"the {kind} tracker (run {c['run_name']} in {c['directory']}) could not be opened again here: "
+                f"{type(exc).__name__}: {exc}; `%distrain track {kind} --dir {c['directory']}` starts a new run"
+            )
+    return failed
 
 
 def _on_stopping(rankset) -> None:

@@ -2,7 +2,10 @@
 
 ``open(run_name, directory, params)`` (``<session>-<time>``), ``params(dict)``,
 ``log(run, step, values, wall)``, ``artifact(folder)`` (where ``has_artifacts``),
-``flush()``, ``where()`` (what to open to read the run) and ``close()``. Each imports its package only when opened (MLflow and W&B take seconds
+``flush()``, ``where()`` (what to open to read the run) and ``close()``; ``carry()`` ends this
+process's hold on the run without ending the run, returning plain data from which
+``resume(carried)`` in another process (a detached set's keeper, the kernel that attaches)
+writes on into the same run. Each imports its package only when opened (MLflow and W&B take seconds
 to import), and never anything of torch: TensorBoard's event files are written with the
 ``tensorboard`` package's own writer and protos, not ``torch.utils.tensorboard``.
 """
@@ -31,6 +34,8 @@ class Backend(Protocol):
     def flush(self) -> None: ...  # the mirror has nothing more queued (or a second passed): write what is due
     def where(self) -> str: ...
     def close(self) -> None: ...
+    def carry(self) -> dict: ...
+    def resume(self, carried: dict) -> None: ...
 
 
 class TensorBoard:
@@ -77,6 +82,18 @@ class TensorBoard:
 
     def close(self) -> None:
         self.writer.close()
+
+    def carry(self) -> dict:
+        self.writer.close()
+        return {"logdir": self.logdir, "known": dict(self.known)}
+
+    def resume(self, carried: dict) -> None:
+        """A new event file in the same run folder (its name holds this pid): TensorBoard reads
+        the folder's files as one run."""
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self.logdir, self.known = carried["logdir"], dict(carried["known"])
+        self.writer = EventFileWriter(self.logdir)
 
 
 class MLflow:
@@ -146,6 +163,18 @@ class MLflow:
         self.flush(final=True)
         self.client.set_terminated(self.run_id)
 
+    def carry(self) -> dict:
+        self.flush(final=True)  # the run stays RUNNING: the next process logs into it
+        return {"uri": self.uri, "run_id": self.run_id}
+
+    def resume(self, carried: dict) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri, self.run_id = carried["uri"], carried["run_id"]
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.buffer = []
+        self.written = 0.0
+
 
 class WandB:
     """An offline W&B run (``mode="offline"``: no account, nothing sent) under ``<dir>/wandb``;
@@ -156,19 +185,23 @@ class WandB:
     has_artifacts = True
 
     def open(self, run_name: str, directory: str, params: dict) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.run = self._init(directory, run_name, config=params)
+        self.steps: set[str] = set()
+
+    def _init(self, directory: str, run_name: str, **more):
         import wandb
 
-        os.makedirs(directory, exist_ok=True)
-        self.run = wandb.init(
+        self.directory = directory
+        return wandb.init(
             mode="offline",
             dir=directory,
             project="workbench",
             name=run_name,
-            config=params,
             reinit="create_new",  # several sessions, several runs, side by side
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False),
+            **more,
         )
-        self.steps: set[str] = set()
 
     def params(self, params: dict) -> None:
         self.run.config.update(params, allow_val_change=True)
@@ -196,6 +229,17 @@ class WandB:
     def close(self) -> None:
         self.run.finish()
 
+    def carry(self) -> dict:
+        """Resumed by id: each process writes an offline-run folder of the same id, and
+        ``wandb sync`` of each uploads into the one run."""
+        carried = {"id": self.run.id, "dir": self.directory, "name": self.run.name}
+        self.run.finish()
+        return carried
+
+    def resume(self, carried: dict) -> None:
+        self.run = self._init(carried["dir"], carried["name"], id=carried["id"], resume="allow")
+        self.steps = set()  # each run's step metric is defined again in this process's part
+
 
 class Trackio:
     """A trackio run in its local store (SQLite, ``TRACKIO_DIR``): project ``workbench``, the
@@ -207,6 +251,9 @@ class Trackio:
     PROJECT = "workbench"
 
     def open(self, run_name: str, directory: str, params: dict) -> None:
+        self.run = self._init(directory, run_name, config=params)
+
+    def _init(self, directory: str, run_name: str, **more):
         import sys
 
         directory = os.path.abspath(directory)
@@ -222,8 +269,8 @@ class Trackio:
         import trackio
 
         self.directory = directory
-        self.run = trackio.init(
-            project=self.PROJECT, name=run_name, config=params, embed=False, auto_log_cpu=False, auto_log_gpu=False
+        return trackio.init(
+            project=self.PROJECT, name=run_name, embed=False, auto_log_cpu=False, auto_log_gpu=False, **more
         )
 
     def params(self, params: dict) -> None:
@@ -243,6 +290,14 @@ class Trackio:
 
     def close(self) -> None:
         self.run.finish()
+
+    def carry(self) -> dict:
+        carried = {"dir": self.directory, "name": self.run.name}
+        self.run.finish()
+        return carried
+
+    def resume(self, carried: dict) -> None:
+        self.run = self._init(carried["dir"], carried["name"], resume="must")
 
 
 BACKENDS: dict[str, type] = {b.name: b for b in (TensorBoard, MLflow, WandB, Trackio)}

@@ -15,6 +15,10 @@ launcher) when the tracker opens, and each run's setup (strategy, model, options
 first time the run is seen, under ``<run>/``. Checkpoints saved in the session's folder
 while the tracker runs become artifacts where the tracker has them (looked for every few
 seconds).
+
+A detached set's trackers go with it (:meth:`Tracker.carry`, :meth:`Tracker.resumed`): the
+steps still waiting for a rank go too, and the new process writes only rows that reach its
+store afterwards, so every step lands in the same tracker run once.
 """
 
 from __future__ import annotations
@@ -61,7 +65,9 @@ def step_values(run: str, by_rank: dict[int, dict], patterns: tuple[str, ...] | 
 class Tracker:
     """The mirror of one session into one backend (see the module docstring)."""
 
-    def __init__(self, backend, session, directory: str, metrics: tuple[str, ...] | None = None):
+    def __init__(
+        self, backend, session, directory: str, metrics: tuple[str, ...] | None = None, *, carried: dict | None = None
+    ):
         self.backend = backend
         self.metrics = metrics
         self.name = backend.name
@@ -76,7 +82,11 @@ class Tracker:
         self._runs: set[str] = set()
         self._next_scan = 0.0
         self._closed = threading.Event()
+        self._carrying = False
         self.started = time.time()
+        if carried is not None:
+            self._take_over(carried)
+            return
         self.store = _store_of(session)  # refuses a session with nothing to mirror, before opening
         # the tracker run: the session's name and when tracking began, so tracking the same
         # session again (or another kernel's session of the same name) is a run of its own
@@ -89,8 +99,52 @@ class Tracker:
         with self._order:
             for row in self.store.subscribe(self._offer):
                 self._queue.put(row)
+        self._start_thread()
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"workbench-tracker-{self.name}", daemon=True)
         self._thread.start()
+
+    # --------------------------------------------------------------- carried to another process
+    def carry(self, timeout: float = 60.0) -> dict:
+        """Stop mirroring here without ending the tracker run: everything queued is written,
+        the steps still waiting for a rank are kept; plain data for :meth:`resumed`."""
+        self._carrying = True
+        self._closed.set()
+        self.store.unsubscribe(self._offer)
+        self._queue.put(StopIteration)
+        self._thread.join(timeout)
+        return {
+            "kind": self.name,
+            "directory": self.directory,
+            "metrics": self.metrics,
+            "world": self.world,
+            "run_name": self.run_name,
+            "started": self.started,
+            "steps_written": self.steps_written,
+            "artifacts": list(self.artifacts),
+            "errors": list(self.errors),
+            "waiting": list(self._waiting.items()),
+            "runs": sorted(self._runs),
+            "backend": self.backend.carry(),
+        }
+
+    @classmethod
+    def resumed(cls, backend, session, carried: dict) -> Tracker:
+        """The tracker :meth:`carry` gave, writing on into the same run from the session's store:
+        only rows that reach the store from now on (the earlier ones were written, or wait)."""
+        return cls(backend, session, carried["directory"], carried["metrics"], carried=carried)
+
+    def _take_over(self, c: dict) -> None:
+        self.world, self.run_name, self.started = c["world"], c["run_name"], c["started"]
+        self.steps_written, self.artifacts, self.errors = c["steps_written"], list(c["artifacts"]), list(c["errors"])
+        self._waiting = OrderedDict((tuple(k), v) for k, v in c["waiting"])
+        self._runs = set(c["runs"])
+        self.store = self.session.store
+        self.backend.resume(c["backend"])
+        self._order = threading.Lock()
+        self.store.subscribe(self._offer)  # the rows it returns were the giver's
+        self._start_thread()
 
     def _offer(self, rows: list[dict]) -> None:  # the collector's thread: queue only
         with self._order:
@@ -129,7 +183,7 @@ class Tracker:
             except Exception as exc:  # a tracker failure is reported, never kills the mirror
                 self.errors.append(f"{type(exc).__name__}: {exc}")
         try:
-            while self._waiting:
+            while self._waiting and not self._carrying:  # carried: they wait on in the next process
                 self._write(*self._waiting.popitem(last=False))
             self.backend.flush()
             self._scan_checkpoints(force=True)
