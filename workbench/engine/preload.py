@@ -6,7 +6,8 @@ pay for torch's import) and ipyparallel's engine first, then runs the engine. Th
 otherwise sit idle while the controller writes its connection file and only then import
 torch (the longest step of a rank's start); this way the two overlap.
 
-With ``--fork`` this process imports once and forks the engines (the ranks), then stays
+With ``--fork`` this process imports once, configures the engine (:func:`initialized_engine`)
+and forks the engines (the ranks), then stays
 as their parent: it reaps each and writes its exit status to ``<exit_dir>/<pid>`` for the
 notebook, which watches the ranks by pid but is not their parent. N ranks importing torch
 each cost N times the CPU of one import, and on a machine with fewer cores than ranks that
@@ -28,6 +29,24 @@ import sys
 # what each framework's ranks import before they fork (the same lines run as the engines'
 # startup command: launchers.preload_command)
 PRELOADS = {"torch": ("torch", "torch.distributed"), "jax": ("jax", "jax.numpy")}
+# what every engine imports once it has registered (its kernel's debugger, with debugpy: ~0.3 s
+# of CPU a rank; tornado's asyncio loop; the rank's first apply: the workbench's runtime), done
+# once here before the forks rather than once per rank after them: at 64 ranks on 2 cores the
+# ranks' own imports were most of the start's CPU. None of them starts a thread.
+ENGINE_PRELOADS = (
+    "ipykernel.debugger",
+    "tornado.platform.asyncio",
+    "IPython.core.completerlib",
+    "IPython.extensions.storemagic",
+    "IPython.core.oinspect",
+    "IPython.core.logger",
+    "pdb",
+    "sqlite3",
+    "workbench.engine.runtime",
+    "workbench.engine.publisher",
+    "workbench.engine.rank_debug",
+    "workbench.engine.fanout",
+)
 
 
 def own_framework(argv: list[str]) -> tuple[str, list[str]]:
@@ -94,6 +113,13 @@ def main() -> None:
         sys.argv = [sys.argv[0], *rest]
         engine_main()
         return
+    # debugpy checks at import whether frozen modules hide breakpoints and prints a warning
+    # into every rank's log; engines have no debugger channel to use it
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    for module in ENGINE_PRELOADS:
+        importlib.import_module(module)
+    if "numpy" in sys.modules:  # each fork reseeds it (_reseed)
+        importlib.import_module("numpy.random")
     # interrupts are for the ranks (sent by pid); a Ctrl-C to the process group must not
     # end the parent that reports their exits
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -105,7 +131,6 @@ def main() -> None:
         end_with_parent(None)
     ranks = int(setup["ranks"])
     os.environ.update(setup["env"])
-    sys.argv = [sys.argv[0], *rest, *setup["engine_args"]]
     os.makedirs(setup["exit_dir"], exist_ok=True)
     log = os.open(setup["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
@@ -113,6 +138,7 @@ def main() -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
+    app = initialized_engine([*rest, *setup["engine_args"]])
     pids = []
     for _ in range(ranks):
         pid = os.fork()
@@ -122,12 +148,38 @@ def main() -> None:
             os.setsid()
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _reseed()
-            engine_main()
+            own_engine(app)
+            app.start()
             return
         pids.append(pid)
     _reap(set(pids), setup["exit_dir"])
     # nothing to tidy here; a normal exit would spend seconds tearing down torch's modules
     os._exit(0)
+
+
+def initialized_engine(argv: list[str]):
+    """ipyparallel's engine application, configured (its arguments and config files parsed, the
+    controller's connection file read: it waits for that file) once here rather than once in
+    each rank: ~50 ms of CPU a rank, a second of a 64-rank start on 2 cores. Nothing in it
+    opens a socket or an event loop; :func:`own_engine` gives each fork its own identity."""
+    from ipyparallel.engine.app import IPEngine
+
+    app = IPEngine.instance()
+    app.initialize(argv)
+    return app
+
+
+def own_engine(app) -> None:
+    """In a fork of :func:`initialized_engine`: a session and engine identity of its own (the
+    controller tells engines apart by it). Its ZMQ context and event loop are made on first
+    use, in this process (checked: a parent's would be shared by every fork)."""
+    from jupyter_client.session import Session
+
+    for name in ("context", "loop"):  # made lazily; a parent's must not be shared
+        if name in app._trait_values:
+            raise RuntimeError(f"the engine's {name} was made before the ranks were forked")
+    app.session = Session(parent=app)
+    app.ident = app.session.session
 
 
 def _reseed() -> None:

@@ -204,7 +204,7 @@ def bootstrap(
             timeout_s=timeout_s,
             framework="jax",
         )
-        return describe()
+        return describe(with_memory=False)
 
     import datetime
 
@@ -226,6 +226,7 @@ def bootstrap(
     if backend == "nccl":
         kwargs["device_id"] = torch.device(device)
     if process_group:
+        lazy_gloo(backend, world_size)
         if rank != 0:
             await_store(master_addr, master_port, timeout_s)
         dist.init_process_group(
@@ -250,10 +251,31 @@ def bootstrap(
         master_port=master_port,
         timeout_s=timeout_s,
     )
-    return describe()
+    return describe(with_memory=False)
+
+
+def bootstrap_engine(table: dict[int, dict]) -> dict:
+    """:func:`bootstrap` with this engine's own arguments from ``table`` (engine id -> keyword
+    arguments): one request through the broadcast tree starts a large set, not one per rank."""
+    from IPython import get_ipython
+
+    return bootstrap(**table[get_ipython().kernel.engine_id])
 
 
 STORE_POLL_S = 0.005
+LAZY_GLOO_FROM = 32  # ranks
+
+
+def lazy_gloo(backend: str, world_size: int) -> bool:
+    """From ``LAZY_GLOO_FROM`` ranks, gloo connects a pair of ranks when they first talk
+    (``TORCH_GLOO_LAZY_INIT``), not all pairs at start: at 64 ranks the full mesh is 2,016
+    connections and 4,032 reads of rank 0's store, each answered by its one store thread,
+    ~5-10 s of a start on 2 cores (benchmarks/FINDINGS.md). Smaller sets connect at start as
+    before; a setting of the user's own is kept. True where lazy connection is in force."""
+    if backend != "gloo" or world_size < LAZY_GLOO_FROM:
+        return os.environ.get("TORCH_GLOO_LAZY_INIT") == "1"
+    os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
+    return os.environ["TORCH_GLOO_LAZY_INIT"] == "1"
 
 
 def await_store(addr: str, port: int, timeout_s: float) -> bool:
@@ -399,11 +421,14 @@ def context() -> RankContext:
     return _CONTEXT
 
 
-def describe() -> dict:
-    """Status of this rank as a plain dict (sent to the notebook)."""
+def describe(with_memory: bool = True) -> dict:
+    """Status of this rank as a plain dict (sent to the notebook). ``with_memory=False`` at
+    start-up: the notebook reads the ranks' memory itself, and USS means a walk of the rank's
+    page tables (~20-70 ms a rank, most of a 64-rank set's bootstrap CPU past the group)."""
     ctx = context()
     info = dataclasses.asdict(ctx)
-    info.update(memory())
+    if with_memory:
+        info.update(memory())
     if ctx.backend == "nccl" or any(k.startswith("NCCL_") for k in os.environ):
         info["nccl"] = nccl_settings(os.environ, _nccl_version())
     info["time"] = time.time()
@@ -517,4 +542,4 @@ def rejoin_group(master_port: int) -> dict:
         **kwargs,
     )
     _CONTEXT = dataclasses.replace(ctx, master_port=master_port)
-    return describe()
+    return describe(with_memory=False)

@@ -400,8 +400,8 @@ class RankSet:
             backend, gpu_ids = plan.backend, list(plan.gpu_ids)
         stack_dir = os.path.join(self.state_dir(), "stacks")
         controller = self._controller_pids()
-        pending = []
-        for rank, eid in enumerate(self.engine_ids):
+        per_rank = []
+        for rank in range(len(self.engine_ids)):
             same_host = [r for r, h in enumerate(hosts) if h == hosts[rank]]
             launcher_local = idents[rank].get("launcher_local_rank")
             kwargs = dict(
@@ -426,8 +426,14 @@ class RankSet:
                 framework=cfg.framework,
                 extra_env=dict(cfg.nccl_env) or None,
             )
-            pending.append(self.client[eid].apply_async(runtime.bootstrap, **kwargs))
-        self.info = [ar.get(timeout=max(120, cfg.timeout)) for ar in pending]
+            per_rank.append(kwargs)
+        wait_s = max(120, cfg.timeout)
+        if len(self.engine_ids) >= self.fanout_from:  # one request down the broadcast tree
+            table = dict(zip(self.engine_ids, per_rank))
+            self.info = self.apply(runtime.bootstrap_engine, table, timeout=wait_s)
+        else:
+            pending = [self.client[e].apply_async(runtime.bootstrap, **kw) for e, kw in zip(self.engine_ids, per_rank)]
+            self.info = [ar.get(timeout=wait_s) for ar in pending]
         idents = [{**d, "host": i["host"], "pid": i["pid"]} for d, i in zip(idents, self.info)]
         lprocs = self._launcher_procs()
         self.procs = [
