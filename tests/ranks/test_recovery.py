@@ -37,7 +37,7 @@ def _hold(record, _at={at}):
         p.flush()
         nowhere = p._ctx.socket(zmq.PUSH)
         nowhere.connect({nowhere!r})
-        p._sock = nowhere
+        p._handed_on, p._sock = p._sock, nowhere  # the old one kept open: it sends what it was handed
 _t.current().add_hook(_hold, pauses=False)
 """
 
