@@ -128,3 +128,24 @@ def test_ranks_forked_from_the_standby_end_with_their_kernel():
         "from workbench.notebook import api\nrs = api.current()\nassert rs.preloaded\n"
         "print('PIDS', *rs.started_pids)"
     )
+
+
+def test_the_controllers_children_end_when_the_controller_is_killed(fresh_ranks):
+    """A controller SIGKILLed from outside: its heart monitor, schedulers and queues (forked
+    children, re-parented to init) end too, rather than live on."""
+    import psutil
+
+    rs = fresh_ranks(2)
+    ctl = psutil.Process(rs.cluster.controller.process.pid)
+    children = [p.pid for p in ctl.children(recursive=True)]
+    try:
+        assert len(children) >= 4 and len(alive(children)) == len(children)  # hub's queues, monitor, schedulers
+        names = {psutil.Process(pid).name() for pid in children}
+        os.kill(ctl.pid, 9)
+        deadline = time.monotonic() + 3
+        while alive(children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive(children) == [], f"children of the killed controller left: {alive(children)} of {names}"
+    finally:
+        for pid in alive(children):
+            os.kill(pid, 9)

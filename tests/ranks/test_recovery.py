@@ -25,6 +25,22 @@ def _crash(record, _at={at}):
 _t.current().add_hook(_crash, pauses=False)
 """
 
+# from step AT on, rank 1's step events wait in the rank: its sender (once what it queued before is
+# handed on) sends into a ZMQ socket that connects to nobody, as events still queued on a rank
+# are when it is killed before its sender sends them
+HOLD_HOOK = """
+import zmq
+from workbench.engine import publisher, trainer as _t
+def _hold(record, _at={at}):
+    if record["step"] == _at:
+        p = publisher.get()
+        p.flush()
+        nowhere = p._ctx.socket(zmq.PUSH)
+        nowhere.connect({nowhere!r})
+        p._handed_on, p._sock = p._sock, nowhere  # the old one kept open: it sends what it was handed
+_t.current().add_hook(_hold, pauses=False)
+"""
+
 # the first build meets a NaN loss at step 15 (the guard pauses the run); every later one
 # hangs after step 15 on rank 1 (a step hook that sleeps): a NaN recovered, then a hang
 DRILL_SETUP = """
@@ -57,8 +73,13 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
         assert sess.rankset is not rs and not rs.running and sess.rankset.world_size == 2
         (rec,) = sess.recoveries
         assert (rec["kind"], rec["rank"], rec["detail"]) == ("died", 1, "killed by SIGKILL"), rec
-        assert rec["checkpoint"] == "step-00000020" and rec["checkpoint_step"] == 20, rec
-        assert 0 < rec["steps_redone"] <= 10 and rec["down_s"] > 0, rec
+        # step 20 is on disk; it is loaded unless rank 1's events up to it died with it (a kill
+        # that soon after the save), when step 10 is and the record says why (test below: certain)
+        ck_step = 20 if rec["passed_over"] is None else 10
+        if ck_step == 10:
+            assert rec["passed_over"]["checkpoint"] == "step-00000020" and rec["passed_over"]["rank"] == 1, rec
+        assert rec["checkpoint"] == f"step-000000{ck_step}" and rec["checkpoint_step"] == ck_step, rec
+        assert rec["lost"] == [] and 0 < rec["steps_redone"] <= 30 - ck_step and rec["down_s"] > 0, rec
         assert rec["lost_s"] is not None and rec["lost_s"] >= rec["down_s"], rec
         assert sess.supervisor.state == "finished" and sess.supervisor.failures == 1
         frame = metrics.metrics()
@@ -70,13 +91,59 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
         assert sess.dashboard is dash and dash.rankset is sess.rankset and not dash.closed  # followed the run
         dash.refresh()
         assert "recovered: failure 1: rank 1" in dash.status_line(run)
-        assert [(m.x0, m.line.dash) for m in dash.figure.layout.shapes] == [(20, "dot")]
+        assert [(m.x0, m.line.dash) for m in dash.figure.layout.shapes] == [(ck_step, "dot")]
         capsys.readouterr()
         dispatch("train status")
         out = capsys.readouterr().out
         assert f"training {run}: finished; failure budget 1/2 used, target step 80" in out
         assert "failure 1: rank 1 (host " in out and "died at step" in out and "killed by SIGKILL" in out
-        assert "restarted 2 ranks, loaded step-00000020 (step 20)" in out and "s lost" in out
+        assert f"restarted 2 ranks, loaded step-000000{ck_step} (step {ck_step})" in out and "s lost" in out
+    finally:
+        api.session().autosave = None
+
+
+@pytest.mark.parametrize("held_from", [15, 5])
+def test_steps_a_killed_rank_never_delivered_are_redone_from_an_older_checkpoint(
+    fresh_ranks, tmp_path, capsys, held_from
+):
+    """Rank 1 is killed at step 25 with its events from step HELD_FROM on still in it, after the
+    saves of steps 10 and 20: step 20's checkpoint would leave those steps out of the metrics for
+    good, so the recovery loads the newest one at or before step HELD_FROM and says why; where
+    there is none (HELD_FROM 5) it loads the newest and says which steps of rank 1 were lost."""
+    root = str(tmp_path / "ckpt")
+    rs = fresh_ranks(2)
+    training.setup("ddp", rankset=rs)
+    ck.autosave(10, keep=3, async_=False, root=root, rankset=rs)
+    nowhere = f"ipc://{tmp_path}/nobody-reads-this"
+    api.run(HOLD_HOOK.format(at=held_from, nowhere=nowhere) + KILL_HOOK.format(at=25), ranks=[1], display=False)
+    try:
+        run = training.start(60, max_failures=1, rankset=rs)
+        assert training.wait(timeout=300) == {0: "finished", 1: "finished"}
+        sess = api.session()
+        (rec,) = sess.recoveries
+        assert (rec["kind"], rec["rank"], rec["detail"]) == ("died", 1, "killed by SIGKILL"), rec
+        assert rec["passed_over"] == (
+            {"checkpoint": "step-00000020", "step": 20, "rank": 1, "last_step": held_from} if held_from == 15 else None
+        ), rec
+        ck_step = 10 if held_from == 15 else 20
+        assert (rec["checkpoint"], rec["checkpoint_step"]) == (f"step-000000{ck_step}", ck_step), rec
+        lost = [] if held_from == 15 else [{"rank": 1, "first": held_from + 1, "last": 20}]
+        assert rec["lost"] == lost, rec
+        assert rec["steps_redone"] == rec["failed_step"] - ck_step and rec["failed_step"] >= 25, rec
+        loss = metrics.metrics()
+        loss = loss[loss["metric"] == "loss"]
+        assert loss[loss["rank"] == 0]["step"].tolist() == list(range(1, 61))  # every step once
+        missing = set(range(held_from + 1, 21)) if lost else set()
+        assert loss[loss["rank"] == 1]["step"].tolist() == [s for s in range(1, 61) if s not in missing]
+        capsys.readouterr()
+        dispatch("train status")
+        out = capsys.readouterr().out
+        assert f"loaded step-000000{ck_step} (step {ck_step})" in out, out
+        if lost:
+            assert f"steps {held_from + 1}-20 of rank 1 were lost (they never reached the notebook" in out, out
+        else:
+            assert f"not step-00000020 (step 20): rank 1's steps after {held_from} never reached the notebook" in out
+        assert set(metrics.metrics()["run"]) == {run}
     finally:
         api.session().autosave = None
 

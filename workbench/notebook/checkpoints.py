@@ -123,6 +123,7 @@ def load(
     model_only: bool = False,
     rankset=None,
     skip_damaged: bool = False,
+    at_most: int | None = None,
 ) -> dict:
     """Load ``latest``, a step or a tag into the live ranks (any world size / strategy).
 
@@ -130,23 +131,29 @@ def load(
     read its part. A damaged checkpoint raises :class:`DamagedCheckpoint` naming each bad
     file, the rank that reads it, what is wrong and the newest good checkpoint; with
     ``skip_damaged`` (``resume``, the NaN rollback) the newest good one is loaded instead
-    and ``info["skipped"]`` says what was passed over.
+    and ``info["skipped"]`` says what was passed over. ``at_most`` (with ``latest``): the
+    newest good checkpoint of that step or an earlier one (a recovery's, see ``recovery``).
     """
     rs = _rs(rankset)
     rs.apply(rpc.handle, rpc.WaitForSave())  # a save in flight becomes visible first
     root = get_dir(root)
     skipped: builtins.list[str] = []
+    folder = None
     try:
-        folder, _ = catalog.resolve(root, which)
+        if at_most is None:
+            folder, _ = catalog.resolve(root, which)
     except DamagedCheckpoint as exc:
         if not skip_damaged:
             raise
         skipped.append(_skip_text(exc.folder, exc.problems))
-        folder = None
     tried = set()
     while True:
         if folder is None:
-            rest = [f for f, _ in reversed(catalog.entries(root)) if f not in tried]
+            rest = [
+                f
+                for f, m in reversed(catalog.entries(root))
+                if f not in tried and (at_most is None or m.step <= at_most)
+            ]
             if not rest:
                 raise NoGoodCheckpoint(f"no good checkpoint in {root} to load: " + "; ".join(skipped))
             folder = rest[0]
@@ -355,7 +362,8 @@ def resume_session(
     """:func:`resume` for the session ``sess`` (a recovery's, current or not).
 
     ``which=None``: restart and set up without loading (nothing was saved yet).
-    ``before_load(rankset)`` is called once the setup ran, before the load.
+    ``before_load(rankset)`` is called once the setup ran, before the load; a step it returns
+    bounds the checkpoint loaded (``load(at_most=)``: the newest good one at that step or before).
     """
     from . import api
     from .setup_recipe import last_setup
@@ -384,12 +392,11 @@ def resume_session(
     if sess.autosave:
         again = sess.autosave
         autosave(again["every"], keep=again["keep"], async_=again["async_"], root=again["root"], rankset=rs)
-    if before_load is not None:
-        before_load(rs)
+    at_most = before_load(rs) if before_load is not None else None
     if which is None:
         info = {"name": None, "step": 0}
-    else:
-        info = load(which, root=root, skip_damaged=latest, rankset=rs)  # `latest`: the newest good one
+    else:  # `latest`: the newest good one
+        info = load(which, root=root, skip_damaged=latest, rankset=rs, at_most=at_most if latest else None)
     info["restarted"] = rs.world_size
     return info
 

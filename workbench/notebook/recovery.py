@@ -10,13 +10,17 @@ A lost host (its guards fell silent) restarts on the hosts left instead, at the 
 size the layout allows there (:func:`shrink`); the checkpoint reshards on load.
 The recovered trainer names a new run; the store files it under the run it continues
 (``EventStore.continue_run``), so ``metrics()`` and the dashboard show one run with every
-step once. Each recovery is a record (what failed, rank/host, exit or stack, checkpoint
+step once. The checkpoint loaded is the newest verified one that every rank's delivered steps
+reach (:meth:`Supervisor._bound`): a rank killed with step events still queued on its side
+takes those steps with it, so a newer checkpoint would leave them out of the metrics for good;
+an older one redoes and records them. Each recovery is a record (what failed, rank/host, exit or stack, checkpoint
 step, steps redone, seconds lost) in the store; a spent budget stops with their summary.
 Works with no cell running and in a plain script: nothing here needs a kernel.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -44,7 +48,19 @@ def describe(rec: dict) -> str:
     ranks = f"{rec['world_size']} ranks"
     if rec.get("from_world_size") is not None:  # a lost host: on the hosts left, resharded on load
         ranks += f" (was {rec['from_world_size']}) on {rec['hosts']}"
-    return f"{head}; restarted {ranks}, loaded {ck} (step {rec['checkpoint_step']}), {rec['steps_redone']} steps redone, {lost}"
+    text = f"{head}; restarted {ranks}, loaded {ck} (step {rec['checkpoint_step']}), {rec['steps_redone']} steps redone, {lost}"
+    over = rec.get("passed_over")
+    if over:
+        text += (
+            f"; not {over['checkpoint']} (step {over['step']}): rank {over['rank']}'s steps after "
+            f"{over['last_step']} never reached the notebook (redone instead)"
+        )
+    for gone in rec.get("lost") or ():
+        text += (
+            f"; steps {gone['first']}-{gone['last']} of rank {gone['rank']} were lost "
+            "(they never reached the notebook and no checkpoint is that old)"
+        )
+    return text
 
 
 def shrink(sess, rs) -> dict:
@@ -292,6 +308,7 @@ class Supervisor:
         which = "latest" if catalog.entries(root) else None
         dash = self.sess.dashboard
         new_run: list[str] = []
+        bound: dict = {}
 
         def before_load(new_rs) -> None:
             status = new_rs.apply(control.status)
@@ -300,12 +317,16 @@ class Supervisor:
             new_run.append(status[0]["run"])
             self.store.continue_run(status[0]["run"], self.run)
             self.sess.marks[self.run] = len(self.store.statuses)
+            bound.update(self._bound(rs.world_size, root))  # the old ranks' stream has ended by now
+            return bound.get("at_most")
 
         self.sess.recovering = True
         try:
             if self.watchdog is not None:
                 self.watchdog.close()
             size = shrink(self.sess, rs)  # {} unless a host is lost (whatever was seen first)
+            if self.sess.collector is not None and self.sess.collector_of is rs:
+                self.sess.collector.drain(quiet=0.2, limit=2.0)  # what reached the notebook is in the store
             info = checkpoints.resume_session(self.sess, None, which, root=root, before_load=before_load, **size)
             new_rs = self.sess.rankset
             left = self.target - int(info["step"])
@@ -331,12 +352,47 @@ class Supervisor:
             down_s=round(time.time() - rec["time"], 3),
             lost_s=None,
             new_run=new_run[0] if new_run else None,
+            passed_over=bound.get("passed_over"),
+            lost=[
+                {"rank": r, "first": last + 1, "last": int(info["step"])}
+                for r, last in sorted(bound.get("delivered", {}).items())
+                if last < int(info["step"])
+            ],
         )
         self.rankset = new_rs
         self._record(rec)
         self._watch(new_rs)
         self.state = "watching"
         return True
+
+    def _bound(self, ranks: int, root: str) -> dict:
+        """Which checkpoint a recovery may load, read once the old ranks are gone (their collector
+        closed by the restart: the store holds all it will ever hold of them). A checkpoint of step
+        S holds steps 1..S (a step's event is queued before its hooks, the auto-save among them), so
+        it may be loaded once every rank's step S is in the store. ``at_most``: the newest step
+        every rank reached, when a checkpoint past it is passed over for an older one (which, and
+        the rank that held it back, in ``passed_over``); ``delivered``: each rank's last step."""
+        from ..shared.checkpoint import catalog
+
+        last = self.store.last_steps(self.run)
+        delivered = {r: int(last.get(r, 0)) for r in range(ranks)}
+        out: dict = {"delivered": delivered}
+        if not delivered:
+            return out
+        floor = min(delivered.values())
+        found = catalog.entries(root)
+        newer = [(f, m) for f, m in found if m.step > floor]
+        if newer and any(m.step <= floor for _, m in found):  # none that old: the newest, its gap said
+            folder, m = newer[-1]
+            held = min(delivered, key=lambda r: (delivered[r], r))
+            out["at_most"] = floor
+            out["passed_over"] = {
+                "checkpoint": os.path.basename(folder),
+                "step": m.step,
+                "rank": held,
+                "last_step": floor,
+            }
+        return out
 
     def _record(self, rec: dict) -> None:
         from ..shared import events

@@ -9,6 +9,10 @@ watches its parent itself and, once the notebook is gone, ends its own process g
 process (``%distrain detach``) names that process in its owner file
 (``--workbench-owner=PATH``): the controller then ends with it instead.
 
+The other way round, a controller killed from outside (SIGKILL: no clean-up) would leave its
+children (heart monitor, task and broadcast schedulers, all ``multiprocessing`` forks) to
+init: each one watches the controller's pidfd and ends with it (:func:`children_end_with_it`).
+
 It also paces the heartbeat (``--workbench-heartbeat=FAST_MS,HEARTS``, see
 :func:`settling_heartbeat`): fast while the ranks register (the controller admits an engine
 on its next beat), at the configured ``HeartMonitor.period`` once all ``HEARTS`` beat.
@@ -20,6 +24,7 @@ Standard library and psutil only.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -88,6 +93,34 @@ def _end_when_orphaned(parent: int, owner_file: str | None = None) -> None:
         except psutil.Error:
             pass
     os._exit(1)
+
+
+def _end_with(pid: int) -> None:
+    _wait_for_exit(pid)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class EndsWithController(multiprocessing.Process):
+    """ipyparallel's ``Process`` for the controller's children: each runs a daemon thread that
+    sleeps on the controller's pidfd and ends the child once the controller has exited."""
+
+    def start(self) -> None:
+        self._controller = os.getpid()  # in the controller, before the fork
+        super().start()
+
+    def run(self) -> None:
+        threading.Thread(target=_end_with, args=(self._controller,), name="controller-watch", daemon=True).start()
+        super().run()
+
+
+def children_end_with_it() -> None:
+    """Patched in before the controller forks: every child it starts is an :class:`EndsWithController`:
+    ``app.Process`` (heart monitor, task and broadcast schedulers) and pyzmq's ``ProcessDevice``
+    launcher (the mux, control and iopub queues)."""
+    from ipyparallel.controller import app
+    from zmq.devices.basedevice import ProcessDevice
+
+    app.Process = ProcessDevice._launch_class = EndsWithController
 
 
 def settling_heartbeat(fast_ms: int, hearts: int) -> None:
@@ -196,6 +229,7 @@ def main() -> None:
         target=_end_when_orphaned, args=(os.getppid(), owner_file), name="owner-watch", daemon=True
     ).start()
     aggregating_coalescence()
+    children_end_with_it()
     for arg in [a for a in sys.argv[1:] if a.startswith(HEARTBEAT_FLAG)]:
         sys.argv.remove(arg)
         fast_ms, hearts = (int(x) for x in arg[len(HEARTBEAT_FLAG) :].split(","))
