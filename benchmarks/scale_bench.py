@@ -18,9 +18,9 @@
 3. Stand-in engines against the REAL controller (``--tree``, e.g. 256 512 1024; tests/sim_engines.py,
    a SIMULATION: one process of lightweight engines that register, beat and answer as engines do):
    the controller's broadcast tree at ipyparallel's default depth 1 against the depth the
-   workbench chooses (``launchers.broadcast_depth``), each size in the same run: a trivial
-   ``%%distrain`` cell's wall and the notebook's + controller's CPU (its schedulers included),
-   and how long the stand-ins take to register.
+   workbench chooses (``launchers.broadcast_depth``), both sets up at once and a trivial
+   ``%%distrain`` cell on each in turn: its wall and the notebook's + controller's CPU (its
+   schedulers included), and how long the stand-ins take to register.
 
 Targets (issue "a thousand ranks"): with 1024 simulated ranks the dashboard redraws in <= 200 ms,
 the notebook keeps up with 1024 ranks x 10 step events/s, ``where`` gives one grouped answer in
@@ -203,12 +203,15 @@ def _cpu_s(procs) -> float:
     return total
 
 
-def tree_cell(n: int, depth: int | None, calls: int) -> dict:
-    """A SIMULATION: ``n`` stand-in engines (tests/sim_engines.py, one process) registered with the
-    REAL controller, whose broadcast tree (``depth``; None: the one the workbench chooses) carries a
-    trivial ``%%distrain`` cell through the real magic, rank set and fan-out. Per cell: the wall,
-    the notebook's CPU (this process) and the controller's (it and its schedulers); the stand-ins'
-    own CPU apart (it is the ranks' work, not the tree's)."""
+def tree(sizes: list[int], calls: int) -> list[dict]:
+    """A SIMULATION: for each size ``n``, two sets of ``n`` stand-in engines (tests/sim_engines.py,
+    one process each) registered with two REAL controllers, one with ipyparallel's default tree
+    (depth 1), one with the depth the workbench chooses (``launchers.broadcast_depth``; one set
+    where that is 1 too). A trivial ``%%distrain`` cell through the real magic, rank set and
+    fan-out, on each set in turn (the machine's other load falls on both alike). Per cell: the
+    wall, the notebook's CPU (this process) and the controller's (it and its schedulers, its
+    heartbeat's CPU meanwhile measured apart); the stand-ins' own CPU apart too (the ranks' work)."""
+    import contextlib
     import tempfile
 
     import psutil
@@ -223,63 +226,76 @@ def tree_cell(n: int, depth: int | None, calls: int) -> dict:
         ip.run_line_magic("load_ext", "workbench")
     state = ROOT / ".state" / "bench"
     state.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=state) as folder, sim_engines.standin_rankset(n, folder, depth=depth) as rs:
-        tree = sim_engines.controller_tree(rs)
-        standins = [psutil.Process(rs.standins.pid)]
-        with session.using(rs):
 
-            def cell():
-                with redirect_stdout(io.StringIO()):
-                    ip.run_cell_magic("distrain", "", "pass")
-
-            for _ in range(3):
-                cell()
-            time.sleep(0.5)
-            # the controller's own pace with no cell (its heartbeat to n ranks), over as long as the cells take
-            c0, t0 = _cpu_s(tree), time.perf_counter()
-            time.sleep(2.0)
-            idle_per_s = (_cpu_s(tree) - c0) / (time.perf_counter() - t0)
-            walls = []
-            nb0, ctl0, st0, t0 = time.process_time(), _cpu_s(tree), _cpu_s(standins), time.perf_counter()
-            for _ in range(calls):
-                t1 = time.perf_counter()
-                cell()
-                walls.append(time.perf_counter() - t1)
-            span = time.perf_counter() - t0
-            nb, ctl, st = time.process_time() - nb0, _cpu_s(tree) - ctl0, _cpu_s(standins) - st0
-        pss = sum(p.memory_full_info().pss for p in tree if p.is_running()) / 2**20
-        fds = standins[0].num_fds()
-    chosen = launchers.broadcast_depth(n)
-    return {
-        "ranks": n,
-        "simulated": True,
-        "standin_engines_real_controller": True,
-        "depth": chosen if depth is None else depth,
-        "chosen_depth": chosen,
-        "leaves": 2 ** (chosen if depth is None else depth),
-        "controller_processes": len(tree),
-        "controller_pss_mib": pss,
-        "standin_fds": fds,
-        "registration_s": rs.registration_s,
-        "cell_wall_ms": statistics.median(walls) * 1000,
-        "notebook_cpu_ms": nb / calls * 1000,
-        "controller_cpu_ms": ctl / calls * 1000,
-        "controller_idle_cpu_ms": idle_per_s * span / calls * 1000,
-        "notebook_controller_cpu_ms": (nb + ctl) / calls * 1000,
-        "standins_cpu_ms": st / calls * 1000,
-        "load_avg_1": os.getloadavg()[0],
-    }
-
-
-def tree(sizes: list[int], calls: int) -> list[dict]:
-    """Each size with ipyparallel's default tree (depth 1) and with the depth the workbench chooses."""
-    from workbench.notebook.cluster import launchers
+    def cell():
+        with redirect_stdout(io.StringIO()):
+            ip.run_cell_magic("distrain", "", "pass")
 
     rows = []
     for n in sizes:
-        rows.append(tree_cell(n, 1, calls))
-        if launchers.broadcast_depth(n) != 1:
-            rows.append(tree_cell(n, None, calls))
+        chosen = launchers.broadcast_depth(n)
+        depths = [1] if chosen == 1 else [1, chosen]
+        with contextlib.ExitStack() as stack:
+            sets = []
+            for depth in depths:
+                folder = stack.enter_context(tempfile.TemporaryDirectory(dir=state))
+                rs = stack.enter_context(sim_engines.standin_rankset(n, folder, depth=depth))
+                sets.append((depth, rs, sim_engines.controller_tree(rs), [psutil.Process(rs.standins.pid)]))
+            schedulers = {depth: sim_engines.broadcast_schedulers(rs) for depth, rs, _, _ in sets}
+            for _, rs, _, _ in sets:
+                with session.using(rs):
+                    for _ in range(3):
+                        cell()
+            samples = {depth: {"wall": [], "nb": 0.0, "ctl": 0.0, "tree": 0.0, "st": 0.0} for depth in depths}
+            quiet = {depth: [0.0, 0.0] for depth in depths}  # controller CPU, seconds with no cell
+            for i in range(calls):
+                # between rounds, no cell: what each controller spends on its own meanwhile (its
+                # heartbeat to n ranks: every 3 s once all beat, every 100 ms while one is late)
+                c0, t0 = [_cpu_s(tree) for _, _, tree, _ in sets], time.perf_counter()
+                time.sleep(0.3)
+                for (depth, _, tree, _), c in zip(sets, c0):
+                    quiet[depth][0] += _cpu_s(tree) - c
+                    quiet[depth][1] += time.perf_counter() - t0
+                for depth, rs, tree, standins in sets if i % 2 == 0 else sets[::-1]:
+                    got = samples[depth]
+                    ctl0, st0, tree0 = _cpu_s(tree), _cpu_s(standins), _cpu_s(schedulers[depth])
+                    with session.using(rs):
+                        nb0, w0 = time.process_time(), time.perf_counter()
+                        cell()
+                        w1, nb1 = time.perf_counter(), time.process_time()
+                    got["ctl"] += _cpu_s(tree) - ctl0
+                    got["tree"] += _cpu_s(schedulers[depth]) - tree0
+                    got["st"] += _cpu_s(standins) - st0
+                    got["nb"] += nb1 - nb0
+                    got["wall"].append(w1 - w0)
+            for depth, rs, tree, standins in sets:
+                got = samples[depth]
+                idle_per_s = quiet[depth][0] / quiet[depth][1]
+                wall = statistics.median(got["wall"])
+                rows.append(
+                    {
+                        "ranks": n,
+                        "simulated": True,
+                        "standin_engines_real_controller": True,
+                        "depth": depth,
+                        "chosen_depth": chosen,
+                        "leaves": 2**depth,
+                        "controller_processes": len(tree),
+                        "tree_schedulers": len(schedulers[depth]),
+                        "controller_pss_mib": sum(p.memory_full_info().pss for p in tree if p.is_running()) / 2**20,
+                        "standin_fds": standins[0].num_fds(),
+                        "registration_s": rs.registration_s,
+                        "cell_wall_ms": wall * 1000,
+                        "notebook_cpu_ms": got["nb"] / calls * 1000,
+                        "controller_cpu_ms": got["ctl"] / calls * 1000,
+                        "tree_schedulers_cpu_ms": got["tree"] / calls * 1000,
+                        # the controller's CPU without a cell, over as long as a cell took
+                        "controller_idle_cpu_ms": idle_per_s * statistics.mean(got["wall"]) * 1000,
+                        "notebook_controller_cpu_ms": (got["nb"] + got["ctl"]) / calls * 1000,
+                        "standins_cpu_ms": got["st"] / calls * 1000,
+                        "load_avg_1": os.getloadavg()[0],
+                    }
+                )
     return rows
 
 
@@ -493,12 +509,14 @@ def main(argv=None) -> int:
     if trees:
         print(
             "SIMULATED ranks (stand-in engines, REAL controller): depth (leaves), registration (s),"
-            " trivial cell wall (ms, median), CPU per cell: notebook + controller (idle part) = sum, stand-ins (ms)"
+            " trivial cell wall (ms, median), CPU per cell: notebook + controller (of which the tree's schedulers;"
+            " its rate with no cell) = sum, stand-ins (ms)"
         )
     for t in trees:
         print(
             f"  {t['ranks']:5d}  {t['depth']} ({t['leaves']:2d})  {t['registration_s']:6.2f}  {t['cell_wall_ms']:7.1f}"
-            f"  {t['notebook_cpu_ms']:6.1f} + {t['controller_cpu_ms']:6.1f} ({t['controller_idle_cpu_ms']:.1f})"
+            f"  {t['notebook_cpu_ms']:6.1f} + {t['controller_cpu_ms']:6.1f} ({t['tree_schedulers_cpu_ms']:.1f};"
+            f" {t['controller_idle_cpu_ms']:.1f})"
             f" = {t['notebook_controller_cpu_ms']:6.1f}  {t['standins_cpu_ms']:6.1f}"
             f"  [{t['controller_processes']} procs, {t['controller_pss_mib']:.0f} MiB; {t['standin_fds']} fds]"
             f"  (load {t['load_avg_1']:.1f})"

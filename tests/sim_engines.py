@@ -318,6 +318,7 @@ def standin_rankset(n: int, folder: str, *, depth: int | None = None, timeout: f
         rs.registration_s = time.perf_counter() - t0
         rs.engine_ids = sorted(rs.client.ids)
         rs.standins = proc
+        rs.broadcast_depth = launchers.broadcast_depth(n) if depth is None else depth
         yield rs
     finally:
         if proc is not None and proc.stdin is not None:
@@ -335,6 +336,20 @@ def controller_tree(rs) -> list:
 
     root = psutil.Process(rs.cluster.controller.pid)
     return [root, *root.children(recursive=True)]
+
+
+def broadcast_schedulers(rs) -> list:
+    """Of :func:`controller_tree`, the broadcast tree's ``2**(depth + 1) - 1`` schedulers. The
+    controller starts its forked children in one order (``IPController.start``): the IOPub, mux,
+    control and task queues, the tree's schedulers, then the heart monitor."""
+    import psutil
+
+    children = psutil.Process(rs.cluster.controller.pid).children()
+    children.sort(key=lambda p: (p.create_time(), p.pid))
+    k = 2 ** (rs.broadcast_depth + 1) - 1
+    if len(children) < k + 2:
+        raise RuntimeError(f"the controller has {len(children)} children, fewer than its tree's {k} and 2 more")
+    return children[-(k + 1) : -1]
 
 
 def left_behind(rs) -> list[int]:
