@@ -3,8 +3,8 @@
 A SIMULATION of the ranks only: 512 stand-in engines in one process register with the real
 ipyparallel controller (started as a rank set starts it, the tree's depth chosen for 512) and
 answer as ranks do; the controller, its schedulers and the reply merging they do on the way
-up are the real ones. One set for the module: about 25 s on this 2-core machine, most of it
-the 512 registrations.
+up are the real ones. One set for the module: 37-90 s on this 2-core machine under other
+engineers' load (load average 12-17), most of it the 512 registrations.
 """
 
 from __future__ import annotations
