@@ -15,13 +15,23 @@
    and a trivial cell through the real magic, client and fan-out against a stand-in controller
    (tests/sim_controller.py) that answers as the broadcast tree does: the notebook's CPU per cell.
 
+3. Stand-in engines against the REAL controller (``--tree``, e.g. 256 512 1024; tests/sim_engines.py,
+   a SIMULATION: one process of lightweight engines that register, beat and answer as engines do):
+   the controller's broadcast tree at ipyparallel's default depth 1 against the depth the
+   workbench chooses (``launchers.broadcast_depth``), both sets up at once and a trivial
+   ``%%distrain`` cell on each in turn: its wall and the notebook's + controller's CPU (its
+   schedulers included), and how long the stand-ins take to register.
+
 Targets (issue "a thousand ranks"): with 1024 simulated ranks the dashboard redraws in <= 200 ms,
 the notebook keeps up with 1024 ranks x 10 step events/s, ``where`` gives one grouped answer in
 <= 2 s, a trivial cell's notebook CPU is <= 5x that of 4 real ranks; 64 real ranks start in
 <= 12 s and run a trivial cell in <= 100 ms. Figures from simulated ranks are a simulation and are labelled so in the JSON.
 
+With stand-ins, the chosen depth's notebook + controller CPU per cell is <= 0.75x depth 1's at the
+largest size, and 1024 stand-ins register in <= 30 s.
+
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scale_bench.py`` (``--quick``: 2 real ranks,
-64 simulated, checks the script only). Results: ``benchmarks/results/scale-*.json``.
+64 simulated, checks the script only; the tree alone: ``--real --sim --tree 256 512 1024``). Results: ``benchmarks/results/scale-*.json``.
 """
 
 from __future__ import annotations
@@ -179,6 +189,116 @@ def simulated_cell(n: int, calls: int) -> dict:
     return {"wall_ms": statistics.median(walls) * 1000, "notebook_cpu_ms": cpu * 1000}
 
 
+def _cpu_s(procs) -> float:
+    """User + system seconds of ``procs`` so far (those gone since count nothing)."""
+    import psutil
+
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def tree(sizes: list[int], calls: int) -> list[dict]:
+    """A SIMULATION: for each size ``n``, two sets of ``n`` stand-in engines (tests/sim_engines.py,
+    one process each) registered with two REAL controllers, one with ipyparallel's default tree
+    (depth 1), one with the depth the workbench chooses (``launchers.broadcast_depth``; one set
+    where that is 1 too). A trivial ``%%distrain`` cell through the real magic, rank set and
+    fan-out, on each set in turn (the machine's other load falls on both alike). Per cell: the
+    wall, the notebook's CPU (this process) and the controller's (it and its schedulers, its
+    heartbeat's CPU meanwhile measured apart); the stand-ins' own CPU apart too (the ranks' work)."""
+    import contextlib
+    import tempfile
+
+    import psutil
+    import sim_engines
+    from IPython.testing.globalipapp import get_ipython
+
+    from workbench.notebook import session
+    from workbench.notebook.cluster import launchers
+
+    ip = get_ipython()
+    with redirect_stdout(io.StringIO()):
+        ip.run_line_magic("load_ext", "workbench")
+    state = ROOT / ".state" / "bench"
+    state.mkdir(parents=True, exist_ok=True)
+
+    def cell():
+        with redirect_stdout(io.StringIO()):
+            ip.run_cell_magic("distrain", "", "pass")
+
+    rows = []
+    for n in sizes:
+        chosen = launchers.broadcast_depth(n)
+        depths = [1] if chosen == 1 else [1, chosen]
+        with contextlib.ExitStack() as stack:
+            sets = []
+            for depth in depths:
+                folder = stack.enter_context(tempfile.TemporaryDirectory(dir=state))
+                rs = stack.enter_context(sim_engines.standin_rankset(n, folder, depth=depth))
+                sets.append((depth, rs, sim_engines.controller_tree(rs), [psutil.Process(rs.standins.pid)]))
+            schedulers = {depth: sim_engines.broadcast_schedulers(rs) for depth, rs, _, _ in sets}
+            for _, rs, _, _ in sets:
+                with session.using(rs):
+                    for _ in range(3):
+                        cell()
+            samples = {depth: {"wall": [], "nb": 0.0, "ctl": 0.0, "tree": 0.0, "st": 0.0} for depth in depths}
+            quiet = {depth: [0.0, 0.0] for depth in depths}  # controller CPU, seconds with no cell
+            for i in range(calls):
+                # between rounds, no cell: what each controller spends on its own meanwhile (its
+                # heartbeat to n ranks: every 3 s once all beat, every 100 ms while one is late)
+                c0, t0 = [_cpu_s(tree) for _, _, tree, _ in sets], time.perf_counter()
+                time.sleep(0.3)
+                for (depth, _, tree, _), c in zip(sets, c0):
+                    quiet[depth][0] += _cpu_s(tree) - c
+                    quiet[depth][1] += time.perf_counter() - t0
+                for depth, rs, tree, standins in sets if i % 2 == 0 else sets[::-1]:
+                    got = samples[depth]
+                    ctl0, st0, tree0 = _cpu_s(tree), _cpu_s(standins), _cpu_s(schedulers[depth])
+                    with session.using(rs):
+                        nb0, w0 = time.process_time(), time.perf_counter()
+                        cell()
+                        w1, nb1 = time.perf_counter(), time.process_time()
+                    got["ctl"] += _cpu_s(tree) - ctl0
+                    got["tree"] += _cpu_s(schedulers[depth]) - tree0
+                    got["st"] += _cpu_s(standins) - st0
+                    got["nb"] += nb1 - nb0
+                    got["wall"].append(w1 - w0)
+            for depth, rs, tree, standins in sets:
+                got = samples[depth]
+                idle_per_s = quiet[depth][0] / quiet[depth][1]
+                wall = statistics.median(got["wall"])
+                rows.append(
+                    {
+                        "ranks": n,
+                        "simulated": True,
+                        "standin_engines_real_controller": True,
+                        "depth": depth,
+                        "chosen_depth": chosen,
+                        "leaves": 2**depth,
+                        "controller_processes": len(tree),
+                        "tree_schedulers": len(schedulers[depth]),
+                        "controller_pss_mib": sum(p.memory_full_info().pss for p in tree if p.is_running()) / 2**20,
+                        "standin_fds": standins[0].num_fds(),
+                        "registration_s": rs.registration_s,
+                        "cell_wall_ms": wall * 1000,
+                        "notebook_cpu_ms": got["nb"] / calls * 1000,
+                        "controller_cpu_ms": got["ctl"] / calls * 1000,
+                        "tree_schedulers_cpu_ms": got["tree"] / calls * 1000,
+                        # the controller's CPU without a cell, over as long as a cell took
+                        "controller_idle_cpu_ms": idle_per_s * statistics.mean(got["wall"]) * 1000,
+                        "notebook_controller_cpu_ms": (got["nb"] + got["ctl"]) / calls * 1000,
+                        "standins_cpu_ms": got["st"] / calls * 1000,
+                        "load_avg_1": os.getloadavg()[0],
+                    }
+                )
+    return rows
+
+
 def simulated(n: int, steps: int) -> dict:
     """A SIMULATION: ``n`` ranks' events through a real collector and store, no rank processes."""
     import sim_ranks
@@ -329,6 +449,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", type=int, nargs="*", default=[2, 4, 8, 16, 32, 64], help="real rank counts")
     parser.add_argument("--sim", type=int, nargs="*", default=[64, 256, 1024], help="simulated rank counts")
+    parser.add_argument(
+        "--tree",
+        type=int,
+        nargs="*",
+        default=[],
+        help="rank counts of stand-in engines against the real controller: its broadcast tree, depth 1 and chosen",
+    )
+    parser.add_argument("--tree-calls", type=int, default=20, help="cells per tree size and depth")
     parser.add_argument("--calls", type=int, default=30, help="cells per real size")
     parser.add_argument("--steps", type=int, default=20, help="steps of simulated history before measuring")
     parser.add_argument("--map-steps", type=int, default=2000, help="steps of the long run the heatmaps bin")
@@ -339,10 +467,12 @@ def main(argv=None) -> int:
         return results.pool_report("scale")
     if args.quick:
         args.real, args.sim, args.calls, args.steps, args.map_steps = [2], [64], 5, 5, 200
+        args.tree, args.tree_calls = [300] if args.tree else [], 5
     run = results.Run("scale", vars(args), quick=args.quick)
     real = [real_ranks(n, args.calls) for n in args.real]
     sim = [simulated(n, args.steps) for n in args.sim]
     pics = [pictures(n, args.map_steps) for n in args.sim]
+    trees = tree(args.tree, args.tree_calls)
     print(
         "real ranks: start (s), trivial cell [direct / fanned] / all_reduce cell / status / where (ms, median),"
         " notebook CPU per trivial cell [direct / fanned] (ms), rank PSS (MiB, median)"
@@ -376,8 +506,38 @@ def main(argv=None) -> int:
             f" ({p['timeline_extremes_bytes'] / 1e3:.0f} / {p['timeline_every_rank_bytes'] / 1e3:.0f})"
             f"  {p['layout_grouped_ms']:7.1f}  {p['sidebar_poll_ms']:7.1f} ({p['sidebar_poll_bytes'] / 1e3:.0f})"
         )
-    run.rounds = real + sim + pics
-    run.summary = {"real": real, "simulated": sim, "pictures": pics}
+    if trees:
+        print(
+            "SIMULATED ranks (stand-in engines, REAL controller): depth (leaves), registration (s),"
+            " trivial cell wall (ms, median), CPU per cell: notebook + controller (of which the tree's schedulers;"
+            " its rate with no cell) = sum, stand-ins (ms)"
+        )
+    for t in trees:
+        print(
+            f"  {t['ranks']:5d}  {t['depth']} ({t['leaves']:2d})  {t['registration_s']:6.2f}  {t['cell_wall_ms']:7.1f}"
+            f"  {t['notebook_cpu_ms']:6.1f} + {t['controller_cpu_ms']:6.1f} ({t['tree_schedulers_cpu_ms']:.1f};"
+            f" {t['controller_idle_cpu_ms']:.1f})"
+            f" = {t['notebook_controller_cpu_ms']:6.1f}  {t['standins_cpu_ms']:6.1f}"
+            f"  [{t['controller_processes']} procs, {t['controller_pss_mib']:.0f} MiB; {t['standin_fds']} fds]"
+            f"  (load {t['load_avg_1']:.1f})"
+        )
+    run.rounds = real + sim + pics + trees
+    run.summary = {"real": real, "simulated": sim, "pictures": pics, "tree": trees}
+    deep = [t for t in trees if t["depth"] != 1]
+    if deep:  # the chosen depth against ipyparallel's default, same size, same run
+        top = max(deep, key=lambda t: t["ranks"])
+        one = next(t for t in trees if t["ranks"] == top["ranks"] and t["depth"] == 1)
+        ratio = top["notebook_controller_cpu_ms"] / one["notebook_controller_cpu_ms"]
+        run.summary["tree_cpu_ratio_chosen_to_depth_1"] = ratio
+        run.target(
+            f"notebook + controller CPU per cell, {top['ranks']} stand-ins, depth {top['depth']} / depth 1",
+            ratio,
+            "<=",
+            0.75,
+        )
+        big = [t for t in trees if t["ranks"] >= 1024 and t["depth"] == t["chosen_depth"]]
+        if big:
+            run.target(f"registration of {big[0]['ranks']} stand-in engines (s)", big[0]["registration_s"], "<=", 30.0)
     for r in real:
         if r["ranks"] >= 64:
             run.target(f"start, {r['ranks']} real ranks (s)", r["start_s"], "<=", 12.0)

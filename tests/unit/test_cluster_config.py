@@ -9,7 +9,7 @@ import pytest
 
 from workbench.engine import guard
 from workbench.engine.runtime import visible_gpu
-from workbench.notebook.cluster import network, ssh
+from workbench.notebook.cluster import launchers, network, ssh
 from workbench.notebook.cluster.slurm import SlurmRequest, batch_template, parse_sbatch
 
 
@@ -88,3 +88,13 @@ def test_guard_lines_are_signed():
     assert guard.verify(b"k" * 32, line) == {"kind": "exit", "code": -9}
     assert guard.verify(b"x" * 32, line) is None
     assert guard.verify(b"k" * 32, line.replace(b"-9", b"-1")) is None
+
+
+def test_the_broadcast_tree_deepens_past_256_ranks_with_leaves_of_at_most_128():
+    depths = {n: launchers.broadcast_depth(n) for n in (2, 8, 64, 256, 257, 512, 513, 1024, 4096)}
+    assert depths == {2: 1, 8: 1, 64: 1, 256: 1, 257: 2, 512: 2, 513: 3, 1024: 3, 4096: 5}
+    for n, depth in depths.items():  # rank r is on leaf r % 2**depth
+        assert -(-n // 2**depth) <= max(launchers.LEAF_RANKS, -(-n // 2))
+    for launcher in ("local", "mpi", "slurm", "ssh"):  # every controller is started with it
+        args = launchers.cluster_kwargs(launcher, 1024)["controller_args"]
+        assert "--IPController.broadcast_scheduler_depth=3" in args

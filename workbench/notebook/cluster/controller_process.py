@@ -199,22 +199,43 @@ def aggregating_coalescence() -> None:
     """Replies that the broadcast tree coalesces are merged by content on the way up: each
     scheduler sends each distinct reply once with an index, so that a quiet cell on 1024 ranks
     reaches the notebook as one reply to unpack, not 1024. Patched on the class before the
-    controller forks its schedulers, which inherit it."""
+    controller forks its schedulers, which inherit it.
+
+    A scheduler above another one takes the order of the targets from that one's reply (it
+    answers leaf by leaf): its own target list is in the client's order, which at a depth of 2
+    or more is not the order of the replies it merges. Each call counts the replies it still
+    awaits: looking through all of them on every reply cost a leaf of k ranks k * k / 2 steps."""
     from ipyparallel.controller.broadcast_scheduler import BroadcastScheduler
+
+    awaited: dict[tuple[int, str], int] = {}  # (scheduler, call): replies not yet in
 
     def coalescing_reply(self, raw_msg, msg, original_msg_id, outgoing_id, idents):
         pending = self.accumulated_replies[original_msg_id]
-        pending[outgoing_id] = msg["buffers"]
-        if any(b is None for b in pending.values()):
+        key = (id(self), original_msg_id)
+        if key not in awaited:
+            awaited[key] = len(pending)
+        if pending.get(outgoing_id) is None:
+            awaited[key] -= 1
+        if self.is_leaf:
+            pending[outgoing_id] = msg["buffers"]
+        else:  # a merged reply, in the order its scheduler answers in
+            pending[outgoing_id] = (msg["buffers"], msg["metadata"]["broadcast_targets"])
+        if awaited[key] > 0:
             return
+        del awaited[key]
         replies = self.accumulated_replies.pop(original_msg_id)
         targets = self.accumulated_targets.pop(original_msg_id)
         new_msg = msg.copy()
-        if self.is_leaf:
-            new_msg["metadata"]["broadcast_targets"] = targets
+        if self.is_leaf:  # the replies in the order of the targets (their slots were made so)
+            order, parts = targets, list(replies.values())
         else:
-            new_msg["metadata"]["broadcast_targets"] = [t for sub in replies for t in targets[sub]]
-        buffers = merge_replies(list(replies.values()), merged=not self.is_leaf)
+            order, parts = [], []
+            for sub, (buffers, below) in replies.items():
+                mine = {t[0]: t for t in targets[sub]}
+                order.extend(mine[t if isinstance(t, str) else t[0]] for t in below)  # a leaf names idents
+                parts.append(buffers)
+        new_msg["metadata"]["broadcast_targets"] = order
+        buffers = merge_replies(parts, merged=not self.is_leaf)
         self.client_stream.send_multipart(idents + self.session.serialize(new_msg) + buffers, copy=False)
 
     BroadcastScheduler.coalescing_reply = coalescing_reply

@@ -83,6 +83,13 @@ SETTLED_HEARTBEAT_MS = 3000
 SILENCE_LOCAL_MS = 60_000
 SILENCE_REMOTE_MS = 1500
 
+# ipyparallel's broadcast tree has 2**depth leaf schedulers, rank r on leaf r % 2**depth; every
+# message a leaf sends to one of its ranks carries the leaf's whole target list, so a leaf's
+# work per call grows with the square of its ranks. Past 2 * LEAF_RANKS ranks the tree is
+# made deeper, one level for each doubling, so that no leaf serves more than LEAF_RANKS ranks
+# (each level a few MiB: one scheduler process per node; measured in benchmarks/scale_bench.py).
+LEAF_RANKS = 128
+
 REGISTRATION_S = 600  # guarded launches: the notebook's own wait (RankSet) ends first, with a message
 
 CONTROLLER_CMD = [
@@ -122,7 +129,10 @@ def cluster_kwargs(
         "log_level": 30,
         "config": cfg,
         # the controller runs in its own process: its settings go on its command line
-        "controller_args": heartbeat_args(n, patient=launcher in ("local", "mpi") or guarded),
+        "controller_args": [
+            *heartbeat_args(n, patient=launcher in ("local", "mpi") or guarded),
+            f"--IPController.broadcast_scheduler_depth={broadcast_depth(n)}",
+        ],
     }
     if guarded:
         # an engine completes registration only after importing torch (PRELOAD), which on a
@@ -167,6 +177,15 @@ def cluster_kwargs(
         else:
             kwargs[key] = value
     return kwargs
+
+
+def broadcast_depth(n: int) -> int:
+    """The broadcast tree's depth for ``n`` ranks: ipyparallel's own 1 (two leaves) up to
+    ``2 * LEAF_RANKS`` ranks, then as deep as it takes for leaves of at most ``LEAF_RANKS``."""
+    depth = 1
+    while n > LEAF_RANKS * 2**depth:
+        depth += 1
+    return depth
 
 
 def heartbeat_args(n: int, *, patient: bool) -> list[str]:
