@@ -7,6 +7,7 @@ is shown grouped by rank ranges, past 8 ranks by default. The last test stops it
 nothing it started is left.
 """
 
+import os
 import re
 import threading
 import time
@@ -39,12 +40,14 @@ def ranks_of(line: str) -> list[int]:
 def ranks64():
     rs = RankSet.start(n=N, backend="gloo", threads=1, sys_path=RANK_SYS_PATH)
     pids = list(rs.started_pids)
+    store_file = rs.store_file
     try:
         with session.using(rs):
             yield rs
     finally:
         rs.stop()
         assert alive(pids) == [], f"processes left behind by the {N}-rank set: {alive(pids)}"
+        assert store_file is not None and not os.path.exists(store_file), "the file store outlived its set"
 
 
 @pytest.fixture
@@ -66,7 +69,8 @@ def _rank_and_sum():
 
 def test_64_ranks_start_and_every_rank_answers_through_the_broadcast_tree(ranks64):
     assert ranks64.world_size == N
-    # bootstrapped by one request down the tree: each rank took its own row of the table
+    # bootstrapped by one request down the tree, each rank taking its own row of the table,
+    # the group meeting in a file store (runtime.LARGE_LOCAL_FROM)
     assert [i["rank"] for i in ranks64.info] == list(range(N))
     assert len({i["pid"] for i in ranks64.info}) == N
     call = ranks64.submit(_rank_and_sum)

@@ -130,6 +130,7 @@ def bootstrap(
     framework: str = "torch",
     extra_env: dict[str, str] | None = None,
     process_group: bool = True,
+    store_file: str | None = None,
 ) -> dict:
     """Set the rank's environment, pin its device and initialise the process group
     (``framework="jax"``: ``jax.distributed`` instead, :mod:`workbench.engine.jax_runtime`).
@@ -142,7 +143,8 @@ def bootstrap(
     already initialised (a rank set is bootstrapped once; restart makes new ranks).
     ``process_group=False``: a rank that replaces a lost replica of a fault-tolerant run
     (``notebook.fault_tolerance``); the set's process group cannot take a new member, and the
-    run talks over its replica's own groups.
+    run talks over its replica's own groups. ``store_file``: the group meets in a file store
+    there (a large set on one host, :data:`LARGE_LOCAL_FROM`) instead of rank 0's TCP store.
     """
     global _CONTEXT
     env = {
@@ -227,11 +229,15 @@ def bootstrap(
         kwargs["device_id"] = torch.device(device)
     if process_group:
         lazy_gloo(backend, world_size)
-        if rank != 0:
-            await_store(master_addr, master_port, timeout_s)
+        if store_file:
+            init_method = f"file://{store_file}"
+        else:
+            init_method = f"tcp://{master_addr}:{master_port}"
+            if rank != 0:
+                await_store(master_addr, master_port, timeout_s)
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
+            init_method=init_method,
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
@@ -263,16 +269,21 @@ def bootstrap_engine(table: dict[int, dict]) -> dict:
 
 
 STORE_POLL_S = 0.005
-LAZY_GLOO_FROM = 32  # ranks
+# ranks from which a set starts as large sets do: gloo pairs connected on first use
+# (lazy_gloo), and on one host a file store instead of rank 0's TCP store: torch's TCP store
+# client and server name each connection's address by a reverse DNS lookup (of ::ffff:127.0.0.1
+# here), and with tens of them at once some wait out the resolver's 5 s timeout, the server's
+# one thread blocked meanwhile for every rank (64 ranks: 5-10 s; a file store: 0.3 s)
+LARGE_LOCAL_FROM = 32
 
 
 def lazy_gloo(backend: str, world_size: int) -> bool:
-    """From ``LAZY_GLOO_FROM`` ranks, gloo connects a pair of ranks when they first talk
+    """From ``LARGE_LOCAL_FROM`` ranks, gloo connects a pair of ranks when they first talk
     (``TORCH_GLOO_LAZY_INIT``), not all pairs at start: at 64 ranks the full mesh is 2,016
     connections and 4,032 reads of rank 0's store, each answered by its one store thread,
     ~5-10 s of a start on 2 cores (benchmarks/FINDINGS.md). Smaller sets connect at start as
     before; a setting of the user's own is kept. True where lazy connection is in force."""
-    if backend != "gloo" or world_size < LAZY_GLOO_FROM:
+    if backend != "gloo" or world_size < LARGE_LOCAL_FROM:
         return os.environ.get("TORCH_GLOO_LAZY_INIT") == "1"
     os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
     return os.environ["TORCH_GLOO_LAZY_INIT"] == "1"

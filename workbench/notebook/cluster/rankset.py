@@ -151,6 +151,7 @@ class RankSet:
         self.client = None
         self.engine_ids: list[int] = []  # index = rank
         self.info: list[dict] = []  # bootstrap description per rank
+        self.store_file: str | None = None  # the process group's file store (large sets on one host)
         self.procs: list[health.RankProcess] = []
         self.watcher: health.Watcher | None = None
         self.started_pids: list[int] = []
@@ -400,6 +401,11 @@ class RankSet:
             backend, gpu_ids = plan.backend, list(plan.gpu_ids)
         stack_dir = os.path.join(self.state_dir(), "stacks")
         controller = self._controller_pids()
+        if cfg.framework == "torch" and one_host and master_host == here and cfg.n >= runtime.LARGE_LOCAL_FROM:
+            os.makedirs(self.state_dir(), exist_ok=True)
+            self.store_file = os.path.join(self.state_dir(), f"store-{master_port}")
+            if os.path.exists(self.store_file):
+                os.remove(self.store_file)  # a file store must start empty
         per_rank = []
         for rank in range(len(self.engine_ids)):
             same_host = [r for r, h in enumerate(hosts) if h == hosts[rank]]
@@ -425,6 +431,7 @@ class RankSet:
                 also_end=controller if rank == 0 and hosts[rank] == here else None,
                 framework=cfg.framework,
                 extra_env=dict(cfg.nccl_env) or None,
+                store_file=self.store_file,
             )
             per_rank.append(kwargs)
         wait_s = max(120, cfg.timeout)
@@ -698,6 +705,8 @@ class RankSet:
         if self.lighthouse is not None:
             self.lighthouse.stop()
         left = health.end_pids(pids, grace=1.0)
+        if self.store_file is not None and os.path.exists(self.store_file):
+            os.remove(self.store_file)
         # A controller stopped within a second of its start may be ended before it has set
         # its signal handlers, while it forks its schedulers: those it forked after the scan
         # above outlive it (at ppid 1). They are still in its session: end them by pid, with
