@@ -199,7 +199,8 @@ class EventStore:
         self._seen_order.append(key)
         if len(self._seen_order) > self._seen_limit:
             self._seen.discard(self._seen_order.popleft())
-        if e["source"] == "trainer" and e["step"] <= self._trainer_step.get((e["run"], e["rank"]), 0):
+        before = self._trainer_step.get((e["run"], e["rank"]))  # None: the rank's first step, nothing to move
+        if e["source"] == "trainer" and before is not None and e["step"] <= before:
             self._roll_back(e["run"], e["rank"], e["step"])
         if e["source"] == "trainer":
             self._trainer_step[(e["run"], e["rank"])] = e["step"]
