@@ -129,7 +129,9 @@ def test_steps_a_killed_rank_never_delivered_are_redone_from_an_older_checkpoint
         assert (rec["checkpoint"], rec["checkpoint_step"]) == (f"step-000000{ck_step}", ck_step), rec
         lost = [] if held_from == 15 else [{"rank": 1, "first": held_from + 1, "last": 20}]
         assert rec["lost"] == lost, rec
-        assert rec["steps_redone"] == rec["failed_step"] - ck_step and rec["failed_step"] >= 25, rec
+        # the run's step when rank 1 died in step 25's hook: rank 0's step 25, or its 24 where rank 0
+        # had not yet sent step 25 (rank 1's own events are held from HELD_FROM)
+        assert rec["steps_redone"] == rec["failed_step"] - ck_step and rec["failed_step"] in (24, 25), rec
         loss = metrics.metrics()
         loss = loss[loss["metric"] == "loss"]
         assert loss[loss["rank"] == 0]["step"].tolist() == list(range(1, 61))  # every step once

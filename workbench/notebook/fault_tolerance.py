@@ -332,21 +332,7 @@ class FaultTolerantRun:
         g = self.group_size
         ranks = [r for r in range(replica * g, (replica + 1) * g) if r in deaths]
         dead = min((deaths[r] for r in ranks), key=lambda d: (d.get("exit_code") == EXIT_REPLICA_LOST, d["time"]))
-        rec = {
-            "run": self.run,
-            "n": len(self.after_end) + 1,
-            "kind": AFTER_THE_END,
-            "replica": replica,
-            "ranks": ranks,
-            "rank": dead["rank"],
-            "host": dead["host"],
-            "detail": dead["exit"],
-            "time": dead["time"],
-            "failed_step": self.target,
-            "world_size": g,
-            "checkpoint": None,
-            "checkpoint_step": None,
-        }
+        rec = self._lost_record(AFTER_THE_END, len(self.after_end) + 1, replica, ranks, dead, self.target)
         self._settled.update(deaths[r]["pid"] for r in ranks)
         self._ended_dead.update(ranks)
         self.store.note_recovery(rec)
@@ -354,6 +340,24 @@ class FaultTolerantRun:
         text = "fault tolerance: " + describe(rec)
         self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
         print(text, flush=True)
+
+    def _lost_record(self, kind: str, n: int, replica: int, ranks: list[int], dead: dict, step: int) -> dict:
+        """The record of ``replica`` losing ``ranks`` (``dead``: the death that counts) at ``step``."""
+        return {
+            "run": self.run,
+            "n": n,
+            "kind": kind,
+            "replica": replica,
+            "ranks": ranks,
+            "rank": dead["rank"],
+            "host": dead["host"],
+            "detail": dead["exit"],
+            "time": dead["time"],
+            "failed_step": step,
+            "world_size": self.group_size,
+            "checkpoint": None,
+            "checkpoint_step": None,
+        }
 
     def _mark_dead(self, ranks: list[int], state: str, reason: str) -> None:
         """Put the end of dead ``ranks`` in the stream, where they said nothing more (``train wait``, the
@@ -390,22 +394,10 @@ class FaultTolerantRun:
         steps = self.store.last_steps(self.run)
         self.generation[replica] += 1
         send_as = f"{self.run}-r{replica}g{self.generation[replica]}"
-        rec = {
-            "run": self.run,
-            "n": len(self.records) + 1,
-            "kind": "died",
-            "replica": replica,
-            "ranks": ranks,
-            "rank": dead["rank"],
-            "host": dead["host"],
-            "detail": dead["exit"],
-            "time": dead["time"],
-            "failed_step": max(steps.values()) if steps else 0,
-            "world_size": g,
-            "sent_as": send_as,
-            "checkpoint": None,
-            "checkpoint_step": None,
-        }
+        rec = self._lost_record(
+            "died", len(self.records) + 1, replica, ranks, dead, max(steps.values()) if steps else 0
+        )
+        rec["sent_as"] = send_as
         rs = self.rankset
         t0 = time.time()
         others = [r for r in range(rs.world_size) if r not in ranks and r not in deaths]

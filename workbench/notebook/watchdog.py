@@ -97,9 +97,14 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
     }
 
 
+_COMPREHENSIONS = ("in <listcomp>", "in <dictcomp>", "in <setcomp>", "in <genexpr>")
+
+
 def _where(frames: list[str]) -> str:
     """The innermost frame, and the innermost one outside torch and the standard library
     (the user's or the workbench's code) when that is another."""
+    # a comprehension is a frame of its own in Python 3.11: name the function that runs it
+    frames = [f for f in frames if not f.endswith(_COMPREHENSIONS)] or frames
     if not frames:
         return "?"
     own = next((f for f in frames if "/torch/" not in f and not ("/lib/python3" in f and "-packages/" not in f)), None)

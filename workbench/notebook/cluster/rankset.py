@@ -542,6 +542,28 @@ class RankSet:
             self._fanned_calls.append(weakref.ref(call))
         return call
 
+    def _queues(self) -> dict:
+        """The controller's queue lengths per engine. The hub hears of a reply a moment after this
+        notebook does: an engine still counted busy with nothing of this notebook's outstanding on
+        it is asked about once more (another client's call stays busy)."""
+        for attempt in range(2):
+            try:
+                queues = self.client.queue_status(verbose=False)
+            except Exception:
+                return {}
+            mine = self.client._outstanding_dict
+            stale = [
+                eid
+                for eid, q in queues.items()
+                if isinstance(q, dict)
+                and (q.get("queue") or q.get("tasks"))
+                and not mine.get(self.client._engines.get(eid), ())
+            ]
+            if not stale or attempt:
+                return queues
+            time.sleep(0.05)
+        return queues
+
     def _busy_in_fanned_calls(self) -> set[int]:
         """Ranks still running a call sent through the broadcast tree: not yet answered, no
         error from them yet, alive, and not answered on a later call (a rank runs its calls in
@@ -627,10 +649,7 @@ class RankSet:
         """
         self.require_running()
         deaths = {d["rank"]: d for d in self.dead()}
-        try:
-            queues = self.client.queue_status(verbose=False)
-        except Exception:
-            queues = {}
+        queues = self._queues()
         fanned_busy = self._busy_in_fanned_calls()
         rows = []
         for rank, eid in enumerate(self.engine_ids):
