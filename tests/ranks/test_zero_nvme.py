@@ -4,7 +4,11 @@ swapped to a folder through DeepSpeed's async I/O op (libaio) trains like plain 
 Two fresh gloo processes (``gloo_harness``): DeepSpeed picks its accelerator once per process.
 DeepSpeed swaps only tensors of 1 MiB or more (``MIN_AIO_BYTES``), so the model is sized for
 it: the six feed-forward weights (256 x 2048 fp32: 1 MiB per rank's shard) and the flat
-optimizer partition (fp32 master, Adam's m and v) go to disk, the smaller tensors stay in memory.
+optimizer partition (fp32 master, Adam's m and v) go to disk, the smaller tensors stay in memory
+(the parameters are written at partitioning; between steps DeepSpeed keeps up to ``max_in_cpu``
+elements in memory). On a CPU without fp16 support DeepSpeed's own partitioning gives fp32
+shards bf16 swap buffers (``zero.partition_fp32_for_nvme``): without that fix no parameter file
+is written here.
 Losses over 20 steps against plain ZeRO-3 within 1e-6 relative per step: the same fp32
 arithmetic on the same partitions, only where the state waits between steps differs (seen:
 identical). The async I/O op is built on first use (about 4 minutes on 2 idle cores), into

@@ -139,6 +139,22 @@ def infinity_config(spec) -> dict:
     return zero
 
 
+def partition_fp32_for_nvme(ds, model, config: dict) -> None:
+    """Partition an fp32 model for NVMe parameter offload before ``deepspeed.initialize`` does.
+
+    DeepSpeed's own call hands ``zero.Init`` the model's dtype, and Init's
+    ``dtype or fp16 if accelerator.is_fp16_supported() else bf16`` reads bf16 wherever the
+    accelerator lacks fp16 (CPUs without AVX512-FP16/AMX-FP16): fp32 shards then get bf16 swap
+    buffers, a dtype error in the first step, or shards under 2 MiB silently kept in memory.
+    Given the config and no dtype, Init reads fp32 from it; initialize then finds ZeRO parameters.
+    """
+    if config.get("bf16", {}).get("enabled") or config.get("fp16", {}).get("enabled"):
+        return  # the engine casts first and Init gets the half dtype it should
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        return
+    ds.zero.Init(module=model, config_dict_or_path=config, remote_device="nvme", pin_memory=True)
+
+
 def deepspeed_config(spec, *, world_size: int, n_params: int | None = None) -> dict:
     zero: dict = {"stage": spec.zero_stage}
     if n_params:
@@ -249,15 +265,11 @@ class ZeroStrategy:
             check_nvme(s)
         # DeepSpeed's first initialize makes groups (a copy of the world) it reuses after
         enter_layout(("deepspeed", ctx.mesh_device), on_free=forget_deepspeed_groups)
+        config = deepspeed_config(s, world_size=ctx.world_size, n_params=sum(p.numel() for p in model.parameters()))
         try:
-            engine, opt, _, _ = ds.initialize(
-                model=model,
-                optimizer=optimizer,
-                config=deepspeed_config(
-                    s, world_size=ctx.world_size, n_params=sum(p.numel() for p in model.parameters())
-                ),
-                dist_init_required=False,
-            )
+            if s.zero_stage == 3 and s.offload_param == "nvme":
+                partition_fp32_for_nvme(ds, model, config)
+            engine, opt, _, _ = ds.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
         except BaseException:
             if nvme:
                 remove_swap_files(s, ctx.rank)
@@ -274,7 +286,8 @@ class ZeroStrategy:
         if nvme:
             ctx.notes.append(
                 f"ZeRO-Infinity: swap files under {os.path.join(s.nvme_path, 'zero_stage_3')} "
-                "(DeepSpeed's async I/O; tensors under 1 MiB stay in memory), removed at close"
+                "(DeepSpeed's async I/O; tensors under 1 MiB stay in memory, and between steps it keeps up "
+                "to 1e9 parameter elements in memory, its max_in_cpu), removed at close"
             )
         prepared = DeepSpeedPrepared(
             model=engine,
