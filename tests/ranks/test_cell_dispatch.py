@@ -78,6 +78,26 @@ def test_a_quiet_cell_says_nothing_is_on_its_way_and_a_failing_one_still_fails(r
             ranks2.execute("from workbench import engine\nif engine.rank == 1:\n    1 / 0")
 
 
+def _sent() -> int:
+    from IPython import get_ipython
+
+    return get_ipython().kernel.session.message_count
+
+
+def test_a_rank_sends_a_reply_and_an_idle_per_request_and_logs_no_line_per_cell(ranks2):
+    """What a rank's kernel does per request beyond the cell (``cell_runner.lighten_kernel``):
+    between two reads of its message count one request went by, whose messages are its
+    reply and the "idle" that marks its output complete, with no "busy" before it; the
+    engine's log takes warnings, not a line per request."""
+    import logging
+
+    for _ in range(3):
+        first, second = ranks2.apply(_sent), ranks2.apply(_sent)
+        assert [b - a for a, b in zip(first, second)] == [2, 2]
+    assert ranks2.apply(lambda: __import__("IPython").get_ipython().kernel.log.level) == [logging.WARNING] * 2
+    assert [r.published for r in ranks2.execute_async("quiet = 2").result()] == [0, 0]  # still counted right
+
+
 def test_top_level_await_runs_as_in_a_kernel_cell(shell2, capsys):
     """The rank's kernel loop is busy with the cell's own request: the cell awaits on a loop
     of its own, and prints, its value and its error arrive as from any cell."""

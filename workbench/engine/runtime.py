@@ -184,6 +184,9 @@ def bootstrap(
         rank_debug.install(os.path.join(os.path.dirname(stack_dir), "debug"), rank)
     if parent_pid:
         _exit_with_parent(parent_pid, also_end or [])
+    from .cell_runner import lighten_kernel
+
+    lighten_kernel()
     if framework == "jax":
         from . import jax_runtime
 
