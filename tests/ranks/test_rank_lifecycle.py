@@ -70,8 +70,12 @@ def test_stop_leaves_no_process_behind(fresh_ranks):
     pids = list(rs.started_pids)
     assert len(pids) >= 3  # controller, engines (and their nannies)
     assert len(alive(pids)) == len(pids)
+    log = rs.forked.log  # the ranks' own output and their engines' log
     assert api.stop() == []
     assert alive(pids) == []
+    with open(log) as f:
+        text = f.read()
+    assert "received signal 15" in text and "Traceback" not in text, text  # a stop is no error
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs OpenMPI's mpiexec (.ci/run installs it)")

@@ -149,12 +149,23 @@ def main() -> None:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _reseed()
             own_engine(app)
-            app.start()
+            run_engine(app)
             return
         pids.append(pid)
     _reap(set(pids), setup["exit_dir"])
     # nothing to tidy here; a normal exit would spend seconds tearing down torch's modules
     os._exit(0)
+
+
+def run_engine(app) -> None:
+    """Run the engine until it is shut down. A shutdown stops the event loop that ipyparallel's
+    ``run_sync`` waits on, which tornado reports as an error: that is the normal end, not a
+    traceback for every rank's log at every stop."""
+    try:
+        app.start()
+    except RuntimeError as e:
+        if "Event loop stopped before Future completed" not in str(e):
+            raise
 
 
 def initialized_engine(argv: list[str]):
