@@ -1,10 +1,12 @@
-"""A notebook process that dies without stopping its ranks leaves no orphan behind."""
+"""A notebook process that dies without stopping its ranks leaves no orphan behind; what the
+controller and the ranks need of the system (descriptors) they take themselves."""
 
 import os
 import subprocess
 import sys
 import time
 
+import pytest
 from conftest import ROOT, alive
 
 SCRIPT = """
@@ -149,3 +151,52 @@ def test_the_controllers_children_end_when_the_controller_is_killed(fresh_ranks)
     finally:
         for pid in alive(children):
             os.kill(pid, 9)
+
+
+LIMITS = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+import workbench
+
+def limit(pid):
+    with open(f"/proc/{{pid}}/limits") as f:
+        return next(int(line.split()[3]) for line in f if line.startswith("Max open files"))
+
+rs = workbench.start(2, backend="gloo", threads=1)
+seen = {{"own": limit(os.getpid()), "ranks": [limit(p.pid) for p in rs.procs],
+         "controller": [limit(p) for p in rs._controller_pids()]}}
+workbench.stop()
+print(json.dumps(seen), flush=True)
+"""
+
+
+def test_the_controller_and_the_ranks_run_at_the_hard_descriptor_limit():
+    """The controller holds ~8 connections per rank and a rank one per gloo peer: from a
+    notebook started with the common 1,024-descriptor soft limit, both raise theirs to the
+    hard limit (a set of a few hundred ranks would otherwise stop at "Too many open files");
+    the notebook's own limit is left as it was."""
+    import json
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"the hard limit here is {hard}: nothing to raise")
+    low = 1024
+
+    def lower():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+
+    done = subprocess.run(
+        [sys.executable, "-c", LIMITS.format(root=str(ROOT))],
+        preexec_fn=lower,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    want = hard if hard != resource.RLIM_INFINITY else seen["ranks"][0]
+    assert seen["own"] == low
+    assert seen["ranks"] == [want, want], seen
+    assert seen["controller"] and set(seen["controller"]) == {want}, seen

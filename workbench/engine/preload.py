@@ -99,6 +99,7 @@ RANK_ENV_DROPPED = ("PYTEST_CURRENT_TEST",)
 
 
 def main() -> None:
+    open_files_to_hard_limit()
     for name in RANK_ENV_DROPPED:
         os.environ.pop(name, None)
     framework, rest = own_framework(sys.argv[1:])
@@ -155,6 +156,20 @@ def main() -> None:
     _reap(set(pids), setup["exit_dir"])
     # nothing to tidy here; a normal exit would spend seconds tearing down torch's modules
     os._exit(0)
+
+
+def open_files_to_hard_limit() -> None:
+    """Raise the descriptor limit to the hard limit before the ranks are forked (they inherit it):
+    gloo connects a pair of ranks per socket, so a rank that talks to every other one of a
+    1,024-rank set needs more than the 1,024 descriptors many systems start a process with."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # an unlimited hard limit the kernel caps (nr_open)
+            pass
 
 
 def run_engine(app) -> None:

@@ -241,7 +241,26 @@ def aggregating_coalescence() -> None:
     BroadcastScheduler.coalescing_reply = coalescing_reply
 
 
+def open_files_to_hard_limit() -> int:
+    """Raise this process's descriptor limit to its hard limit; the soft limit now in effect.
+
+    The controller holds ~8 TCP connections per engine (shell, task, broadcast, control,
+    iopub, registration, two for the heart): the soft limit many systems start a process with,
+    1,024, stops a set at ~120 ranks with "Too many open files". Its schedulers, forked after
+    this, inherit it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # an unlimited hard limit the kernel caps (nr_open)
+            return soft
+    return hard
+
+
 def main() -> None:
+    open_files_to_hard_limit()
     owner_file = None
     for arg in [a for a in sys.argv[1:] if a.startswith(OWNER_FLAG)]:
         sys.argv.remove(arg)
