@@ -92,3 +92,20 @@ def test_flags_of_the_other_recovery_are_refused_with_it(flags):
         dispatch(f"train start --fault-tolerant {flags}")
     message = str(err.value)
     assert "cannot go with --fault-tolerant" in message and "nothing was started" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "first_step, says",
+    [
+        (212, "healed from a live peer and rejoined at step 212, 9.0 s after the failure"),
+        (1, "found no live peer and started over from step 1, 9.0 s after the failure"),
+        (None, "healing from a live peer"),
+    ],
+)
+def test_a_replacement_record_says_whether_it_healed_from_a_peer_or_started_over(first_step, says):
+    rec = {
+        "n": 1, "replica": 1, "rank": 3, "host": "h", "failed_step": 31, "ranks": [2, 3], "restart_s": 8.0,
+        "checkpoint_step": first_step, "rejoined_s": 9.0, "reason": "SIGKILL",
+    }  # fmt: skip
+    text = fault_tolerance.describe(rec)
+    assert text.startswith("replacement 1: replica 1 lost rank 3 (host h) at step 31") and text.endswith(says), text

@@ -88,7 +88,10 @@ def describe(rec: dict) -> str:
         )
     ranks = f"ranks {rec['ranks'][0]}-{rec['ranks'][-1]}" if len(rec["ranks"]) > 1 else f"rank {rec['ranks'][0]}"
     out = f"{head}; {ranks} restarted in {rec['restart_s']:.1f} s"
-    if rec.get("checkpoint_step") is not None:
+    if rec.get("checkpoint_step") == 1 and (rec.get("failed_step") or 0) > 1:
+        # its first step was the run's first: no live peer was there to heal from
+        out += f", found no live peer and started over from step 1, {rec['rejoined_s']:.1f} s after the failure"
+    elif rec.get("checkpoint_step") is not None:
         out += (
             f", healed from a live peer and rejoined at step {rec['checkpoint_step']}, "
             f"{rec['rejoined_s']:.1f} s after the failure"

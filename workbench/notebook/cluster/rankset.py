@@ -546,7 +546,10 @@ class RankSet:
         """The controller's queue lengths per engine. The hub hears of a reply a moment after this
         notebook does: an engine still counted busy with nothing of this notebook's outstanding on
         it is asked about once more (another client's call stays busy)."""
+        queues: dict = {}
         for attempt in range(2):
+            if attempt:
+                time.sleep(0.05)
             try:
                 queues = self.client.queue_status(verbose=False)
             except Exception:
@@ -559,9 +562,8 @@ class RankSet:
                 and (q.get("queue") or q.get("tasks"))
                 and not mine.get(self.client._engines.get(eid), ())
             ]
-            if not stale or attempt:
-                return queues
-            time.sleep(0.05)
+            if not stale:
+                break
         return queues
 
     def _busy_in_fanned_calls(self) -> set[int]:
