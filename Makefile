@@ -86,11 +86,13 @@ TEST_ALONE := notebooks=tests/notebooks $(UNTIMED),ranks-timed=$(RANKS_TIMED),no
 	ranks-64=$(RANKS_64),browser=tests/browser,cluster=tests/cluster,mixed=$(TEST_MIXED)
 # DeepSpeed's async I/O op (ZeRO-Infinity's NVMe offload; needs libaio-dev) is compiled on first
 # use: built once here, alone on the cores (~4 min on 2), into the folder the tests use
-# (tests/conftest.py), not inside a test group with others beside it (20+ min there)
+# (tests/conftest.py), not inside a test group with others beside it (20+ min there); with the
+# ninja the ranks use (the venv's: another ninja reads the build log as changed and rebuilds)
 DS_AIO := $(STATE)/torch_extensions/async_io/async_io.so
 $(DS_AIO): | $(BIN)/.installed $(STATE)
 	TORCH_EXTENSIONS_DIR=$(STATE)/torch_extensions DS_ACCELERATOR=cpu $(BIN)/python -c \
-		"from deepspeed.ops.op_builder import AsyncIOBuilder; AsyncIOBuilder().load()"
+		"from workbench.strategies.zero import ninja_beside_python; ninja_beside_python(); \
+		from deepspeed.ops.op_builder import AsyncIOBuilder; AsyncIOBuilder().load()"
 
 test: lint $(DS_AIO) | $(STATE)
 	$(BIN)/python tests/run_streams.py $(TEST_LOGS) "$(TEST_STREAM_1)" "$(TEST_STREAM_2)" --then "$(TEST_ALONE)"

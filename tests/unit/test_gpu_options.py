@@ -168,3 +168,21 @@ def test_the_planner_counts_nvme_offload_against_the_disks_bandwidth():
     assert from_flags.layout.nvme_gbs == 6.0 and from_flags.layout.optimizer_offload
     with pytest.raises(ValueError, match="needs optimizer_offload=True"):
         PlanLayout(dp_shard=8, zero_stage=3, nvme_gbs=6.0)
+
+
+def test_deepspeeds_op_builds_use_the_ninja_installed_beside_it(monkeypatch):
+    """A kernel started without its environment activated: the environment's bin goes first on
+    PATH (once), so DeepSpeed's JIT builds run the ninja pip installed with it, not another one
+    whose build log makes every build start over."""
+    import os
+    import sys
+
+    from workbench.strategies.zero import ninja_beside_python
+
+    here = os.path.dirname(sys.executable)
+    assert os.access(os.path.join(here, "ninja"), os.X_OK)  # deepspeed's dependency, in this venv
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", here, "/bin"]))
+    ninja_beside_python()
+    assert os.environ["PATH"].split(os.pathsep) == [here, "/usr/bin", "/bin"]
+    ninja_beside_python()
+    assert os.environ["PATH"].split(os.pathsep) == [here, "/usr/bin", "/bin"]

@@ -29,6 +29,7 @@ __all__ = [
     "deepspeed_config",
     "import_deepspeed",
     "infinity_config",
+    "ninja_beside_python",
     "remove_swap_files",
     "swap_folders",
 ]
@@ -38,6 +39,7 @@ def import_deepspeed(device_type: str):
     """Import DeepSpeed with the accelerator matching ``device_type`` (see module doc)."""
     want = "cuda" if device_type == "cuda" else "cpu"
     os.environ.setdefault("DS_ACCELERATOR", want)
+    ninja_beside_python()
     try:
         import deepspeed
         from deepspeed.accelerator import get_accelerator
@@ -59,6 +61,21 @@ def import_deepspeed(device_type: str):
 
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     return deepspeed
+
+
+def ninja_beside_python() -> None:
+    """Put the environment's own ``bin`` first on PATH where ninja is installed there.
+
+    DeepSpeed builds its ops on first use (torch's JIT) with the ninja on PATH; pip installs one
+    beside DeepSpeed, but a kernel started without its environment activated finds another one
+    or none ("Ninja is required"). Two ninja versions read each other's build log as changed
+    commands, so every switch between them rebuilt the ops: minutes each time."""
+    import sys
+
+    here = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if os.access(os.path.join(here, "ninja"), os.X_OK) and path.split(os.pathsep)[0] != here:
+        os.environ["PATH"] = os.pathsep.join([here, *[p for p in path.split(os.pathsep) if p and p != here]])
 
 
 def check_nvme(spec) -> None:
