@@ -255,10 +255,10 @@ def _watch_for_marker(stream, watcher) -> threading.Event:
     return seen
 
 
-def lighten_kernel() -> list[str]:
+def lighten_kernel() -> None:
     """Take off the rank's kernel what it does per request that nobody reads (~15% of a
     trivial cell's CPU on a rank; at 64 ranks on 2 cores the ranks' CPU is most of a cell's
-    time). Returns what was changed; an ipykernel without the parts named changes nothing.
+    time). An ipykernel without the parts named is left as it is.
 
     - its log: ipyparallel's engine logger stands at DEBUG behind an INFO handler, so every
       request built four debug records to drop and wrote one "Handling ..." line; warnings
@@ -275,16 +275,13 @@ def lighten_kernel() -> list[str]:
     shell = get_ipython()
     kernel = getattr(shell, "kernel", None)
     if kernel is None:
-        return []
-    done = []
+        return
     log = getattr(kernel, "log", None)
     if isinstance(log, logging.Logger) and log.level < logging.WARNING:
         log.setLevel(logging.WARNING)
-        done.append("log")
     for stream in (sys.stdout, sys.stderr):
         if all(hasattr(stream, a) for a in ("_buffers", "_flush_pending", "_subprocess_flush_pending", "echo")):
             stream.flush = _flush_if_pending(stream)
-            done.append(f"flush {stream.name}")
     publish = getattr(kernel, "_publish_status", None)
     if publish is not None and hasattr(kernel, "get_parent"):
 
@@ -296,8 +293,6 @@ def lighten_kernel() -> list[str]:
             publish(status, channel, parent)
 
         kernel._publish_status = publish_status
-        done.append("busy status")
-    return done
 
 
 def _flush_if_pending(stream):

@@ -241,8 +241,8 @@ def aggregating_coalescence() -> None:
     BroadcastScheduler.coalescing_reply = coalescing_reply
 
 
-def open_files_to_hard_limit() -> int:
-    """Raise this process's descriptor limit to its hard limit; the soft limit now in effect.
+def open_files_to_hard_limit() -> None:
+    """Raise this process's descriptor limit to its hard limit.
 
     The controller holds ~8 TCP connections per engine (shell, task, broadcast, control,
     iopub, registration, two for the heart): the soft limit many systems start a process with,
@@ -255,8 +255,7 @@ def open_files_to_hard_limit() -> int:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):  # an unlimited hard limit the kernel caps (nr_open)
-            return soft
-    return hard
+            pass
 
 
 def main() -> None:
