@@ -98,8 +98,10 @@ test: lint $(DS_AIO) | $(STATE)
 	$(BIN)/python tests/run_streams.py $(TEST_LOGS) "$(TEST_STREAM_1)" "$(TEST_STREAM_2)" --then "$(TEST_ALONE)"
 
 # Pure logic only (tests/unit, marked `pure`): no ranks, kernels or browser; under a minute.
+# Two workers: a third of its time is waits (a guard's silence, a view's timeout) and imports
+# (every rank-side module, transformers) that keep one core busy while the other is idle.
 test-fast: $(BIN)/.installed | $(STATE)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure tests/unit
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m pure -n 2 --dist worksteal tests/unit
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

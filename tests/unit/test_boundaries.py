@@ -2,7 +2,8 @@
 side never imports torch (so the kernel never initialises CUDA and can always start new
 ranks), the rank side never imports the notebook side or widget/plotting libraries, and
 the shared and planner packages import neither side's libraries. Each check imports every
-module of its packages in a fresh interpreter and reads ``sys.modules`` (transitively)."""
+module of its packages in a fresh interpreter and reads ``sys.modules`` (transitively); the
+same on ranks that worked: tests/ranks/test_worked_ranks.py."""
 
 import subprocess
 import sys
@@ -65,18 +66,3 @@ def test_every_module_of_a_side_imports_nothing_of_the_other_side(side):
 def test_import_workbench_alone_loads_nothing_but_the_package():
     code = "import sys, workbench; print(sorted(m for m in sys.modules if m.startswith('workbench')))"
     assert _run(code) == "['workbench']"
-
-
-def test_ranks_that_worked_hold_no_notebook_module(ranks2):
-    """On real ranks, after whatever the suite ran on them (cells, trainers, checkpoints)."""
-    ranks2.execute(
-        "import sys, workbench\n_nb = sorted(m for m in sys.modules "
-        "if m.startswith(('workbench.notebook', 'workbench.labserver', 'plotly', 'ipywidgets')))\n"
-        "_tqdm_widgets = 'tqdm.notebook' in sys.modules"
-    )
-    # a rank is an ipykernel engine, where tqdm.auto (transformers' download and loading bars)
-    # draws with ipywidgets: that import is the user's library's, not the workbench's
-    for nb, tqdm_widgets in zip(ranks2.pull("_nb"), ranks2.pull("_tqdm_widgets")):
-        if tqdm_widgets:
-            nb = [m for m in nb if not (m == "ipywidgets" or m.startswith("ipywidgets."))]
-        assert nb == []
