@@ -14,12 +14,15 @@ output stream.
 
 from __future__ import annotations
 
+import array
 import ast
 import asyncio
+import fcntl
 import os
 import re
 import signal
 import sys
+import termios
 import threading
 from contextlib import contextmanager
 
@@ -221,6 +224,8 @@ def _fd_forwarded(stream) -> bool:
         return True
     if not watcher.is_alive():
         return False
+    if _pipe_drained(stream._fid, watcher):
+        return True
     seen = getattr(stream, "_wb_marker_seen", None)
     if seen is None:
         seen = stream._wb_marker_seen = _watch_for_marker(stream, watcher)
@@ -230,6 +235,24 @@ def _fd_forwarded(stream) -> bool:
     except OSError:
         return False
     return seen.wait(FD_SYNC_TIMEOUT_S)
+
+
+def _pipe_drained(fid: int, reader: threading.Thread) -> bool:
+    """True when nothing written to the pipe ``fid`` so far is on its way to the stream: the
+    pipe is empty and, after that, its reader sleeps in a read, which it calls again only once
+    it has written what it read before. Asked of the kernel (two reads, no thread woken), it
+    spares the marker's round trip through the reader thread on every quiet cell; where
+    either answer is not known, False (the marker decides)."""
+    try:
+        pending = array.array("i", [0])
+        fcntl.ioctl(fid, termios.FIONREAD, pending)
+        if pending[0]:
+            return False
+        with open(f"/proc/self/task/{reader.native_id}/wchan", "rb") as f:
+            where = f.read()
+    except (OSError, ValueError):
+        return False
+    return where.endswith(b"pipe_read") or where == b"pipe_wait"  # kernels name the read's sleep so
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
@@ -266,7 +289,10 @@ def lighten_kernel() -> None:
     - the output streams' flush, called four times after every request, waits on the kernel's
       IO thread twice even when nothing was written: with nothing pending it returns at once;
     - the "busy" status of an apply request, which neither the notebook's client nor the
-      controller reads (the "idle" that marks a cell's output complete is kept).
+      controller reads (the "idle" that marks a cell's output complete is kept);
+    - the reply's way out: the shell stream queues it, arms the loop for writing, and sends it
+      when the kernel flushes the stream right after; on the loop's own thread, with nothing
+      queued before it, it is sent on the socket at once (a ROUTER: it never waits, queued or not).
     """
     import logging
 
@@ -293,6 +319,37 @@ def lighten_kernel() -> None:
             publish(status, channel, parent)
 
         kernel._publish_status = publish_status
+    stream = getattr(kernel, "shell_stream", None)
+    if stream is not None and not getattr(kernel, "_supports_kernel_subshells", False):
+        _send_at_once(stream)
+
+
+def _send_at_once(stream) -> None:
+    import zmq
+
+    queue, socket = getattr(stream, "_send_queue", None), getattr(stream, "socket", None)
+    if queue is None or socket is None or socket.type != zmq.ROUTER or not hasattr(stream, "_update_handler"):
+        return
+    queued = stream.send_multipart
+    loop_thread = threading.current_thread()  # the kernel's loop runs cells and requests alike
+
+    def send_multipart(msg, flags=0, copy=True, track=False, callback=None, **kwargs):
+        if (
+            track
+            or callback
+            or kwargs
+            or stream._send_callback
+            or threading.current_thread() is not loop_thread
+            or not queue.empty()
+        ):
+            return queued(msg, flags=flags, copy=copy, track=track, callback=callback, **kwargs)
+        socket.send_multipart(msg, flags=flags, copy=copy)
+        # a send can take the edge of the socket's descriptor that announced a request which
+        # came meanwhile: look again, as the stream does after its own sends, or that request
+        # waits until the next one wakes the loop
+        stream._update_handler(stream._state)
+
+    stream.send_multipart = send_multipart
 
 
 def _flush_if_pending(stream):
