@@ -279,9 +279,9 @@ def _watch_for_marker(stream, watcher) -> threading.Event:
 
 
 def lighten_kernel() -> None:
-    """Take off the rank's kernel what it does per request that nobody reads (~15% of a
-    trivial cell's CPU on a rank; at 64 ranks on 2 cores the ranks' CPU is most of a cell's
-    time). An ipykernel without the parts named is left as it is.
+    """Take off the rank's kernel what it does per request that nobody reads or needs (at 64
+    ranks on 2 cores the ranks' CPU is most of a cell's time: docs/scale.md). An ipykernel
+    without the parts named is left as it is.
 
     - its log: ipyparallel's engine logger stands at DEBUG behind an INFO handler, so every
       request built four debug records to drop and wrote one "Handling ..." line; warnings
