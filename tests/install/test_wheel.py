@@ -4,13 +4,16 @@
 hatch-jupyter-builder: npm builds the Lab extension from ``extensions/``), on a copy of what
 git tracks (plus files not yet committed, not ignored): no build output of this tree
 (``workbench/labextension``, ``node_modules``) can slip in. The venv gets the Makefile's
-CPU torch first, then the wheel; from a folder outside the tree and without this tree on
-PYTHONPATH, ``%load_ext workbench`` starts 2 ranks in an IPython shell, and Jupyter lists
-both extensions as installed and enabled.
+CPU torch first (this venv's, which ``make`` installed from that pin: linked, not unpacked
+again), then the wheel with every dependency it declares resolved and installed by pip; from
+a folder outside the tree and without this tree on PYTHONPATH, ``%load_ext workbench`` starts
+2 ranks in an IPython shell, and Jupyter lists both extensions as installed and enabled.
 """
 
 from __future__ import annotations
 
+import glob
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -86,6 +89,9 @@ def place():
     ):
         env[var] = str(HERE / sub)
     env["OMP_NUM_THREADS"] = "1"
+    # no bytecode written at install (the build's isolated env, the venv): what is imported is
+    # compiled on its first import as it would be, the rest (most of JupyterLab's deps) never is
+    env["PIP_COMPILE"] = "0"
     yield HERE, env
     shutil.rmtree(HERE, ignore_errors=True)
 
@@ -102,10 +108,12 @@ def test_wheel_from_a_clean_copy_installs_both_extensions_and_starts_ranks(place
     package = {str(f.relative_to(src)) for f in (src / "workbench").rglob("*") if f.is_file()}
     assert package - shipped == set(), "files of the package missing from the wheel"
 
-    _run([sys.executable, "-m", "venv", str(venv)], env, here, 120)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
-    _run([*pip, TORCH_SPEC], env, here, 600)  # the Makefile's pin first: never another torch build
+    # pip itself is this venv's, run for the new one (`--python`): the new venv needs none of its own
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env, here, 120)
+    site = _link_torch(venv, here / "torch-site")  # the Makefile's pin first: never another torch build
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-compile"]
     _run([*pip, str(wheel)], env, here, 900)
+    assert not (site / "torch").exists(), "the wheel's install brought a torch of its own"
 
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     out = _run([str(venv / "bin" / "python"), "-c", SHELL], env, here, 600)
@@ -122,6 +130,22 @@ def test_wheel_from_a_clean_copy_installs_both_extensions_and_starts_ranks(place
     listed = _section(server, f"Config dir: {venv / 'etc' / 'jupyter'}")
     assert re.search(r"^\s+workbench\.labserver enabled$", listed, re.M), server
     assert re.search(r"^\s+workbench\.labserver\s+OK$", listed, re.M), server
+
+
+def _link_torch(venv: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """This venv's torch (the Makefile's pin) seen by ``venv`` as installed: its folders and
+    metadata linked into ``dest``, which a .pth adds to the venv's path after its own
+    site-packages. Its dependencies are not linked: the wheel's install resolves them. ``dest``
+    lies outside the venv, so pip there never uninstalls (deletes through) these links.
+    Returns the venv's site-packages."""
+    torch = importlib.metadata.distribution("torch")
+    assert torch.version.split("+")[0] == TORCH_SPEC.split("==")[1], (torch.version, TORCH_SPEC)
+    dest.mkdir()
+    for top in sorted({f.parts[0] for f in torch.files if f.parts[0] != ".."}):
+        (dest / top).symlink_to(torch.locate_file(top))
+    (site,) = map(pathlib.Path, glob.glob(str(venv / "lib" / "python*" / "site-packages")))
+    (site / "zz_torch_of_the_suite.pth").write_text(f"{dest}\n")
+    return site
 
 
 def _plain(text: str) -> str:
