@@ -37,7 +37,8 @@ def _wait_for(predicate, timeout: float, what: str):
 def _replacement_after_steps_alone(monkeypatch, alone: int = 25) -> None:
     """The replacement starts once the survivors took ``alone`` steps with a quorum of 1: a replacement
     from the spare can be back within the quorum timeout (the survivors then never step alone), and
-    what these tests look at is the survivors stepping on while a replica is away."""
+    what these tests look at is the survivors stepping on while a replica is away. (Meanwhile the spare,
+    started with the run, is done importing, as it is when a rank dies later than a few seconds in.)"""
     from workbench.notebook.cluster import replacements
 
     real = replacements.replace_ranks
@@ -56,21 +57,11 @@ def _replacement_after_steps_alone(monkeypatch, alone: int = 25) -> None:
     monkeypatch.setattr(replacements, "replace_ranks", replace_ranks)
 
 
-def _spare_ready(rs) -> None:
-    """The set's spare started and its imports done before the run, as on a run whose rank dies later
-    than a few seconds in (the run takes this spare rather than starting one)."""
-    from workbench.notebook.cluster import replacements
-
-    replacements.spare(rs)
-    _wait_for(rs.spare.ready, 120, "the spare did not import")
-
-
 def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ranks, ipshell, capsys, monkeypatch):
     from workbench.engine import fault_tolerant
 
     _replacement_after_steps_alone(monkeypatch)
     rs = fresh_ranks(4)
-    _spare_ready(rs)
     pids = [p.pid for p in rs.procs]
     ipshell.run_line_magic(
         "distrain",
@@ -80,7 +71,7 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     ft = sess.fault_tolerant
     store = sess.store
     lh_pid = rs.lighthouse.pid
-    spare = rs.spare.pid  # the run took the set's spare
+    spare = rs.spare.pid  # started with the run; its imports go on while the ranks build and step
     _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
     rs.signal_rank(2, signal.SIGKILL)
     killed_at = time.time()
@@ -398,7 +389,6 @@ def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_pe
     steps = 250  # replica 1 rejoined at step ~80 here; were it later, the survivors wait at the last step
     _replacement_after_steps_alone(monkeypatch)
     rs = fresh_ranks(4)
-    _spare_ready(rs)
     capsys.readouterr()
     ipshell.run_line_magic(
         "distrain",
