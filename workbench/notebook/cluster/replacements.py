@@ -39,6 +39,8 @@ def spare(rs) -> None:
     stops; it ends once the notebook does (end of file on its stdin)."""
     if rs.spare is not None and rs.spare.ended() is None:
         return
+    if rs.spare is not None:  # it died: its output file
+        rs.spare.close()
     rs.spare = launchers.ForkedRanks(rs.config.framework, imports=SPARE_IMPORTS)
     rs.started_pids.append(rs.spare.pid)
 
@@ -57,7 +59,13 @@ def replace_ranks(rs, ranks: list[int], *, timeout: float | None = None) -> list
     health.end_pids([rs.procs[r].pid for r in ranks if rs.procs[r].alive()], grace=0.2)
     before = set(rs.client.ids) | set(rs.engine_ids)
     fork, rs.spare = rs.spare, None
-    if fork is None or fork.ended() is not None:  # none, or it died: start as before
+    # the ranks inherit its environment and working directory: as for the kernel's standby, a
+    # notebook that changed either since (or a spare that died) gets a fresh process
+    if fork is None or fork.ended() is not None or fork.environ != dict(os.environ) or fork.cwd != os.getcwd():
+        if fork is not None:
+            if fork.ended() is None:
+                health.end_pids([fork.pid], grace=0.2)
+            fork.close()
         fork = launchers.ForkedRanks(cfg.framework)
         rs.started_pids.append(fork.pid)
     rs.replacements.append(fork)
