@@ -22,7 +22,7 @@ from workbench.notebook.cluster import lighthouse
 pytestmark = pytest.mark.skipif(lighthouse.binary() is None, reason="torchft (the ft extra) is not installed")
 
 QUORUM_TIMEOUT = 5.0
-STEPS = 1500
+STEPS = 300
 KILL_AT = 30
 
 
@@ -34,9 +34,33 @@ def _wait_for(predicate, timeout: float, what: str):
         time.sleep(0.05)
 
 
-def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ranks, ipshell, capsys):
+def _replacement_after_steps_alone(monkeypatch, alone: int = 25) -> None:
+    """The replacement starts once the survivors took ``alone`` steps with a quorum of 1: a replacement
+    from the spare can be back within the quorum timeout (the survivors then never step alone), and
+    what these tests look at is the survivors stepping on while a replica is away. (Meanwhile the spare,
+    started with the run, is done importing, as it is when a rank dies later than a few seconds in.)"""
+    from workbench.notebook.cluster import replacements
+
+    real = replacements.replace_ranks
+
+    def replace_ranks(rs, ranks, **kwargs):
+        sess = api.session()
+        run = sess.fault_tolerant.run
+
+        def stepped_alone() -> int:
+            with sess.store.lock:
+                return sum(1 for r in sess.store.rows if r["run"] == run and r["rank"] == 0 and r.get("quorum") == 1)
+
+        _wait_for(lambda: stepped_alone() >= alone, 120, "the survivors did not step alone")
+        return real(rs, ranks, **kwargs)
+
+    monkeypatch.setattr(replacements, "replace_ranks", replace_ranks)
+
+
+def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ranks, ipshell, capsys, monkeypatch):
     from workbench.engine import fault_tolerant
 
+    _replacement_after_steps_alone(monkeypatch)
     rs = fresh_ranks(4)
     pids = [p.pid for p in rs.procs]
     ipshell.run_line_magic(
@@ -47,6 +71,7 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     ft = sess.fault_tolerant
     store = sess.store
     lh_pid = rs.lighthouse.pid
+    spare = rs.spare.pid  # started with the run; its imports go on while the ranks build and step
     _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
     rs.signal_rank(2, signal.SIGKILL)
     killed_at = time.time()
@@ -58,6 +83,7 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
     # the replaced replica: new processes in ranks 2 and 3; replica 0 untouched
     new = [p.pid for p in rs.procs]
     assert new[:2] == pids[:2] and new[2] != pids[2] and new[3] != pids[3], (pids, new)
+    assert [f.pid for f in rs.replacements] == [spare] and rs.spare is None
     entry = registry.read(registry.entry_id_of(rs))  # what the Lab's sidebar lists
     assert [r["pid"] for r in entry["ranks"]] == new and not entry["deaths"], entry
     (rec,) = ft.records
@@ -269,6 +295,8 @@ def test_a_failed_replacement_lets_the_others_finish_alone(fresh_ranks, ipshell,
     steps = 30
     rs.apply(_die_at_the_last_step, ranks=[1])
     ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    os.kill(rs.spare.pid, signal.SIGKILL)  # a dead spare: the replacement starts a forking parent of its own
+    rs.spare.proc.wait()
     _wait_for(lambda: rs.replacements, 120, "no replacement was started")
     fork = rs.replacements[0]
     os.kill(fork.pid, signal.SIGKILL)  # the process that would fork the new rank, as it imports torch
@@ -349,14 +377,17 @@ def test_a_killed_notebook_leaves_no_lighthouse():
     _wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10, "the lighthouse outlived its notebook process")
 
 
-def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_peer(fresh_ranks, ipshell, capsys):
+def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_peer(
+    fresh_ranks, ipshell, capsys, monkeypatch
+):
     """``--strategy hsdp``: 2 replica groups (dp_replicate) x 2 ranks that shard the model (dp_shard). Rank 3
     (replica 1's second shard) is SIGKILLed; replica 0 keeps stepping, replica 1's new ranks each heal their
     own shard from the same shard of replica 0, and at the end the whole weights (gathered in each replica)
     are equal across replicas while every rank holds only its shard between steps."""
     from workbench.engine import fault_tolerant
 
-    steps = 600  # replica 1 rejoined at step 472 here; were it later, the survivors wait at the last step
+    steps = 250  # replica 1 rejoined at step ~80 here; were it later, the survivors wait at the last step
+    _replacement_after_steps_alone(monkeypatch)
     rs = fresh_ranks(4)
     capsys.readouterr()
     ipshell.run_line_magic(

@@ -60,6 +60,18 @@ def own_framework(argv: list[str]) -> tuple[str, list[str]]:
     return name, argv[:i] + argv[i + 2 :]
 
 
+def own_imports(argv: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """``--import MOD[,MOD...]`` taken out of the engine's arguments: more modules for a forking
+    parent to import before its forks (a fault-tolerant run's spare: its ranks' first steps need them)."""
+    if "--import" not in argv:
+        return (), argv
+    i = argv.index("--import")
+    names = tuple(n for n in (argv[i + 1] if i + 1 < len(argv) else "").split(",") if n)
+    if not names:
+        raise SystemExit(f"--import needs module names, comma-separated: {' '.join(argv)}")
+    return names, argv[:i] + argv[i + 2 :]
+
+
 def own_args(argv: list[str]) -> tuple[bool, int | None, list[str]]:
     """``--fork`` and ``--standby-of PID`` taken out of the engine's arguments."""
     fork = "--fork" in argv
@@ -92,6 +104,8 @@ def end_with_parent(parent: int | None) -> None:
         os._exit(1)
 
 
+READY = "workbench preload: imported, waiting for the ranks to fork"
+
 # ipykernel leaves fd 1/2 uncaptured in a kernel whose environment says it runs under
 # pytest; a rank never does (a test's ranks are processes of their own, as a user's are),
 # so output from C code and child processes reaches the notebook there too
@@ -104,6 +118,7 @@ def main() -> None:
         os.environ.pop(name, None)
     framework, rest = own_framework(sys.argv[1:])
     fork, standby_of, rest = own_args(rest)
+    imports, rest = own_imports(rest)
     if standby_of:
         end_with_parent(standby_of)
     for module in PRELOADS[framework]:
@@ -117,13 +132,14 @@ def main() -> None:
     # debugpy checks at import whether frozen modules hide breakpoints and prints a warning
     # into every rank's log; engines have no debugger channel to use it
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    for module in ENGINE_PRELOADS:
+    for module in (*ENGINE_PRELOADS, *imports):
         importlib.import_module(module)
     if "numpy" in sys.modules:  # each fork reseeds it (_reseed)
         importlib.import_module("numpy.random")
     # interrupts are for the ranks (sent by pid); a Ctrl-C to the process group must not
     # end the parent that reports their exits
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(READY, flush=True)  # to the notebook's file until the setup (ForkedRanks.ready)
     line = sys.stdin.readline()
     if not line:  # the notebook ended, or gave up this start or standby: nothing to tidy
         os._exit(0)

@@ -166,6 +166,7 @@ class FaultTolerantRun:
         store = collector.store
         sess.marks[self.run] = len(store.statuses)
         sess.started_run = self.run
+        replacements.spare(rs)  # its imports overlap the ranks' build: it is ready sooner for a failure
         rs.apply(fault_tolerant.start, self.plan, begin=False, timeout=300)  # every replica built, then
         rs.apply(fault_tolerant.begin, timeout=60)  # all step: none trains alone at the start
         self.state = "running"

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...engine.preload import PRELOADS
+from ...engine.preload import PRELOADS, READY
 
 LAUNCHERS = ("local", "mpi", "slurm", "ssh", "ray")
 
@@ -214,7 +214,7 @@ class ForkedRanks:
     then its output goes to a temporary file that :meth:`output` reads back if it fails.
     """
 
-    def __init__(self, framework: str = "torch", *, standby_of: int | None = None):
+    def __init__(self, framework: str = "torch", *, standby_of: int | None = None, imports: tuple[str, ...] = ()):
         import subprocess
         import tempfile
 
@@ -227,6 +227,8 @@ class ForkedRanks:
         cmd = [sys.executable, "-m", "workbench.engine.preload", "--fork", "--framework", framework]
         if standby_of:
             cmd += ["--standby-of", str(standby_of)]
+        if imports:  # imported before the forks too (preload.own_imports)
+            cmd += ["--import", ",".join(imports)]
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
@@ -262,6 +264,13 @@ class ForkedRanks:
 
     def ended(self) -> int | None:
         return self.proc.poll()
+
+    def ready(self) -> bool:
+        """Whether its imports are done (it waits for :meth:`setup`): what it printed so far says so."""
+        try:  # pread: the file's offset is shared with the process, which writes there
+            return READY.encode() in os.pread(self._early.fileno(), 1 << 16, 0)
+        except (OSError, ValueError):  # closed
+            return False
 
     def output(self, limit: int = 2000) -> str:
         """What it printed (before and after :meth:`setup`), the last ``limit`` characters."""

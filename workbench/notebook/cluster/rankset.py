@@ -172,6 +172,7 @@ class RankSet:
         self.forked: launchers.ForkedRanks | None = None  # local ranks: the process that forks them
         self.preloaded = False  # that process was the kernel's standby (its torch imported early)
         self.replacements: list[launchers.ForkedRanks] = []  # those that forked replacement ranks (replacements.py)
+        self.spare: launchers.ForkedRanks | None = None  # the next replacement's, imported ahead (replacements.spare)
         self.lighthouse = None  # a fault-tolerant run's torchft lighthouse (cluster.lighthouse), ended with the set
         self.exit_dir: str | None = None  # where it writes their exit statuses
         self.job_id: str | None = None  # slurm
@@ -721,7 +722,7 @@ class RankSet:
         self.stopped = True
         if self.forked is not None:
             self.forked.close()
-        for fork in self.replacements:
+        for fork in [*self.replacements, *([self.spare] if self.spare is not None else [])]:
             fork.close()
         if self.lighthouse is not None:
             self.lighthouse.stop()
