@@ -204,10 +204,16 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
 
 def _die_as_the_run_ends() -> None:
     """On a rank: SIGKILL this process at the end of its run, once it took the last step and sent its step
-    rows, before it ends its Manager and says it finished (what the notebook hears last)."""
+    rows, before it ends its Manager and says it finished (what the notebook hears last). The rows were
+    handed to the rank's sockets, whose I/O thread sends them a moment later: half a second for that, as a
+    rank that dies while ending its Manager has had, or the notebook never hears of its last step."""
     from workbench.engine import fault_tolerant
 
-    fault_tolerant.FaultTolerantRun._end_manager = lambda self: os.kill(os.getpid(), signal.SIGKILL)
+    def die(self):
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    fault_tolerant.FaultTolerantRun._end_manager = die
 
 
 def _die_at_the_last_step() -> None:
