@@ -117,18 +117,21 @@ def run_notebook_launcher(n: int) -> float:
     """``accelerate.notebook_launcher`` in a child interpreter, as a notebook kernel would call it."""
     from workbench.engine.runtime import free_port
 
-    code = (
-        f"import sys, time; sys.path[:0] = [{str(ROOT)!r}, {str(HERE)!r}]\n"
-        "from accelerate import notebook_launcher\nimport edit_loop_bench as b\n"
-        "t0 = time.perf_counter()\n"
-        f"notebook_launcher(b.launched, args=({n},), num_processes={n}, use_port='{free_port()}')\n"
-        "print('ELAPSED', time.perf_counter() - t0, flush=True)\n"
-    )
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = run_group([sys.executable, "-c", code], env, timeout=300)
-    for line in out.stdout.splitlines():
-        if line.startswith("ELAPSED "):
-            return float(line.split()[1])
+    for _ in range(3):  # the port is free when chosen, then taken by anyone meanwhile (the launcher imports first)
+        code = (
+            f"import sys, time; sys.path[:0] = [{str(ROOT)!r}, {str(HERE)!r}]\n"
+            "from accelerate import notebook_launcher\nimport edit_loop_bench as b\n"
+            "t0 = time.perf_counter()\n"
+            f"notebook_launcher(b.launched, args=({n},), num_processes={n}, use_port='{free_port()}')\n"
+            "print('ELAPSED', time.perf_counter() - t0, flush=True)\n"
+        )
+        out = run_group([sys.executable, "-c", code], env, timeout=300)
+        for line in out.stdout.splitlines():
+            if line.startswith("ELAPSED "):
+                return float(line.split()[1])
+        if "EADDRINUSE" not in out.stderr:
+            break
     raise RuntimeError(f"notebook_launcher failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
 
 

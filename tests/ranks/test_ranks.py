@@ -1,10 +1,11 @@
-"""Tier 2: the shared live rank sets (real ipyparallel engines, gloo)."""
+"""Tier 2: the shared live rank sets (real ipyparallel engines, gloo).
+
+The ranks import this module for the functions applied on them (by reference): it imports
+nothing of the notebook side at its top, which tests/ranks/test_worked_ranks.py would find there."""
 
 import time
 
 import pytest
-
-from workbench.notebook.cluster import RankFailure
 
 
 def _all_reduce_rank_plus_one():
@@ -67,6 +68,8 @@ def test_subset_of_ranks(ranks4):
 
 
 def test_failure_names_the_rank(ranks4):
+    from workbench.notebook.cluster import RankFailure
+
     with pytest.raises(RankFailure) as err:
         ranks4.execute("from workbench import engine\nif engine.rank == 2: raise ValueError('bad shard')")
     assert err.value.ranks == [2]
@@ -118,14 +121,14 @@ def test_helpers_give_way_to_the_ranks(ranks2):
     controller = ranks2._controller_pids()
     assert controller and all(nices(pid) == {lowered} for pid in controller)
 
-    def on_rank():
+    def on_rank():  # the threads' nice values read here: a rank imports nothing of the notebook side
+        import os
         import threading
 
         from workbench.engine import publisher
-        from workbench.notebook import background as bg
 
         sender = publisher.get()._thread
-        return bg.thread_nice(sender), bg.thread_nice(threading.main_thread())
+        return tuple(os.getpriority(os.PRIO_PROCESS, t.native_id) for t in (sender, threading.main_thread()))
 
     from workbench.notebook import stream
 

@@ -289,14 +289,26 @@ def detach(name: str | None = None) -> dict:
     return _start_keeper(sess)
 
 
+BUSY_SETTLE_S = 1.0
+
+
 def _busy_ranks(rs) -> list[int]:
-    """Ranks with a cell or call in their queue (a training run's thread is not one)."""
-    queues = rs.client.queue_status(verbose=False)
-    return [
-        r
-        for r, eid in enumerate(rs.engine_ids)
-        if (queues.get(eid, {}).get("queue", 0) or queues.get(eid, {}).get("tasks", 0))
-    ]
+    """Ranks with a cell or call in their queue (a training run's thread is not one).
+
+    The controller counts a request done when its copy of the reply comes in, which can be after
+    this notebook already has the reply itself: with no request of this notebook awaiting a reply,
+    a rank it calls busy is asked about again for up to :data:`BUSY_SETTLE_S` before it counts."""
+    deadline = time.monotonic() + BUSY_SETTLE_S
+    while True:
+        queues = rs.client.queue_status(verbose=False)
+        busy = [
+            r
+            for r, eid in enumerate(rs.engine_ids)
+            if (queues.get(eid, {}).get("queue", 0) or queues.get(eid, {}).get("tasks", 0))
+        ]
+        if not busy or rs.client.outstanding or time.monotonic() >= deadline:
+            return busy
+        time.sleep(0.05)
 
 
 def _start_keeper(sess) -> dict:
