@@ -34,6 +34,7 @@ os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
+import rank_import_watch  # noqa: E402
 from trainer_cleanup import clean_trainer  # noqa: E402, F401  (tests import it from here)
 
 from workbench.notebook import api, session  # noqa: E402
@@ -59,6 +60,7 @@ sys.path.extend(p for p in RANK_SYS_PATH if p not in sys.path)
 
 def _session_ranks(n: int):
     rs = RankSet.start(n=n, backend="gloo", threads=1, sys_path=RANK_SYS_PATH)
+    rs.apply(rank_import_watch.install)  # tests/ranks/test_worked_ranks.py reads it at the end
     yield rs
     pids = list(rs.started_pids)
     rs.stop()

@@ -1,19 +1,50 @@
 """The process-role boundary on real ranks: after whatever their group ran on them (cells,
-trainers, checkpoints; this file's name puts it near the end of its group), a rank holds no
-module of the notebook side and no widget or plotting library. Every module's own imports are
-checked without ranks in tests/unit/test_boundaries.py."""
+trainers, checkpoints; this file's name puts it near the end of its group), nothing the workbench
+runs on a rank imported a module of the notebook side or a widget or plotting library. Every
+module's own imports are checked without ranks in tests/unit/test_boundaries.py.
+
+A rank imports the test module of each function applied to it (ipyparallel loads a function back
+into its module), so the test modules' imports are there too: tests/rank_import_watch.py, put on
+the shared sets when they start, tells those apart from the workbench's."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import rank_import_watch
+
+TESTS = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_ranks_that_worked_hold_no_notebook_module(ranks2):
-    """On real ranks, after whatever the suite ran on them (cells, trainers, checkpoints)."""
-    ranks2.execute(
-        "import sys, workbench\n_nb = sorted(m for m in sys.modules "
-        "if m.startswith(('workbench.notebook', 'workbench.labserver', 'plotly', 'ipywidgets')))\n"
-        "_tqdm_widgets = 'tqdm.notebook' in sys.modules"
+def test_ranks_that_worked_imported_no_notebook_module_themselves(ranks2):
+    for watching, before, breaches in ranks2.apply(rank_import_watch.report):
+        assert watching, "the shared set was started without the import watch (tests/conftest.py)"
+        assert before == [], f"the rank held notebook-side modules as it started: {before}"
+        assert breaches == [], f"imported on a rank by rank code: {breaches}"
+
+
+def test_the_watch_names_a_notebook_import_made_outside_the_tests():
+    """The check above can fail: in a plain interpreter with the watch on, an import asked for by
+    code outside tests/ is named with the module that asked; one asked for by a test module is not."""
+    code = (
+        "import rank_import_watch as w\n"
+        "w.install()\n"
+        "exec(compile('import workbench.notebook.timelines', '/srv/rank_code.py', 'exec'), {'__name__': 'rank_code'})\n"
+        "exec(compile('import plotly.io', w.TESTS + '/some_test.py', 'exec'), {'__name__': 'some_test'})\n"
+        "print(json.dumps(w.report()))"
     )
-    # a rank is an ipykernel engine, where tqdm.auto (transformers' download and loading bars)
-    # draws with ipywidgets: that import is the user's library's, not the workbench's
-    for nb, tqdm_widgets in zip(ranks2.pull("_nb"), ranks2.pull("_tqdm_widgets")):
-        if tqdm_widgets:
-            nb = [m for m in nb if not (m == "ipywidgets" or m.startswith("ipywidgets."))]
-        assert nb == []
+    out = subprocess.run(
+        [sys.executable, "-c", "import json\n" + code],
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    watching, before, breaches = json.loads(out)
+    assert watching and before == []
+    assert {origin for _, origin, _ in breaches} == {"rank_code"}
+    assert "workbench.notebook.timelines" in {name for name, _, _ in breaches}
+    assert all(place.startswith("/srv/rank_code.py:") for _, _, place in breaches)
+    assert not any(name.startswith("plotly") for name, _, _ in breaches)
