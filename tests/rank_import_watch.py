@@ -14,13 +14,13 @@ import sys
 
 GUARDED = ("workbench.notebook", "workbench.labserver", "plotly", "ipywidgets")
 INTERNAL = GUARDED + ("_plotly_utils",)  # plotly's lazy attribute imports run from here
-TESTS = str(pathlib.Path(__file__).resolve().parent)
+TESTS = str(pathlib.Path(__file__).resolve().parent) + "/"
 BREACHES: list[tuple[str, str, str]] = []  # (module, importing module, file:line)
 BEFORE: list[str] = []  # guarded modules the rank held when the watch began
 
 
-def _guarded(name: str) -> bool:
-    return any(name == g or name.startswith(g + ".") for g in GUARDED)
+def _within(name: str, packages: tuple[str, ...] = GUARDED) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
 
 
 def _origin(frame) -> tuple[str, str] | None:
@@ -31,7 +31,7 @@ def _origin(frame) -> tuple[str, str] | None:
         if code.startswith("<frozen importlib") or "/importlib/" in code or code == __file__:
             frame = frame.f_back
             continue
-        if any(module == g or module.startswith(g + ".") for g in INTERNAL):  # who asked for the first
+        if _within(module, INTERNAL):  # one guarded module importing another: who asked for the first
             frame = frame.f_back
             continue
         if code.startswith(TESTS):
@@ -42,7 +42,7 @@ def _origin(frame) -> tuple[str, str] | None:
 
 class _Watch:
     def find_spec(self, name, path=None, target=None):
-        if _guarded(name) and name not in sys.modules:
+        if _within(name) and name not in sys.modules:
             origin = _origin(sys._getframe(1))
             # tqdm.auto draws with ipywidgets in an ipykernel engine: the user's library's import
             if origin is not None and not (name.startswith("ipywidgets") and origin[0].startswith("tqdm")):
@@ -53,7 +53,7 @@ class _Watch:
 def install() -> None:
     """Put the watch first on ``sys.meta_path`` (once), before anything ran on the rank."""
     if not any(isinstance(f, _Watch) for f in sys.meta_path):
-        BEFORE.extend(sorted(m for m in sys.modules if _guarded(m)))
+        BEFORE.extend(sorted(m for m in sys.modules if _within(m)))
         sys.meta_path.insert(0, _Watch())
 
 

@@ -9,13 +9,10 @@ the shared sets when they start, tells those apart from the workbench's."""
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import rank_import_watch
-
-TESTS = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_ranks_that_worked_imported_no_notebook_module_themselves(ranks2):
@@ -32,12 +29,12 @@ def test_the_watch_names_a_notebook_import_made_outside_the_tests():
         "import rank_import_watch as w\n"
         "w.install()\n"
         "exec(compile('import workbench.notebook.timelines', '/srv/rank_code.py', 'exec'), {'__name__': 'rank_code'})\n"
-        "exec(compile('import plotly.io', w.TESTS + '/some_test.py', 'exec'), {'__name__': 'some_test'})\n"
+        "exec(compile('import plotly.io', w.TESTS + 'some_test.py', 'exec'), {'__name__': 'some_test'})\n"
         "print(json.dumps([*w.report(), 'plotly.io' in sys.modules]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", "import json, sys\n" + code],
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        env={**os.environ, "PYTHONPATH": rank_import_watch.TESTS},
         capture_output=True,
         text=True,
         check=True,
