@@ -118,7 +118,7 @@ def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell)
     # torch's layouts on JAX ranks: refused, naming what to do; the ranks keep working
     with pytest.raises(UsageError, match=r"this rank set runs jax: shard with NamedSharding there"):
         ipshell.run_line_magic("distrain", "prepare ddp")
-    with pytest.raises(Exception, match=r"runs jax .*--name NAME"):
+    with pytest.raises(Exception, match=r"runs jax .*--session NAME"):
         rs.execute("engine.prepare(None, None, 'ddp')", timeout=60)
     rs.execute("ones = float(jax.numpy.ones(3).sum())", timeout=60)
     assert rs.pull("ones") == [3.0] * 4

@@ -244,7 +244,7 @@ def dashboard(
             raise ValueError("session= and rankset= both choose the ranks: pass one or the other")
         rankset = api.running_set(session)
     rs = rankset if rankset is not None else api.current()
-    sess = session.of(rs)
+    sess = api.KERNEL.of(rs)  # (`session` is the keyword here)
     dash = sess.dashboard
     if dash is None or dash.closed or dash.rankset is not rs:
         dash = sess.dashboard = Dashboard(rs, run=run, interval=interval)
