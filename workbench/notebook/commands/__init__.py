@@ -1,12 +1,10 @@
 """``%distrain`` commands: a name registry of small argparse commands (docs/grammar.md).
 
-Each command lives in the module named after it and registers itself here; the magic only
-looks it up. A command with actions (``ckpt save|load|...``) has one parser per action, so
-each action accepts only its own flags; flags two commands take are built from one
-definition (:mod:`.flags`). ``--session NAME`` makes that session current for the call,
-except for the commands that read it themselves (``start``, ``use``, ...). A bad argument,
-or a spelling of an earlier surface, raises :class:`UsageError` with one line of what was
-wrong and what would work, and nothing is run.
+Each command lives in the module named after it and registers itself here; an action
+(``ckpt save``) has a parser of its own, and a flag two commands take is built from one
+definition (:mod:`.flags`). ``--session NAME`` is made current for the line unless the
+command reads it itself. A bad argument, or an earlier spelling, raises :class:`UsageError`
+with one line naming what would work, and nothing runs.
 """
 
 from __future__ import annotations
