@@ -158,6 +158,7 @@ def sources() -> dict[str, str]:
     out = {}
     files = [*ROOT.glob("workbench/**/*.py"), *ROOT.glob("examples/**/*.py"), *ROOT.glob("benchmarks/*.py")]
     files += [*ROOT.glob("docs/**/*.md"), *ROOT.glob("benchmarks/*.md"), ROOT / "README.md"]
+    files += [*ROOT.glob("extensions/src/*.ts")]  # the Lab sidebar's texts
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
         if "/_build/" in rel or rel == "docs/api/magics.md":  # built from the parsers
@@ -204,7 +205,7 @@ def check_words(walked: dict[str, list], tokens: list[str], cell: bool = False) 
             words = list(cmd.parsers())
     takes = set().union(*(_flags_of(walked, w) for w in words))
     after = tokens[len(words[0].split()) :] if len(words) == 1 and not cell else []
-    if after and re.match(r"^[a-z][\w.-]*$", after[0]) and not _positionals(walked, words[0]):
+    if after and re.match(r"^([a-zA-Z][\w.-]*|\$?\{[^}]*\})$", after[0]) and not _positionals(walked, words[0]):
         return f"`{words[0]}` takes no `{after[0]}` (a word without a flag)"
     for token in tokens if cell else tokens[1:]:
         m = FLAG.match(token.strip("[("))
