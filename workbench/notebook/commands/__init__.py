@@ -55,9 +55,8 @@ class CommandParser(argparse.ArgumentParser):
         short = self.prog.removeprefix("%distrain ")  # `start`, `ckpt save`, `%%distrain`
         if self.earlier_positional and words and not words[0].startswith("-"):
             new = f"{short} {self.earlier_positional} {words[0]}"
-            raise UsageError(
-                f"`{short} {words[0]}` is now `{new}`: `{shlex.join([*self.prog.split(), self.earlier_positional, *words])}`; nothing was run"
-            )
+            line = shlex.join([*self.prog.split(), self.earlier_positional, *words])
+            raise UsageError(f"`{short} {words[0]}` is now `{new}`: `{line}`; nothing was run")
         for i, word in enumerate(words):
             flag, eq, value = word.partition("=")
             if flag not in self.earlier:
