@@ -19,6 +19,7 @@ __all__ = [
     "seconds",
     "rank_selection",
     "session_names",
+    "byte_size",
     "MODEL_SIZES",
 ]
 
@@ -108,8 +109,19 @@ def session_names(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def byte_size(text: str) -> int:
+    """A size in bytes written as people do: ``64M``, ``5G``, ``500k``."""
+    from .code_tree import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 # what help and usage lines call a value of each kind (`--timeout S`, not `--timeout TIMEOUT`)
 positive_float.metavar = "X"
 non_negative_float.metavar = "X"
 seconds.metavar = "S"
 rank_selection.metavar = "RANKS"
+byte_size.metavar = "SIZE"
