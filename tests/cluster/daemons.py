@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shlex
 import shutil
 import signal
 import socket
@@ -221,18 +222,25 @@ class Slurm:
 class SecondHost:
     """A network namespace ``hostb`` (own hostname, address, /dev/shm and one private folder) running sshd."""
 
-    def __init__(self):
+    def __init__(self, *, name: str = "hostb", net: int = 231, hide=(), binds=()):
+        """``hide``: folders this host does not see (a tmpfs over each, in its mount namespace);
+        ``binds``: ``(folder, where)`` pairs it sees at another path, bound before anything is hidden
+        (an environment of its own, made of one that lies in a hidden folder); ``net``: the second
+        byte of its /24, so that two hosts of one suite do not clash."""
         tag = f"{os.getpid() % 100000}"
-        self.netns = f"wbhost{tag}"
-        self.veth_here, self.veth_there = f"wbva{tag}", f"wbvb{tag}"
+        short = name[-1]
+        self.netns = f"wb{name}{tag}"
+        self.veth_here, self.veth_there = f"wb{short}a{tag}", f"wb{short}b{tag}"
         subnet = 100 + os.getpid() % 150  # one private /24 per suite: two suites do not clash
-        self.addr_here, self.addr = f"10.231.{subnet}.1", f"10.231.{subnet}.2"
-        self.hostname = f"hostb{tag}"
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="wb-hostb-"))
+        self.addr_here, self.addr = f"10.{net}.{subnet}.1", f"10.{net}.{subnet}.2"
+        self.hostname = f"{name}{tag}"
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"wb-{name}-"))
         self.dir.chmod(0o700)
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self._made: list[str] = []
+        self.hide = tuple(str(h) for h in hide)
+        self.binds = tuple((str(a), str(b)) for a, b in binds)
         try:
             self._network()
             self._sshd()
@@ -299,25 +307,27 @@ class SecondHost:
         # its own /dev/shm (shared memory is per host: ranks here and there cannot share a file)
         self.private = d / "private"
         self.private.mkdir()
-        self.proc = _spawn(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.netns,
-                "unshare",
-                "--uts",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                f"hostname {self.hostname} && mount -t tmpfs none {self.private} && mount -t tmpfs none /dev/shm && "
-                f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}",
-            ],
-            d / "sshd.out",
-        )
+        self.proc = _spawn(self.enter(f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}"), d / "sshd.out")
         _wait_for(lambda: self.ssh("true").returncode == 0, 20, "sshd in the namespace", d / "sshd.out")
+
+    def mounts(self) -> str:
+        """The shell commands that make a new mount namespace this host's: its host name, its own
+        /dev/shm and private folder, the bound folders, then a tmpfs over each hidden one."""
+        steps = [f"hostname {self.hostname}", f"mount -t tmpfs none {self.private}", "mount -t tmpfs none /dev/shm"]
+        for folder, where in self.binds:
+            os.makedirs(where, exist_ok=True)
+            steps.append(f"mount --bind {shlex.quote(folder)} {shlex.quote(where)}")
+        steps += [f"mount -t tmpfs none {shlex.quote(h)}" for h in self.hide]
+        return " && ".join(steps)
+
+    def enter(self, command: str) -> list[str]:
+        """``command`` (a shell line) run inside this host: its network and a mount namespace as sshd's."""
+        ns = ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--mount", "--propagation", "private"]
+        return [*ns, "sh", "-c", f"{self.mounts()} && {command}"]
+
+    def join(self, cmd: list[str]) -> list[str]:
+        """``cmd`` run inside this host as it is now: the namespaces of its running sshd (its disk too)."""
+        return ["nsenter", "-t", str(self.proc.pid), "-m", "-u", "-n", *cmd]
 
     def ssh(self, command: str) -> subprocess.CompletedProcess:
         return subprocess.run(

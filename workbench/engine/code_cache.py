@@ -188,15 +188,34 @@ def _place(tree: str, entry: FileEntry) -> None:
         shutil.copyfile(blob_path(entry.sha), tmp)
         os.chmod(tmp, entry.mode)
         os.replace(tmp, dest)
+        _drop_bytecode(dest)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def _drop_bytecode(source: str) -> None:
+    """Bytecode cached for a replaced ``.py``: it is checked by whole seconds and size, so an edit
+    of the same size within the second of the last one would load the old code."""
+    if not source.endswith(".py"):
+        return
+    folder = os.path.join(os.path.dirname(source), "__pycache__")
+    stem = os.path.basename(source)[:-3] + "."
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.startswith(stem) and name.endswith(".pyc"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))
 
 
 def _remove(tree: str, path: str) -> None:
     full = _safe(tree, path)
     with contextlib.suppress(FileNotFoundError):
         os.remove(full)
+    _drop_bytecode(full)
     folder = os.path.dirname(full)
     while folder != tree:  # the folders it leaves empty go too
         try:

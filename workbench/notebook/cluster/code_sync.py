@@ -150,6 +150,7 @@ class CodeSync:
         self.synced: dict = {}  # folder key -> the Listing the hosts were last given
         self.hosts: dict[str, HostCopy] = {}
         self.cwd: str | None = None  # the folder the ranks run in (the notebook's working folder)
+        self.local_ranks: list[int] = []  # ranks on this host: edits reload there too, nothing is sent
         self.requests = 0  # requests that carried files or edits (nothing when nothing changed)
         self.sent_bytes = 0
 
@@ -165,6 +166,8 @@ class CodeSync:
             host = info.get("host")
             if host and host != here:
                 self.hosts.setdefault(host, HostCopy(host, [])).ranks.append(rank)
+            else:
+                self.local_ranks.append(rank)
         if not self.hosts or self.settings.off:
             self.hosts = {} if self.settings.off else self.hosts
             return SyncReport()
@@ -305,16 +308,32 @@ class CodeSync:
             lagging = [h for h in self.hosts.values() if h not in current]
             if sum(e.size for *_, files, _ in edits for e in files) > INLINE:
                 lagging, current = list(self.hosts.values()), []
+            carried = self._carry(edits) if current else []
+            if carried is None:
+                continue
+            here = self._reload_here(rs, edits)
             if current:
-                carried = self._carry(edits)
-                if carried is None:
-                    continue
                 lagging += self._edit(rs, current, edits, carried, report)
             if lagging:
                 self._full(rs, lagging, report)
+            if here is not None:
+                for rank, reloaded in zip(here.ranks, here.result(timeout=120)):
+                    _note_reloads(report, rank, reloaded)
             break
         report.seconds = time.perf_counter() - t0
         return report
+
+    def _reload_here(self, rs, edits):
+        """The ranks on this host read the notebook's folders themselves: they only reload (a call
+        in flight, or None)."""
+        dead = {d["rank"] for d in rs.dead()}
+        ranks = [r for r in self.local_ranks if r not in dead]
+        if not ranks:
+            return None
+        changed = tuple(
+            (self.keys[key].path, (*(e.path for e in files), *deleted)) for key, _, _, files, deleted in edits
+        )
+        return rs.submit(rpc.handle, rpc.SyncEnter(changed=changed), ranks=ranks)
 
     def _carry(self, edits) -> list[FolderEdit] | None:
         """The edits with their contents, as read now; None when a file no longer matches its walk."""
