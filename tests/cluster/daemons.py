@@ -3,7 +3,8 @@
 The second host is a network namespace with its own hostname (``unshare --uts``) and
 sshd, joined to this one by a veth pair on a private /24 used only between its two ends.
 It shares the file system and pid space with this host (the same venv path works there),
-not the network: its 127.0.0.1 is its own. Every daemon is ended by the pid started
+not the network: its 127.0.0.1 is its own, and so are its ``~/.cache`` and ``/dev/shm``
+(tmpfs in its mount namespace; a host may hide more folders, ``SecondHost(hide=...)``). Every daemon is ended by the pid started
 here; the namespace and the veth are deleted by the names made here; ports are free
 ones asked of the kernel, so two suites can run at once.
 """
@@ -21,6 +22,8 @@ import tempfile
 import time
 
 import psutil
+
+CACHE = os.path.expanduser("~/.cache")
 
 
 def free_port() -> int:
@@ -239,7 +242,9 @@ class SecondHost:
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self._made: list[str] = []
-        self.hide = tuple(str(h) for h in hide)
+        # its own ~/.cache (a host-local disk): what a rank caches there stays there and goes with it
+        os.makedirs(CACHE, exist_ok=True)
+        self.hide = tuple(dict.fromkeys([*(str(h) for h in hide), CACHE]))
         self.binds = tuple((str(a), str(b)) for a, b in binds)
         try:
             self._network()

@@ -24,12 +24,11 @@ from workbench.notebook import api, session
 from workbench.notebook.cluster import RankSet
 from workbench.notebook.cluster.host_check import EnvironmentMismatch
 
-from .daemons import SecondHost
+from .daemons import CACHE, SecondHost
 from .remote_python import ROOT, dist_info, editable_targets, make_env, shared_site, stand_in
 
 PROFILE = ROOT / ".state" / "test" / "sync-profile"
 RAY_PROFILE = ROOT / ".state" / "test" / "sync-ray-profile"
-CACHE = os.path.expanduser("~/.cache")  # the other host's is its own (hidden here)
 
 MODEL = """
 def answer():
@@ -88,8 +87,7 @@ def hidden_host(notebook, probe_package):
         "wbsync_probe",
     )
     old_torch = make_env(env / "oldtorch", str(site_there), first=stand_in(env / "first", "torch", "2.12.0"))
-    os.makedirs(CACHE, exist_ok=True)
-    hide = dict.fromkeys([str(ROOT), *editable_targets(), str(notebook), CACHE])
+    hide = dict.fromkeys([str(ROOT), *editable_targets(), str(notebook)])  # and ~/.cache, as every such host
     host = SecondHost(name="hostc", net=232, hide=hide, binds=[(shared_site(), str(site_there))])
     host.python, host.old_torch = python, old_torch
     try:

@@ -151,6 +151,7 @@ class CodeSync:
         self.hosts: dict[str, HostCopy] = {}
         self.cwd: str | None = None  # the folder the ranks run in (the notebook's working folder)
         self.local_ranks: list[int] = []  # ranks on this host: edits reload there too, nothing is sent
+        self.first: SyncReport | None = None  # what the start sent
         self.requests = 0  # requests that carried files or edits (nothing when nothing changed)
         self.sent_bytes = 0
 
@@ -446,7 +447,7 @@ def begin(rs) -> None:
     """After the bootstrap: the first sync (a line says what moved and what was not sent)."""
     if rs.code_sync is None:
         return
-    report = rs.code_sync.begin(rs)
+    report = rs.code_sync.first = rs.code_sync.begin(rs)
     for line in report.lines(rs.config.sync.limit):
         rs.progress(line)
 
