@@ -1,7 +1,7 @@
 """Code that travels: the notebook's folder on two other hosts, its first sync and each edit's cost.
 
 Targets (the method: docs/figures.md; docs/clusters.md): over 2 hosts (network namespaces
-with sshd, the notebook's folder hidden there) and a 200-file, ~20 MB folder, the first sync
+with sshd, the notebook's folder hidden there) and a folder of 200 files, 20 MiB, the first sync
 <= 2 s; a one-file edit adds <= 0.3 s to the next cell against the same cell with no edit,
 and an unchanged folder <= 20 ms against the same cell with no sync at all, at each rank
 count; ranks on the notebook's host add nothing to a trivial cell (<= 1 ms). Needs root.
@@ -35,7 +35,7 @@ TOTAL = 20 * 2**20
 
 
 def make_folder() -> pathlib.Path:
-    """200 files, ~20 MB: 190 modules and texts of ~10 kB in a few packages, 10 data files."""
+    """200 files, 20 MiB in all: 190 modules of 10 kB in a few packages, 10 data files."""
     folder = pathlib.Path(tempfile.mkdtemp(prefix="wb-bench-notebook-"))
     small = FILES - DATA_FILES
     body = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(400))[: 10 * 1024]

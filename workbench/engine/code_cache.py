@@ -1,12 +1,10 @@
 """This host's copy of the notebook's folders: a per-user cache, content-addressed.
 
-``<cache>/blobs/ab/<sha256>`` holds each file's content once, however many folders or sessions
-use it, so a host that has a file is not sent it again; ``<cache>/trees/<key>/`` is the copy
-of one notebook folder the ranks import from and run in, with ``<key>.json`` beside it
-listing what the notebook put there (files the ranks wrote themselves are never deleted).
-Writes go to ``<cache>/tmp`` first and are renamed into place; a file there whose process
-is gone is swept at the next sync. Ranks of one host share the copy: ``<key>.lock`` makes
-the first one write it while the others wait and find it done.
+``blobs/ab/<sha256>`` holds each content once, so a host that has a file is not sent it
+again; ``trees/<key>/`` is one folder's copy, the ranks' import path and working folder, with
+``<key>.json`` listing what the notebook put there (files the ranks wrote are never deleted).
+Writes go to ``tmp/`` and are renamed into place (a writer that died leaves one, swept at the
+next sync); ``<key>.lock`` lets the first rank of a host write while the others wait.
 """
 
 from __future__ import annotations
@@ -196,7 +194,7 @@ def _place(tree: str, entry: FileEntry) -> None:
 
 def _drop_bytecode(source: str) -> None:
     """Bytecode cached for a replaced ``.py``: it is checked by whole seconds and size, so an edit
-    of the same size within the second of the last one would load the old code."""
+    of the same size within the second of the last one would load what was there before."""
     if not source.endswith(".py"):
         return
     folder = os.path.join(os.path.dirname(source), "__pycache__")

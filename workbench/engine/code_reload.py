@@ -119,7 +119,7 @@ def reload_changed(changed: dict[str, set[str]], namespace: dict | None = None) 
                 superreload(module)
             else:
                 importlib.reload(module)
-        except BaseException as exc:  # noqa: BLE001 - the rank keeps the old code, and says why
+        except BaseException as exc:  # noqa: BLE001 - the rank keeps what it ran, and says why
             not_reloaded.append((name, f"its new code failed ({type(exc).__name__}: {exc}); the ranks keep the old"))
             continue
         reloaded.append(name)

@@ -316,10 +316,10 @@ class Census:
 class HostName:
     """Before the bootstrap: this engine's host name (which engines share a host)."""
 
-    def run(self) -> str:
+    def run(self) -> replies.Host:
         import socket
 
-        return socket.gethostname()
+        return replies.Host(host=socket.gethostname())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,10 +360,10 @@ class SyncBlobs:
 
     parts: tuple[tuple[str, int, int, bytes], ...]
 
-    def run(self) -> int:
+    def run(self) -> replies.Stored:
         from . import code_cache
 
-        return code_cache.put(self.parts)
+        return replies.Stored(bytes=code_cache.put(self.parts))
 
 
 @dataclass(frozen=True, kw_only=True)

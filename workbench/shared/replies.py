@@ -28,6 +28,8 @@ __all__ = [
     "ProbeReport",
     "LayoutReply",
     "CensusReply",
+    "Host",
+    "Stored",
     "HostEnvironment",
     "SyncPlanned",
     "SyncCheckedOut",
@@ -265,6 +267,20 @@ class CensusReply:
 
 
 # ----------------------------------------------------------------------------- code that travels
+@dataclass(frozen=True, kw_only=True)
+class Host(_Reply):
+    """The host an engine runs on."""
+
+    host: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stored(_Reply):
+    """Bytes a host's cache took in."""
+
+    bytes: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class HostEnvironment(_Reply):
     """A host's Python and the versions its Python imports (distribution -> version, None: not

@@ -1,13 +1,10 @@
 """The notebook's folders on the ranks' other hosts, and their edits before each cell.
 
-A rank set whose ranks run on other hosts (ssh, slurm, ray) gets a :class:`CodeSync`, changed
-only here: at start each host's environment is compared with the notebook's
-(:mod:`.host_check`), then the folders (``--sync``, default the working folder) are walked
-(:mod:`.code_scan`) and each host's cache is sent the contents it lacks, over the rank set's
-own authenticated connection (``engine.rpc`` requests); the ranks there import from that copy
-and run in it. Before each cell the folders are walked again: the files changed since reach
-every synced rank in one request, which also reloads the modules imported from them.
-Ranks on the notebook's host use its folders as they are and cost nothing here.
+A set with ranks on other hosts gets a :class:`CodeSync` (changed only here): each host's
+environment checked (:mod:`.host_check`), then the folders walked (:mod:`.code_scan`) and each
+host's cache sent what it lacks over the rank set's own connection; the ranks there import
+from that copy and run in it. Before each cell, changed files reach every synced rank in one
+request that also reloads their modules. Ranks on the notebook's host cost nothing here.
 """
 
 from __future__ import annotations
@@ -421,9 +418,9 @@ def check_environment(rs) -> None:
     names = rs.client[ids].apply_async(rpc.handle, rpc.HostName()).get(timeout=120)
     here = socket.gethostname()
     first: dict[str, int] = {}
-    for eid, host in zip(ids, names):
-        if host != here:
-            first.setdefault(host, eid)
+    for eid, named in zip(ids, names):
+        if named.host != here:
+            first.setdefault(named.host, eid)
     if not first:
         return
     packages = host_check.imported_distributions()
