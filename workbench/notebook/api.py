@@ -328,7 +328,7 @@ def run(
     if grace is None or grace < 0:
         raise ValueError(f"grace must be 0 or more seconds, got {grace!r}")
     rs = current() if session is None else running_set(session)
-    if rs.code_sync is not None:  # the notebook's edits on the other hosts first
+    if getattr(rs, "code_sync", None) is not None:  # the notebook's edits on the other hosts first
         code_sync.before_cell(rs, display=display)
     return run_cell(rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group)
 

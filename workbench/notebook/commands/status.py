@@ -16,7 +16,7 @@ def _status(args, shell):
     where = api.current().allocation()
     if where:
         print(where)
-    synced = api.current().code_sync
+    synced = getattr(api.current(), "code_sync", None)
     for host in synced.status() if synced is not None else ():
         print(
             f"host {host['host']} (ranks {host['ranks']}): the notebook's files in {host['folder']}, "
