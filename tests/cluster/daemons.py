@@ -222,20 +222,53 @@ class Slurm:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class Bridge:
+    """A bridge on this host holding its address on one /24, for several hosts that reach it and
+    each other directly (no forwarding on this host)."""
+
+    def __init__(self, net: int = 233):
+        tag = f"{os.getpid() % 100000}"
+        self.name = f"wbbr{tag}"
+        subnet = 100 + os.getpid() % 150
+        self.prefix = f"10.{net}.{subnet}."
+        self.addr_here = self.prefix + "1"
+        self._last = 1
+        subprocess.run(["ip", "link", "add", "name", self.name, "type", "bridge"], check=True, capture_output=True)
+        try:
+            subprocess.run(
+                ["ip", "addr", "add", f"{self.addr_here}/24", "dev", self.name], check=True, capture_output=True
+            )
+            subprocess.run(["ip", "link", "set", self.name, "up"], check=True, capture_output=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def next_address(self) -> str:
+        self._last += 1
+        return self.prefix + str(self._last)
+
+    def close(self) -> None:
+        subprocess.run(["ip", "link", "del", self.name], capture_output=True)
+
+
 class SecondHost:
     """A network namespace ``hostb`` (own hostname, address, /dev/shm and one private folder) running sshd."""
 
-    def __init__(self, *, name: str = "hostb", net: int = 231, hide=(), binds=()):
+    def __init__(self, *, name: str = "hostb", net: int = 231, hide=(), binds=(), bridge: Bridge | None = None):
         """``hide``: folders this host does not see (a tmpfs over each, in its mount namespace);
         ``binds``: ``(folder, where)`` pairs it sees at another path, bound before anything is hidden
         (an environment of its own, made of one that lies in a hidden folder); ``net``: the second
-        byte of its /24, so that two hosts of one suite do not clash."""
+        byte of its /24, so that two hosts of one suite do not clash; ``bridge``: on that bridge's
+        /24 instead, beside the other hosts there (which it reaches directly)."""
         tag = f"{os.getpid() % 100000}"
         short = name[-1]
         self.netns = f"wb{name}{tag}"
         self.veth_here, self.veth_there = f"wb{short}a{tag}", f"wb{short}b{tag}"
         subnet = 100 + os.getpid() % 150  # one private /24 per suite: two suites do not clash
         self.addr_here, self.addr = f"10.{net}.{subnet}.1", f"10.{net}.{subnet}.2"
+        self.bridge = bridge
+        if bridge is not None:
+            self.addr_here, self.addr = bridge.addr_here, bridge.next_address()
         self.hostname = f"{name}{tag}"
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"wb-{name}-"))
         self.dir.chmod(0o700)
@@ -262,7 +295,10 @@ class SecondHost:
         self._ip("link", "add", self.veth_here, "type", "veth", "peer", "name", self.veth_there)
         self._made.append("veth")
         self._ip("link", "set", self.veth_there, "netns", self.netns)
-        self._ip("addr", "add", f"{self.addr_here}/24", "dev", self.veth_here)
+        if self.bridge is not None:
+            self._ip("link", "set", self.veth_here, "master", self.bridge.name)
+        else:
+            self._ip("addr", "add", f"{self.addr_here}/24", "dev", self.veth_here)
         self._ip("link", "set", self.veth_here, "up")
         ns = ("netns", "exec", self.netns, "ip")
         self._ip(*ns, "addr", "add", f"{self.addr}/24", "dev", self.veth_there)
@@ -285,6 +321,7 @@ class SecondHost:
                     "PermitRootLogin prohibit-password",
                     "PasswordAuthentication no",
                     "UsePAM no",
+                    "MaxStartups 200",  # every engine of a large set logs in at once
                     "StrictModes no",
                     f"PidFile {d / 'sshd.pid'}",
                     "Subsystem sftp /usr/lib/openssh/sftp-server",
