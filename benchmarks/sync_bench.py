@@ -4,7 +4,7 @@ Targets (the method: docs/figures.md; docs/clusters.md): over 2 hosts (network n
 with sshd, the notebook's folder hidden there) and a folder of 200 files, 20 MiB, the first sync
 <= 2 s; a one-file edit adds <= 0.3 s to the next cell against the same cell with no edit,
 and an unchanged folder <= 20 ms against the same cell with no sync at all, at each rank
-count; for ranks on the notebook's host the sync costs a cell <= 1 us (one attribute read). Needs root.
+count; for ranks on the notebook's host the sync costs a cell at most a microsecond (one attribute read). Needs root.
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sync_bench.py --ranks 4,16,64``
 (``--quick``: 4 ranks, few rounds, checks the script only). Results:
 ``benchmarks/results/sync-*.json``; exit status 1 when a target is missed."""

@@ -408,20 +408,26 @@ class SyncEnter:
 
 @dataclass(frozen=True, kw_only=True)
 class SyncEdit:
-    """Before a cell, on every rank of the synced hosts: the folders' edits (``FolderEdit``s,
-    contents inline); the first rank of a host writes them, the others find them written; then
-    each reloads the modules it imported from the changed files."""
+    """Before a cell, on every rank of the synced hosts and of ``here`` (the notebook's host): the
+    folders' edits (``FolderEdit``s, contents inline); the first rank of a synced host writes them,
+    the others find them written; ranks on ``here`` read the folders themselves. Then each rank
+    reloads the modules it imported from the changed files."""
 
     edits: tuple  # of shared.code_tree.FolderEdit
+    here: str = ""
 
     def run(self) -> replies.SyncEdited:
         import socket
 
         from . import code_cache, code_reload
 
-        outcomes = tuple((e.key, code_cache.apply_edit(e)) for e in self.edits)
-        done = {k for k, outcome in outcomes if outcome != "out of step"}
-        changed = {code_cache.tree_path(e.key): {*e.paths, *e.deleted} for e in self.edits if e.key in done}
+        if socket.gethostname() == self.here:
+            outcomes = tuple((e.key, "here") for e in self.edits)
+            changed = {e.folder: {*e.paths, *e.deleted} for e in self.edits}
+        else:
+            outcomes = tuple((e.key, code_cache.apply_edit(e)) for e in self.edits)
+            done = {k for k, outcome in outcomes if outcome != "out of step"}
+            changed = {code_cache.tree_path(e.key): {*e.paths, *e.deleted} for e in self.edits if e.key in done}
         return replies.SyncEdited(
             host=socket.gethostname(), outcomes=outcomes, reloaded=code_reload.reload_changed(changed)
         )

@@ -328,9 +328,16 @@ def run(
     if grace is None or grace < 0:
         raise ValueError(f"grace must be 0 or more seconds, got {grace!r}")
     rs = current() if session is None else running_set(session)
+    ahead = None
     if getattr(rs, "code_sync", None) is not None:  # the notebook's edits on the other hosts first
-        code_sync.before_cell(rs, display=display)
-    return run_cell(rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group)
+        ahead = code_sync.before_cell(rs, ranks=ranks, display=display)
+    try:
+        return run_cell(
+            rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group
+        )
+    finally:
+        if ahead is not None:  # an edit the ranks took just before the cell: what it did
+            code_sync.after_cell(ahead)
 
 
 def running_set(name: str) -> RankSet:

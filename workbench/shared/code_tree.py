@@ -73,6 +73,7 @@ class FolderEdit:
     target: str
     files: tuple[tuple[FileEntry, bytes], ...] = ()
     deleted: tuple[str, ...] = ()
+    folder: str = ""  # the folder on the notebook's host (ranks there reload from it, write nothing)
 
     @property
     def paths(self) -> tuple[str, ...]:

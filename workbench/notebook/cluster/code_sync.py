@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -284,8 +285,12 @@ class CodeSync:
                 call.result(timeout=600)
 
     # ------------------------------------------------------------------ before each cell
-    def update(self, rs) -> SyncReport | None:
-        """Walk the folders again; what changed reaches every synced rank (None: nothing changed)."""
+    def update(self, rs, cell_ranks: list[int] | None = None) -> SyncReport | Edit | None:
+        """Walk the folders again; what changed reaches every synced rank (None: nothing changed).
+
+        With ``cell_ranks`` (the ranks of the cell about to run) the edit may be left in flight
+        (an :class:`Edit`, finished after the cell): when it goes to exactly those ranks, each
+        rank takes it before the cell, as requests to the same ranks arrive in order."""
         if not self.active:
             return None
         t0 = time.perf_counter()
@@ -306,40 +311,33 @@ class CodeSync:
             lagging = [h for h in self.hosts.values() if h not in current]
             if sum(e.size for *_, files, _ in edits for e in files) > INLINE:
                 lagging, current = list(self.hosts.values()), []
-            carried = self._carry(edits) if current else []
+            carried = self._carry(edits, contents=bool(current))
             if carried is None:
                 continue
-            here = self._reload_here(rs, edits)
-            if current:
-                lagging += self._edit(rs, current, edits, carried, report)
+            dead = {d["rank"] for d in rs.dead()}
+            ranks = [r for r in sorted([*self.local_ranks, *(r for h in current for r in h.ranks)]) if r not in dead]
+            call = rs.submit(rpc.handle, rpc.SyncEdit(edits=tuple(carried), here=socket.gethostname()), ranks=ranks)
+            self.requests += 1
+            edit = Edit(self, rs, call, current, edits, carried, report, t0)
+            if not lagging and cell_ranks is not None and ranks == sorted(cell_ranks):
+                return edit
             if lagging:
                 self._full(rs, lagging, report)
-            if here is not None:
-                for rank, reloaded in zip(here.ranks, here.result(timeout=120)):
-                    _note_reloads(report, rank, reloaded)
-            break
+            return edit.finish()
         report.seconds = time.perf_counter() - t0
         return report
 
-    def _reload_here(self, rs, edits):
-        """The ranks on this host read the notebook's folders themselves: they only reload (a call
-        in flight, or None)."""
-        dead = {d["rank"] for d in rs.dead()}
-        ranks = [r for r in self.local_ranks if r not in dead]
-        if not ranks:
-            return None
-        changed = tuple(
-            (self.keys[key].path, (*(e.path for e in files), *deleted)) for key, _, _, files, deleted in edits
-        )
-        return rs.submit(rpc.handle, rpc.SyncEnter(changed=changed), ranks=ranks)
-
-    def _carry(self, edits) -> list[FolderEdit] | None:
-        """The edits with their contents, as read now; None when a file no longer matches its walk."""
+    def _carry(self, edits, *, contents: bool = True) -> list[FolderEdit] | None:
+        """The edits with their contents as read now (without: for ranks on this host, which read
+        the folder itself); None when a file no longer matches its walk."""
         out = []
         for key, old, new, files, deleted in edits:
             folder = self.keys[key]
             carried = []
             for e in files:
+                if not contents:
+                    carried.append((e, b""))
+                    continue
                 try:
                     data = folder.read(e.path)
                 except OSError:
@@ -347,36 +345,8 @@ class CodeSync:
                 if len(data) != e.size or hashlib.sha256(data).hexdigest() != e.sha:
                     return None
                 carried.append((e, data))
-            out.append(FolderEdit(key, old.digest, new.digest, tuple(carried), tuple(deleted)))
+            out.append(FolderEdit(key, old.digest, new.digest, tuple(carried), tuple(deleted), folder=folder.path))
         return out
-
-    def _edit(self, rs, hosts: list[HostCopy], edits, carried: list[FolderEdit], report: SyncReport) -> list[HostCopy]:
-        """One request to every rank of ``hosts``: the edits with their contents; the hosts whose
-        copy was out of step are returned (they get a full sync)."""
-        sent = sum(len(data) for fe in carried for _, data in fe.files)
-        dead = {d["rank"] for d in rs.dead()}
-        ranks = [r for r in sorted(r for h in hosts for r in h.ranks) if r not in dead]
-        replies = rs.apply(rpc.handle, rpc.SyncEdit(edits=tuple(carried)), ranks=ranks, timeout=120)
-        self.requests += 1
-        self.sent_bytes += sent
-        report.sent_bytes += sent
-        by_rank = dict(zip(ranks, replies))
-        out_of_step = []
-        for h in hosts:
-            outcomes = [dict(by_rank[r].outcomes) for r in h.ranks if r in by_rank]
-            if any("out of step" in o.values() for o in outcomes):
-                out_of_step.append(h)
-                continue
-            for key, _old, new, files, deleted in edits:
-                h.digests[key] = new.digest
-                self.synced[key] = new
-                report.written.setdefault(h.host, []).extend(e.path for e in files)
-                report.deleted.setdefault(h.host, []).extend(deleted)
-            self._synced_now(h)
-            for r in h.ranks:
-                if r in by_rank and by_rank[r].reloaded is not None:
-                    _note_reloads(report, r, by_rank[r].reloaded)
-        return out_of_step
 
     def _synced_now(self, h: HostCopy) -> None:
         h.files = sum(len(f.listing.entries) for f in self.folders)
@@ -399,6 +369,43 @@ class CodeSync:
                 }
             )
         return rows
+
+
+class Edit:
+    """An edit sent to the ranks (:meth:`CodeSync.update`); :meth:`finish` reads their replies:
+    the hosts whose copy was out of step get a full sync, the report is completed."""
+
+    def __init__(self, cs: CodeSync, rs, call, hosts: list[HostCopy], edits, carried, report: SyncReport, t0: float):
+        self.cs, self.rs, self.call, self.hosts = cs, rs, call, hosts
+        self.edits, self.report, self.t0 = edits, report, t0
+        self.sent = sum(len(data) for fe in carried for _, data in fe.files) if hosts else 0
+        self.seconds = None
+
+    def finish(self) -> SyncReport:
+        cs, report = self.cs, self.report
+        by_rank = dict(zip(self.call.ranks, self.call.result(timeout=120)))
+        self.seconds = time.perf_counter() - self.t0
+        cs.sent_bytes += self.sent
+        report.sent_bytes += self.sent
+        out_of_step = []
+        for h in self.hosts:
+            if any("out of step" in dict(by_rank[r].outcomes).values() for r in h.ranks if r in by_rank):
+                out_of_step.append(h)
+                continue
+            for key, _old, new, files, deleted in self.edits:
+                h.digests[key] = new.digest
+                report.written.setdefault(h.host, []).extend(e.path for e in files)
+                report.deleted.setdefault(h.host, []).extend(deleted)
+            cs._synced_now(h)
+        for key, _old, new, _files, _deleted in self.edits:
+            cs.synced[key] = new  # what the hosts hold now (an out-of-step one once synced below)
+        for rank, reply in by_rank.items():
+            if reply.reloaded is not None:
+                _note_reloads(report, rank, reply.reloaded)
+        if out_of_step:
+            cs._full(self.rs, out_of_step, report)
+        report.seconds = self.seconds
+        return report
 
 
 def _note_reloads(report: SyncReport, rank: int, reloaded) -> None:
@@ -449,13 +456,30 @@ def begin(rs) -> None:
         rs.progress(line)
 
 
-def before_cell(rs, *, display: bool = True) -> SyncReport | None:
-    """Before a cell: the edits since the last one on every synced rank (nothing to do: None)."""
+def before_cell(rs, *, ranks=None, display: bool = True):
+    """Before a cell on ``ranks``: the edits since the last one on every synced rank. Returns None
+    (nothing changed, or done and said), or an :class:`Edit` in flight ahead of the cell: pass it
+    to :func:`after_cell` once the cell has run."""
     cs = rs.code_sync
     if cs is None or not cs.active:
         return None
-    report = cs.update(rs)
-    if report is not None and display:
-        for line in report.lines(rs.config.sync.limit):
+    out = cs.update(rs, rs.select(ranks))
+    if isinstance(out, Edit):
+        return (out, display)
+    if out is not None and display:
+        for line in out.lines(rs.config.sync.limit):
             print(line, flush=True)
-    return report
+    return None
+
+
+def after_cell(pending) -> None:
+    """The edit that went ahead of the cell: its replies read, what moved said."""
+    edit, display = pending
+    try:
+        report = edit.finish()
+    except Exception as exc:  # noqa: BLE001 - the cell's own outcome is what the caller sees
+        print(f"the edit sent before this cell failed: {exc}", file=sys.stderr, flush=True)
+        return
+    if display:
+        for line in report.lines(edit.rs.config.sync.limit):
+            print(line, flush=True)
