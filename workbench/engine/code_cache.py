@@ -166,7 +166,19 @@ def _write_state(key: str, files: dict) -> str:
     with open(tmp, "w") as f:
         json.dump({"version": STATE_VERSION, "digest": digest, "files": files}, f)
     os.replace(tmp, _state_file(key))
+    tmp = _tmp()
+    with open(tmp, "w") as f:
+        f.write(digest)
+    os.replace(tmp, _state_file(key)[: -len(".json")] + ".digest")  # read alone by the ranks that find it done
     return digest
+
+
+def _digest(key: str) -> str | None:
+    try:
+        with open(_state_file(key)[: -len(".json")] + ".digest") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _safe(tree: str, path: str) -> str:
@@ -261,6 +273,8 @@ def apply_edit(edit: FolderEdit) -> str:
     """Apply ``edit`` to this host's copy: "applied" (this rank wrote it), "found" (another rank
     of the host had) or "out of step" (the copy is at neither digest: a full sync is needed)."""
     tree = tree_path(edit.key)
+    if _digest(edit.key) == edit.target:  # another rank of this host wrote it: no lock needed
+        return "found"
     with locked(edit.key):
         state = read_state(edit.key)
         if state["digest"] == edit.target:

@@ -32,6 +32,14 @@ def entered(trees: tuple[tuple[str, str], ...], cwd: str | None) -> None:
     importlib.invalidate_caches()
 
 
+def _forget_listings(changed: dict[str, set[str]]) -> None:
+    """The import system's cached listings of the changed folders (a new file is then found)."""
+    prefixes = tuple(changed)
+    for path, finder in list(sys.path_importer_cache.items()):
+        if finder is not None and isinstance(path, str) and path.startswith(prefixes):
+            finder.invalidate_caches()
+
+
 def _namespace(namespace):
     if namespace is not None:
         return namespace
@@ -51,11 +59,14 @@ def _namespace(namespace):
 def _changed_modules(changed: dict[str, set[str]]) -> list[tuple[str, object, str]]:
     """(name, module, path in its copy) of each imported module whose file is among ``changed``."""
     out = []
+    prefixes = tuple(tree + os.sep for tree in changed)
     for name, module in list(sys.modules.items()):
         f = getattr(module, "__file__", None)
-        if not f:
+        if not isinstance(f, str) or not f:
             continue
-        full = os.path.abspath(f)
+        full = f if f.startswith(prefixes) else os.path.abspath(f) if f[0] != os.sep else None
+        if full is None or not full.startswith(prefixes):
+            continue
         for tree, paths in changed.items():
             if full.startswith(tree + os.sep):
                 rel = full[len(tree) + 1 :].replace(os.sep, "/")
@@ -94,7 +105,7 @@ def reload_changed(changed: dict[str, set[str]], namespace: dict | None = None) 
     """Reload the modules imported from ``changed`` (copy -> paths below it that changed)."""
     import socket
 
-    importlib.invalidate_caches()
+    _forget_listings(changed)
     reloaded, not_reloaded = [], []
     targets = _changed_modules(changed)
     if not targets:
