@@ -26,7 +26,8 @@ and counts, on this rank:
   DeepSpeed keeps even when the model itself is fp32.
 * ``activations`` - bytes saved for backward during the step's forward and loss
   (``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd packs, minus
-  parameters, each storage once). A real measurement on any device.
+  parameters, each storage once: a storage freed and another made at its address later in
+  the step, as pipeline micro-batches do, counts twice). A real measurement on any device.
 
 Each storage is counted once, in the first part that reaches it (parameters, then
 gradients, then optimizer). Sizes are storage sizes (``untyped_storage().nbytes()``), so
@@ -37,6 +38,7 @@ model needs. Returns a plain dict (JSON-able); ``measured`` says what was measur
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 from torch import nn
@@ -63,6 +65,14 @@ def _local(t):
     if hasattr(t, "ds_tensor"):
         return t.ds_tensor
     return t
+
+
+def _storage_id(t: torch.Tensor, storage) -> int:
+    """A storage's identity: its address; for a tensor without data (the fake tensors of
+    ``workbench.dry_run``) the storage object torch keeps for it."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return storage._cdata if is_fake(t) else storage.data_ptr()
 
 
 def _tensors(obj, depth: int = 3):
@@ -95,7 +105,7 @@ class _Counter:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # a subclass without storage
             return
-        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        ptr, nbytes = _storage_id(t, storage), storage.nbytes()
         if ptr == 0 or nbytes == 0 or ptr in self.seen:
             return
         self.seen.add(ptr)
@@ -174,10 +184,14 @@ def _count_optimizer(c: _Counter, ds_opt, inner_opt) -> None:
 
 
 class _SavedTensors:
-    """``saved_tensors_hooks`` that records each non-parameter storage packed for backward."""
+    """``saved_tensors_hooks`` that records each non-parameter storage packed for backward.
+
+    A storage is told from a later one at the same address (a micro-batch's tensors freed in
+    its backward, the next one's allocated there) by a weak reference to it."""
 
     def __init__(self, param_storages: set[int]):
-        self.storages: dict[int, int] = {}
+        self.storages: dict[int, tuple[int, weakref.ref]] = {}  # address -> (bytes, the storage)
+        self.total = 0
         self.calls = 0
         self.skipped_params = 0
         self.param_storages = param_storages
@@ -195,13 +209,16 @@ class _SavedTensors:
         try:
             local = _local(t)
             st = local.untyped_storage()
-            ptr = st.data_ptr()
+            ptr = _storage_id(local, st)
         except (RuntimeError, NotImplementedError, AttributeError):
             return t
         if self._is_param(t) or ptr in self.param_storages:
             self.skipped_params += 1
         elif ptr:
-            self.storages[ptr] = st.nbytes()
+            known = self.storages.get(ptr)
+            if known is None or known[1]() is None:
+                self.storages[ptr] = (st.nbytes(), weakref.ref(st))
+                self.total += st.nbytes()
         return t
 
     @staticmethod
@@ -210,7 +227,7 @@ class _SavedTensors:
 
     @property
     def bytes(self) -> int:
-        return sum(self.storages.values())
+        return self.total
 
 
 def default_batch(prepared, batch_size: int = 8, step: int | None = None, seed: int = 0):
