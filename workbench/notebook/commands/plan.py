@@ -6,7 +6,9 @@ out on the live ranks and sets the prediction beside what the ranks hold: the ra
 ONE real training step under a memory census (``workbench.engine.memory_census``), and
 the "predicted vs measured" DataFrame is the cell's result
 (``workbench.notebook.plan_live.plan_live``; draw it with
-``workbench.notebook.dashboard.plan_figure.predicted_vs_measured_figure``).
+``workbench.notebook.dashboard.plan_figure.predicted_vs_measured_figure``). With
+``--dry-run`` it lays the layout out on this CPU at full scale
+(:func:`workbench.notebook.dry_run.dry_run_from_args`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from . import UsageError, command
     raw=True,
 )
 def _plan(argv: list[str], shell):
+    if "--dry-run" in argv:
+        from ..dry_run import dry_run_from_args
+
+        return dry_run_from_args(argv, shell)
     if not argv:
         from ..plan_live import plan_live
 

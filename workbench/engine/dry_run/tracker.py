@@ -1,0 +1,160 @@
+"""The peak bytes and the collectives of one step, counted per tensor storage.
+
+A ``TorchDispatchMode`` that sees every op (DTensor ops after DTensor has turned them into
+ops on the local shards) and counts each storage an op returns once, from its birth to its
+death (a weak reference's callback), plus the storages given to :meth:`StepTracker.track`
+before the step (parameters, optimizer state, the batch). Storage resizes (FSDP2 frees and
+refills its gathered parameters that way) change the count too. The same accounting as
+torch's ``MemTracker``, without its per-module attribution: that hooks every module's
+backward through ``ModTracker``, which cannot run under a pipeline schedule's
+``autograd.grad`` (torch 2.13: "A leaf node was passed to _will_engine_execute_node").
+
+Collectives are read with torch's own ``CollectiveOp`` helpers (the process group of each
+c10d / functional collective, and the bytes of the buffer it is handed), grouped by op and
+the global ranks of the group.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch._guards import active_fake_mode
+from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops, sync_ops
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["StepTracker"]
+
+_DEVICE = torch.ops.prim.device.default
+
+
+def _storage(t: torch.Tensor):
+    if isinstance(t, DTensor):
+        t = t._local_tensor
+    return t.untyped_storage()
+
+
+class StepTracker(TorchDispatchMode):
+    """``with StepTracker() as tr:`` around a step; ``tr.peak``, ``tr.start``, ``tr.peak_start``
+    (bytes of the tracked start storages still alive at the peak) and ``tr.collectives()``."""
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, list] = {}  # id(storage) -> [nbytes, weakref, from the start]
+        self.now = 0
+        self.peak = 0
+        self.start = 0
+        self.peak_start = 0
+        self._now_start = 0
+        self._comm: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+        self._ranks: dict[int, tuple[int, ...]] = {}
+        self._fake = None
+        self._resize = None
+
+    # ------------------------------------------------------------------ counting
+    def _add(self, st, at_start: bool = False) -> None:
+        key = id(st)
+        if key in self._live:
+            return
+        n = st.nbytes()
+
+        def gone(_, key=key):
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self.now -= entry[0]
+                if entry[2]:
+                    self._now_start -= entry[0]
+
+        self._live[key] = [n, weakref.ref(st, gone), at_start]
+        self.now += n
+        if at_start:
+            self._now_start += n
+        self._note_peak()
+
+    def _note_peak(self) -> None:
+        if self.now > self.peak:
+            self.peak = self.now
+            self.peak_start = self._now_start
+
+    def track(self, *objs) -> None:
+        """Count the storages of the tensors inside ``objs`` (modules, optimizers' state,
+        nested lists/dicts/tuples) as held when the step starts."""
+        for obj in objs:
+            if isinstance(obj, torch.nn.Module):
+                obj = [*obj.parameters(), *obj.buffers(), *(p.grad for p in obj.parameters())]
+            for t in tree_leaves(obj):
+                if isinstance(t, torch.Tensor):
+                    self._add(_storage(t), at_start=True)
+        self.start = self.now
+
+    # ------------------------------------------------------------------ collectives
+    def _group_ranks(self, pg) -> tuple[int, ...]:
+        key = id(pg)
+        if key not in self._ranks:
+            self._ranks[key] = tuple(dist.get_process_group_ranks(pg))
+        return self._ranks[key]
+
+    def _record(self, func, args, kwargs, out) -> None:
+        pg = CollectiveOp.get_process_group(func, args)
+        nbytes = CollectiveOp.get_comm_tensor_size(func, out, args, kwargs)
+        key = (func._schema.name.split("::")[-1].rstrip("_"), self._group_ranks(pg))
+        entry = self._comm.setdefault(key, [0, 0])
+        entry[0] += 1
+        entry[1] += int(nbytes)
+
+    def collectives(self) -> list[dict]:
+        """``[{"op", "ranks", "count", "bytes"}]``: each collective of the step by its group."""
+        return [
+            {"op": op, "ranks": list(ranks), "count": c, "bytes": b}
+            for (op, ranks), (c, b) in sorted(self._comm.items())
+        ]
+
+    # ------------------------------------------------------------------ the mode
+    def __enter__(self):
+        self._fake = active_fake_mode()
+        original = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(st, size):
+            out = original(st, size)
+            entry = tracker._live.get(id(st))
+            if entry is None:
+                tracker._add(st)
+            else:
+                n = st.nbytes()
+                tracker.now += n - entry[0]
+                if entry[2]:
+                    tracker._now_start += n - entry[0]
+                entry[0] = n
+                tracker._note_peak()
+            return out
+
+        self._resize = original
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE:
+            return func(*args)  # asked of every fake tensor, many times a step: no storage
+        if DTensor in types:
+            return NotImplemented  # DTensor turns it into ops on the local shards, seen next
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if active_fake_mode() is not self._fake:
+            return out  # DTensor's sharding propagation on its own fake tensors
+        if func in collective_ops and func not in sync_ops:
+            self._record(func, args, kwargs, out)
+        if isinstance(out, torch.Tensor):
+            self._add(out.untyped_storage())
+        elif isinstance(out, (tuple, list)):
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self._add(_storage(t))
+        return out
