@@ -50,9 +50,12 @@ fp32 output, and in its backward the fp32 gradients of both: 14*s*b*vocab bytes 
 only where the logits stay split, ``PlanLayout.logits_tp``).
 
 FSDP (ZeRO-3) under a pipeline schedule: torch's schedules sync and reshard only after the
-last micro-batch's backward, so each stage keeps its gathered 16-bit parameters and its
-unsharded fp32 gradients across the step: 6 B per (tp-split) parameter of the stage
-(:func:`pipeline_fsdp_bytes`).
+last micro-batch's backward, so once a stage's first backward has run it keeps its gathered
+16-bit parameters and its unsharded fp32 gradients: 6 B per (tp-split) parameter of the
+stage (:func:`pipeline_fsdp_bytes`). They add to the peak where forwards still follow
+that backward with the most micro-batches in flight: 1F1B's steady phase, which a stage has
+when it runs more micro-batches than its warm-up (m > pp - stage); GPipe's peak comes
+before any backward.
 """
 
 from __future__ import annotations
@@ -302,10 +305,12 @@ def params_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[f
 
 def pipeline_fsdp_bytes(model: ModelSpec, layout: PlanLayout, stage: int) -> float:
     """FSDP under a pipeline schedule: the stage's gathered 16-bit parameters and unsharded
-    fp32 gradients, kept from the first micro-batch to the last one's backward (6 B per
-    parameter of the stage; see the module doc). 0 without both."""
-    if layout.pp == 1 or layout.zero_stage < 3 or layout.shard_degree == 1 or layout.microbatches == 1:
+    fp32 gradients, kept from its first backward to the last micro-batch's (6 B per
+    parameter of the stage), where that is part of its peak (see the module doc); else 0."""
+    if layout.pp == 1 or layout.zero_stage < 3 or layout.shard_degree == 1 or layout.schedule == "gpipe":
         return 0.0
+    if layout.microbatches * layout.virtual_stages <= layout.pp - stage:
+        return 0.0  # every forward runs before the first backward: no steady phase
     gathered = 4 if layout.precision == "fp32" else 2
     return (gathered + 4) * sum(params_on_stage(model, layout, stage))
 

@@ -49,7 +49,7 @@ class Position:
     included), as :mod:`workbench.engine.memory_census` counts a live rank. ``peak_bytes``:
     the most bytes alive at once during one training step (``start_bytes`` held when it
     began: parameters, optimizer state, the batch; ``peak_start_bytes`` of those still alive
-    at the peak). ``modules``: parameter bytes by parameter name with block numbers folded
+    at the peak; ``peak_parts``: the bytes alive at the peak by the op that made them). ``modules``: parameter bytes by parameter name with block numbers folded
     (``model.layers.*.mlp.up_proj.weight``). ``collectives``: ``{"op", "ranks", "count",
     "bytes"}`` per op and group."""
 
@@ -68,6 +68,7 @@ class Position:
     peak_start_bytes: int
     modules: dict[str, int]
     collectives: tuple[dict, ...]
+    peak_parts: dict[str, int]
     seconds: dict[str, float]
     notes: tuple[str, ...] = ()
 

@@ -43,7 +43,10 @@ class StepTracker(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self._live: dict[int, list] = {}  # id(storage) -> [nbytes, weakref, from the start]
+        self._live: dict[int, list] = {}  # id(storage) -> [nbytes, weakref, from the start, made by]
+        self._log: list[tuple[str, int, int, str]] = []  # (new|free|resize, id, bytes, op): replayed to the peak
+        self._peak_at = 0
+        self._op = "before the step"
         self.now = 0
         self.peak = 0
         self.start = 0
@@ -55,7 +58,7 @@ class StepTracker(TorchDispatchMode):
         self._resize = None
 
     # ------------------------------------------------------------------ counting
-    def _add(self, st, at_start: bool = False) -> None:
+    def _add(self, st, at_start: bool = False, op: str | None = None) -> None:
         key = id(st)
         if key in self._live:
             return
@@ -65,10 +68,13 @@ class StepTracker(TorchDispatchMode):
             entry = self._live.pop(key, None)
             if entry is not None:
                 self.now -= entry[0]
+                self._log.append(("free", key, entry[0], entry[3]))
                 if entry[2]:
                     self._now_start -= entry[0]
 
-        self._live[key] = [n, weakref.ref(st, gone), at_start]
+        op = "held when the step began" if at_start else (op or self._op)
+        self._live[key] = [n, weakref.ref(st, gone), at_start, op]
+        self._log.append(("new", key, n, op))
         self.now += n
         if at_start:
             self._now_start += n
@@ -78,6 +84,27 @@ class StepTracker(TorchDispatchMode):
         if self.now > self.peak:
             self.peak = self.now
             self.peak_start = self._now_start
+            self._peak_at = len(self._log)
+
+    def peak_parts(self, top: int = 8) -> dict[str, int]:
+        """The bytes alive at the peak by the op that made them (the ``top`` largest, the rest
+        as "other")."""
+        alive: dict[int, list] = {}
+        for kind, key, n, op in self._log[: self._peak_at]:
+            if kind == "new":
+                alive[key] = [n, op]
+            elif kind == "resize" and key in alive:
+                alive[key][0] += n
+            elif kind == "free":
+                alive.pop(key, None)
+        by_op: dict[str, int] = {}
+        for n, op in alive.values():
+            by_op[op] = by_op.get(op, 0) + n
+        ranked = sorted(by_op.items(), key=lambda kv: -kv[1])
+        out = dict(ranked[:top])
+        if ranked[top:]:
+            out["other"] = sum(n for _, n in ranked[top:])
+        return out
 
     def track(self, *objs) -> None:
         """Count the storages of the tensors inside ``objs`` (modules, optimizers' state,
@@ -122,9 +149,10 @@ class StepTracker(TorchDispatchMode):
             out = original(st, size)
             entry = tracker._live.get(id(st))
             if entry is None:
-                tracker._add(st)
+                tracker._add(st, op="storage resize_ (FSDP's gathered parameters)")
             else:
                 n = st.nbytes()
+                tracker._log.append(("resize", id(st), n - entry[0], entry[3]))
                 tracker.now += n - entry[0]
                 if entry[2]:
                     tracker._now_start += n - entry[0]
@@ -146,6 +174,7 @@ class StepTracker(TorchDispatchMode):
         if DTensor in types:
             return NotImplemented  # DTensor turns it into ops on the local shards, seen next
         kwargs = kwargs or {}
+        self._op = func.__name__
         out = func(*args, **kwargs)
         if active_fake_mode() is not self._fake:
             return out  # DTensor's sharding propagation on its own fake tensors
