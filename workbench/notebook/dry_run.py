@@ -175,18 +175,20 @@ def dry_run(
 def run_request(request: DryRunRequest, *, timeout: float = 900.0) -> DryRunResult:
     """Send ``request`` to a dry-run process of its own; its :class:`DryRunResult`.
 
-    The process and the positions it forks form a process group of their own, ended as a
-    whole on a timeout or an interrupt."""
+    The process sees this kernel's ``sys.path`` (a build function from a module the notebook
+    imports is pickled by reference, and found there). It and the positions it forks form a
+    process group of their own, ended as a whole on a timeout or an interrupt."""
     import cloudpickle
 
     payload = cloudpickle.dumps(request)
+    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     proc = subprocess.Popen(
         [sys.executable, "-m", "workbench.engine.dry_run.server"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path},
     )
     try:
         out, err = proc.communicate(payload, timeout=timeout)

@@ -5,7 +5,8 @@ bytes of parameters, gradients, optimizer state, what the step saved for backwar
 peak); ``compare()`` the planner's terms for the same layout beside them
 (:mod:`workbench.planner.side_by_side`), every difference over 5% flagged with its module
 or term; ``collectives()`` what one step issues, by group; ``stages()`` the pipeline
-stages' balance; ``figure()`` memory per position beside the planner's bars. In a notebook
+stages' balance; ``figure()`` memory per position beside the planner's bars; ``against()``
+live ranks' measured steps beside the positions they belong to. In a notebook
 the report shows its summary and the figure. Pure notebook side: pandas and plotly.
 """
 
@@ -165,6 +166,24 @@ class DryRun:
             mean = df[col].mean()
             df[f"{col}_vs_mean"] = df[col] / mean if mean else math.nan
         return df
+
+    def against(self, measured: list[dict]):
+        """The dry run beside live ranks' steps (:func:`workbench.engine.step_peak.measure_step`
+        dicts, one per rank): per rank, its position's bytes and the rank's, and their ratios."""
+        import pandas as pd
+
+        by_rank = {r: p for p in self.result.positions for r in p.ranks}
+        rows = []
+        for m in sorted(measured, key=lambda d: d["rank"]):
+            p = by_rank[m["rank"]]
+            row = {"rank": m["rank"], "position": p.position}
+            for key in ("param_bytes", "grad_bytes", "optim_bytes", "peak_bytes"):
+                dry = getattr(p, key)
+                row[f"dry_{key}"] = dry
+                row[f"live_{key}"] = m[key]
+            row["peak_ratio"] = p.peak_bytes / m["peak_bytes"]
+            rows.append(row)
+        return pd.DataFrame(rows)
 
     # ------------------------------------------------------------------ text and picture
     def summary(self) -> str:
