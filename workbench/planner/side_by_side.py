@@ -6,11 +6,12 @@ parallel plan splits the embedding, gathers the logits, runs sequence parallel; 
 blocks each pipeline stage holds) into a :class:`PlanLayout`; :func:`planner_model` the
 model's shape into a :class:`ModelSpec` of the implementation that ran. Each term the
 dry run counts then has two planner numbers: **planner**, with the terms the planner
-gained from dry runs (transformers' saved tensors and loss, the embedding whole on every
-tp rank, fp32 master parameters, FSDP's buffers under a pipeline schedule), and
-**paper**, the planner's defaults (Megatron-LM's layout and inventory, the ZeRO paper's
-2 + 2 + 12 bytes). :func:`compare` flags every term where the dry run and the planner
-differ by more than :data:`FLAG` and names where the paper's number differs and why.
+read off the dry run (transformers' saved tensors and loss, the embedding whole on every
+tp rank, gathered logits, fp32 master parameters), and **paper**, the planner's defaults
+for the same degrees (Megatron-LM's layout and inventory, the ZeRO paper's 2 + 2 + 12
+bytes). :func:`compare_rows` flags every term where the dry run and the planner differ by
+more than :data:`FLAG` and says why the paper's number differs; :func:`term_effects` how
+much each of those terms moves the paper's peak.
 
 Pure arithmetic (no torch): the notebook side runs it on the dry run's report.
 """
@@ -31,7 +32,16 @@ from .memory import (
 from .model_spec import ModelSpec
 from .pipeline import in_flight_layers, rank_layers
 
-__all__ = ["FLAG", "MODULE_TERMS", "module_term", "planner_model", "planner_layout", "position_terms", "compare_rows"]
+__all__ = [
+    "FLAG",
+    "MODULE_TERMS",
+    "module_term",
+    "planner_model",
+    "planner_layout",
+    "position_terms",
+    "compare_rows",
+    "term_effects",
+]
 
 FLAG = 0.05  # |dry run / planner - 1| above this is flagged
 MODULE_TERMS = ("embedding", "attention", "mlp", "norms", "head")
@@ -146,8 +156,21 @@ WHY = {
     "master_params": "the parameters are the fp32 master copy and the gradients fp32, the optimizer holds Adam's two moments: 4 + 4 + 8 B/param where the paper counts 2 + 2 + 12 (PlanLayout.master_params)",
     "implementation": "transformers' modules save each norm's input in fp32 and its output, the SiLU output and attention's log-sum-exp beside the paper's tensors (ModelSpec.implementation='transformers')",
     "logits_tp": "the logits are gathered whole to every tp rank and the loss keeps them with fp32 log-softmax output and gradients, 14 B a logit where the paper counts 4/t (PlanLayout.logits_tp=False, ModelSpec.implementation)",
-    "pipeline_fsdp": "under the pipeline schedule FSDP keeps each stage's gathered parameters and unsharded fp32 gradients until the last micro-batch's backward (memory.pipeline_fsdp_bytes)",
 }
+
+
+def term_effects(model: ModelSpec, layout: PlanLayout, stage: int) -> dict[str, float]:
+    """How much each term read off the dry run moves the paper's peak of ``stage``, set alone:
+    ``{"embedding_tp": bytes, "logits_tp": ..., "master_params": ..., "implementation": ...}``."""
+    paper_model = replace(model, implementation="megatron")
+    base_layout = paper_layout(layout)
+    base = position_terms(paper_model, base_layout, stage)["peak"]
+    out = {}
+    for knob in ("embedding_tp", "logits_tp", "master_params"):
+        alone = replace(base_layout, **{knob: getattr(layout, knob)})
+        out[knob] = position_terms(paper_model, alone, stage)["peak"] - base
+    out["implementation"] = position_terms(model, base_layout, stage)["peak"] - base
+    return out
 
 
 def _paper_why(term: str, model: ModelSpec, layout: PlanLayout, stage: int) -> list[str]:
@@ -165,8 +188,6 @@ def _paper_why(term: str, model: ModelSpec, layout: PlanLayout, stage: int) -> l
         and (not layout.logits_tp or model.implementation == "transformers")
     ):
         why.append("logits_tp")
-    if term in ("gathered across micro-batches", "peak") and pipeline_fsdp_bytes(model, layout, stage):
-        why.append("pipeline_fsdp")
     return why
 
 

@@ -9,9 +9,10 @@ torch's ``MemTracker``, without its per-module attribution: that hooks every mod
 backward through ``ModTracker``, which cannot run under a pipeline schedule's
 ``autograd.grad`` (torch 2.13: "A leaf node was passed to _will_engine_execute_node").
 
-Collectives are read with torch's own ``CollectiveOp`` helpers (the process group of each
-c10d / functional collective, and the bytes of the buffer it is handed), grouped by op and
-the global ranks of the group.
+Collectives (c10d's ops and the functional ones DTensor issues) are grouped by op and the
+global ranks of their process group (the op's ``ProcessGroup`` or ``group_name`` argument),
+with the bytes of the largest buffer each is handed or returns: the gathered output of an
+all-gather, the input of a reduce-scatter, the tensor of an all-reduce.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import weakref
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, _resolve_process_group
 from torch._guards import active_fake_mode
-from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops, sync_ops
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -29,6 +30,21 @@ from torch.utils._pytree import tree_leaves
 __all__ = ["StepTracker"]
 
 _DEVICE = torch.ops.prim.device.default
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+_NOT_COLLECTIVES = ("wait_tensor", "barrier", "monitored_barrier_")
+
+
+def _group_arg(func) -> tuple[int, str] | None:
+    """Where ``func`` takes its process group (index, "pg" or "name"), or None when it is
+    not a collective (torch's functional collectives name it, c10d's ops pass the object)."""
+    if func.namespace not in _COLLECTIVE_NAMESPACES or func._schema.name.split("::")[-1] in _NOT_COLLECTIVES:
+        return None
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "group_name":
+            return i, "name"
+        if "ProcessGroup" in str(a.type):
+            return i, "pg"
+    return None
 
 
 def _storage(t: torch.Tensor):
@@ -54,6 +70,7 @@ class StepTracker(TorchDispatchMode):
         self._now_start = 0
         self._comm: dict[tuple[str, tuple[int, ...]], list[int]] = {}
         self._ranks: dict[int, tuple[int, ...]] = {}
+        self._collective: dict = {}  # op -> where its group is, None for other ops
         self._fake = None
         self._resize = None
 
@@ -124,9 +141,13 @@ class StepTracker(TorchDispatchMode):
             self._ranks[key] = tuple(dist.get_process_group_ranks(pg))
         return self._ranks[key]
 
-    def _record(self, func, args, kwargs, out) -> None:
-        pg = CollectiveOp.get_process_group(func, args)
-        nbytes = CollectiveOp.get_comm_tensor_size(func, out, args, kwargs)
+    def _record(self, func, where, args, kwargs, out) -> None:
+        i, kind = where
+        arg = args[i] if i < len(args) else kwargs[func._schema.arguments[i].name]
+        pg = _resolve_process_group(arg) if kind == "name" else ProcessGroup.unbox(arg)
+        nbytes = max(
+            (_storage(t).nbytes() for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)), default=0
+        )
         key = (func._schema.name.split("::")[-1].rstrip("_"), self._group_ranks(pg))
         entry = self._comm.setdefault(key, [0, 0])
         entry[0] += 1
@@ -178,8 +199,11 @@ class StepTracker(TorchDispatchMode):
         out = func(*args, **kwargs)
         if active_fake_mode() is not self._fake:
             return out  # DTensor's sharding propagation on its own fake tensors
-        if func in collective_ops and func not in sync_ops:
-            self._record(func, args, kwargs, out)
+        where = self._collective.get(func, False)
+        if where is False:
+            where = self._collective[func] = _group_arg(func)
+        if where is not None:
+            self._record(func, where, args, kwargs, out)
         if isinstance(out, torch.Tensor):
             self._add(out.untyped_storage())
         elif isinstance(out, (tuple, list)):
