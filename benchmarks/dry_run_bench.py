@@ -105,7 +105,10 @@ def main() -> int:
                     "position_seconds": [p.seconds for p in r.positions],
                 }
             )
-            print(f"{name} run {i}: {seconds:.1f} s ({r.processes} processes for {r.world} ranks, load {load:.1f})", flush=True)
+            print(
+                f"{name} run {i}: {seconds:.1f} s ({r.processes} processes for {r.world} ranks, load {load:.1f})",
+                flush=True,
+            )
         states_off, peak_off = off(report)
         median = statistics.median(times)
         cases_out[name] = {
@@ -117,7 +120,8 @@ def main() -> int:
             "peak_off": peak_off,
             "table": report.table().to_dict(orient="records"),
             "compare": report.compare().to_dict(orient="records"),
-            "request": {k: v for k, v in case.items() if k != "limit_s" and k != "build"} | {"build": str(case["build"])},
+            "request": {k: v for k, v in case.items() if k != "limit_s" and k != "build"}
+            | {"build": str(case["build"])},
             "result": report.result.to_dict(),
         }
         print(report.summary(), flush=True)

@@ -19,7 +19,10 @@ def check_stage_param_bytes(value, *, dry_bytes: int, paper_bytes: float, dp_sha
         dry_bytes,
         what="stage_param_bytes",
         mistakes=[
-            (0.5, "2 bytes a parameter is the paper's 16-bit copy; FSDP2 keeps the fp32 master as the parameter itself"),
+            (
+                0.5,
+                "2 bytes a parameter is the paper's 16-bit copy; FSDP2 keeps the fp32 master as the parameter itself",
+            ),
             (0.25, "you counted parameters; each is 4 bytes (fp32)"),
             (dp_shard, f"FSDP2 splits each tensor-parallel shard again over dp_shard={dp_shard}"),
             (tp, f"tensor parallel splits the attention and MLP matrices over tp={tp}"),
@@ -29,7 +32,9 @@ def check_stage_param_bytes(value, *, dry_bytes: int, paper_bytes: float, dp_sha
     )
     if hint:
         raise CheckFailed(hint)
-    return f"a middle stage's rank holds {number(dry_bytes)} bytes of parameters, twice the paper's {number(paper_bytes)}"
+    return (
+        f"a middle stage's rank holds {number(dry_bytes)} bytes of parameters, twice the paper's {number(paper_bytes)}"
+    )
 
 
 @checker("lab_14.peak_term")

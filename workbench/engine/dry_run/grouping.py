@@ -45,15 +45,15 @@ def stage_ranks(rank: int, shape: tuple[int, ...], names: tuple[str, ...]) -> li
 
 def _spans(mesh, rank: int, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
     """For each dimension of ``mesh``: the layout dimensions its ranks vary along."""
-    grid = mesh.mesh
-    here = [int(c) for c in (grid == rank).nonzero()[0].tolist()]
+    import numpy as np
+
+    grid = np.asarray(mesh.mesh.tolist())
+    here = [int(c) for c in np.argwhere(grid == rank)[0]]
     spans = []
-    for d in range(grid.dim()):
-        line = []
-        for j in range(grid.size(d)):
-            at = list(here)
-            at[d] = j
-            line.append(coords_of(int(grid[tuple(at)]), shape))
+    for d in range(grid.ndim):
+        at = list(here)
+        at[d] = slice(None)
+        line = [coords_of(int(r), shape) for r in grid[tuple(at)]]
         spans.append(tuple(k for k in range(len(shape)) if len({c[k] for c in line}) > 1))
     return spans
 
@@ -101,9 +101,11 @@ def shape_signatures(model: nn.Module, rank: int, ranks: list[int], shape: tuple
 
 def own_local_shapes_agree(model: nn.Module, rank: int, shape: tuple[int, ...]) -> bool:
     """The arithmetic above, applied to this rank itself, gives the shapes it really holds."""
+    spans_of: dict[int, list] = {}
     for p in model.parameters():
         if isinstance(p, DTensor):
-            spans = _spans(p.device_mesh, rank, shape)
+            key = id(p.device_mesh)
+            spans = spans_of[key] = spans_of.get(key) or _spans(p.device_mesh, rank, shape)
             want = _compute_local_shape_and_global_offset(
                 tuple(p.shape),
                 tuple(p.device_mesh.shape),
