@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...shared.argtypes import non_negative_int
 from .. import api
 from ..cluster import debugging
+from ..debugger import hub as debug_hub
 from . import UsageError, command
 
 
@@ -19,12 +20,8 @@ def _debug(args, shell):
     rs = api.current()
     if not 0 <= args.rank < rs.world_size:
         raise UsageError(f"--rank {args.rank} does not exist: the ranks are 0-{rs.world_size - 1}")
-    if not rs.procs[args.rank].local:
-        raise UsageError(
-            f"rank {args.rank} runs on another host: the debugger attaches over "
-            "loopback only, so it works for ranks on this host"
-        )
-    call = rs.submit(rank_debug.post_mortem, ranks=[args.rank])
+    # the rank's pdb talks to this kernel over the rank set's debug link, whichever host it is on
+    call = rs.submit(rank_debug.post_mortem, debug_hub.of(rs).link, ranks=[args.rank])
     attached = False
     while not call.ar.ready():
         if debugging.waiting_sessions(rs).count(args.rank):
