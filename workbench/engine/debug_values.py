@@ -28,6 +28,7 @@ _HIDDEN = {
     "__display__",
     "__file__",
     "__cached__",
+    "__session__",
     "get_ipython",
     "exit",
     "quit",

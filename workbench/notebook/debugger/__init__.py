@@ -25,14 +25,27 @@ def install(shell) -> bool:
 
     kernel = getattr(shell, "kernel", None)
     inner = getattr(kernel, "debugger", None)
-    if inner is None or not hasattr(kernel, "_publish_debug_event"):
+    if inner is None or not hasattr(kernel, "_topic") or not hasattr(kernel, "get_parent"):
         return False
     if isinstance(inner, RankDebugger):
         _ADAPTER = inner
         return True
-    _ADAPTER = RankDebugger(inner, kernel._publish_debug_event, auto=lambda: is_on(shell))
+    _ADAPTER = RankDebugger(inner, lambda event: _publish(kernel, event), auto=lambda: is_on(shell))
     kernel.debugger = _ADAPTER
     return True
+
+
+def _publish(kernel, event: dict) -> None:
+    """A debug event on IOPub, its parent the latest debug request: JupyterLab takes IOPub
+    messages whose parent is the running cell's request as a sign that nothing is stopped,
+    and would replace the stopped rank's variables with the kernel's own."""
+    kernel.session.send(
+        kernel.iopub_socket,
+        "debug_event",
+        event,
+        parent=kernel.get_parent("control"),
+        ident=kernel._topic("debug_event"),
+    )
 
 
 def uninstall(shell) -> None:

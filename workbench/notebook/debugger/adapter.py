@@ -251,7 +251,7 @@ class RankDebugger:
             return self._set_cell_breakpoints if path in self.cells else None
         if command == "stackTrace" and cells.thread_rank(args.get("threadId")) is not None:
             return self._stack_trace
-        if command in STEPS + ("pause",) and cells.thread_rank(args.get("threadId")) is not None:
+        if command in STEPS + ("pause",) and self._ranks_thread(args.get("threadId")):
             return self._step
         if command == "scopes" and self._frame(args.get("frameId")) is not None:
             return self._scopes
@@ -265,6 +265,15 @@ class RankDebugger:
             path = (args.get("source") or {}).get("path", "")
             return self._source if path in self.run.sources else None
         return None
+
+    def _ranks_thread(self, thread_id) -> bool:
+        """Whether a step names the ranks: a rank's thread, or (JupyterLab, whose continue names
+        the thread it has just forgotten: 1) any thread not stopped in the kernel itself while
+        ranks are stopped."""
+        if cells.thread_rank(thread_id) is not None:
+            return True
+        kernel_stopped = getattr(self._inner, "stopped_threads", set())
+        return self.merged and bool(self._stopped_ranks()) and thread_id not in kernel_stopped
 
     def _frame(self, frame_id):
         """(rank, the rank's frame id) of a rank frame, ("all", None) for the entry of all; else None."""
