@@ -44,7 +44,7 @@ _HIDDEN = {
 }
 _HISTORY = re.compile(r"^(_\d+|_i\d*|_ii+|_i)$")
 # what ipyparallel puts in the namespace while it applies a function (the cell's own request)
-_APPLY = re.compile(r"^_[0-9a-f]{8}_[0-9a-f_]+_(f|args|kwargs|result)$")
+_APPLY = re.compile(r"^_[0-9a-f]{8}_[0-9a-f]{24}_\d+_\d+_(f|args|kwargs|result)$")
 
 
 def shown(name: str) -> bool:

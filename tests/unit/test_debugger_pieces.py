@@ -1,0 +1,272 @@
+"""The pieces of JupyterLab's debugger on the ranks that need no process: the ids and cell
+lines (notebook side), the signed wire, the values shown, and the rank's debugger itself run
+on a thread of this process, its link replaced by a queue (the real link: tests/notebooks)."""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import queue
+import sys
+import threading
+import types
+
+import pytest
+
+from workbench.engine import cell_debugger, debug_link, debug_values
+from workbench.notebook.debugger import cells
+from workbench.shared import debug_wire
+
+
+# ---------------------------------------------------------------------- notebook side: ids, cells
+def test_rank_ids_never_meet_the_kernels_and_stay_exact_in_a_browser():
+    assert cells.rank_thread(0) > 1_000_000  # debugpy numbers its threads 1, 2, ...
+    for rank, local in [(0, 0), (1, 1), (63, 2**32 - 1), (100_000, 7)]:
+        ref = cells.encode(rank, local)
+        assert ref >= 2**47  # above any address: debugpy's frame and variable ids are id()s
+        assert ref < 2**53  # a JavaScript number holds it exactly
+        assert cells.decode(ref) == (rank, local)
+    assert cells.decode(id(object())) is None and cells.decode(5) is None
+    assert cells.thread_rank(cells.rank_thread(3)) == 3 and cells.thread_rank(cells.THREAD_BASE) == "all"
+    assert cells.thread_rank(1) is None and cells.decode(cells.ALL_FRAME) is None
+    with pytest.raises(ValueError):
+        cells.encode(0, 2**32)
+
+
+def test_which_cells_run_on_the_ranks_and_where_their_code_starts():
+    assert cells.magic_line("%%distrain --ranks 0\nx = 1") == 0
+    assert cells.magic_line("\n  \n%%distrain\nx = 1") == 2
+    assert cells.magic_line("%%distrain_auto\nx = 1") is None  # another magic
+    assert cells.magic_line("x = 1\n%%distrain") is None
+    assert cells.runs_on_ranks("%%distrain\nx = 1")
+    assert not cells.runs_on_ranks("x = 1") and cells.runs_on_ranks("x = 1", auto=True)
+    assert not cells.runs_on_ranks("%time x = 1", auto=True) and not cells.runs_on_ranks("!ls", auto=True)
+    assert cells.origin("/p.py", "%%distrain\nx = 1") == debug_wire.CellOrigin("/p.py", 1)
+    assert cells.origin("/p.py", "x = 1") == debug_wire.CellOrigin("/p.py", 0)
+    checked = dict(cells.check_lines("%%distrain\nx = 1\ny = 2", 1, [1, 2, 3, 4]))
+    assert checked[2] is None and checked[3] is None
+    assert "runs in the notebook" in checked[1] and checked[4] == "the cell has 3 lines"
+
+
+# ---------------------------------------------------------------------- the wire
+def test_the_wire_refuses_a_wrong_key_a_changed_byte_and_a_replay():
+    key = b"k" * 32
+    frames = debug_wire.pack(key, {"op": "hello", "seq": 1})
+    assert debug_wire.unpack(key, frames) == {"op": "hello", "seq": 1}
+    assert debug_wire.unpack(b"other", frames) is None
+    assert debug_wire.unpack(key, [frames[0], frames[1].replace(b"hello", b"hellO")]) is None
+    assert debug_wire.unpack(key, [frames[1]]) is None
+    replay = debug_wire.Replay()
+    assert replay.fresh("a", 1) and replay.fresh("a", 2) and replay.fresh("b", 1)
+    assert not replay.fresh("a", 2) and not replay.fresh("a", 1) and not replay.fresh("a", "3")
+
+
+# ---------------------------------------------------------------------- values
+def test_values_hide_the_shells_names_and_open_what_holds_values():
+    refs = debug_values.Refs()
+    ns = {"x": 1, "_": 2, "_i3": "x", "In": [], "__session__": "s", "_mine": len, "data": {"a": [1, 2]}}
+    ns["_14f14336_9489f9109c7c841c30d39ccf_442_5_args"] = ()
+    shown = debug_values.scope_variables(ns, refs)
+    assert [v["name"] for v in shown] == ["data", "x", "_mine"]
+    data = shown[0]
+    assert data["variablesReference"] and data["value"] == "{'a': [1, 2]}"
+    kind, obj = refs.get(data["variablesReference"])
+    (a,) = debug_values.child_variables(kind, obj, refs)
+    assert (a["name"], a["value"]) == ("'a'", "[1, 2]")
+    assert [v["value"] for v in debug_values.child_variables(*refs.get(a["variablesReference"]), refs)] == ["1", "2"]
+    module = types.ModuleType("m")
+    module.rank, module._hidden = 3, 4
+    assert [(v["name"], v["value"]) for v in debug_values.child_variables("value", module, refs)] == [("rank", "3")]
+    assert debug_values.text("x" * 5000).endswith("…") and len(debug_values.text("x" * 5000)) == debug_values.TEXT_MAX
+    with pytest.raises(KeyError, match="moved on"):
+        refs.get(999)
+
+
+# ---------------------------------------------------------------------- the rank's debugger
+class Notebook:
+    """The notebook's end of a rank's link, in this process: the rank's messages arrive on a
+    queue, requests go to the rank's handler as the link's thread hands them."""
+
+    def __init__(self, monkeypatch):
+        self.inbox: queue.Queue = queue.Queue()
+        self.handlers: dict = {}
+        self.stop = None
+        self._ids = itertools.count(1)
+        self.seen: list[dict] = []
+        monkeypatch.setattr(debug_link, "open_for", self._open)
+        monkeypatch.setattr(debug_link, "close_for", lambda name, link: None)
+
+    def _open(self, name, handler):
+        self.handlers[name] = handler
+        return self
+
+    def send(self, message):  # the rank's side of the link
+        self.inbox.put(message)
+
+    def next(self, op: str, timeout: float = 10) -> dict:
+        while True:
+            message = self.inbox.get(timeout=timeout)
+            self.seen.append(message)
+            if message.get("op") == "stopped":
+                self.stop = message["stop"]
+            if message.get("op") == op:
+                return message
+
+    def ask(self, command: str, **arguments) -> dict:
+        rid = next(self._ids)
+        request = {"op": "request", "id": rid, "to": "debugger", "command": command, "arguments": arguments}
+        self.handlers["debugger"]({**request, "stop": self.stop})
+        while True:
+            message = self.next("reply")
+            if message["id"] == rid:
+                assert message["success"], message
+                return message["body"]
+
+    def where(self) -> list[tuple[str, int]]:
+        return [(f["name"], f["line"]) for f in self.ask("stackTrace")["stackFrames"]]
+
+    def value(self, name: str) -> str:
+        scope = self.ask("scopes", frameId=None)["scopes"][0]
+        got = {
+            v["name"]: v["value"]
+            for v in self.ask("variables", variablesReference=scope["variablesReference"])["variables"]
+        }
+        return got[name]
+
+
+_CELLS = itertools.count(1)
+
+
+def cell(code: str) -> tuple[str, str]:
+    """(the rank's compiled name, the notebook's path) of a new cell ``code`` (a ``%%distrain``
+    line above it in the notebook)."""
+    n = next(_CELLS)
+    filename, path = f"/tmp/wb-unit-rank/{n}.py", f"/tmp/wb-unit-notebook/{n}.py"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    cell_debugger.note_cell(filename, debug_wire.CellOrigin(path, 1))
+    return filename, path
+
+
+def run(code: str, breakpoints=(), parts: int = 1, namespace=None, exceptions=()):
+    """Run ``code`` as a cell under a fresh rank debugger on a thread; (thread, debugger, path).
+    ``parts``: split as the shell splits a cell whose last statement is an expression."""
+    filename, path = cell(code)
+    dbg = cell_debugger.CellDebugger()
+    spec = debug_wire.CellDebug(
+        link=None,
+        visual=True,
+        breakpoints=tuple(debug_wire.Breakpoint(path, line) for line in breakpoints),
+        exceptions=exceptions,
+    )
+    ns = {} if namespace is None else namespace
+    lines = code.splitlines(True)
+
+    def body():
+        try:
+            if parts == 1:
+                exec(compile(code, filename, "exec"), ns)
+            else:  # the shell's split: everything but the last line, then the last one alone
+                head = "".join(lines[:-1])
+                exec(compile(head, filename, "exec"), ns)
+                exec(compile("\n" * (len(lines) - 1) + lines[-1], filename, "single"), ns)
+        except Exception:
+            kind, value, tb = sys.exc_info()
+            dbg.post_mortem(tb, f"{kind.__name__}: {value}")
+
+    thread = threading.Thread(target=dbg.run, args=(spec, filename, 0, body), daemon=True)
+    thread.start()
+    return thread, dbg, path
+
+
+def test_breakpoint_then_next_through_the_shells_parts_to_the_end(monkeypatch):
+    nb = Notebook(monkeypatch)
+    ns: dict = {}
+    thread, _, path = run("a = 1\nb = a + 1\nc = b + 1\nprint(a, b, c)\n", breakpoints=[3], parts=2, namespace=ns)
+    stopped = nb.next("stopped")
+    assert (stopped["reason"], stopped["path"], stopped["line"], stopped["cell"]) == ("breakpoint", path, 3, True)
+    assert nb.where() == [("<module>", 3)] and nb.value("a") == "1"
+    nb.ask("next")
+    assert nb.next("stopped")["line"] == 4
+    nb.ask("next")  # out of the first part: stops at the next part's line
+    stopped = nb.next("stopped")
+    assert (stopped["reason"], stopped["line"]) == ("step", 5)
+    assert nb.value("c") == "3"
+    nb.ask("next")
+    nb.next("ended")
+    thread.join(5)
+    assert not thread.is_alive() and ns["c"] == 3
+
+
+def test_step_in_and_out_of_a_cells_function_but_not_into_a_library(monkeypatch):
+    nb = Notebook(monkeypatch)
+    define, _ = cell("def f(v):\n    w = v * 2\n    return w\n")
+    ns: dict = {}
+    exec(compile("def f(v):\n    w = v * 2\n    return w\n", define, "exec"), ns)
+    thread, _, path = run("import json\ns = json.dumps([1])\nz = f(3)\nprint(z)\n", breakpoints=[3], namespace=ns)
+    nb.next("stopped")
+    nb.ask("stepIn")  # json.dumps is the library's: the step goes over it
+    assert nb.next("stopped")["line"] == 4
+    nb.ask("stepIn")
+    stopped = nb.next("stopped")
+    assert stopped["line"] == 3 and stopped["path"] != path  # f's first line, in f's own cell
+    assert nb.where() == [("f", 3), ("<module>", 4)]
+    assert nb.value("v") == "3"
+    nb.ask("stepOut")
+    assert nb.next("stopped")["line"] == 5
+    assert nb.where() == [("<module>", 5)]
+    nb.ask("continue")
+    nb.next("ended")
+    thread.join(5)
+
+
+def test_pause_a_running_cell_evaluate_there_and_release(monkeypatch):
+    nb = Notebook(monkeypatch)
+    ns = {"done": False}
+    thread, _, _ = run("i = 0\nwhile not done:\n    i += 1\nprint(i)\n", namespace=ns)
+    nb.next("started")
+    nb.handlers["debugger"]({"op": "request", "id": 0, "to": "debugger", "command": "pause", "arguments": {}})
+    stopped = nb.next("stopped")
+    assert stopped["reason"] == "pause" and stopped["line"] in (3, 4)
+    assert nb.ask("evaluate", expression="i > 0")["result"] == "True"
+    nb.ask("evaluate", expression="done = True")  # a statement, in the cell's namespace
+    nb.ask("continue")
+    nb.next("ended")
+    thread.join(5)
+    assert not thread.is_alive() and ns["done"] is True
+
+
+def test_breakpoints_change_while_it_runs_and_a_condition_holds_them(monkeypatch):
+    nb = Notebook(monkeypatch)
+    ns = {"go": False}
+    thread, dbg, path = run(
+        "import time\nwhile not go:\n    time.sleep(0.01)\nfor k in range(5):\n    m = k\n", namespace=ns
+    )
+    nb.next("started")
+    points = [{"path": path, "line": 6, "condition": "k == 3"}]
+    nb.handlers["debugger"](
+        {"op": "request", "id": 0, "to": "debugger", "command": "setBreakpoints", "arguments": {"breakpoints": points}}
+    )
+    nb.next("reply")
+    ns["go"] = True
+    stopped = nb.next("stopped")
+    assert stopped["line"] == 6 and nb.value("k") == "3"
+    nb.handlers["debugger"]({"op": "request", "id": 0, "to": "debugger", "command": "release", "arguments": {}})
+    nb.next("ended")
+    thread.join(5)
+    assert ns["m"] == 4 and not thread.is_alive()
+
+
+def test_an_uncaught_exception_stops_post_mortem_in_the_frame_that_raised(monkeypatch):
+    nb = Notebook(monkeypatch)
+    thread, _, _ = run("def g(q):\n    return 1 / q\nr = g(0)\n")
+    stopped = nb.next("stopped")
+    assert (stopped["reason"], stopped["line"], stopped["text"]) == (
+        "exception",
+        3,
+        "ZeroDivisionError: division by zero",
+    )
+    assert nb.where() == [("g", 3), ("<module>", 4)]
+    assert nb.value("q") == "0"
+    nb.ask("next")  # nothing to step in a finished frame: it goes on
+    nb.next("ended")
+    thread.join(5)
