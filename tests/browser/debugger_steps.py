@@ -106,6 +106,21 @@ def engine_rank(page) -> str:
     return variable(page, "rank", within=item)
 
 
+def tidy_for_a_picture(page) -> None:
+    """The file browser folded away and the debugger's sidebar wider, for the screenshot."""
+    current = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+    if current.count():
+        current.first.click()
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
+    box = handle.bounding_box()
+    if box is not None:
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + 1, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] - 220, y, steps=5)
+        page.mouse.up()
+
+
 def run_to_the_breakpoint(page, lab, path: str) -> None:
     """Start the ranks, switch the debugger on, set the breakpoint, run the cell."""
     open_notebook(page, lab, path)
@@ -143,6 +158,7 @@ def check_both_ranks_then_continue(page, hosts: list[str], shot_name: str) -> No
     # the line both stopped at is highlighted in the cell
     cell = page.locator(".jp-Notebook .jp-Cell", has_text="x = rank * 10").first
     assert "x = rank * 10" in cell.locator(".jp-DebuggerEditor-highlight").first.inner_text()
+    tidy_for_a_picture(page)
     shot(page, shot_name)
     assert engine_rank(page) == "1"
     # continue with every rank chosen: the cell finishes with both ranks' output

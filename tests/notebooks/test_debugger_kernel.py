@@ -1,6 +1,8 @@
 """Tier 4: JupyterLab's debugger on the ranks, driven as JupyterLab drives it (debug requests
 on a real kernel's control channel, events read from IOPub), on 2 real ranks started in it."""
 
+import time
+
 import kernel_runs
 import pytest
 from kernel_runs import DebugClient, execute, streams
@@ -22,6 +24,7 @@ def kernel():
     with kernel_runs.kernel() as (km, kc):
         reply, msgs = execute(kc, "%load_ext workbench\n%distrain start -n 2 --backend gloo --threads 1")
         assert reply["status"] == "ok", streams(msgs, "stderr")
+        kc.manager = km  # the interrupt test's
         yield kc
 
 
@@ -179,3 +182,31 @@ def test_an_uncaught_exception_stops_the_rank_that_raised(debug):
     msgs = debug.finished(msg_id)
     assert any(m["msg_type"] == "error" and m["content"]["ename"] == "RankFailure" for _, m in msgs)
     assert debug.request("setExceptionBreakpoints", filters=[])["success"]
+
+
+def test_time_stopped_is_not_the_cells_and_switching_the_debugger_off_lets_the_ranks_go(debug):
+    code = CELL.replace("%%distrain\n", "%%distrain --timeout 2\n")
+    debug.breakpoints(code, [4])
+    msg_id = debug.kc.execute(code)
+    stopped = debug.event("stopped")
+    time.sleep(3)  # past the cell's timeout, stopped
+    assert [f["line"] for f in frames_of(debug, stopped)] == [4, 4, 4]
+    debug.stop()  # the bug icon off: the ranks run to the end and stop no more
+    msgs = debug.finished(msg_id)
+    assert not [m for _, m in msgs if m["msg_type"] == "error"]
+    assert streams(msgs).splitlines() == ["[rank 0] rank 0 y 1", "[rank 1] rank 1 y 11"]
+    debug.start()
+
+
+def test_an_interrupt_while_the_ranks_are_stopped_ends_the_cell_and_the_ranks_go_on(debug):
+    debug.breakpoints(CELL, [4])
+    msg_id = debug.kc.execute(CELL)
+    debug.event("stopped")
+    debug.kc.manager.interrupt_kernel()
+    msgs = debug.finished(msg_id)
+    errors = [m["content"] for _, m in msgs if m["msg_type"] == "error"]
+    assert [e["ename"] for e in errors] == ["Interrupted"]
+    debug.event("continued")  # the stop shown is over
+    debug.breakpoints(CELL, [])
+    reply, msgs = execute(debug.kc, "%%distrain\nprint('still here', rank)")
+    assert reply["status"] == "ok" and streams(msgs).splitlines() == ["[rank 0] still here 0", "[rank 1] still here 1"]

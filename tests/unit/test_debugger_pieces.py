@@ -147,16 +147,16 @@ def cell(code: str) -> tuple[str, str]:
     return filename, path
 
 
-def run(code: str, breakpoints=(), parts: int = 1, namespace=None, exceptions=()):
-    """Run ``code`` as a cell under a fresh rank debugger on a thread; (thread, debugger, path).
-    ``parts``: split as the shell splits a cell whose last statement is an expression."""
+def run(code: str, script, monkeypatch, breakpoints=(), parts: int = 1, namespace=None) -> dict:
+    """Run ``code`` as a cell under a fresh rank debugger on this (the main) thread, as a rank
+    runs its cells, while ``script(notebook, path)`` plays the notebook on another; the cell's
+    namespace after. ``parts``: split as the shell splits a cell whose last statement is an
+    expression (the last line alone)."""
+    nb = Notebook(monkeypatch)
     filename, path = cell(code)
     dbg = cell_debugger.CellDebugger()
     spec = debug_wire.CellDebug(
-        link=None,
-        visual=True,
-        breakpoints=tuple(debug_wire.Breakpoint(path, line) for line in breakpoints),
-        exceptions=exceptions,
+        link=None, visual=True, breakpoints=tuple(debug_wire.Breakpoint(path, line) for line in breakpoints)
     )
     ns = {} if namespace is None else namespace
     lines = code.splitlines(True)
@@ -165,108 +165,125 @@ def run(code: str, breakpoints=(), parts: int = 1, namespace=None, exceptions=()
         try:
             if parts == 1:
                 exec(compile(code, filename, "exec"), ns)
-            else:  # the shell's split: everything but the last line, then the last one alone
-                head = "".join(lines[:-1])
-                exec(compile(head, filename, "exec"), ns)
+            else:
+                exec(compile("".join(lines[:-1]), filename, "exec"), ns)
                 exec(compile("\n" * (len(lines) - 1) + lines[-1], filename, "single"), ns)
         except Exception:
             kind, value, tb = sys.exc_info()
             dbg.post_mortem(tb, f"{kind.__name__}: {value}")
 
-    thread = threading.Thread(target=dbg.run, args=(spec, filename, 0, body), daemon=True)
-    thread.start()
-    return thread, dbg, path
+    failed: list[BaseException] = []
+
+    def play():
+        try:
+            script(nb, path)
+        except BaseException as exc:  # raised here, on the test's thread
+            failed.append(exc)
+            dbg._released = True
+            dbg._commands.put(None)
+
+    player = threading.Thread(target=play, daemon=True)
+    player.start()
+    dbg.run(spec, filename, 0, body)
+    player.join(10)
+    if failed:
+        raise failed[0]
+    assert not player.is_alive(), "the notebook's side never finished"
+    return ns
 
 
 def test_breakpoint_then_next_through_the_shells_parts_to_the_end(monkeypatch):
-    nb = Notebook(monkeypatch)
-    ns: dict = {}
-    thread, _, path = run("a = 1\nb = a + 1\nc = b + 1\nprint(a, b, c)\n", breakpoints=[3], parts=2, namespace=ns)
-    stopped = nb.next("stopped")
-    assert (stopped["reason"], stopped["path"], stopped["line"], stopped["cell"]) == ("breakpoint", path, 3, True)
-    assert nb.where() == [("<module>", 3)] and nb.value("a") == "1"
-    nb.ask("next")
-    assert nb.next("stopped")["line"] == 4
-    nb.ask("next")  # out of the first part: stops at the next part's line
-    stopped = nb.next("stopped")
-    assert (stopped["reason"], stopped["line"]) == ("step", 5)
-    assert nb.value("c") == "3"
-    nb.ask("next")
-    nb.next("ended")
-    thread.join(5)
-    assert not thread.is_alive() and ns["c"] == 3
+    def script(nb, path):
+        stopped = nb.next("stopped")
+        assert (stopped["reason"], stopped["path"], stopped["line"], stopped["cell"]) == ("breakpoint", path, 3, True)
+        assert nb.where() == [("<module>", 3)] and nb.value("a") == "1"
+        nb.ask("next")
+        assert nb.next("stopped")["line"] == 4
+        nb.ask("next")  # out of the first part: stops at the next part's line
+        stopped = nb.next("stopped")
+        assert (stopped["reason"], stopped["line"]) == ("step", 5)
+        assert nb.value("c") == "3"
+        nb.ask("next")
+        nb.next("ended")
+
+    ns = run("a = 1\nb = a + 1\nc = b + 1\nprint(a, b, c)\n", script, monkeypatch, breakpoints=[3], parts=2)
+    assert ns["c"] == 3
 
 
 def test_step_in_and_out_of_a_cells_function_but_not_into_a_library(monkeypatch):
-    nb = Notebook(monkeypatch)
     define, _ = cell("def f(v):\n    w = v * 2\n    return w\n")
     ns: dict = {}
     exec(compile("def f(v):\n    w = v * 2\n    return w\n", define, "exec"), ns)
-    thread, _, path = run("import json\ns = json.dumps([1])\nz = f(3)\nprint(z)\n", breakpoints=[3], namespace=ns)
-    nb.next("stopped")
-    nb.ask("stepIn")  # json.dumps is the library's: the step goes over it
-    assert nb.next("stopped")["line"] == 4
-    nb.ask("stepIn")
-    stopped = nb.next("stopped")
-    assert stopped["line"] == 3 and stopped["path"] != path  # f's first line, in f's own cell
-    assert nb.where() == [("f", 3), ("<module>", 4)]
-    assert nb.value("v") == "3"
-    nb.ask("stepOut")
-    assert nb.next("stopped")["line"] == 5
-    assert nb.where() == [("<module>", 5)]
-    nb.ask("continue")
-    nb.next("ended")
-    thread.join(5)
+
+    def script(nb, path):
+        nb.next("stopped")
+        nb.ask("stepIn")  # json.dumps is the library's: the step goes over it
+        assert nb.next("stopped")["line"] == 4
+        nb.ask("stepIn")
+        stopped = nb.next("stopped")
+        assert stopped["line"] == 3 and stopped["path"] != path  # f's first line, in f's own cell
+        assert nb.where() == [("f", 3), ("<module>", 4)]
+        assert nb.value("v") == "3"
+        nb.ask("stepOut")
+        assert nb.next("stopped")["line"] == 5
+        assert nb.where() == [("<module>", 5)]
+        nb.ask("continue")
+        nb.next("ended")
+
+    code = "import json\ns = json.dumps([1])\nz = f(3)\nprint(z)\n"
+    assert run(code, script, monkeypatch, breakpoints=[3], namespace=ns)["z"] == 6
 
 
-def test_pause_a_running_cell_evaluate_there_and_release(monkeypatch):
-    nb = Notebook(monkeypatch)
-    ns = {"done": False}
-    thread, _, _ = run("i = 0\nwhile not done:\n    i += 1\nprint(i)\n", namespace=ns)
-    nb.next("started")
-    nb.handlers["debugger"]({"op": "request", "id": 0, "to": "debugger", "command": "pause", "arguments": {}})
-    stopped = nb.next("stopped")
-    assert stopped["reason"] == "pause" and stopped["line"] in (3, 4)
-    assert nb.ask("evaluate", expression="i > 0")["result"] == "True"
-    nb.ask("evaluate", expression="done = True")  # a statement, in the cell's namespace
-    nb.ask("continue")
-    nb.next("ended")
-    thread.join(5)
-    assert not thread.is_alive() and ns["done"] is True
+def test_pause_a_running_cell_evaluate_there_and_go_on(monkeypatch):
+    def script(nb, path):
+        nb.next("started")
+        nb.handlers["debugger"]({"op": "request", "id": 0, "to": "debugger", "command": "pause", "arguments": {}})
+        stopped = nb.next("stopped")
+        assert stopped["reason"] == "pause" and stopped["line"] in (3, 4)
+        assert nb.ask("evaluate", expression="i > 0")["result"] == "True"
+        nb.ask("evaluate", expression="done = True")  # a statement, in the cell's namespace
+        nb.ask("continue")
+        nb.next("ended")
+
+    ns = run("i = 0\nwhile not done:\n    i += 1\nprint(i)\n", script, monkeypatch, namespace={"done": False})
+    assert ns["done"] is True and ns["i"] > 0
 
 
-def test_breakpoints_change_while_it_runs_and_a_condition_holds_them(monkeypatch):
-    nb = Notebook(monkeypatch)
+def test_a_breakpoint_set_while_it_runs_untraced_stops_it_and_a_condition_holds_it(monkeypatch):
     ns = {"go": False}
-    thread, dbg, path = run(
-        "import time\nwhile not go:\n    time.sleep(0.01)\nfor k in range(5):\n    m = k\n", namespace=ns
-    )
-    nb.next("started")
-    points = [{"path": path, "line": 6, "condition": "k == 3"}]
-    nb.handlers["debugger"](
-        {"op": "request", "id": 0, "to": "debugger", "command": "setBreakpoints", "arguments": {"breakpoints": points}}
-    )
-    nb.next("reply")
-    ns["go"] = True
-    stopped = nb.next("stopped")
-    assert stopped["line"] == 6 and nb.value("k") == "3"
-    nb.handlers["debugger"]({"op": "request", "id": 0, "to": "debugger", "command": "release", "arguments": {}})
-    nb.next("ended")
-    thread.join(5)
-    assert ns["m"] == 4 and not thread.is_alive()
+
+    def script(nb, path):
+        nb.next("started")
+        points = [{"path": path, "line": 7, "condition": "k == 3"}]
+        nb.handlers["debugger"](
+            {
+                "op": "request",
+                "id": 0,
+                "to": "debugger",
+                "command": "setBreakpoints",
+                "arguments": {"breakpoints": points},
+            }
+        )
+        nb.next("reply")
+        ns["go"] = True
+        stopped = nb.next("stopped")
+        assert stopped["line"] == 7 and nb.value("k") == "3"
+        nb.handlers["debugger"]({"op": "request", "id": 0, "to": "debugger", "command": "release", "arguments": {}})
+        nb.next("ended")
+
+    code = "import sys, time\ntraced = sys.gettrace()\nwhile not go:\n    time.sleep(0.01)\nfor k in range(5):\n    m = k\n"
+    ns = run(code, script, monkeypatch, namespace=ns)
+    assert ns["traced"] is None and ns["m"] == 4  # nothing traced while no breakpoint was set
 
 
 def test_an_uncaught_exception_stops_post_mortem_in_the_frame_that_raised(monkeypatch):
-    nb = Notebook(monkeypatch)
-    thread, _, _ = run("def g(q):\n    return 1 / q\nr = g(0)\n")
-    stopped = nb.next("stopped")
-    assert (stopped["reason"], stopped["line"], stopped["text"]) == (
-        "exception",
-        3,
-        "ZeroDivisionError: division by zero",
-    )
-    assert nb.where() == [("g", 3), ("<module>", 4)]
-    assert nb.value("q") == "0"
-    nb.ask("next")  # nothing to step in a finished frame: it goes on
-    nb.next("ended")
-    thread.join(5)
+    def script(nb, path):
+        stopped = nb.next("stopped")
+        assert (stopped["reason"], stopped["line"]) == ("exception", 3)
+        assert stopped["text"] == "ZeroDivisionError: division by zero"
+        assert nb.where() == [("g", 3), ("<module>", 4)]
+        assert nb.value("q") == "0"
+        nb.ask("next")  # nothing to step in a finished frame: it goes on
+        nb.next("ended")
+
+    run("def g(q):\n    return 1 / q\nr = g(0)\n", script, monkeypatch)

@@ -22,6 +22,7 @@ import collections
 import linecache
 import os
 import queue
+import signal
 import sys
 import sysconfig
 import threading
@@ -29,6 +30,7 @@ import threading
 from ..shared import debug_wire
 from . import debug_link, debug_values
 
+WAKE = signal.SIGUSR2  # the link's thread wakes the cell's thread (SIGUSR1 is the stack dump's)
 WAIT_S = 1.0  # a stopped rank looks up this often whether it was released (it is woken at once by a request)
 _ORIGIN_MAX = 2000
 
@@ -104,6 +106,7 @@ class CellDebugger(bdb.Bdb):
 
     def __init__(self) -> None:
         super().__init__()
+        self._dispatch = self.trace_dispatch  # one bound method, handed back on every event
         self.rank = 0
         self.link: debug_link.Link | None = None
         self.active = False
@@ -118,6 +121,7 @@ class CellDebugger(bdb.Bdb):
         self._reason: str | None = None
         self._released = False
         self._stepping = False  # the last resume was a step (next, stepIn), not continue or stepOut
+        self._signalled = False  # the cell runs on the main thread: it can be woken by a signal
 
     # ------------------------------------------------------------------ a cell
     def run(self, debug: debug_wire.CellDebug, filename: str, rank: int, body):
@@ -136,11 +140,18 @@ class CellDebugger(bdb.Bdb):
         self.thread = threading.get_ident()
         self.active = True
         self.link.send({"op": "started"})
-        sys.settrace(self.trace_dispatch)
+        # nothing traced while no breakpoint is set: a pause or a breakpoint set meanwhile
+        # reaches this thread as a signal (_on_signal), which starts tracing where it is
+        main = self._signalled = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(WAKE, self._on_signal) if main else None
+        if self._breaks:
+            sys.settrace(self.trace_dispatch)
         try:
             return body()
         finally:
             sys.settrace(None)
+            if main:
+                signal.signal(WAKE, previous)
             self.active = False
             self.botframe = None
             link, self.link = self.link, None
@@ -148,7 +159,8 @@ class CellDebugger(bdb.Bdb):
             debug_link.close_for("debugger", link)
 
     def set_breakpoints(self, breakpoints) -> None:
-        """Replace the breakpoints: cells' lines mapped to their compiled code on this rank."""
+        """Replace the breakpoints: cells' lines mapped to their compiled code on this rank
+        (while a cell runs, from the link's thread: the cell's thread is told to look again)."""
         table: dict[str, dict[int, str | None]] = {}
         for bp in breakpoints:
             filename = _FILES.get(bp.path)
@@ -159,6 +171,8 @@ class CellDebugger(bdb.Bdb):
             if line >= 1:
                 table.setdefault(filename, {})[line] = bp.condition or None
         self._breaks = table  # one assignment: the traced thread sees the old table or the new
+        if self.active and self._stopped is None and table:
+            self._wake()
 
     # ------------------------------------------------------------------ bdb
     def _set_continue(self) -> None:
@@ -166,9 +180,21 @@ class CellDebugger(bdb.Bdb):
         # breakpoint added later and breakpoint() must still stop the cell
         self._set_stopinfo(self.botframe, None, -1)
 
+    def trace_dispatch(self, frame, event, arg):
+        # running on (not stepping), only a breakpoint's line can stop: every other event is
+        # answered here, without bdb's dispatch (what tracing costs: docs/cells.md)
+        if self.stoplineno == -1 and not self.quitting:
+            lines = self._breaks.get(frame.f_code.co_filename)
+            if event == "call":
+                return self._dispatch if lines else None
+            if event == "line" and (not lines or frame.f_lineno not in lines):
+                return self._dispatch
+            if event in ("return", "exception") and self.returnframe is None:
+                return self._dispatch
+        return super().trace_dispatch(frame, event, arg)
+
     def break_anywhere(self, frame) -> bool:
-        name = frame.f_code.co_filename
-        return name in self._breaks or name in _ORIGINS or name == self.cell_file
+        return frame.f_code.co_filename in self._breaks
 
     def break_here(self, frame) -> bool:
         lines = self._breaks.get(frame.f_code.co_filename)
@@ -194,14 +220,6 @@ class CellDebugger(bdb.Bdb):
             frame = frame.f_back
         return False
 
-    def dispatch_line(self, frame):
-        if self._pause and self._in_cell(frame):
-            self._pause = False
-            self._reason = "pause"
-            self.user_line(frame)
-            return self.trace_dispatch
-        return super().dispatch_line(frame)
-
     def user_call(self, frame, argument_list) -> None:
         pass  # a step into a function stops at its first line, not at the call
 
@@ -225,15 +243,40 @@ class CellDebugger(bdb.Bdb):
     def user_exception(self, frame, exc_info) -> None:
         pass  # uncaught exceptions stop once the cell has failed (cell_runner), not where raised
 
-    def set_trace_here(self, frame) -> None:
-        """``breakpoint()`` in the cell: stop at the caller's next line."""
-        f = frame
-        while f is not None and f is not self.botframe:
-            f.f_trace = self.trace_dispatch
-            f = f.f_back
-        self._reason = "breakpoint"
+    def set_trace_here(self, frame, reason: str = "breakpoint") -> None:
+        """``breakpoint()`` in the cell (or a pause): stop at the next line of the cell's code."""
+        self._trace_from(frame)
+        self._reason = reason
         self._stepping = True
         self.set_step()
+
+    def _trace_from(self, frame) -> None:
+        """Trace this thread from here on, the frames it is in included."""
+        sys.settrace(self.trace_dispatch)
+        while frame is not None and frame is not self.botframe:
+            frame.f_trace = self.trace_dispatch
+            frame = frame.f_back
+
+    def _wake(self) -> None:
+        """Have the cell's thread run :meth:`_on_signal` (from the link's thread); only the
+        main thread runs signal handlers: a cell on another thread is not paused."""
+        if not self._signalled:
+            return
+        try:
+            signal.pthread_kill(self.thread, WAKE)
+        except (OSError, ValueError, TypeError):  # the thread is gone
+            pass
+
+    def _on_signal(self, signum, frame) -> None:
+        """On the cell's thread, where it is now: stop there (a pause), or trace from there
+        (a breakpoint was set)."""
+        if not self.active or self._stopped is not None or frame is None:
+            return
+        if self._pause:
+            self._pause = False
+            self.set_trace_here(frame, "pause")
+        elif self._breaks:
+            self._trace_from(frame)
 
     def post_mortem(self, tb, error: str) -> None:
         """The cell failed with traceback ``tb``: stop in its innermost frame of the cell's until released."""
@@ -379,12 +422,8 @@ class CellDebugger(bdb.Bdb):
     def _request_pause(self) -> None:
         if self._stopped is not None or not self.active:
             return
-        frame = sys._current_frames().get(self.thread)
         self._pause = True
-        while frame is not None and frame is not self.botframe:  # line events from where it is now
-            frame.f_trace = self.trace_dispatch
-            frame.f_trace_lines = True
-            frame = frame.f_back
+        self._wake()
 
 
 # ---------------------------------------------------------------------- requests while stopped
