@@ -1,24 +1,10 @@
 """What JupyterLab's debugger costs a cell on the ranks.
 
-Two cells on 2 gloo ranks: a pure-Python loop (200,000 calls of a function the cell defines:
-the worst case for a trace function) and a small torch training loop (200 forward/backward
-passes of a 4-layer MLP), each run as the notebook runs it (``rpc.RunCell``) in four ways,
-alternating, the slowest rank's wall time of the cell:
-
-- ``off``: the debugger off;
-- ``on``: the debugger on, no breakpoint set (nothing is traced);
-- ``elsewhere``: a breakpoint in a file the cell never runs (every call is traced);
-- ``in cell``: a breakpoint on a line of the cell that is never reached (every call and every
-  line of the cell's code is traced).
-
-Target: with the debugger on and no breakpoint, each cell takes at most 1.1x its time with
-the debugger off (the debugger costs nothing until a breakpoint is set). The other ratios are
-reported, not judged: they are the price of a trace function in Python.
-
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/debugger_bench.py`` (``--quick``: one
-round, checks the script only; ``--pool``: every saved run's figures).
-Results: ``benchmarks/results/debugger-*.json``; the exit status is 1 when a target is missed.
-"""
+Target: a cell on 2 ranks with the debugger on and no breakpoint set takes at most 1.1x its
+time with the debugger off (a pure-Python loop and a torch loop; the cost with breakpoints is
+reported). Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/debugger_bench.py``
+(``--quick``: checks the script only; ``--pool``: every saved run). Results:
+``benchmarks/results/debugger-*.json``; the exit status is 1 when a target is missed."""
 
 from __future__ import annotations
 

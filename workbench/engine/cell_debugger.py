@@ -1,18 +1,10 @@
 """JupyterLab's debugger on a rank: a ``bdb`` debugger for the thread that runs the cell.
 
-With JupyterLab's debugger on, each ``%%distrain`` cell runs under this debugger
-(``cell_runner``): it stops at the breakpoints set in the notebook (mapped from the cell's
-lines to the code's, see :func:`note_cell`), at ``breakpoint()``, when the notebook asks it to
-pause, and (when asked) at an exception the cell leaves uncaught. While stopped, the thread
-that runs the cell waits here for the notebook's requests (call stack, scopes, variables,
-evaluate, step, continue) and answers them itself, so every request sees the frames as they
-are; they reach it from the debug link's thread (``debug_link``), which also answers what
-needs no stopped frame (breakpoints changed, pause). Frames are reported in the notebook's
-terms: a cell's path and line, never the rank's compiled name for it.
-
-Only that thread is traced; other threads of the rank (a background trainer) run on. Steps
-stop in code of the cell and of files outside the interpreter's own and installed libraries
-(as JupyterLab's "just my code"); a breakpoint stops wherever it is.
+It stops at the notebook's breakpoints (a cell's lines mapped to the code the rank compiled,
+:func:`note_cell`), at ``breakpoint()``, at a pause and at an uncaught exception; stopped,
+the cell's thread answers the notebook's requests itself, which reach it from the debug
+link's thread. Frames are reported in the notebook's terms (a cell's path and line). How the
+pieces fit: docs/cells.md ("How it works").
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""A rank's debug link to the notebook: one signed ZMQ connection, opened while it is needed.
+"""A rank's debug link to the notebook: one signed ZMQ connection, open while it is needed.
 
-The notebook's hub binds where the rank set's event stream does (loopback when every rank is
-on its host, else the rank set's address); each cell's request tells the rank where it is
-(:func:`configure`). The link is opened by whoever needs it (the cell debugger while a cell
-runs under JupyterLab's debugger, pdb for ``breakpoint()``, a post-mortem) and closed when the
-last of them is done, so an idle rank holds no socket and no thread for it.
-
-A thread of the link owns the socket: it sends what the rank's other threads queue (woken
-through a pipe, never on a timer) and hands each message from the hub to the handler it is
-addressed to (``to``: ``debugger`` or ``pdb``), on the link's thread. That is how commands
-reach a rank whose main thread is held inside a cell. Wire format: ``shared.debug_wire``.
+Each cell's request says where the notebook's hub is (:func:`configure`); the cell debugger,
+pdb or a post-mortem opens the link, the last to close it ends it. A thread of the link owns
+the socket: it sends what other threads queue (woken by a pipe, never on a timer) and hands
+each message from the hub to the handler it is addressed to (``to``). Wire: ``debug_wire``.
 """
 
 from __future__ import annotations

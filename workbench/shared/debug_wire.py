@@ -1,14 +1,9 @@
 """The debug link between the notebook and its ranks: what a cell carries, and the signed wire.
 
-A rank that is to be debugged (JupyterLab's debugger on the cell, or ``breakpoint()``, or
-``%distrain debug``) opens one ZMQ DEALER connection to the notebook's ROUTER (the hub), on
-the address the rank set's event stream uses, so a rank on another host needs nothing new
-opened towards it. Every message both ways is JSON with an HMAC-SHA256 under the rank set's
-key (shipped to the ranks inside the cell's request, through ipyparallel's signed channel),
-the hub's session id and a sequence number per sender: a message without a valid MAC, from
-another session, or replayed (a number not above the sender's last) is dropped and counted.
-
-Pure: both sides import it; no torch, no zmq.
+Every message either way is JSON with an HMAC-SHA256 under the rank set's key (which reaches
+the ranks inside the cell's request, through ipyparallel's signed channel), the hub's session
+id and a number per sender: a message without a valid MAC, from another session, or replayed
+is dropped. Pure: both sides import it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """The kernel's debugger, extended to the ranks: JupyterLab's debug requests for rank cells.
 
-JupyterLab sends Debug Adapter Protocol requests to the kernel (``debug_request`` on the
-control channel); ipykernel answers them with debugpy in the kernel process. This wraps
-ipykernel's debugger: requests about the ranks are answered here, over the rank set's debug
-hub, and every other request goes to ipykernel's as before, so a plain cell debugs as it
-always did.
-
-What is the ranks' here:
-
-- breakpoints in a cell that runs on the ranks (``%%distrain``, or any plain cell in auto
-  mode) are kept here, not given to debugpy (the kernel never runs that code), and go to the
-  ranks with each cell; breakpoints in files go to debugpy and to the ranks;
-- each rank is a thread (``rank N``); its frames and variables get ids the kernel's never
-  reach (``cells``);
-- JupyterLab shows one stopped thread's call stack: for it (``clientID`` ``jupyterlab``) the
-  call stack holds every stopped rank's frames, named ``[rank N] function``, after one entry
-  for all of them (``[ranks 0-1] every stopped rank``). The entry selected says what acts:
-  step and continue act on that rank, or on every stopped rank for the first entry, whose
-  variables panel holds one scope per rank and whose evaluate answers from each rank. Other
-  clients get a thread per rank, as the protocol has it;
-- ranks that stop within :data:`SETTLE_S` of each other are announced as one stop.
+ipykernel's debugger (debugpy in the kernel) is wrapped: requests about the ranks (breakpoints
+in cells that run on them, rank threads, their frames and variables, steps) are answered here
+over the rank set's debug hub; every other request goes to ipykernel's unchanged, so a plain
+cell debugs in the kernel. What the user sees, what acts on which rank, and what of the
+protocol is not carried: docs/cells.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The notebook end of the ranks' debug links: one ZMQ ROUTER per rank set.
 
-Bound where the set's event stream is (loopback when every rank is on this host, else the
-set's own address: never every interface), with the set's key: each message is signed
-(``shared.debug_wire``), and one without a valid MAC, from another hub's session, or
-replayed is dropped and counted in ``rejected``. A rank's link says ``hello`` first; its
-identity then routes requests to it. Replies resolve the request's future; a rank's events
-(stopped, resumed, started, ended) go to the listener (the kernel's debugger adapter); pdb
-sessions (``breakpoint()``) queue their messages per rank for the cell that relays them.
-
-A thread owns the socket: it sleeps in a poll until a rank sends or the notebook queues a
-message (a byte on a pipe wakes it), never on a timer.
+Bound where the set's event stream is (never every interface), with the set's key: a message
+without a valid MAC, from another session or replayed is dropped and counted (``rejected``).
+Replies resolve their request's future; a rank's events go to the ``listener`` (the kernel's
+debugger adapter); pdb sessions queue their messages per rank. A thread owns the socket and
+sleeps in a poll until a rank sends or the notebook queues a message.
 """
 
 from __future__ import annotations
