@@ -125,9 +125,10 @@ def run_to_the_breakpoint(page, lab, path: str) -> None:
     """Start the ranks, switch the debugger on, set the breakpoint, run the cell."""
     open_notebook(page, lab, path)
     run_cell(page, "%distrain start")
-    wait_kernel_idle(page, timeout=240_000)
-    started = page.locator(".jp-Notebook .jp-Cell").first.inner_text()
-    assert "ranks up" in started and "Error" not in started, started
+    first = page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-OutputArea")
+    started = eventually(lambda: "ranks up" in first.inner_text() or "Error" in first.inner_text(), True, 240)
+    assert started and "Error" not in first.inner_text(), first.inner_text()
+    wait_kernel_idle(page, timeout=60_000)
     switch_debugger_on(page)
     set_breakpoint(page, "x = rank * 10", 4)
     run_cell(page, "x = rank * 10")
