@@ -61,6 +61,10 @@ def test_a_breakpoint_stops_both_ranks_and_steps_act_on_all_then_on_the_chosen_r
     stopped = debug.event("stopped")
     assert stopped["body"]["reason"] == "breakpoint"
     assert stopped["body"]["description"] == "ranks 0-1 stopped at line 4"
+    # JupyterLab takes an IOPub message of the running cell as "nothing is stopped" and would
+    # show the kernel's variables for the rank's: the ranks' events never name the cell
+    parents = {m["parent_header"].get("msg_type") for _, m in debug.msgs if m["msg_type"] == "debug_event"}
+    assert "execute_request" not in parents and "debug_request" in parents
     frames = frames_of(debug, stopped)
     assert [(f["name"], f["line"], f["source"]["path"]) for f in frames] == [
         ("[ranks 0-1] every stopped rank", 4, path),
@@ -210,3 +214,22 @@ def test_an_interrupt_while_the_ranks_are_stopped_ends_the_cell_and_the_ranks_go
     debug.breakpoints(CELL, [])
     reply, msgs = execute(debug.kc, "%%distrain\nprint('still here', rank)")
     assert reply["status"] == "ok" and streams(msgs).splitlines() == ["[rank 0] still here 0", "[rank 1] still here 1"]
+
+
+def test_in_auto_mode_a_plain_cells_breakpoint_stops_the_ranks(debug):
+    reply, _ = execute(debug.kc, "%distrain auto on")
+    assert reply["status"] == "ok"
+    try:
+        code = "from workbench import engine\nw = engine.rank + 5\nprint('w', w)\n"
+        path, reply = debug.breakpoints(code, [3])
+        assert reply["body"]["breakpoints"][0]["verified"]
+        msg_id = debug.kc.execute(code)
+        stopped = debug.event("stopped")
+        assert stopped["body"]["description"] == "ranks 0-1 stopped at line 3"
+        frames = frames_of(debug, stopped)
+        assert {(f["line"], f["source"]["path"]) for f in frames} == {(3, path)}  # the cell's own lines
+        assert debug.request("continue", threadId=1)["success"]
+        assert streams(debug.finished(msg_id)).splitlines()[1:] == ["[rank 0] w 5", "[rank 1] w 6"]
+        debug.breakpoints(code, [])
+    finally:
+        execute(debug.kc, "%distrain auto off")

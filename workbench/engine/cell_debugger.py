@@ -491,11 +491,13 @@ def _copy_to_globals(dbg: CellDebugger, stop: _Stop, args: dict) -> dict:
 
 def _source(dbg: CellDebugger, stop: _Stop | None, args: dict) -> dict:
     path = (args.get("source") or {}).get("path") or ""
-    path = _FILES.get(path, path)
-    lines = linecache.getlines(path)
+    filename = _FILES.get(path, path)
+    lines = linecache.getlines(filename)
     if not lines:
         raise FileNotFoundError(f"rank {dbg.rank} has no source for {path}")
-    return {"content": "".join(lines)}
+    origin = _ORIGINS.get(filename)
+    above = "\n" * origin.offset if origin is not None else ""  # a cell's code, at the cell's lines
+    return {"content": above + "".join(lines)}
 
 
 _HANDLERS = {

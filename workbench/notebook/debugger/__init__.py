@@ -66,9 +66,11 @@ def _origin(code: str) -> debug_wire.CellOrigin | None:
     kernel = getattr(shell, "kernel", None)
     if kernel is None or not hasattr(kernel, "get_parent"):
         return None
+    from ..auto_cells import is_on
+
     raw = ((kernel.get_parent("shell") or {}).get("content") or {}).get("code")
-    if not isinstance(raw, str) or code.strip() not in raw:
-        return None  # the code does not come from the cell being run (an API call in it)
+    if not isinstance(raw, str) or not cells.runs_on_ranks(raw, is_on(shell)) or code.strip() not in raw:
+        return None  # the code is not the cell being run (workbench.run(...) in a plain cell)
     return cells.origin(shell.compile.get_code_name(raw, raw, 0), raw)
 
 
