@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import os
 import queue
 import sys
 import threading
@@ -287,3 +288,73 @@ def test_an_uncaught_exception_stops_post_mortem_in_the_frame_that_raised(monkey
         nb.next("ended")
 
     run("def g(q):\n    return 1 / q\nr = g(0)\n", script, monkeypatch)
+
+
+# ---------------------------------------------------------------------- the kernel's adapter
+class KernelDebugger:
+    """ipykernel's debugger as the adapter sees it: started, with the breakpoints it was given."""
+
+    def __init__(self, breakpoint_list=None):
+        self.is_started = True
+        self.breakpoint_list = breakpoint_list or {}
+        self.stopped_threads: set = set()
+        self.asked: list[str] = []
+
+    async def process_request(self, message):
+        self.asked.append(message["command"])
+        if message["command"] == "dumpCell":
+            from ipykernel.compiler import get_file_name
+
+            path = get_file_name(message["arguments"]["code"])
+            return {"success": True, "command": "dumpCell", "body": {"sourcePath": path}}
+        if message["command"] == "debugInfo":
+            return {"success": True, "body": {"breakpoints": [], "stoppedThreads": []}}
+        return {"success": True, "command": message["command"], "body": {}}
+
+
+def ask(adapter, command, **arguments):
+    import asyncio
+
+    return asyncio.run(
+        adapter.process_request({"seq": 1, "type": "request", "command": command, "arguments": arguments})
+    )
+
+
+def test_the_adapter_keeps_rank_cells_breakpoints_and_passes_plain_cells_on():
+    from workbench.notebook.debugger.adapter import RankDebugger
+
+    inner = KernelDebugger()
+    adapter = RankDebugger(inner, emit=lambda event: None)
+    rank_cell, plain = "%%distrain\nx = 1\ny = 2\n", "a = 1\nb = 2\n"
+    path = ask(adapter, "dumpCell", code=rank_cell)["body"]["sourcePath"]
+    reply = ask(adapter, "setBreakpoints", source={"path": path}, breakpoints=[{"line": 1}, {"line": 3}])
+    assert [(b["line"], b["verified"]) for b in reply["body"]["breakpoints"]] == [(1, False), (3, True)]
+    assert inner.asked == ["dumpCell"]  # the rank cell's breakpoints never reach debugpy
+    assert adapter.breakpoints == {path: [{"line": 3, "condition": None}]}
+    info = ask(adapter, "debugInfo")["body"]
+    assert {"source": path, "breakpoints": [{"line": 3}]} in info["breakpoints"]
+    plain_path = ask(adapter, "dumpCell", code=plain)["body"]["sourcePath"]
+    ask(adapter, "setBreakpoints", source={"path": plain_path}, breakpoints=[{"line": 2}])
+    assert inner.asked[-1] == "setBreakpoints" and plain_path not in adapter.breakpoints
+    ask(adapter, "continue", threadId=1)  # nothing stopped on the ranks: the kernel's own thread
+    assert inner.asked[-1] == "continue"
+
+
+def test_breakpoints_the_kernel_got_before_the_adapter_was_installed_are_the_ranks():
+    from ipykernel.compiler import get_file_name, get_tmp_directory
+
+    from workbench.notebook.debugger.adapter import RankDebugger
+
+    code = "%%distrain\nz = 3\n"
+    path = get_file_name(code)
+    made = not os.path.isdir(get_tmp_directory())
+    os.makedirs(get_tmp_directory(), exist_ok=True)
+    with open(path, "w") as fh:  # what the kernel's dumpCell wrote
+        fh.write(code)
+    try:
+        adapter = RankDebugger(KernelDebugger({path: [{"line": 2}], "/some/file.py": [{"line": 1}]}), emit=print)
+        assert adapter.breakpoints == {path: [{"line": 2, "condition": None}]}
+    finally:
+        os.unlink(path)
+        if made:
+            os.rmdir(get_tmp_directory())
