@@ -114,6 +114,7 @@ class CellDebugger(bdb.Bdb):
         self._released = False
         self._stepping = False  # the last resume was a step (next, stepIn), not continue or stepOut
         self._signalled = False  # the cell runs on the main thread: it can be woken by a signal
+        self._waking = threading.Lock()  # a wake-up and the end of the cell's handler, one at a time
 
     # ------------------------------------------------------------------ a cell
     def run(self, debug: debug_wire.CellDebug, filename: str, rank: int, body):
@@ -142,9 +143,10 @@ class CellDebugger(bdb.Bdb):
             return body()
         finally:
             sys.settrace(None)
-            if main:
-                signal.signal(WAKE, previous)
-            self.active = False
+            with self._waking:  # no signal is sent once the handler is not ours any more
+                self.active = False
+                if main:
+                    signal.signal(WAKE, previous)
             self.botframe = None
             link, self.link = self.link, None
             link.send({"op": "ended"})
@@ -252,12 +254,13 @@ class CellDebugger(bdb.Bdb):
     def _wake(self) -> None:
         """Have the cell's thread run :meth:`_on_signal` (from the link's thread); only the
         main thread runs signal handlers: a cell on another thread is not paused."""
-        if not self._signalled:
-            return
-        try:
-            signal.pthread_kill(self.thread, WAKE)
-        except (OSError, ValueError, TypeError):  # the thread is gone
-            pass
+        with self._waking:
+            if not (self._signalled and self.active):
+                return
+            try:
+                signal.pthread_kill(self.thread, WAKE)
+            except (OSError, ValueError, TypeError):  # the thread is gone
+                pass
 
     def _on_signal(self, signum, frame) -> None:
         """On the cell's thread, where it is now: stop there (a pause), or trace from there

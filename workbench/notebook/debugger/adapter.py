@@ -55,6 +55,23 @@ class RankDebugger:
         self.files: dict[str, list[dict]] = {}  # file path -> its breakpoints (debugpy's and the ranks')
         self.exceptions: tuple[str, ...] = ()
         self.run: _Run | None = None
+        self._adopt(getattr(inner, "breakpoint_list", None) or {})
+
+    def _adopt(self, breakpoints: dict) -> None:
+        """Breakpoints JupyterLab gave the kernel's debugger before this was installed (it sets
+        them again as a kernel starts, before ``%load_ext workbench`` runs): those of cells that
+        run on the ranks are the ranks' (the dumped cell's file says which)."""
+        for path, points in list(breakpoints.items()):
+            if not path.startswith(self._tmp_prefix()):
+                continue
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    code = fh.read()
+            except OSError:
+                continue
+            if cells.runs_on_ranks(code, self._auto()):
+                self.cells[path] = code
+                self.breakpoints[path] = [{"line": p["line"], "condition": None} for p in points if "line" in p]
 
     def __getattr__(self, name):  # everything ipykernel reaches on its debugger
         return getattr(self._inner, name)
