@@ -10,6 +10,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -358,3 +359,75 @@ def test_breakpoints_the_kernel_got_before_the_adapter_was_installed_are_the_ran
         os.unlink(path)
         if made:
             os.rmdir(get_tmp_directory())
+
+
+class Hub:
+    """The rank set's hub as the adapter uses it: a link address, and what it was asked to send."""
+
+    link = debug_wire.LinkAddress("tcp://127.0.0.1:1", b"k", "sid")
+
+    def __init__(self):
+        self.sent = []
+        self.listener = None
+
+    def send(self, rank, message):
+        self.sent.append((rank, message))
+        return True
+
+    def fail_pending(self, rank, text):
+        pass
+
+
+def stop_message(rank, line=4):
+    return {
+        "op": "stopped",
+        "rank": rank,
+        "stop": 1,
+        "reason": "breakpoint",
+        "path": "/p.py",
+        "line": line,
+        "cell": True,
+    }
+
+
+def test_ranks_stopping_together_are_one_stop_and_one_going_on_reshows_the_other(monkeypatch):
+    from workbench.notebook.debugger import adapter as adapter_module
+
+    monkeypatch.setattr(adapter_module, "SETTLE_S", 0.05)
+    events = []
+    adapter = adapter_module.RankDebugger(KernelDebugger(), emit=events.append)
+    hub = Hub()
+    spec = adapter.begin(hub, [0, 1], debug_wire.CellOrigin("/p.py", 1))
+    assert spec.visual and spec.link is hub.link and hub.listener == adapter._on_rank
+    hub.listener(stop_message(0))
+    assert events == []  # rank 1 may stop too: wait a moment
+    hub.listener(stop_message(1))  # every rank of the cell stopped: shown at once
+    assert [(e["event"], e["body"]["threadId"], e["body"]["description"]) for e in events] == [
+        ("stopped", cells.THREAD_BASE, "ranks 0-1 stopped at line 4")
+    ]
+    assert adapter.held()
+    events.clear()
+    hub.listener({"op": "resumed", "rank": 1, "stop": 1})
+    assert [e["event"] for e in events] == ["continued"]
+    deadline = time.monotonic() + 5
+    while len(events) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (events[1]["event"], events[1]["body"]["description"]) == ("stopped", "rank 0 stopped at line 4")
+    adapter.end()  # the notebook stops following the cell: rank 0 is let go
+    assert hub.sent == [(0, {"op": "request", "to": "debugger", "id": 0, "command": "release"})]
+    assert events[-1]["event"] == "continued" and not adapter.held()
+
+
+def test_a_client_with_threads_gets_each_rank_as_its_own_thread():
+    from workbench.notebook.debugger.adapter import RankDebugger
+
+    events = []
+    adapter = RankDebugger(KernelDebugger(), emit=events.append)
+    ask(adapter, "initialize", clientID="vscode")
+    hub = Hub()
+    adapter.begin(hub, [0, 1], None)
+    hub.listener(stop_message(1, line=7))
+    assert [(e["event"], e["body"]["threadId"]) for e in events] == [("stopped", cells.rank_thread(1))]
+    hub.listener({"op": "resumed", "rank": 1, "stop": 1})
+    assert (events[-1]["event"], events[-1]["body"]["threadId"]) == ("continued", cells.rank_thread(1))
+    adapter.end()

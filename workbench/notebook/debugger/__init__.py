@@ -80,7 +80,7 @@ def for_cell(rankset, ranks: list[int], code: str) -> debug_wire.CellDebug:
     origin = _origin(code)
     if _ADAPTER is None:
         return debug_wire.CellDebug(link=h.link, origin=origin)
-    return _ADAPTER.begin(h, ranks, origin, getattr(rankset, "name", ""))
+    return _ADAPTER.begin(h, ranks, origin)
 
 
 def cell_ended() -> None:

@@ -25,10 +25,9 @@ STEPS = ("continue", "next", "stepIn", "stepOut")
 class _Run:
     """A cell running on the ranks under the debugger."""
 
-    def __init__(self, hub, ranks: list[int], name: str):
+    def __init__(self, hub, ranks: list[int]):
         self.hub = hub
         self.ranks = list(ranks)
-        self.name = name
         self.stopped: dict[int, dict] = {}  # rank -> its "stopped" message
         self.ended: set[int] = set()
         self.batch: set[int] = set()  # stopped since the last stop shown
@@ -82,13 +81,13 @@ class RankDebugger:
         return bool(getattr(self._inner, "is_started", False))
 
     # ------------------------------------------------------------------ cells on the ranks
-    def begin(self, hub, ranks: list[int], origin: debug_wire.CellOrigin | None, name: str) -> debug_wire.CellDebug:
+    def begin(self, hub, ranks: list[int], origin: debug_wire.CellOrigin | None) -> debug_wire.CellDebug:
         """A cell is about to run on ``ranks``: what its request carries (main thread)."""
         with self._lock:
             self._finish_run()
             if not self.visual:
                 return debug_wire.CellDebug(link=hub.link, origin=origin)
-            self.run = _Run(hub, ranks, name)
+            self.run = _Run(hub, ranks)
             hub.listener = self._on_rank
             return debug_wire.CellDebug(
                 link=hub.link,
