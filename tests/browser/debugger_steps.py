@@ -72,7 +72,7 @@ def variable(page, name: str, within=None) -> str:
     return item.locator(".jp-DebuggerVariables-detail").first.inner_text().strip()
 
 
-def eventually(read, expected, timeout: float = 30.0):
+def eventually(read, expected, timeout: float = 60.0):
     """Wait until ``read()`` gives ``expected`` (the panels fill in after the requests they make)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -83,7 +83,7 @@ def eventually(read, expected, timeout: float = 30.0):
         time.sleep(0.2)
 
 
-def wait_variable(page, name: str, value: str, timeout: float = 30.0) -> None:
+def wait_variable(page, name: str, value: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     seen = None
     while time.monotonic() < deadline:
