@@ -18,6 +18,7 @@ BENCHES = {
     "lora_checkpoint": ["lora_checkpoint_bench.py", "--quick"],
     "gpu": ["gpu_bench.py", "--quick"],  # on CPU: a tiny model, gloo; the GPU figures need CUDA
     "dry_run": ["dry_run_bench.py", "--quick"],  # a 16-rank tiny layout, once
+    "debugger": ["debugger_bench.py", "--quick"],
 }
 
 

@@ -1,21 +1,17 @@
 """Every call the notebook makes on the ranks that is more than a trainer flag: typed requests.
 
-The notebook builds a frozen request and applies :func:`handle` on the ranks
-(``rs.apply(rpc.handle, rpc.SaveCheckpoint(root, tag=...))``); each request's ``run`` is
-the rank-side half, so no notebook module is ever imported on a rank and no rank function
-is called by name with positional arguments. Nothing here imports torch at module level:
-the notebook imports this module to build requests. The reply each request returns is
-a frozen dataclass of :mod:`workbench.shared.replies` (pure, so the notebook unpickles it
-without torch), named in each request's ``run``; a request that only acts replies None.
-Trainer flags (pause, start, set) go through
-:mod:`workbench.engine.control`.
-"""
+The notebook applies :func:`handle` with a frozen request (``rs.apply(rpc.handle,
+rpc.SaveCheckpoint(root, tag=...))``) whose ``run`` is the rank-side half, so no notebook
+module is imported on a rank and no rank function is called by name. Replies are frozen
+dataclasses of :mod:`workbench.shared.replies`; nothing here imports torch at module level,
+so the notebook can unpickle and build both without it. Trainer flags go through
+:mod:`workbench.engine.control`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..shared import replies
+from ..shared import debug_wire, replies
 
 
 def handle(request):
@@ -29,15 +25,17 @@ class RunCell:
     """A ``%%distrain`` cell's code, run in the rank's user namespace (``cell_runner``).
 
     What the cell prints, displays, returns and raises arrives as the request's IOPub
-    messages, as from an execute request; the reply counts them.
+    messages, as from an execute request; the reply counts them. ``debug``: see
+    :class:`~workbench.shared.debug_wire.CellDebug`.
     """
 
     code: str
+    debug: debug_wire.CellDebug | None = None  # the notebook's debug link, the cell's origin, breakpoints
 
     def run(self) -> replies.CellRun:
         from . import cell_runner
 
-        return replies.CellRun(published=cell_runner.run(self.code))
+        return replies.CellRun(published=cell_runner.run(self.code, self.debug))
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -107,7 +105,7 @@ class SetAutosave:
     root: str | None = None
     every: int | None = None
     keep: int = 3
-    async_: bool = True
+    async_: bool = False
 
     def run(self) -> None:
         from . import checkpoint_hooks
