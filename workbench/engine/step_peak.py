@@ -1,15 +1,10 @@
 """One training step on a live rank, measured the way a dry run predicts it.
 
-``measure_step(batch)`` runs one step of this rank's current ``Prepared`` through the
-memory census (:func:`workbench.engine.memory_census.census`: parameters, gradients,
-optimizer state, what the step saved for backward) under ``torch.profiler`` with
-``profile_memory``: the CPU allocator reports every allocation and free of the step, and
-the step's peak is what the rank held when it began (its parameters, optimizer state and
-the batch, counted storage by storage) plus the most the allocator's running total rose
-above its start. Call it after a first step, so that the optimizer's state exists, as in
-the middle of training (and in a dry run). :func:`workbench.notebook.dry_run_report.DryRun.against`
-sets the results beside the dry run's positions.
-"""
+:func:`measure_step` runs a step through the memory census under ``torch.profiler``'s memory
+events (the CPU allocator's own accounting): the peak is what the rank held when the step
+began (its parameters, optimizer state and the batch, each storage once) plus the most the
+allocator's total rose above its start. :meth:`workbench.notebook.dry_run_report.DryRun.against`
+sets the results beside a dry run's positions."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """``workbench.dry_run(build, gpus=512, tp=8, pp=8)``: a layout at full scale, on this CPU.
 
-The model is laid out by the workbench's own strategies (``engine.prepare``), once per
-distinct rank position, under torch's fake process group at the full world size, on fake
-tensors, and steps once; the report (:class:`~workbench.notebook.dry_run_report.DryRun`)
-says what each position's rank holds and peaks at, which collectives it issues, and sets
-all of it beside the planner's terms for the same layout. The work happens in a process
-of its own (:mod:`workbench.engine.dry_run.server`, which forks the positions): this
-kernel never imports torch.
-"""
+The model is laid out by the workbench's strategies once per distinct rank position, under
+torch's fake process group at the full world size, on fake tensors, and steps once; the
+report (:class:`~workbench.notebook.dry_run_report.DryRun`) sets it beside the planner. The
+work runs in a process of its own (:mod:`workbench.engine.dry_run.server`): this kernel never
+imports torch. See docs/dry-run.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """The report of a dry run: per position, what its rank holds and peaks at, beside the planner.
 
-``table()`` one row per distinct rank position (the ranks it stands for, its stage, the
-bytes of parameters, gradients, optimizer state, what the step saved for backward, the
-peak); ``compare()`` the planner's terms for the same layout beside them
-(:mod:`workbench.planner.side_by_side`), every difference over 5% flagged with its module
-or term; ``collectives()`` what one step issues, by group; ``stages()`` the pipeline
-stages' balance; ``figure()`` memory per position beside the planner's bars; ``against()``
-live ranks' measured steps beside the positions they belong to. In a notebook
-the report shows its summary and the figure. Pure notebook side: pandas and plotly.
-"""
+``table()`` one row per distinct rank position, ``compare()`` the planner's terms beside it
+(:mod:`workbench.planner.side_by_side`), ``collectives()`` one step's collectives by group,
+``stages()`` the pipeline's balance, ``figure()`` memory per position beside the planner's
+bars, ``against()`` live ranks' measured steps beside their positions. Notebook side: pandas
+and plotly."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """A dry run beside the planner: the same terms, per rank position, for the same layout.
 
-:func:`planner_layout` turns the dry run's resolved layout (the ``StrategySpec`` its ranks
-were prepared with, and the facts it read off the laid-out model: whether the tensor-
-parallel plan splits the embedding, gathers the logits, runs sequence parallel; the
-blocks each pipeline stage holds) into a :class:`PlanLayout`; :func:`planner_model` the
-model's shape into a :class:`ModelSpec` of the implementation that ran. Each term the
-dry run counts then has two planner numbers: **planner**, with the terms the planner
-read off the dry run (transformers' saved tensors and loss, the embedding whole on every
-tp rank, gathered logits, fp32 master parameters), and **paper**, the planner's defaults
-for the same degrees (Megatron-LM's layout and inventory, the ZeRO paper's 2 + 2 + 12
-bytes). :func:`compare_rows` flags every term where the dry run and the planner differ by
-more than :data:`FLAG` and says why the paper's number differs; :func:`term_effects` how
-much each of those terms moves the paper's peak.
-
-Pure arithmetic (no torch): the notebook side runs it on the dry run's report.
-"""
+The dry run's resolved layout and the facts it read off the laid-out model become a
+:class:`PlanLayout` and a :class:`ModelSpec`; each term then has two planner numbers: the
+**planner**'s with those facts, and the **paper**'s (the planner's defaults for the same
+degrees). Terms more than :data:`FLAG` apart are flagged with their module or term and why
+the paper differs. Pure arithmetic (no torch). See docs/dry-run.md."""
 
 from __future__ import annotations
 

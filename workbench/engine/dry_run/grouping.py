@@ -1,17 +1,10 @@
-"""Which ranks of a pipeline stage hold shards of the same shapes (one position each).
+"""Which ranks of a pipeline stage hold shards of the same shapes: one position each.
 
-After ``prepare`` on one rank of a stage, every parameter is a DTensor (or a plain tensor,
-the same on every rank) with its global shape, its placements and its device mesh. The
-local shape any other rank of the stage holds follows from those alone: torch's own
-``_compute_local_shape_and_global_offset`` at that rank's coordinate in the parameter's
-mesh. Ranks whose every parameter has the same local shape hold the same bytes and run the
-same ops, so one of them stands for all; an uneven split (a dimension that ``tp`` or
-``dp_shard`` does not divide) gives the ranks that hold less a position of their own.
-
-A parameter's mesh may be a slice of the layout's mesh or a flattened one (``dp_shard x
-cp``): which of the layout's dimensions each of its dimensions spans is read from the
-ranks the mesh holds, not from its names.
-"""
+After ``prepare`` on one rank of a stage, the local shape every other rank of the stage holds
+follows from each parameter's global shape, placements and mesh: torch's own
+``_compute_local_shape_and_global_offset`` at that rank's coordinate. Which layout dimensions
+a parameter's mesh spans (a slice, or ``dp_shard x cp`` flattened) is read from the ranks it
+holds, not from its names. See docs/dry-run.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""One position of a dry run, in a process of its own: lay the model out, step once, count.
+"""One position of a dry run, in a forked process: lay the model out, step once, count.
 
-Runs in a fork of the dry run's parent, which built the model on the meta device and made
-its tensors fake ones (:class:`~.fake_mode.DryFakeMode`). Here: the fake process group at
-the full world size and this position's real rank number; ``engine.prepare`` (what a live
-rank runs); a pipeline schedule's first-step initialization and the optimizer's state (made
-by one update on zero gradients), both of which a step in the middle of training finds
-done; then one training step through the census a live rank's
-``plan --live`` takes (:func:`workbench.engine.memory_census.census`), under
-:class:`~.tracker.StepTracker` for the peak and the collectives.
-"""
+The fake process group at the full world size and this position's real rank number, then
+``engine.prepare`` (what a live rank runs); a pipeline's first-step initialization and the
+optimizer's state made first, as a step in the middle of training finds them; then one step
+through the memory census ``plan --live`` takes (:func:`workbench.engine.memory_census.census`)
+under :class:`~.tracker.StepTracker`."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
-"""The dry run's parent: ``python -m workbench.engine.dry_run.server`` (the notebook starts it).
+"""The dry run's parent: ``python -m workbench.engine.dry_run.server``, started by the notebook.
 
 Reads a cloudpickled :class:`workbench.shared.dry_run.DryRunRequest` on stdin and writes one
-JSON line on stdout: a :class:`workbench.shared.dry_run.DryRunResult`'s dict, or
-``{"error": one line, "detail": ...}``. In order:
-
-1. import torch and the workbench's strategies once (every position is a fork of this
-   process, so none pays for the imports);
-2. build the model on the meta device and run the strategy's own checks for the layout
-   (``StrategySpec.validate``, ``check_layout``: what ``prepare`` checks first on a live
-   rank) -- a layout that cannot work ends here with the strategy's message, nothing forked;
-3. turn the model's tensors into fake ones, then fork one process per pipeline stage (its
-   rank with every other coordinate 0), all at once, since the stages exchange their
-   metadata before the first step (:mod:`.relay`, routed through this process);
-4. from each stage's shard shapes, group the stage's ranks (:mod:`.grouping`); fork one more
-   process for each group no built rank stands for (an uneven split);
-5. report every position with the ranks it stands for.
-"""
+JSON line on stdout (a :class:`~workbench.shared.dry_run.DryRunResult` dict, or ``{"error"}``).
+It imports torch and the strategies once, runs the strategy's own checks on the meta model
+(a layout that cannot work ends there), then forks a process per pipeline stage, all at once
+(they exchange metadata through it: :mod:`.relay`), and one more per group of ranks no built
+rank stands for (:mod:`.grouping`). How it runs: docs/dry-run.md."""
 
 from __future__ import annotations
 

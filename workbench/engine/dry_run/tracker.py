@@ -1,19 +1,10 @@
 """The peak bytes and the collectives of one step, counted per tensor storage.
 
-A ``TorchDispatchMode`` that sees every op (DTensor ops after DTensor has turned them into
-ops on the local shards) and counts each storage an op returns once, from its birth to its
-death (a weak reference's callback), plus the storages given to :meth:`StepTracker.track`
-before the step (parameters, optimizer state, the batch). Storage resizes (FSDP2 frees and
-refills its gathered parameters that way) change the count too. The same accounting as
-torch's ``MemTracker``, without its per-module attribution: that hooks every module's
-backward through ``ModTracker``, which cannot run under a pipeline schedule's
-``autograd.grad`` (torch 2.13: "A leaf node was passed to _will_engine_execute_node").
-
-Collectives (c10d's ops and the functional ones DTensor issues) are grouped by op and the
-global ranks of their process group (the op's ``ProcessGroup`` or ``group_name`` argument),
-with the bytes of the largest buffer each is handed or returns: the gathered output of an
-all-gather, the input of a reduce-scatter, the tensor of an all-reduce.
-"""
+A ``TorchDispatchMode`` that counts each storage an op returns (DTensor ops seen as their ops
+on local shards) from its birth to its death, the storages held when the step began, and
+storage resizes (FSDP2's gathered parameters). torch's ``MemTracker`` does the same with a
+per-module attribution whose backward hooks cannot run under a pipeline schedule's
+``autograd.grad``. Collectives are grouped by op and the global ranks of their group."""
 
 from __future__ import annotations
 
