@@ -182,6 +182,8 @@ def bootstrap(
     from .cell_runner import lighten_kernel
 
     lighten_kernel()
+    if stack_dir:
+        _keep_records(os.path.dirname(stack_dir), rank, framework)
     if framework == "jax":
         from . import jax_runtime
 
@@ -420,6 +422,15 @@ def _install_stack_dump(stack_dir: str, rank: int) -> None:
     faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
 
 
+def _keep_records(folder: str, rank: int, framework: str) -> None:
+    """On torch, this rank's collective flight record, in the set's ``folder``."""
+    if framework == "torch":
+        from . import comm_timing, flight_record
+
+        flight_record.install(os.path.join(folder, "flight"), rank)
+        comm_timing.install()
+
+
 def context() -> RankContext:
     """The bootstrapped context; a clear error where the rank set was not started."""
     if _CONTEXT is None:
@@ -551,4 +562,7 @@ def rejoin_group(master_port: int) -> dict:
         **kwargs,
     )
     _CONTEXT = dataclasses.replace(ctx, master_port=master_port)
+    from . import flight_record
+
+    flight_record.forget_groups()  # the new group's collectives count from 1 on every rank
     return describe(with_memory=False)

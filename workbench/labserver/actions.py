@@ -14,7 +14,7 @@ import socket
 import time
 
 from ..notebook import registry
-from ..notebook.cluster import health
+from ..notebook.cluster import culprit, health
 from ..notebook.cluster.diagnosis import main_frames, where
 
 TRAINER_ACTIONS = ("pause", "resume", "stop")
@@ -66,10 +66,12 @@ def interrupt(monitor, entry: dict, ranks=None) -> dict:
 
 
 def stacks(monitor, entry: dict, ranks=None, wait: float = 2.0) -> dict:
-    """rank -> where it is now (innermost frame of the cell's thread) and its frames."""
+    """rank -> where it is now (innermost frame of the cell's thread) and its frames; ``culprit``:
+    the conclusion (who waits in which collective, for whom) from the ranks' flight records."""
     folder = entry["stack_dir"]
     sizes: dict[int, int] = {}
     out: dict[int, dict] = {}
+    dumps: dict[int, str] = {}
     for r in _selected(entry, ranks):
         rank, pid = r["rank"], r["pid"]
         if not _local(entry, r):
@@ -97,9 +99,13 @@ def stacks(monitor, entry: dict, ranks=None, wait: float = 2.0) -> dict:
                     fh.seek(sizes.pop(rank))
                     text = fh.read().strip()
                 out[rank] = {"where": where(text), "frames": main_frames(text)[:12]}
+                dumps[rank] = text
     for rank in sizes:
         out[rank] = {"where": "no stack arrived (the rank did not answer SIGUSR1 in time)", "frames": []}
-    return {"stacks": {str(k): out[k] for k in sorted(out)}}
+    places = {rank: culprit.place_of(dumps.get(rank) or out[rank]["where"]) for rank in out}
+    records = culprit.read_records(os.path.join(os.path.dirname(folder), "flight"), sorted(places))
+    verdict = culprit.conclude(records, places, len(entry["ranks"]))
+    return {"stacks": {str(k): out[k] for k in sorted(out)}, "culprit": verdict.text}
 
 
 def trainer(monitor, entry: dict, action: str, ranks=None, timeout: float = 5.0) -> dict:

@@ -15,7 +15,7 @@ import sys
 import time
 
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
-from . import debugging, grouping, stragglers
+from . import culprit, debugging, grouping, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
 from .health import death_message
 from .live import LIVE_POLL_S, LiveOutput, in_kernel, tag
@@ -124,7 +124,10 @@ def run_cell(
     if not done:
         stuck = call.pending()
         stacks = collect_stacks(rankset, stuck)
-        raise CellTimeout(timeout_message(timeout, stuck, stacks), stacks)
+        others = {r: "done with the cell" for r in call.ranks if r not in stuck}
+        others.update({r: "not running this cell" for r in range(rankset.world_size) if r not in call.ranks})
+        verdict = culprit.for_rankset(rankset, stacks, code=code, others=others)
+        raise CellTimeout(timeout_message(timeout, stuck, stacks, verdict.text), stacks, verdict)
     if failures:
         raise RankFailure(
             "the cell failed on rank(s) " + format_ranks(sorted(failures)) + " (tracebacks above)",
@@ -150,11 +153,13 @@ def traceback_text(failure: tuple) -> str:
     return tb or f"{ename}: {evalue}"
 
 
-def timeout_message(timeout, stuck: list[int], stacks: dict[int, str]) -> str:
-    lines = [
+def timeout_message(timeout, stuck: list[int], stacks: dict[int, str], conclusion: str = "") -> str:
+    """The conclusion first (``culprit``), then where each stuck rank is and its frames."""
+    lines = [conclusion] if conclusion else []
+    lines.append(
         f"the cell is still running after {timeout} s on ranks {format_ranks(stuck)} "
         "(left running; `%distrain stop` or Ctrl-C / interrupt to end it). Where each rank is:"
-    ]
+    )
     for rank, stack in stacks.items():
         lines.append(f"  [rank {rank}] {where(stack)}")
     for rank, stack in stacks.items():

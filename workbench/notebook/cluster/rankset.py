@@ -161,6 +161,7 @@ class RankSet:
         self._fan_views: dict[tuple[int, ...], object] = {}
         # calls on this many ranks or more go through the controller's broadcast tree (fanout)
         self.fanout_from = fanout.FANOUT_FROM
+        self.last_cell: str | None = None  # the code of the latest cell sent to the ranks
         # fanned calls not yet answered: the controller's queues do not see the broadcast tree's
         self._fanned_calls: list[weakref.ref] = []
         self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
@@ -592,6 +593,7 @@ class RankSet:
         ends, same output), top-level ``await`` included (``cell_runner.run_awaiting``).
         """
         call = self.submit(rpc.handle, rpc.RunCell(code), ranks=ranks)
+        self.last_cell = code  # a stack's line in it is "cell line N" (``culprit``)
         call.cell = True
         return call
 
