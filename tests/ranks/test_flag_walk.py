@@ -54,6 +54,7 @@ TRAIN, CKPT, LIFE, CELL, PLAN, VIEWS, PREP = (
     "test_view_flags",
     "test_prepare_and_layout_flags",
 )
+OUTPUT = "test_output_and_logs_flags"
 NAMED = "test_named_set_flags"  # two named sets side by side: tests/ranks/test_sessions.py
 TRACK = "test_track_flags"
 SLURM_ONLY = "go with --launcher slurm"  # their effect on a real Slurm: tests/cluster/test_slurm.py
@@ -102,6 +103,11 @@ CASES: dict[tuple[str, str], object] = {
     ("where", "--wait"): VIEWS,
     ("where", "--grouped"): VIEWS,
     ("where", "--per-rank"): VIEWS,
+    ("logs", "--ranks"): OUTPUT,
+    ("logs", "--tail"): OUTPUT,
+    ("logs", "--grep"): OUTPUT,
+    ("logs", "--grouped"): OUTPUT,
+    ("logs", "--per-rank"): OUTPUT,
     ("debug", "--rank"): refused("debug --rank 7", "--rank 7 does not exist"),
     # training
     ("train start", "--steps"): TRAIN,
@@ -176,6 +182,7 @@ CASES: dict[tuple[str, str], object] = {
     ("%%distrain", "--no-stream"): CELL,
     ("%%distrain", "--grouped"): VIEWS,
     ("%%distrain", "--per-rank"): VIEWS,
+    ("%%distrain", "--output"): OUTPUT,
     # experiment trackers
     **{(f"track {k}", f): TRACK for k in ("tensorboard", "mlflow", "wandb", "trackio") for f in ("--dir", "--metrics")},
 }
@@ -525,6 +532,34 @@ def test_view_flags(shell2, ranks2, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "[ranks 0-1] alike"
     assert shell2.run_cell("%%distrain --per-rank\nprint('alike')").success
     assert capsys.readouterr().out.splitlines()[-2:] == ["[rank 0] alike", "[rank 1] alike"]
+
+
+def test_output_and_logs_flags(shell2, ranks2, capsys):
+    """%%distrain --output (a size, all, the default) and logs --ranks/--tail/--grep/--grouped/--per-rank."""
+    flood = "%%distrain{}\nfor i in range(30_000):\n    print(f'line {{i:05d}}')"
+    kept = {}
+    for flags in ("", " --output 2k", " --output all"):
+        capsys.readouterr()
+        assert shell2.run_cell(flood.format(flags)).success
+        out = capsys.readouterr().out
+        kept[flags] = [l for l in out.splitlines() if l.startswith("[rank 1] line ")]
+        cut = [l for l in out.splitlines() if l.startswith("[rank 1] … ") and "cut here" in l]
+        assert len(cut) == (0 if flags == " --output all" else 1), (flags, cut)
+    assert len(kept[" --output all"]) == 30_000  # everything
+    assert len(kept[" --output 2k"]) < 400 < len(kept[""]) < 30_000  # a head and a tail, of the size asked
+    magic(shell2, "logs --ranks 1 --tail 3")
+    out = capsys.readouterr().out
+    assert [l for l in out.splitlines() if l.startswith("[")] == [
+        f"[rank 1] line {i:05d}" for i in (29997, 29998, 29999)
+    ]
+    magic(shell2, "logs --grep 'line 01234$' --per-rank")
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        body = [l for l in out.splitlines() if l.startswith(f"[rank {rank}] ")]
+        assert body[0] == f"[rank {rank}] 3 line(s) match 'line 01234$':", out  # one per flood above
+        assert all(l.endswith(": line 01234") for l in body[1:]) and len(body) == 4, body
+    magic(shell2, "logs --tail 1 --grouped")
+    assert "[ranks 0-1] line 29999" in capsys.readouterr().out
 
 
 PREP_BUILD = (

@@ -23,9 +23,11 @@ from contextlib import contextmanager
 _PASTED_PROMPT = re.compile(r"^\s*(>>>|\.\.\.|In \[\d+\]:)", re.M)
 
 
-def run(code: str) -> int | None:
+def run(code: str, limit: int | None = None) -> int | None:
     """Run ``code`` in the rank's user namespace as an IPython cell would.
 
+    ``limit``: the characters each of stdout and stderr passes on to the notebook (head and
+    tail; the rest is in the rank's log: ``rank_log``); None passes everything on.
     Returns how many messages the rank's kernel made while the cell ran (its output,
     display data, ``Out:`` value and error among them; None where unknown): 0 tells
     the notebook that no output is on its way, so it need not wait for the output
@@ -33,19 +35,25 @@ def run(code: str) -> int | None:
     """
     from IPython import get_ipython
 
+    from . import rank_log
+
     shell = get_ipython()
     session = getattr(getattr(shell, "kernel", None), "session", None)
     before = getattr(session, "message_count", None)
     streams = [(stream, getattr(stream, "_buffers", None)) for stream in (sys.stdout, sys.stderr)]
     tree = plain_python(shell, code)
-    if tree is None:
-        with _awaits_on_own_loop(shell):
-            shell.run_cell(code, store_history=True)
-    elif tree.body:
-        _run_plain(shell, code, tree)
-    # what C code or a child process wrote to fd 1/2 reaches the stream first: then it
-    # belongs to this cell and the count includes it
-    forwarded = [_fd_forwarded(stream) for stream, _ in streams]
+    rank_log.begin(limit)
+    try:
+        if tree is None:
+            with _awaits_on_own_loop(shell):
+                shell.run_cell(code, store_history=True)
+        elif tree.body:
+            _run_plain(shell, code, tree)
+        # what C code or a child process wrote to fd 1/2 reaches the stream first: then it
+        # belongs to this cell and the count includes it
+        forwarded = [_fd_forwarded(stream) for stream, _ in streams]
+    finally:
+        rank_log.end()  # the cut line and tail of a stream that printed past its limit
     for stream, buffers in streams:
         if stream is not None and _written(stream, buffers):
             stream.flush()  # output still buffered is sent now, so that the count includes it

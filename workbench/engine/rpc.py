@@ -29,11 +29,31 @@ class RunCell:
     """
 
     code: str
+    limit: int | None = None  # characters each output stream passes on (the rest: the rank's log)
 
     def run(self) -> replies.CellRun:
         from . import cell_runner
 
-        return replies.CellRun(published=cell_runner.run(self.code))
+        return replies.CellRun(published=cell_runner.run(self.code, self.limit))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadLog:
+    """``%distrain logs`` for a rank whose log file is not on the notebook's host: the rank
+    reads its own (``shared.rank_logs``)."""
+
+    tail: int | None = None
+    grep: str | None = None
+    limit: int = 1 << 20
+
+    def run(self):
+        from ..shared import rank_logs
+        from . import rank_log
+
+        file = rank_log.current_path()
+        if file is None:
+            return rank_logs.Excerpt("", 0, (), note="this rank keeps no log (started without a state folder)")
+        return rank_logs.read(file, tail=self.tail, grep=self.grep, limit=self.limit)
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -423,7 +423,10 @@ def _install_stack_dump(stack_dir: str, rank: int) -> None:
 
 
 def _keep_records(folder: str, rank: int, framework: str) -> None:
-    """On torch, this rank's collective flight record, in the set's ``folder``."""
+    """This rank's output log and, on torch, its collective flight record, in the set's ``folder``."""
+    from . import rank_log
+
+    rank_log.install(os.path.join(folder, "logs"), rank)
     if framework == "torch":
         from . import comm_timing, flight_record
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ..shared.argtypes import non_negative_float, rank_selection, seconds
+from ..shared import output_cut
+from ..shared.argtypes import non_negative_float, output_limit, rank_selection, seconds
 from . import api
 from .auto_cells import AUTO_MAGIC, MARKER
 from .cluster.cell import GRACE_S
@@ -54,6 +55,14 @@ class DistrainMagics(Magics):
     @argument(
         "--per-rank", dest="group", action="store_false", default=None, help="show every rank's output on its own"
     )
+    @argument(
+        "--output",
+        type=output_limit,
+        default=output_cut.DEFAULT_LIMIT,
+        metavar="SIZE",
+        help="how much printed output the cell shows: a head and a tail of each rank's, about 1M in all "
+        "(default), a size such as 4M, or all; every line is in the ranks' logs (`%%distrain logs`)",
+    )
     @cell_magic("distrain")
     def distrain_cell(self, line: str, cell: str):
         """Run the cell on the ranks; variables persist per rank between cells."""
@@ -62,7 +71,7 @@ class DistrainMagics(Magics):
         except Exception as exc:  # UsageError from magic_arguments
             raise UsageError(
                 f"{exc}. usage: %%distrain [--ranks 0,2-3|all] [--timeout S] "
-                "[--grace S|--fail-fast] [--stream|--no-stream] [--grouped|--per-rank] [--on NAME]"
+                "[--grace S|--fail-fast] [--stream|--no-stream] [--grouped|--per-rank] [--output all|SIZE] [--on NAME]"
             ) from None
         if {"--grouped", "--per-rank"} <= set(line.split()):
             raise UsageError("--grouped and --per-rank contradict each other: give one of them")
@@ -71,7 +80,14 @@ class DistrainMagics(Magics):
         grace = 0.0 if args.fail_fast else (GRACE_S if args.grace is None else args.grace)
         # api.run refuses a bad selection before anything runs
         api.run(
-            cell, ranks=args.ranks, timeout=args.timeout, stream=args.stream, grace=grace, on=args.on, group=args.group
+            cell,
+            ranks=args.ranks,
+            timeout=args.timeout,
+            stream=args.stream,
+            grace=grace,
+            on=args.on,
+            group=args.group,
+            output=args.output,
         )
 
     @cell_magic(AUTO_MAGIC)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ...shared import output_cut
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
 from . import culprit, debugging, grouping, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
@@ -39,6 +40,7 @@ def run_cell(
     stream: bool | None = None,
     grace: float = GRACE_S,
     group: bool | None = None,
+    output: int | None = output_cut.DEFAULT_LIMIT,
 ):
     """Run ``code`` on ``ranks``; show output; raise naming the rank on failure.
 
@@ -47,9 +49,11 @@ def run_cell(
     fails while others still run, its traceback is shown at once and the others
     get ``grace`` seconds to finish before they are interrupted. ``group``: identical
     output of several ranks shown once under their ranks (None: past
-    ``grouping.GROUP_PAST`` ranks).
+    ``grouping.GROUP_PAST`` ranks). ``output``: about the most characters of printed output
+    the cell shows, all ranks together (a head and a tail of each rank's; None: all of it);
+    every line is in the ranks' log files (``%distrain logs``).
     """
-    call = rankset.execute_async(code, ranks)
+    call = rankset.execute_async(code, ranks, output=output)
     group = grouping.resolve(group, len(call.ranks))
     regroup = display and in_kernel()
     live = LiveOutput(call, regroup=regroup)
@@ -213,7 +217,7 @@ def show_grouped(ranks, rest, displays, results, failures, skip=()) -> None:
     stdout, then stderr, rich outputs, results and tracebacks (the first failing rank's first)."""
     for j, stream in enumerate((sys.stdout, sys.stderr)):
         for group, text in grouping.group_identical((r, rest[i][j]) for i, r in enumerate(ranks) if rest[i][j]):
-            stream.write(grouping.tag_ranks(group, text))
+            stream.write(grouping.tag_ranks(group, output_cut.render(text, format_ranks(group))))
         stream.flush()
     items = [(r, item) for i, r in enumerate(ranks) for item in displays[i] or []]
     for group, item in grouping.group_identical(items, key=grouping.bundle_key):
