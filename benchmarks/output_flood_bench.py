@@ -3,8 +3,8 @@ each (kept: a head and a tail per rank; every line into the ranks' log files) ag
 loop printing to /dev/null on the ranks, in turns.
 
 Target: the flood cell's median time <= 1.5x the /dev/null cell's; beside it, the characters the
-cell shows, and the same flood with ``--output all`` (everything into the notebook, as before the
-cut): its time, characters and the notebook process's growth. Run:
+cell shows, and the same flood with ``--output all`` (everything into the notebook): its time,
+characters and the notebook process's growth. Run:
 ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/output_flood_bench.py`` (``--quick``: checks the
 script only; ``--pool``: every saved run). Results: ``benchmarks/results/output_flood-*.json``."""
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                 times[name].append(cell(code))
         kept = max(shown)
         everything = {"seconds": [], "chars": [], "notebook_growth_mib": []}
-        for _ in range(min(3, args.repeats)):  # as before the cut: all of it into the notebook
+        for _ in range(min(3, args.repeats)):  # --output all: everything into the notebook
             gc.collect()
             rss0 = psutil.Process().memory_info().rss
             everything["seconds"].append(cell(cells["flood"], "--output all"))

@@ -25,7 +25,7 @@ def _requests():
 
 
 def test_every_request_is_frozen_and_names_a_frozen_reply():
-    assert len(_requests()) == 16
+    assert len(_requests()) == 17
     for req in _requests():
         assert req.__dataclass_params__.frozen, req
         ret = typing.get_type_hints(req.run, {**vars(rpc), "replies": replies})["return"]

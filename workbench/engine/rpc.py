@@ -46,13 +46,13 @@ class ReadLog:
     grep: str | None = None
     limit: int = 1 << 20
 
-    def run(self):
+    def run(self) -> replies.LogExcerpt:
         from ..shared import rank_logs
         from . import rank_log
 
         file = rank_log.current_path()
         if file is None:
-            return rank_logs.Excerpt("", 0, (), note="this rank keeps no log (started without a state folder)")
+            return replies.LogExcerpt("", 0, (), note="this rank keeps no log (started without a state folder)")
         return rank_logs.read(file, tail=self.tail, grep=self.grep, limit=self.limit)
 
 

@@ -10,20 +10,10 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
-from dataclasses import dataclass
+
+from .replies import LogExcerpt as Excerpt
 
 BLOCK = 1 << 16
-
-
-@dataclass(frozen=True)
-class Excerpt:
-    """What one rank's log gave: lines (``(number, text)``, numbered from 1 where known)."""
-
-    path: str
-    size: int  # bytes in the file (0: no file)
-    lines: tuple[tuple[int, str], ...]
-    matched: int = 0  # lines that matched (grep), shown or not
-    note: str = ""  # why nothing could be read, where nothing could
 
 
 def folder(state_dir: str) -> str:
