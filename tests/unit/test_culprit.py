@@ -27,7 +27,8 @@ IN_ALL_REDUCE = dump(
 )
 IN_LOADER = dump(f'{CELL}", line 5 in load_next_batch', f'{CELL}", line 10 in <module>')
 IN_SAVE = dump(
-    '/usr/lib/python3.11/threading.py", line 331 in wait',
+    '/usr/lib/python3.11/queue.py", line 180 in get',
+    '/v/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 630 in __next__',
     '/home/u/project/ckpt.py", line 17 in save',
     f'{CELL}", line 9 in <module>',
 )
