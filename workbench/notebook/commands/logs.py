@@ -11,24 +11,23 @@ from __future__ import annotations
 import os
 
 from ...shared import output_cut, rank_logs
-from ...shared.argtypes import positive_int, rank_selection, regex
-from . import command
+from ...shared.argtypes import positive_int, regex
+from . import command, flags
 
 DEFAULT_TAIL = 50
 REMOTE_WAIT_S = 5.0
 
 
 def _build(p) -> None:
-    p.add_argument("--ranks", type=rank_selection, default=None, help="0,2-3 or all (default all)")
+    flags.RANKS.add(p, help="the ranks whose logs to show: 0,2-3 or all (default all)")
     p.add_argument(
         "--tail", type=positive_int, default=None, help=f"the last N lines (default {DEFAULT_TAIL}; with --grep: all)"
     )
     p.add_argument("--grep", type=regex, default=None, help="only the lines matching this regular expression")
     g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--grouped", dest="group", action="store_true", default=None, help="ranks whose lines are the same shown once"
-    )
-    g.add_argument("--per-rank", dest="group", action="store_false", help="every rank on its own")
+    flags.GROUPED.add(g, help="ranks whose lines are the same shown once (default past 8 ranks)")
+    flags.PER_RANK.add(g, help="every rank's lines on their own")
+    flags.SESSION.add(p)
 
 
 def read_logs(
