@@ -60,8 +60,8 @@ SLURM_ONLY = "go with --launcher slurm"  # their effect on a real Slurm: tests/c
 
 NOPE = "there is no rank set named 'nope'"
 # `--session NAME` of a command that does not read it itself makes NAME current for the line (one
-# path in the dispatcher): its effect is driven in NAMED for status/push/pull/where/train status/
-# ckpt wait/restart; for the others a name that is not there is refused before anything runs.
+# path in the dispatcher): its effect is driven in NAMED for status/push/pull/where/logs/train
+# status/ckpt wait/restart; for the others a name that is not there is refused before anything runs.
 SESSION_REFUSED = {
     "prepare": "prepare ddp --session nope",
     "layout": "layout --session nope",
@@ -98,6 +98,7 @@ CASES: dict[tuple[str, str], object] = {
     ("push", "--session"): NAMED,
     ("pull", "--session"): NAMED,
     ("where", "--session"): NAMED,
+    ("logs", "--session"): NAMED,
     ("train status", "--session"): NAMED,
     ("ckpt wait", "--session"): NAMED,
     ("restart", "--session"): NAMED,
@@ -813,6 +814,11 @@ def test_named_set_flags(shell2, ranks2, capsys):
             capsys.readouterr()
             magic(shell2, "where --session flagwalk")
             assert {l.split("]")[0] for l in capsys.readouterr().out.splitlines()} == {"[rank 0"}
+            shell2.run_cell_magic("distrain", "--session flagwalk", "print('printed on flagwalk')")
+            capsys.readouterr()
+            magic(shell2, "logs --session flagwalk --tail 1")
+            logged = capsys.readouterr().out.splitlines()
+            assert logged[0].startswith("logs of ranks 0 (") and logged[1:] == ["[rank 0] printed on flagwalk"], logged
             assert len(magic(shell2, "train status --session flagwalk")) == 1
             magic(shell2, "ckpt wait --session flagwalk")
             assert "no save in flight" in capsys.readouterr().out

@@ -78,6 +78,23 @@ def test_the_log_keeps_the_order_of_both_streams_and_a_quiet_cell_writes_nothing
     assert logged == want
 
 
+def test_a_log_that_cannot_be_written_passes_everything_on_and_says_why_once(tmp_path):
+    out, err = KernelStream(), KernelStream()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    rank_log.install(str(blocked / "logs"), 0, {"stdout": out, "stderr": err})
+    try:
+        rank_log.begin(4000)
+        for line in lines(2000):
+            print(line, file=out)
+        rank_log.end()
+    finally:
+        rank_log.uninstall()
+    said = "".join(err.sent)
+    assert said.startswith(f"(no log of this rank's output in {blocked / 'logs'}: ") and said.count("\n") == 1
+    assert "".join(out.sent) == "".join(f"{line}\n" for line in lines(2000))  # nothing lost, nothing cut
+
+
 def test_the_notebook_renders_the_cut_line_with_how_to_see_the_rest():
     text = "a\n" + output_cut.marker(199_000, 12 << 20) + "z\n"
     assert "… 199,000 lines (12.0 MiB) cut here" in text

@@ -49,11 +49,13 @@ def run(code: str, limit: int | None = None) -> int | None:
                 shell.run_cell(code, store_history=True)
         elif tree.body:
             _run_plain(shell, code, tree)
-        # what C code or a child process wrote to fd 1/2 reaches the stream first: then it
-        # belongs to this cell and the count includes it
-        forwarded = [_fd_forwarded(stream) for stream, _ in streams]
     finally:
-        rank_log.end()  # the cut line and tail of a stream that printed past its limit
+        # the cut line and tail of a stream that printed past its limit; its own write back
+        # before the fd's marker below goes through it
+        rank_log.end()
+    # what C code or a child process wrote to fd 1/2 reaches the stream first: then it
+    # belongs to this cell and the count includes it
+    forwarded = [_fd_forwarded(stream) for stream, _ in streams]
     for stream, buffers in streams:
         if stream is not None and _written(stream, buffers):
             stream.flush()  # output still buffered is sent now, so that the count includes it

@@ -97,8 +97,14 @@ def _log():
     if log is None:
         if "folder" not in _LOG:
             return None
-        os.makedirs(_LOG["folder"], exist_ok=True)
-        fd = os.open(path(_LOG["folder"], _LOG["rank"]), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.makedirs(_LOG["folder"], exist_ok=True)
+            fd = os.open(path(_LOG["folder"], _LOG["rank"]), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:  # no log: the output goes to the notebook whole, and says why once
+            folder = _LOG.pop("folder")
+            if _TEES:
+                _TEES[-1].send(f"(no log of this rank's output in {folder}: {exc}; nothing is cut)\n")
+            return None
         # a FileIO under a BufferedWriter: the text layer's fast path, no Python per write
         log = io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w"), 1 << 16), encoding="utf-8", errors="replace")
         _LOG.update(file=log, fd=fd)
