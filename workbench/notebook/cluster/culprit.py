@@ -61,10 +61,10 @@ def cell_file_name(code: str | None) -> str | None:
 
 
 def _user_frame(file: str) -> bool:
-    if _CELL_FILE.search(file) or file.startswith("<ipython-input-") or file == "<string>":
+    if _CELL_FILE.search(file) or file.startswith("<ipython-input-"):
         return True
-    if any(p in file for p in _LIBRARY) or _WORKBENCH.search(file):
-        return False
+    if file == "<string>" or any(p in file for p in _LIBRARY) or _WORKBENCH.search(file):
+        return False  # "<string>": the rank process's own entry (preload's exec)
     return not file.startswith(_HERE + os.sep)
 
 
