@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..shared import replies
+from ..shared import debug_wire, replies
 
 
 def handle(request):
@@ -25,16 +25,18 @@ class RunCell:
     """A ``%%distrain`` cell's code, run in the rank's user namespace (``cell_runner``).
 
     What the cell prints, displays, returns and raises arrives as the request's IOPub
-    messages, as from an execute request; the reply counts them.
+    messages, as from an execute request; the reply counts them. ``debug``: see
+    :class:`~workbench.shared.debug_wire.CellDebug`.
     """
 
     code: str
+    debug: debug_wire.CellDebug | None = None  # the notebook's debug link, the cell's origin, breakpoints
     limit: int | None = None  # characters each output stream passes on (the rest: the rank's log)
 
     def run(self) -> replies.CellRun:
         from . import cell_runner
 
-        return replies.CellRun(published=cell_runner.run(self.code, self.limit))
+        return replies.CellRun(published=cell_runner.run(self.code, self.debug, self.limit))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ import time
 
 from ...shared import output_cut
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
+from .. import debugger
 from . import culprit, debugging, grouping, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
 from .health import death_message
@@ -53,7 +54,16 @@ def run_cell(
     the cell shows, all ranks together (a head and a tail of each rank's; None: all of it);
     every line is in the ranks' log files (``%distrain logs``).
     """
-    call = rankset.execute_async(code, ranks, output=output)
+    selected = rankset.select(ranks)
+    call = rankset.execute_async(code, selected, debug=debugger.for_cell(rankset, selected, code), output=output)
+    try:
+        return _follow(rankset, call, timeout, display, stream, grace, group)
+    finally:
+        debugger.cell_ended()
+
+
+def _follow(rankset, call, timeout, display, stream, grace, group):
+    """Show ``call``'s output as it comes and wait for it (see :func:`run_cell`)."""
     group = grouping.resolve(group, len(call.ranks))
     regroup = display and in_kernel()
     live = LiveOutput(call, regroup=regroup)
@@ -70,13 +80,25 @@ def run_cell(
     try:
         while True:
             budget = poll if timeout is None else max(0.0, min(poll, start + timeout - time.monotonic()))
+            before = time.monotonic()
             done = call.wait(budget, poll=poll)
             if done or call.deaths():
                 break
+            held = 0.0
             for rank in debugging.waiting_sessions(rankset):
                 if display and rank in call.ranks:  # breakpoint() on a rank: pdb here
+                    since = time.monotonic()
                     live.poll()
                     debugging.attach(rankset, rank, [r for r in call.pending() if r != rank])
+                    held += time.monotonic() - since
+            if debugger.held():
+                held = time.monotonic() - before
+            if held:
+                # time in a debugger (JupyterLab's, or pdb above) is no time of the cell's:
+                # its timeout and a failed rank's grace wait while a rank is stopped in one
+                start += held
+                failed_at = failed_at + held if failed_at is not None else None
+                batch_since = batch_since + held if batch_since is not None else None
             now = time.monotonic()
             if display and now - start > stream_after:
                 live.poll()
@@ -130,7 +152,7 @@ def run_cell(
         stacks = collect_stacks(rankset, stuck)
         others = {r: "done with the cell" for r in call.ranks if r not in stuck}
         others.update({r: "not running this cell" for r in range(rankset.world_size) if r not in call.ranks})
-        verdict = culprit.for_rankset(rankset, stacks, code=code, others=others)
+        verdict = culprit.for_rankset(rankset, stacks, code=rankset.last_cell, others=others)
         raise CellTimeout(timeout_message(timeout, stuck, stacks, verdict.text), stacks, verdict)
     if failures:
         raise RankFailure(

@@ -587,16 +587,19 @@ class RankSet:
         """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
         return self.submit(fn, *args, ranks=ranks, **kwargs).result(timeout=timeout)
 
-    def execute_async(self, code: str, ranks=None, output: int | None = output_cut.DEFAULT_LIMIT) -> RankCall:
+    def execute_async(
+        self, code: str, ranks=None, debug=None, output: int | None = output_cut.DEFAULT_LIMIT
+    ) -> RankCall:
         """Run a code string on the ranks (as a cell) without waiting.
 
         Sent as an apply of ``rpc.RunCell`` (lighter than an execute request on both
         ends, same output), top-level ``await`` included (``cell_runner.run_awaiting``).
+        ``debug``: the cell's ``shared.debug_wire.CellDebug`` (see ``notebook.debugger``).
         ``output``: about the most characters the cell's printed output brings back, all ranks
         together (None: all of it); every line is in the ranks' log files either way.
         """
         limit = None if output is None else output_cut.per_stream(output, len(self.select(ranks)))
-        call = self.submit(rpc.handle, rpc.RunCell(code, limit), ranks=ranks)
+        call = self.submit(rpc.handle, rpc.RunCell(code, debug, limit), ranks=ranks)
         self.last_cell = code  # a stack's line in it is "cell line N" (``culprit``)
         call.cell = True
         return call
