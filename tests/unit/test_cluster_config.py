@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.engine import guard
 from workbench.engine.runtime import visible_gpu
 from workbench.notebook.cluster import launchers, network, ssh
 from workbench.notebook.cluster.slurm import SlurmRequest, batch_template, parse_sbatch
+from workbench.shared import wire
 
 
 def test_every_slurm_option_is_a_line_of_the_script():
@@ -84,10 +84,10 @@ def test_gpu_pinned_by_local_rank_among_visible():
 
 
 def test_guard_lines_are_signed():
-    line = guard.sign(b"k" * 32, '{"kind": "exit", "code": -9}')
-    assert guard.verify(b"k" * 32, line) == {"kind": "exit", "code": -9}
-    assert guard.verify(b"x" * 32, line) is None
-    assert guard.verify(b"k" * 32, line.replace(b"-9", b"-1")) is None
+    line = wire.sign(b"k" * 32, '{"kind": "exit", "code": -9}')
+    assert wire.verify(b"k" * 32, line) == {"kind": "exit", "code": -9}
+    assert wire.verify(b"x" * 32, line) is None
+    assert wire.verify(b"k" * 32, line.replace(b"-9", b"-1")) is None
 
 
 def test_the_broadcast_tree_deepens_past_256_ranks_with_leaves_of_at_most_128():

@@ -26,13 +26,13 @@ import os
 import signal
 import sys
 
-# what each framework's ranks import before they fork (the same lines run as the engines'
-# startup command: launchers.preload_command)
-PRELOADS = {"torch": ("torch", "torch.distributed"), "jax": ("jax", "jax.numpy")}
+from ..shared.wire import PRELOADS, READY
+
 # what every engine imports once it has registered (its kernel's debugger, with debugpy: ~0.3 s
 # of CPU a rank; tornado's asyncio loop; the rank's first apply: the workbench's runtime), done
 # once here before the forks rather than once per rank after them: at 64 ranks on 2 cores the
-# ranks' own imports were most of the start's CPU. None of them starts a thread.
+# ranks' own imports were most of the start's CPU. None of them starts a thread. Every call the
+# notebook makes arrives as a request of ``rpc``, the first one (the bootstrap) included.
 ENGINE_PRELOADS = (
     "ipykernel.debugger",
     "tornado.platform.asyncio",
@@ -43,6 +43,7 @@ ENGINE_PRELOADS = (
     "pdb",
     "sqlite3",
     "workbench.engine.runtime",
+    "workbench.engine.rpc",
     "workbench.engine.publisher",
     "workbench.engine.rank_debug",
     "workbench.engine.fanout",
@@ -103,8 +104,6 @@ def end_with_parent(parent: int | None) -> None:
     if parent and os.getppid() != parent:  # the notebook was gone before the watch was set
         os._exit(1)
 
-
-READY = "workbench preload: imported, waiting for the ranks to fork"
 
 # ipykernel leaves fd 1/2 uncaptured in a kernel whose environment says it runs under
 # pytest; a rank never does (a test's ranks are processes of their own, as a user's are),
