@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from workbench.engine import fanout as rank_fanout
+from workbench.shared import wire
 from workbench.shared.errors import RankFailure
 
 
@@ -138,7 +138,7 @@ def test_output_marker_follows_output_only_for_ranks_that_printed(fanned):
     call = fanned.execute_async("import torch.distributed as dist\nif dist.get_rank() == 2:\n    print('only two')")
     call.result(timeout=60)
     mds = call.fanned.metadata()
-    assert [rank_fanout.OUTPUT_DONE in (md.get("data") or {}) for md in mds] == [False, False, True, False]
+    assert [wire.OUTPUT_DONE in (md.get("data") or {}) for md in mds] == [False, False, True, False]
     assert mds[2]["stdout"] == "only two\n"
 
 

@@ -6,7 +6,7 @@ buffers: a rank's exception would be lost and would misalign the others' results
 call never raises here; :func:`run` returns ``(published, error, value)``, the error as the
 content ipyparallel would have sent. And the kernel's busy/idle status, two messages per rank
 per call that every layer would carry to the notebook only to be dropped, is not sent for such a
-call: a rank that published output ends it with one :data:`OUTPUT_DONE` data message instead,
+call: a rank that published output ends it with one ``wire.OUTPUT_DONE`` data message instead,
 after its output, so that the notebook knows when that rank's output is all in.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 
 from ..shared.replies import CellRun
+from ..shared.wire import OUTPUT_DONE
 
-OUTPUT_DONE = "_workbench_output_done"
 _installed = False
 
 
@@ -53,10 +53,13 @@ def run(fn, *args, **kwargs) -> tuple:
 
 
 def set_names(namespace: dict) -> None:
-    """``%distrain push`` through the tree: the names set in this rank's user namespace."""
+    """``%distrain push`` through the tree: the names set in this rank's user namespace (a
+    notebook's function arrives canned, ``rpc.SetNames.of``)."""
+    from ipyparallel.serialize import uncan
     from IPython import get_ipython
 
-    get_ipython().user_ns.update(namespace)
+    ns = get_ipython().user_ns
+    ns.update({k: uncan(v, ns) for k, v in namespace.items()})
 
 
 def get_name(name: str):

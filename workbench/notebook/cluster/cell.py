@@ -31,7 +31,7 @@ BATCH_MAX_S = 0.6
 
 def run_cell(
     rankset,
-    code: str,
+    code,
     ranks=None,
     timeout: float | None = None,
     *,
@@ -40,7 +40,8 @@ def run_cell(
     grace: float = GRACE_S,
     group: bool | None = None,
 ):
-    """Run ``code`` on ``ranks``; show output; raise naming the rank on failure.
+    """Run ``code`` (or a request of ``rpc`` that runs like a cell) on ``ranks``; show output;
+    raise naming the rank on failure.
 
     Returns the :class:`RankCall`. No timeout unless one is given; on timeout the
     ranks keep running and the error holds each stuck rank's stack. When a rank

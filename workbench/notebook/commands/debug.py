@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...engine import rpc
 from ...shared.argtypes import non_negative_int
 from .. import api
 from ..cluster import debugging
@@ -14,8 +15,6 @@ def _debug_args(p) -> None:
 
 @command("debug", "enter pdb post-mortem on a rank's last exception", _debug_args)
 def _debug(args, shell):
-    from ...engine import rank_debug
-
     rs = api.current()
     if not 0 <= args.rank < rs.world_size:
         raise UsageError(f"--rank {args.rank} does not exist: the ranks are 0-{rs.world_size - 1}")
@@ -24,7 +23,7 @@ def _debug(args, shell):
             f"rank {args.rank} runs on another host: the debugger attaches over "
             "loopback only, so it works for ranks on this host"
         )
-    call = rs.submit(rank_debug.post_mortem, ranks=[args.rank])
+    call = rs.submit(rpc.handle, rpc.PostMortem(), ranks=[args.rank])
     attached = False
     while not call.ar.ready():
         if debugging.waiting_sessions(rs).count(args.rank):
