@@ -72,6 +72,16 @@ def test_push_and_pull_through_the_tree(fanned):
     fanned.execute("del pushed_once")
 
 
+def test_a_notebooks_function_and_class_are_pushed_by_value_through_the_tree(fanned):
+    """As ipyparallel's own push sends them: defined in the notebook, they have no module a rank imports."""
+    notebook = {"__name__": "__main__"}
+    exec("def double(x):\n    return 2 * x\nclass Box:\n    size = 3", notebook)
+    fanned.push({"double": notebook["double"], "Box": notebook["Box"]})
+    fanned.execute("doubled = double(21) * Box.size")
+    assert fanned.pull("doubled") == [126] * 4
+    fanned.execute("del double, Box, doubled")
+
+
 def test_a_quiet_fanned_cell_sends_nothing_per_rank_to_the_notebook(fanned):
     call = fanned.execute_async("x_fanned = 1")
     call.result(timeout=60)

@@ -15,6 +15,7 @@ Trainer flags (pause, start, set) go through
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..shared import replies
 
@@ -40,6 +41,8 @@ class RunCell:
     What the cell prints, displays, returns and raises arrives as the request's IOPub
     messages, as from an execute request; the reply counts them.
     """
+
+    AS_CELL: ClassVar[bool] = True  # its error is an output message (as a cell's), not a raise
 
     code: str
 
@@ -327,7 +330,10 @@ class Census:
 @dataclass(frozen=True, kw_only=True)
 class Prepare:
     """Lay ``model_name``/``opt_name`` out with ``spec`` (``engine.prepare``; ``ProbeModel`` first),
-    rebind both and ``prepared`` in the rank's namespace; the reply is the new layout."""
+    rebind both and ``prepared`` in the rank's namespace; the reply is the new layout. A failure
+    is shown as a cell's, from here down (and kept for ``%distrain debug``); nothing is rebound."""
+
+    AS_CELL: ClassVar[bool] = True
 
     model_name: str
     opt_name: str
@@ -335,17 +341,24 @@ class Prepare:
     device_type: str
     blocks: tuple[str, ...] | None = None
 
-    def run(self) -> replies.LayoutReply:
+    def run(self) -> replies.LayoutReply | None:
         from IPython import get_ipython
 
         from ..strategies import StrategySpec
         from . import prepare
         from .session import current_layout
 
-        ns = get_ipython().user_ns
+        shell = get_ipython()
+        ns = shell.user_ns
         blocks = list(self.blocks) if self.blocks is not None else None
-        spec = StrategySpec.from_dict(self.spec)
-        prepared = prepare(ns[self.model_name], ns[self.opt_name], spec, mesh_device=self.device_type, blocks=blocks)
+        try:
+            spec = StrategySpec.from_dict(self.spec)
+            prepared = prepare(
+                ns[self.model_name], ns[self.opt_name], spec, mesh_device=self.device_type, blocks=blocks
+            )
+        except (Exception, KeyboardInterrupt):
+            shell.showtraceback()
+            return None
         ns["prepared"] = prepared
         ns[self.model_name], ns[self.opt_name] = prepared.model, prepared.optimizer
         return replies.LayoutReply.from_dict(current_layout())

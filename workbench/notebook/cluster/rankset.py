@@ -592,7 +592,7 @@ class RankSet:
         """
         request = rpc.RunCell(code) if isinstance(code, str) else code
         call = self.submit(rpc.handle, request, ranks=ranks)
-        call.cell = isinstance(request, rpc.RunCell)  # a cell's error is an output message, not a raise
+        call.cell = getattr(request, "AS_CELL", False)  # its error is an output message, not a raise
         return call
 
     def execute(self, code: str, ranks=None, timeout: float | None = None) -> RankCall:
