@@ -15,7 +15,7 @@ Trainer flags (pause, start, set) go through
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..shared import replies
 
@@ -497,7 +497,7 @@ class GetName:
 
     name: str
 
-    def run(self):
+    def run(self) -> Any:
         from . import fanout
 
         return fanout.get_name(self.name)
@@ -514,7 +514,7 @@ class SharedDirStep:
     token: str
     world_size: int = 0
 
-    def run(self):
+    def run(self) -> str | dict | list:
         from . import runtime, shared_dir
 
         if self.step == "leave":
