@@ -1,16 +1,11 @@
 """Every call the notebook makes on the ranks that is more than a trainer flag: typed requests.
 
-The notebook builds a frozen request and applies :func:`handle` on the ranks
-(``rs.apply(rpc.handle, rpc.SaveCheckpoint(root, tag=...))``; a call on many ranks travels
-through the broadcast tree wrapped in :func:`fanned`); each request's ``run`` is
-the rank-side half, so no notebook module is ever imported on a rank and no rank function
-is called by name with positional arguments. Nothing here imports torch at module level:
-the notebook imports this module to build requests. The reply each request returns is
-a frozen dataclass of :mod:`workbench.shared.replies` (pure, so the notebook unpickles it
-without torch), named in each request's ``run``; a request that only acts replies None.
-Trainer flags (pause, start, set) go through
-:mod:`workbench.engine.control`.
-"""
+The notebook applies :func:`handle` with a frozen request (``rs.apply(rpc.handle,
+rpc.SaveCheckpoint(root, tag=...))``; through the broadcast tree wrapped in :func:`fanned`)
+whose ``run`` is the rank-side half, so no notebook module is imported on a rank and no rank
+function is called by name. Replies are frozen dataclasses of :mod:`workbench.shared.replies`
+or plain data; nothing here imports torch at module level, so the notebook can unpickle and
+build both without it. Trainer flags go through :mod:`workbench.engine.control`."""
 
 from __future__ import annotations
 
