@@ -13,7 +13,12 @@ from workbench.shared import replies
 
 pytestmark = pytest.mark.pure
 
-ACTS_ONLY = {"SetAutosave", "CommitTrainer", "SetNames"}  # replies None: the notebook waits for them, reads nothing
+ACTS_ONLY = {
+    "SetAutosave",
+    "CommitTrainer",
+    "SetNames",
+    "ConnectStream",
+}  # replies None: the notebook waits for them, reads nothing
 PLAIN = (dict, list, int, str, bool)  # plain data: a rank's description (rs.info), a port, an outcome
 USERS_OWN = {"GetName"}  # the value of a variable the user made on the rank
 

@@ -522,23 +522,23 @@ class SharedDirStep:
 
 
 # ----------------------------------------------------------------------------- stream, trainer, debugger
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class ConnectStream:
-    """Point this rank's event stream at the notebook's collector at ``address``; ``key`` signs
-    its messages (it arrives over ipyparallel's signed channel)."""
+    """Point this rank's event stream at the collector listening at ``address`` (its HMAC ``key``
+    arrives over ipyparallel's signed channel)."""
 
     address: str
     key: bytes
 
-    def run(self) -> dict:
+    def run(self) -> None:
         from . import publisher
 
-        return publisher.connect(self.address, key=self.key)
+        publisher.connect(self.address, key=self.key)
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainerRequest:
-    """Ask this rank's trainer to ``pause``, ``resume`` or ``stop`` at its next step boundary."""
+class ControlTraining:
+    """``action``: pause (with ``reason``), resume or stop, at the step every rank agrees on."""
 
     action: str
     reason: str = ""

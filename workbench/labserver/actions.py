@@ -106,13 +106,13 @@ def stacks(monitor, entry: dict, ranks=None, wait: float = 2.0) -> dict:
 def trainer(monitor, entry: dict, action: str, ranks=None, timeout: float = 5.0) -> dict:
     """pause / resume / stop the ranks' trainer through the controller.
 
-    The request (``rpc.TrainerRequest``) waits behind a cell the ranks are running, so after
+    The request (``rpc.ControlTraining``) waits behind a cell the ranks are running, so after
     ``timeout`` it is withdrawn and refused instead.
     """
     if action not in TRAINER_ACTIONS:
         raise ActionError(f"unknown trainer action {action!r}: use one of {', '.join(TRAINER_ACTIONS)}")
     eids = [r["engine_id"] for r in _selected(entry, ranks)]
-    request = rpc.TrainerRequest(action=action, reason="requested from the JupyterLab sidebar")
+    request = rpc.ControlTraining(action=action, reason="requested from the JupyterLab sidebar")
 
     def run(client):
         ar = client[eids].apply_async(rpc.handle, request)
