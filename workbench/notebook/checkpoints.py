@@ -23,7 +23,6 @@ __all__ = [
     "export",
     "wait",
     "autosave",
-    "resume",
     "get_dir",
     "set_dir",
     "describe_save",
@@ -130,7 +129,7 @@ def load(
     All or nothing: the ranks verify the files first and apply nothing unless every rank has
     read its part. A damaged checkpoint raises :class:`DamagedCheckpoint` naming each bad
     file, the rank that reads it, what is wrong and the newest good checkpoint; with
-    ``skip_damaged`` (``resume``, the NaN rollback) the newest good one is loaded instead
+    ``skip_damaged`` (``restart --load``, the NaN rollback) the newest good one is loaded instead
     and ``info["skipped"]`` says what was passed over. ``at_most`` (with ``latest``): the
     newest good checkpoint of that step or an earlier one (a recovery's, see ``recovery``).
     """
@@ -192,7 +191,7 @@ def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[replies.L
             f"{exc}\nThe load of {os.path.basename(folder)} did not complete. The checkpoint is applied only once "
             "every rank has read its part, so each surviving rank holds either its old state or the whole "
             "checkpoint, never a mix; but the ranks no longer form a group: a restart is needed "
-            "(`%distrain restart --resume`).",
+            "(`%distrain restart --load`).",
             deaths=exc.deaths,
         ) from None
 
@@ -319,8 +318,9 @@ def export(
     return reply.to_dict()
 
 
-def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str | None = None, rankset=None):
-    """Save every ``every`` steps (from ``checkpoint_hooks.step_done`` or the trainer's hook)."""
+def autosave(every: int | None, *, keep: int = 3, async_: bool = False, root: str | None = None, rankset=None):
+    """Save every ``every`` steps (from ``checkpoint_hooks.step_done`` or the trainer's hook); each save
+    is written before training goes on unless ``async_`` (as :func:`save`)."""
     from . import session
 
     rs = _rs(rankset)
@@ -338,29 +338,24 @@ def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str
     return sess.autosave
 
 
-def resume(
-    setup=None, which: str | int = "latest", *, n: int | None = None, root: str | None = None, **restart_options
-) -> dict:
-    """Restart the ranks (dead or alive), rebuild the model with ``setup``, load ``which``.
-
-    ``setup``: code (str) run on every rank as a cell, or a function called here in the
-    notebook after the restart (e.g. ``lambda: workbench.notebook.training.setup("ddp")``); it
-    must build the model on every rank (``checkpoint_hooks.track(...)``, a Trainer, or
-    ``engine.prepare``). Remembered for the next resume. Without one, the latest
-    ``workbench.notebook.training.setup`` (``train start --model ...``) is repeated.
-    ``restart_options``: ``backend=``, ``timeout=`` for :func:`workbench.notebook.api.restart`.
-    """
-    from . import api
-
-    which = "latest" if which is None else which
-    return resume_session(api.session(), setup, which, n=n, root=root, **restart_options)
+def resume(*args, **kwargs):
+    """Refused: ``workbench.restart(n, load=..., setup=...)`` is the one way back from a checkpoint."""
+    raise TypeError(
+        "workbench.ckpt.resume(...) is now workbench.restart(n, load='latest', setup=..., dir=...) "
+        "(`%distrain restart --load`); nothing was done"
+    )
 
 
 def resume_session(
     sess, setup=None, which: str | int | None = "latest", *, n=None, root=None, before_load=None, **restart_options
 ) -> dict:
-    """:func:`resume` for the session ``sess`` (a recovery's, current or not).
+    """Restart the session ``sess`` (dead or alive; a recovery's, current or not), repeat the setup and
+    load ``which`` (``workbench.restart(n, load=which, setup=...)``).
 
+    ``setup``: code (str) run on every rank as a cell, or a function called here in the notebook
+    after the restart; it must build the model on every rank (``checkpoint_hooks.track(...)``, a
+    Trainer, or ``engine.prepare``). Remembered for the next restart. Without one, the latest
+    ``workbench.train.setup(...)`` (``train start --gpt ...``) is repeated.
     ``which=None``: restart and set up without loading (nothing was saved yet).
     ``before_load(rankset)`` is called once the setup ran, before the load; a step it returns
     bounds the checkpoint loaded (``load(at_most=)``: the newest good one at that step or before).
@@ -371,9 +366,9 @@ def resume_session(
     setup = setup if setup is not None else sess.resume_setup or last_setup(sess)
     if setup is None:
         raise ValueError(
-            "resume needs the setup that builds the model and calls checkpoint_hooks.track(...): "
-            "workbench.notebook.checkpoints.resume(setup_code) or `%distrain ckpt resume --setup VAR` "
-            "(or build the trainer with `%distrain train start --model tiny` first)"
+            "loading after a restart needs the setup that builds the model and calls checkpoint_hooks.track(...): "
+            "workbench.restart(load='latest', setup=setup_code) or `%distrain restart --load --setup VAR` "
+            "(or build the trainer with `%distrain train start --gpt tiny` first)"
         )
     root = os.path.abspath(os.path.expanduser(root)) if root else sess.checkpoint_dir
     latest = which in ("", "latest")

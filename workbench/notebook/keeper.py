@@ -5,7 +5,7 @@ A small notebook-side process that outlives the kernel. It holds one set as the 
 ranks' event stream into the session's store (its bounded window and Parquet history, so
 every step trained while no kernel is attached is kept), runs the failure budget's
 supervisor, and writes the set's registry entry (``"detached": true``), which is its owner
-file: how a later kernel (``attach``, ``stop --name``) and the Lab sidebar find it.
+file: how a later kernel (``attach``, ``stop --session``) and the Lab sidebar find it.
 
 Its control socket (a Unix socket, authenticated with the key in the 0600 entry) takes two
 requests: ``handover`` (a kernel attaches: the set is given to it, then the keeper exits)

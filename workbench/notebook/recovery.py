@@ -4,7 +4,7 @@ A :class:`Supervisor` thread, owned by the session like the step watchdog, watch
 health signals that already exist: a rank's death (the rank watcher's pidfds), a step
 that hangs past ``--step-timeout`` (the watchdog's report), a trainer that raised, and
 the NaN/spike guard pausing the run. Within the budget it does what a person does at the
-keyboard: ``restart --resume`` (same size, the session's recorded setup repeated, the
+keyboard: ``restart --load`` (same size, the session's recorded setup repeated, the
 newest *verified* checkpoint loaded) and ``train start`` of the steps left to the target.
 A lost host (its guards fell silent) restarts on the hosts left instead, at the largest
 size the layout allows there (:func:`shrink`); the checkpoint reshards on load.
@@ -424,7 +424,7 @@ class Supervisor:
             + "; "
             f"{where} {kind} at step {max(steps.values()) if steps else 0}"
             + (f": {detail.splitlines()[0][:300]}" if detail else "")
-            + ". The run is stopped there; `%distrain restart --resume` continues from the newest verified checkpoint.",
+            + ". The run is stopped there; `%distrain restart --load` continues from the newest verified checkpoint.",
             *("  " + describe(r) for r in self.records),
         ]
         self.summary = "\n".join(lines)

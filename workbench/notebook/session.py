@@ -3,8 +3,8 @@
 A :class:`Session` holds everything the notebook keeps about one rank set: the set, its
 event stream and store, dashboard, step watchdog, setup recipe, auto-save settings,
 checkpoints folder and hang reports. Several named sessions may run side by side
-(``%distrain start -n 2 --name ddp``); the API and magics act on the current one
-(``%distrain use NAME``), or on one named per call (``%%distrain --on NAME``).
+(``%distrain start -n 2 --session ddp``); the API and magics act on the current one
+(``%distrain use --session NAME``), or on one named per call (``--session NAME``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 
 from ..shared.errors import WorkbenchError
 
-DEFAULT = "default"  # the name of a set started without --name
+DEFAULT = "default"  # the name of a set started without --session
 
 
 class UnknownSession(WorkbenchError, KeyError):
@@ -36,7 +36,7 @@ class Session:
         self.dashboard = None  # the live dashboard (one per session)
         self.watchdog = None  # the StepWatchdog of the latest `train start --step-timeout`
         self.setup_recipe: dict | None = None  # the latest training.setup(), repeated by `resume`
-        self.resume_setup = None  # the setup code/function last given to checkpoints.resume()
+        self.resume_setup = None  # the setup code/function last given to restart(load=..., setup=...)
         self.autosave: dict | None = None  # auto-save settings, re-applied after resume
         self.checkpoint_root: str | None = None  # set by `ckpt dir` in this session
         self.own_folder = False  # a named set: its checkpoints go to a sub-folder of its name
@@ -100,7 +100,7 @@ class Sessions:
             have = ", ".join(self.by_name) or "none yet"
             raise UnknownSession(
                 f"there is no rank set named {name!r}; the sessions are: {have} "
-                f"(start one with `%distrain start -n 2 --name {name}`)"
+                f"(start one with `%distrain start -n 2 --session {name}`)"
             )
         return self.by_name[name]
 
@@ -156,3 +156,16 @@ class using:
 
     def __exit__(self, *exc) -> None:
         KERNEL.pinned, KERNEL.current_name = self.previous
+
+
+class named(using):
+    """``with named("ddp"):`` the session ``ddp`` is the current one for the block (what
+    ``--session NAME`` does for one command); an unknown name raises :class:`UnknownSession` here."""
+
+    def __init__(self, name: str) -> None:
+        self.sess = KERNEL.get(name)
+
+    def __enter__(self):
+        self.previous = (KERNEL.pinned, KERNEL.current_name)
+        KERNEL.pinned = self.sess
+        return self.sess

@@ -74,7 +74,7 @@ def start(
         sess.fault_tolerant.close()
         sess.fault_tolerant = None
     if setup is not None:
-        sess.resume_setup = setup  # remembered as `restart --resume --setup` remembers it
+        sess.resume_setup = setup  # remembered as `restart --load --setup` remembers it
     if max_failures is not None:  # the supervisor owns the step watchdog: a hang is one of its failures
         from . import recovery
 
