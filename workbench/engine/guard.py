@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from ..shared import wire
+from workbench.shared import wire  # absolute: the guard runs by path (ssh.guard_cmd), not as a module
 
 END_GRACE_S = 2.0
 # unacknowledged beats on a dead link: the connection is given up after this long (without it
