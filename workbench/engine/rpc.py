@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..shared import replies
+from ..shared import debug_wire, replies
 
 
 def handle(request):
@@ -34,17 +34,19 @@ class RunCell:
     """A ``%%distrain`` cell's code, run in the rank's user namespace (``cell_runner``).
 
     What the cell prints, displays, returns and raises arrives as the request's IOPub
-    messages, as from an execute request; the reply counts them.
+    messages, as from an execute request; the reply counts them. ``debug``: see
+    :class:`~workbench.shared.debug_wire.CellDebug`.
     """
 
     AS_CELL: ClassVar[bool] = True  # its error is an output message (as a cell's), not a raise
 
     code: str
+    debug: debug_wire.CellDebug | None = None  # the notebook's debug link, the cell's origin, breakpoints
 
     def run(self) -> replies.CellRun:
         from . import cell_runner
 
-        return replies.CellRun(published=cell_runner.run(self.code))
+        return replies.CellRun(published=cell_runner.run(self.code, self.debug))
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -549,12 +551,14 @@ class ControlTraining:
         return control.request(self.action, self.reason)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PostMortem:
-    """pdb post-mortem on this rank's last exception, served over loopback until the notebook's
-    ``%distrain debug`` detaches; the reply says how it ended."""
+    """pdb post-mortem on this rank's last exception (``%distrain debug``), over the rank set's
+    debug ``link`` (the cell that raised may have named another); the reply says how it ended."""
+
+    link: debug_wire.LinkAddress | None = None
 
     def run(self) -> str:
         from . import rank_debug
 
-        return rank_debug.post_mortem()
+        return rank_debug.post_mortem(self.link)

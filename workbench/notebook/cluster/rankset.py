@@ -583,14 +583,15 @@ class RankSet:
         """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
         return self.submit(fn, *args, ranks=ranks, **kwargs).result(timeout=timeout)
 
-    def execute_async(self, code, ranks=None) -> RankCall:
+    def execute_async(self, code, ranks=None, debug=None) -> RankCall:
         """Run a code string on the ranks (as a cell) without waiting; or a request of ``rpc``
         whose output is then shown as a cell's (``run_cell``: ``rpc.Prepare``).
 
         Sent as an apply of ``rpc.RunCell`` (lighter than an execute request on both
         ends, same output), top-level ``await`` included (``cell_runner.run_awaiting``).
+        ``debug``: the cell's ``shared.debug_wire.CellDebug`` (see ``notebook.debugger``).
         """
-        request = rpc.RunCell(code) if isinstance(code, str) else code
+        request = rpc.RunCell(code, debug) if isinstance(code, str) else code
         call = self.submit(rpc.handle, request, ranks=ranks)
         call.cell = getattr(request, "AS_CELL", False)  # its error is an output message, not a raise
         return call
