@@ -13,6 +13,7 @@ import signal
 import socket
 import time
 
+from ..engine import rpc
 from ..notebook import registry
 from ..notebook.cluster import culprit, health
 from ..notebook.cluster.diagnosis import main_frames, where
@@ -111,19 +112,16 @@ def stacks(monitor, entry: dict, ranks=None, wait: float = 2.0) -> dict:
 def trainer(monitor, entry: dict, action: str, ranks=None, timeout: float = 5.0) -> dict:
     """pause / resume / stop the ranks' trainer through the controller.
 
-    The request runs as a small cell on the ranks; when they are busy running a cell it
-    would wait behind it, so after ``timeout`` it is withdrawn and refused instead.
+    The request (``rpc.ControlTraining``) waits behind a cell the ranks are running, so after
+    ``timeout`` it is withdrawn and refused instead.
     """
     if action not in TRAINER_ACTIONS:
         raise ActionError(f"unknown trainer action {action!r}: use one of {', '.join(TRAINER_ACTIONS)}")
     eids = [r["engine_id"] for r in _selected(entry, ranks)]
-    code = (
-        "import workbench.engine.control as _wb_control\n"
-        f"_wb_control.request({action!r}, 'requested from the JupyterLab sidebar')"
-    )
+    request = rpc.ControlTraining(action=action, reason="requested from the JupyterLab sidebar")
 
     def run(client):
-        ar = client[eids].execute(code, block=False)
+        ar = client[eids].apply_async(rpc.handle, request)
         if not ar.wait(timeout):
             client.abort(ar.msg_ids)
             return None

@@ -33,7 +33,7 @@ BATCH_MAX_S = 0.6
 
 def run_cell(
     rankset,
-    code: str,
+    code,
     ranks=None,
     timeout: float | None = None,
     *,
@@ -43,7 +43,8 @@ def run_cell(
     group: bool | None = None,
     output: int | None = output_cut.DEFAULT_LIMIT,
 ):
-    """Run ``code`` on ``ranks``; show output; raise naming the rank on failure.
+    """Run ``code`` (or a request of ``rpc`` that runs like a cell) on ``ranks``; show output;
+    raise naming the rank on failure.
 
     Returns the :class:`RankCall`. No timeout unless one is given; on timeout the
     ranks keep running and the error holds each stuck rank's stack. When a rank
