@@ -585,9 +585,7 @@ class RankSet:
         """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
         return self.submit(fn, *args, ranks=ranks, **kwargs).result(timeout=timeout)
 
-    def execute_async(
-        self, code, ranks=None, debug=None, output: int | None = output_cut.DEFAULT_LIMIT
-    ) -> RankCall:
+    def execute_async(self, code, ranks=None, debug=None, output: int | None = output_cut.DEFAULT_LIMIT) -> RankCall:
         """Run a code string on the ranks (as a cell) without waiting; or a request of ``rpc``
         whose output is then shown as a cell's (``run_cell``: ``rpc.Prepare``).
 
