@@ -28,6 +28,7 @@ __all__ = [
     "ProbeReport",
     "LayoutReply",
     "CensusReply",
+    "LogExcerpt",
 ]
 
 
@@ -257,3 +258,16 @@ class CensusReply:
         """The census with the rest beside it: the record per rank ``planner.live.compare`` reads."""
         extra = {"attention": self.attention, "attention_evidence": self.attention_evidence}
         return {**self.census, **extra, "model_config": self.model_config}
+
+
+@dataclass(frozen=True)
+class LogExcerpt:
+    """What one rank's log file gave (``shared.rank_logs``): lines as ``(number, text)``
+    (numbered from 1 where known, 0 for a tail), the lines that matched a pattern, shown or not,
+    and why nothing could be read, where nothing could."""
+
+    path: str
+    size: int  # bytes in the file (0: no file)
+    lines: tuple[tuple[int, str], ...]
+    matched: int = 0
+    note: str = ""
