@@ -43,6 +43,7 @@ _PUBLIC = {
     "track": ("workbench.notebook.trackers", "track"),  # workbench.track("mlflow", dir="runs")
     "untrack": ("workbench.notebook.trackers", "untrack"),
     "tracking": ("workbench.notebook.trackers", "tracking"),
+    "dry_run": ("workbench.notebook.dry_run", "dry_run"),  # a layout at full scale on this CPU, beside the planner
 }
 
 # Imported with the API: they attach the event stream and the Lab registry entry to rank sets.
@@ -80,6 +81,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def load_ipython_extension(ipython) -> None:
     """Register the ``%distrain`` magics (called by ``%load_ext workbench``)."""
     _notebook_side()
+    from .notebook import debugger
     from .notebook.cluster import standby
     from .notebook.magics import DistrainMagics
     from .notebook.shell_compat import mark_kernelless
@@ -88,14 +90,17 @@ def load_ipython_extension(ipython) -> None:
         standby.begin()
     mark_kernelless(ipython)
     ipython.register_magics(DistrainMagics)
+    debugger.install(ipython)  # JupyterLab's debugger on the ranks' cells (a Jupyter kernel only)
 
 
 def unload_ipython_extension(ipython) -> None:
+    from .notebook import debugger
     from .notebook.api import stop
     from .notebook.cluster import standby
 
     stop()
     standby.close()
+    debugger.uninstall(ipython)
 
 
 __all__ = sorted(_PUBLIC) + ["load_ipython_extension"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 
 from ..shared.code_tree import parse_size
+from ..shared import output_cut
 from ..shared.nccl import nccl_env
 from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig, code_sync
 from .cluster.cell import GRACE_S, run_cell
@@ -313,6 +314,7 @@ def run(
     grace: float = GRACE_S,
     session: str | None = None,
     group: bool | None = None,
+    output: int | None = output_cut.DEFAULT_LIMIT,
     **earlier,
 ):
     """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``).
@@ -322,18 +324,30 @@ def run(
     finish before they are interrupted (0: at once). ``session``: the session to run on
     (default the current one), without making it current. ``group``: True shows
     identical output of several ranks once under ``[ranks 0-13,15]``, False one block
-    per rank; None groups past ``cluster.grouping.GROUP_PAST`` ranks.
+    per rank; None groups past ``cluster.grouping.GROUP_PAST`` ranks. ``output``: about the
+    most characters of printed output shown, all ranks together (a head and a tail of each
+    rank's, and what was cut; None: all); every line is in the ranks' logs (``logs``).
     """
     refuse("workbench.run", earlier, {"on": "session"})
     if grace is None or grace < 0:
         raise ValueError(f"grace must be 0 or more seconds, got {grace!r}")
+    if output is not None and (isinstance(output, bool) or not isinstance(output, int) or output <= 0):
+        raise ValueError(f"output must be a number of characters (> 0) or None for all of it, got {output!r}")
     rs = current() if session is None else running_set(session)
     ahead = None
     if getattr(rs, "code_sync", None) is not None:  # the notebook's edits on the other hosts first
         ahead = code_sync.before_cell(rs, ranks=ranks, display=display)
     try:
         return run_cell(
-            rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group
+            rs,
+            code,
+            ranks=ranks,
+            timeout=timeout,
+            display=display,
+            stream=stream,
+            grace=grace,
+            group=group,
+            output=output,
         )
     finally:
         if ahead is not None:  # an edit the ranks took just before the cell: what it did

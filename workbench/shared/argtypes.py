@@ -20,6 +20,8 @@ __all__ = [
     "rank_selection",
     "session_names",
     "byte_size",
+    "output_limit",
+    "regex",
     "MODEL_SIZES",
 ]
 
@@ -119,9 +121,30 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def output_limit(text: str) -> int | None:
+    """``all`` (None: every line) or the most characters a cell shows: ``200k``, ``4M``."""
+    from .output_cut import parse_limit
+
+    try:
+        return parse_limit(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected `all` or a size such as 200k or 4M, got {text!r}") from None
+
+
+def regex(text: str) -> str:
+    """A Python regular expression, checked here (``--grep``)."""
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({exc}): {text!r}") from None
+    return text
+
+
 # what help and usage lines call a value of each kind (`--timeout S`, not `--timeout TIMEOUT`)
 positive_float.metavar = "X"
 non_negative_float.metavar = "X"
 seconds.metavar = "S"
 rank_selection.metavar = "RANKS"
 byte_size.metavar = "SIZE"
+output_limit.metavar = "SIZE"
+regex.metavar = "PATTERN"

@@ -35,6 +35,7 @@ __all__ = [
     "SyncCheckedOut",
     "Reloaded",
     "SyncEdited",
+    "LogExcerpt",
 ]
 
 
@@ -330,3 +331,16 @@ class SyncEdited(_Reply):
     host: str
     outcomes: tuple[tuple[str, str], ...]
     reloaded: Reloaded | None = None
+
+
+@dataclass(frozen=True)
+class LogExcerpt:
+    """What one rank's log file gave (``shared.rank_logs``): lines as ``(number, text)``
+    (numbered from 1 where known, 0 for a tail), the lines that matched a pattern, shown or not,
+    and why nothing could be read, where nothing could."""
+
+    path: str
+    size: int  # bytes in the file (0: no file)
+    lines: tuple[tuple[int, str], ...]
+    matched: int = 0
+    note: str = ""
