@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import atexit
 
-from ..shared.code_tree import parse_size
 from ..shared import output_cut
+from ..shared.code_tree import parse_size
 from ..shared.nccl import nccl_env
 from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig, code_sync
 from .cluster.cell import GRACE_S, run_cell
