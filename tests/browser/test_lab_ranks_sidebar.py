@@ -364,7 +364,7 @@ rs = workbench.start(2, backend="gloo", threads=1, name="overnight")
 workbench.train.setup("ddp", model="tiny")
 workbench.train.start(100000)
 entry = workbench.detach("overnight")
-print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "keeper": entry["supervisor_pid"], "id": entry["id"]}}), flush=True)
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "keeper": entry["keeper_pid"], "id": entry["id"]}}), flush=True)
 """  # then exits: the set lives on under its keeper (tests/ranks/test_detach.py)
 
 

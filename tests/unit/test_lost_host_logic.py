@@ -16,7 +16,7 @@ from workbench.engine import guard
 from workbench.engine.control import largest_size
 from workbench.notebook.cluster.lifeline import HOST_SILENCE_S, Lifeline
 from workbench.notebook.cluster.ssh import remaining_hosts
-from workbench.notebook.recovery import describe
+from workbench.notebook.runs.budget import describe
 
 
 def test_hosts_left_drop_the_lost_entries_and_fill_the_rest_in_order():

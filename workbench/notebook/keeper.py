@@ -3,8 +3,8 @@
 A small notebook-side process that outlives the kernel. It holds one set as the kernel did
 (:mod:`workbench.notebook.handoff`): the ranks and the controller end with it, it reads the
 ranks' event stream into the session's store (its bounded window and Parquet history, so
-every step trained while no kernel is attached is kept), runs the failure budget's
-supervisor, and writes the set's registry entry (``"detached": true``), which is its owner
+every step trained while no kernel is attached is kept), watches the session's run (a failure
+budget recovers here), and writes the set's registry entry (``"detached": true``), which is its owner
 file: how a later kernel (``attach``, ``stop --name``) and the Lab sidebar find it.
 
 Its control socket (a Unix socket, authenticated with the key in the 0600 entry) takes two
@@ -59,7 +59,7 @@ class Keeper:
             entry_id,
             detached=True,
             name=self.sess.name,
-            supervisor_pid=os.getpid(),
+            keeper_pid=os.getpid(),
             control=self.control(),
             detached_at=time.time(),
         )
@@ -110,8 +110,9 @@ class Keeper:
     def stop(self) -> list[int]:
         from . import api
 
-        if self.sess.supervisor is not None:
-            self.sess.supervisor.close()
+        run = self.sess.runs.current
+        if run is not None:
+            run.close()
         owner = self.sess.rankset.owner_file() if self.sess.rankset is not None else None
         left = api.stop(self.sess.name)
         if owner:

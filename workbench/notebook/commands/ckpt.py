@@ -165,7 +165,9 @@ def _ckpt(args, shell):
         )
         return None
     if a == "resume":
-        info = ck.resume(setup=setup_from(args.setup, shell), which=args.which, n=args.n, root=args.dir)
+        from ..runs.resume import resume
+
+        info = resume(setup=setup_from(args.setup, shell), which=args.which, n=args.n, root=args.dir)
         print(ck.describe_load(info))
         return None
     raise UsageError(f"unknown action {a!r}")  # pragma: no cover

@@ -14,12 +14,12 @@ def _detach_args(p) -> None:
 def _detach(args, shell):
     sess = api.session(args.name) if args.name is not None else session.current()
     name = sess.name if sess is not None else None
-    tracked = [k for k, t in sess.trackers.items() if not t.closed] if sess is not None else []
+    tracked = [k for k, t in sess.trackers.by_kind.items() if not t.closed] if sess is not None else []
     entry = handoff.detach(args.name)
     if auto_cells.turn_off(shell):
         print("auto mode off: plain cells run in the notebook")
     print(
-        f"detached {name!r}: {entry['world_size']} ranks held by keeper pid {entry['supervisor_pid']}; "
+        f"detached {name!r}: {entry['world_size']} ranks held by keeper pid {entry['keeper_pid']}; "
         f"training goes on. `%distrain attach {name}` from any kernel takes it back, "
         f"`%distrain stop --name {name}` ends it"
     )
@@ -37,14 +37,14 @@ def _attach_args(p) -> None:
 def _attach(args, shell):
     sess = handoff.attach(args.name)
     store = sess.store
-    run = sess.started_run or (store.latest_run() if store is not None else None)
+    run = sess.runs.started or (store.latest_run() if store is not None else None)
     steps = store.last_steps(run) if store is not None and run else {}
     where = f"; run {run} at step {max(steps.values())}" if steps else ""
     print(f"attached {sess.name!r}: {sess.rankset.world_size} ranks{where}")
-    if sess.trackers:
-        print(f"trackers carried back (same runs): {', '.join(sess.trackers)}")
-    if sess.supervisor is not None:
-        print(sess.supervisor.status_text())
+    if sess.trackers.by_kind:
+        print(f"trackers carried back (same runs): {', '.join(sess.trackers.by_kind)}")
+    if sess.runs.current is not None:
+        print(sess.runs.current.status_text())
     if shell is not None and getattr(shell, "kernel", None) is not None:
         from ..dashboard import dashboard
 

@@ -197,9 +197,10 @@ def _restart_args(p) -> None:
 def _restart(args, shell):
     if args.resume:  # the same as `%distrain ckpt resume`
         from .. import checkpoints as ck
+        from ..runs.resume import resume
         from .ckpt import setup_from
 
-        info = ck.resume(
+        info = resume(
             setup=setup_from(args.setup, shell), n=args.n, root=args.dir, backend=args.backend, timeout=args.timeout
         )
         print(f"{info['restarted']} ranks up again; {ck.describe_load(info)}")
