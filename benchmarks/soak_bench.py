@@ -1,31 +1,11 @@
 """Hours without growth: a long run whose memory, file descriptors and threads stay flat.
 
-The teaching GPT trains with DDP on 2 gloo ranks for ``--steps`` steps (default 3000) with
-everything a long run has on: full telemetry streamed to this process (the notebook side),
-a live dashboard redrawing, and an async auto-save every ``--every`` steps (keeping 3). The
-event store keeps a window of ``--window`` step rows in memory and spills the rest to its
-Parquet history beside the checkpoints. Every ``--sample`` steps it samples each rank's RSS,
-open fds and threads, the same of this process, and the store's size in memory (rows,
-plotted points, duplicate-check keys). After the run ``workbench.metrics()`` must still hold
-every step of every rank exactly once.
+Bounds (docs/unattended.md; the method: docs/figures.md): each process's RSS grows at most
+32 MiB, its descriptors by 4 and threads by 2; the store's rows, points and keys stay within
+their limits; ``metrics()`` holds every step of every rank once. ``--short`` is what the suite
+runs (``tests/ranks/test_soak.py``). Saved as ``benchmarks/results/soak-*.json``; exit 1 past a bound::
 
-Growth is measured from the first sample at ``--baseline`` steps or later that follows the
-history's first Parquet write (start-up, first-save and pyarrow's one-time writer and memory
-pool allocations are over by then; that one-time step is reported) to the last one; the
-bounds (targets) are:
-
-- each rank's RSS and this process's RSS grow by at most 32 MiB (12 KB a step over 2700);
-- open fds grow by at most 4, threads by at most 2 (each process);
-- the store's rows in memory stay <= window + ranks, its plotted points <= 2 x max_points
-  per line, its duplicate-check keys <= their limit;
-- every step of every rank is in ``metrics()`` once (as many as steps x ranks).
-
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/soak_bench.py [--steps 3000] [--every 50] [--sample 100]
-
-Saved as ``benchmarks/results/soak-*.json``; exit status 1 when a bound is exceeded.
-``--short``: 300 steps sampled every 50 with a 200-row window and 2000-row parts, so that
-the spill to the history is exercised too (what the suite runs, ``tests/ranks/test_soak.py``).
-"""
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/soak_bench.py [--steps 3000] [--every 50] [--sample 100]"""
 
 from __future__ import annotations
 
@@ -120,7 +100,7 @@ def soak(
 
 def growth(samples: list[dict], baseline: int) -> dict:
     """From the first sample at ``baseline`` or later that follows the history's first write
-    (pyarrow's writer and memory pool, allocated once, ~25 MiB) to the last sample."""
+    (pyarrow's writer and memory pool are allocated once, then) to the last sample."""
     i = next(i for i, s in enumerate(samples) if s["step"] >= baseline and s["store"]["history_parts"] > 0)
     base, last = samples[i], samples[-1]
     out = {

@@ -1,13 +1,11 @@
 """distrain workbench: persistent PyTorch ranks in a notebook.
 
-``%load_ext workbench``, then ``%distrain start -n 4`` and ``%%distrain`` cells.
-The same steps from Python: ``workbench.start(4)``, ``workbench.run(code)``,
-``workbench.stop()``. On a rank, ``from workbench import engine``.
-
-Lazy: the public names below are imported on first use, so ``import workbench`` on a rank
-loads no notebook module (the kernel side lives in :mod:`workbench.notebook`, the rank side
-in :mod:`workbench.engine`, what both use in :mod:`workbench.shared`).
-"""
+``%load_ext workbench``, then ``%distrain start -n 4`` and ``%%distrain`` cells; from Python
+``workbench.start(4)``, ``workbench.run(code)``, ``workbench.stop()``; on a rank,
+``from workbench import engine``. The public names below are imported on first use, so
+``import workbench`` on a rank loads no notebook module (the kernel side lives in
+:mod:`workbench.notebook`, the rank side in :mod:`workbench.engine`, both use
+:mod:`workbench.shared`)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""Runs a ``%%distrain`` cell on a rank, inside an ipyparallel apply request.
+"""Runs a ``%%distrain`` cell on a rank, inside an ipyparallel apply request (``rpc.RunCell``).
 
-The notebook applies this (``rpc.RunCell``) rather than sending an execute request:
-the apply path is lighter on both ends, and a cell in plain Python skips IPython's
-input transforms, which only matter for IPython syntax. What the cell prints,
-displays, returns (``Out:``) and raises reaches the notebook as the same IOPub
-messages as from an execute request (stream, display_data, execute_result, error),
-and the rank's shell keeps its history and execution count. Cells in IPython syntax
-(``%magic``, ``!cmd``, ``obj?``) go through the shell's full ``run_cell``, and so do
-cells with a top-level ``await`` (see :func:`run_awaiting`). The reply says whether the
-cell published anything, so that a quiet cell's notebook side need not wait for the
-output stream.
-"""
+The apply path is lighter on both ends than an execute request, and a plain-Python cell
+skips IPython's input transforms; the notebook still sees the same IOPub messages and the
+rank's shell keeps its history. Cells in IPython syntax (``%magic``, ``!cmd``, ``obj?``)
+or with a top-level ``await`` go through the shell's full ``run_cell``."""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """Rank-side glue between training and checkpoints: ``from workbench.engine import checkpoint_hooks``.
 
-A rank says what it trains once::
-
-    state = checkpoint_hooks.track(prepared)            # a workbench.strategies.Prepared
-    for step in range(state.step, 100):                 # resumes where a load left off
-        loss = prepared.train_step(batch_at(ds, 32, step, dp_rank=..., dp_size=...))
-        checkpoint_hooks.step_done(loss)               # step += 1; runs auto-save
-
-``%distrain ckpt save|load`` then call :func:`rank_save` / :func:`rank_load` on every
-rank. :func:`autosave` makes a step hook that saves every N steps and keeps the newest K
-auto-saves; on a trainer it runs as a :class:`~.listeners.TrainerListener` (this module
-never imports the trainer: it learns of it from :mod:`.listeners`).
-"""
+A rank's loop says once what it trains (``state = checkpoint_hooks.track(prepared)``) and
+calls ``checkpoint_hooks.step_done(loss)`` after each step; ``%distrain ckpt save|load`` then
+call :func:`rank_save` / :func:`rank_load` on every rank. :func:`autosave` saves every N steps
+and keeps the newest K; on a trainer it runs as a :class:`~.listeners.TrainerListener`, so
+this module never imports the trainer."""
 
 from __future__ import annotations
 

@@ -1,36 +1,9 @@
 """Count and time the collectives a rank runs: kind, count, payload bytes, seconds.
 
-Three ways collectives happen during training, and how each is seen here:
-
-1. Python calls to ``torch.distributed.<fn>`` (the loss average, user code, and FSDP2,
-   whose ``DefaultAllGather``/``DefaultReduceScatter`` call ``dist.all_gather_single`` and
-   ``dist.reduce_scatter_single`` through the module attribute at call time, see
-   ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``): :func:`install`
-   replaces those attributes on ``torch.distributed`` and ``distributed_c10d`` with
-   timing wrappers. A wrapper inside a wrapper (``reduce_scatter_tensor`` calls
-   ``reduce_scatter_single``) counts once.
-2. DDP's bucket all-reduces run from the C++ reducer and never pass through Python:
-   :class:`DDPWatch` reads the reducer's own clock and bucket sizes after each step (a
-   Python comm hook would see them too, at a measured 3% of a small step).
-3. Functional collectives (DTensor redistribution, e.g. the FSDP2 grad-norm reduction)
-   go through ``torch.ops._c10d_functional`` and are NOT seen; they are small.
-
-Count and bytes are recorded when a collective is launched (so they belong to the step
-that launched them, exactly); time is recorded when it completes: for synchronous
-calls on CPU tensors the caller's blocked time; for calls on CUDA tensors a pair of CUDA
-events, the start recorded on the current stream before the call, the end after it (after
-the work's future completes for ``async_op=True``: see :func:`_time_async`) — the host
-clock would measure only the launch, NCCL returns once the kernel is queued — read lazily by
-:meth:`CommStats.resolve` (``event.query()``, then ``elapsed_time``; no synchronise per
-collective) when the step's figures are read, after the step's stream synchronised;
-for ``async_op=True`` work on CPU tensors launch-to-completion through
-the work's future (gloo cannot report ``work._get_duration()``: "This Backend doesn't
-support getDuration"). gloo has no real reduce-scatter: the profiler shows
-``c10d::_reduce_scatter_base_`` executed as ``gloo:all_reduce`` of the FULL buffer,
-keeping one slice (checked on torch 2.13), so on gloo a reduce-scatter moves and costs
-what an all-reduce of its input does. The bytes counted are the full input buffer (the
-nccl-tests convention for reduce-scatter), on every backend.
-"""
+Python calls to ``torch.distributed`` (FSDP2's included) are timed by the wrappers
+:func:`install` puts in place; DDP's bucket all-reduces, launched from C++, are read from
+DDP's own reducer clock (:class:`DDPWatch`); functional collectives (DTensor redistribution)
+are not seen, and are small. A count belongs to the step that launched the collective."""
 
 from __future__ import annotations
 
@@ -247,7 +220,15 @@ def original(name: str):
 
 
 def install() -> None:
-    """Wrap the ``torch.distributed`` collectives once per process (idempotent)."""
+    """Wrap the ``torch.distributed`` collectives once per process (idempotent).
+
+    Wrapped on ``torch.distributed`` and ``distributed_c10d`` both: FSDP2 calls
+    ``dist.all_gather_single`` / ``reduce_scatter_single`` through the module attribute at
+    call time. A call on CPU tensors is timed by the host clock, one on CUDA tensors by a
+    pair of events on the current stream (the host would time only the launch), read later
+    by :meth:`CommStats.resolve`. A reduce-scatter counts its full input (nccl-tests'
+    convention): gloo runs it as an all-reduce of the whole buffer.
+    """
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -266,7 +247,7 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Put the original functions back (tests; the wrappers cost ~2 us per call)."""
+    """Put the original functions back (tests)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -281,14 +262,10 @@ def uninstall() -> None:
 class DDPWatch:
     """DDP's gradient all-reduces, as DDP's own C++ reducer clocks them: count, bytes, time.
 
-    Why not a comm hook (what this module used before): any Python comm hook, torch's own
-    ``default_hooks.allreduce_hook`` as much as a timing one, made a 47 ms DDP step
-    1.2-1.5 ms slower on 2 CPU ranks (measured step by step, interleaved with the same
-    step on a DDP without a hook): the reducer calls into Python for every bucket and the
-    completion callback takes the GIL on gloo's thread. The reducer already keeps a clock
-    (first bucket launched, last bucket done, end of backward compute) for its runtime
-    logging; sampled at every iteration it costs nothing measurable, and reading it after
-    the step (``DistributedDataParallel._get_ddp_logging_data``) ~0.15 ms.
+    Not a comm hook: any Python comm hook makes the reducer call into Python for every
+    bucket and take the GIL on gloo's thread, a visible cost on a small step
+    (benchmarks/FINDINGS.md). The reducer already keeps a clock (first bucket launched, last
+    bucket done, end of backward compute) for its runtime logging, read after the step.
 
     What is recorded per synchronising backward: one ``all_reduce`` (and ``ddp_bucket``)
     per gradient bucket with the bucket's bytes (the buckets DDP rebuilt after its first

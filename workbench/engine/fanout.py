@@ -1,14 +1,10 @@
 """A call that reached this rank through the controller's broadcast tree (the notebook's side:
 ``workbench.notebook.cluster.fanout``).
 
-The tree's schedulers coalesce the ranks' replies into one message, and keep only each reply's
-buffers: a rank's exception would be lost and would misalign the others' results. So a fanned
-call never raises here; :func:`run` returns ``(published, error, value)``, the error as the
-content ipyparallel would have sent. And the kernel's busy/idle status, two messages per rank
-per call that every layer would carry to the notebook only to be dropped, is not sent for such a
-call: a rank that published output ends it with one :data:`OUTPUT_DONE` data message instead,
-after its output, so that the notebook knows when that rank's output is all in.
-"""
+The tree coalesces the ranks' replies and keeps only each reply's buffers, so a raised
+exception would be lost and misalign the others' results: a fanned call never raises here
+(:func:`run` returns the error as data), and ends its output with one :data:`OUTPUT_DONE`
+message instead of the kernel's busy/idle pair, which every layer would carry only to drop."""
 
 from __future__ import annotations
 

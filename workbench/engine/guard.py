@@ -1,21 +1,10 @@
 """A rank's guard on a host the notebook does not run on: ``python -m workbench.engine.guard -- CMD``.
 
-Slurm (through ``srun``) and SSH start this instead of the ipyparallel engine; it starts
-the engine as its child and holds one TCP connection to the notebook (the "lifeline"):
-
-- the engine ends: the guard is its parent, so it knows the exit status and reports it
-  at once (``rank 3 (host b, pid 77) killed by SIGKILL``, not a heartbeat timeout);
-- the notebook process is gone (its end of the connection closes, or TCP keepalive gives
-  up on a dead link): the guard ends the engine, and under Slurm cancels the job, so a
-  killed kernel leaves no rank on any host;
-- it beats every ``BEAT_S`` seconds: the notebook names a host whose guards all fall silent
-  (a link down, a host powered off: no exit is ever seen) as lost (``cluster.lifeline``).
-
-The lifeline address and key come in the environment (``WORKBENCH_LIFELINE``,
-``WORKBENCH_LIFELINE_KEY``), which Slurm and ipyparallel's SSH launcher carry, not on
-the command line; every line sent carries an HMAC-SHA256 of itself under that key.
-Plain standard library: this runs before torch or the engine is imported.
-"""
+Slurm, SSH and Ray start this around the ipyparallel engine and it holds one signed TCP
+lifeline to the notebook: as the engine's parent it reports a rank's exit at once; when the
+notebook is gone it ends the engine (and the Slurm job), so a killed kernel leaves no rank
+behind; its beats let the notebook name a host that fell silent. Plain standard library: it
+runs before torch or the engine is imported."""
 
 from __future__ import annotations
 
@@ -61,7 +50,8 @@ def _connect(address: str) -> socket.socket:
     sock = socket.create_connection((host, int(port)), timeout=15)
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    # a notebook host that vanishes without closing (power, network) is given up on in ~10 s
+    # a notebook host that vanishes without closing (power, network) is given up on after
+    # 4 s idle + 3 probes 2 s apart, or GIVE_UP_MS of unacknowledged beats
     for opt, value in (("TCP_KEEPIDLE", 4), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", GIVE_UP_MS)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
@@ -88,6 +78,9 @@ def _cancel_slurm_job() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Run ``CMD`` as the guarded rank. The lifeline's address and key come in the environment
+    (``WORKBENCH_LIFELINE``, ``WORKBENCH_LIFELINE_KEY``: Slurm and ipyparallel's SSH launcher
+    carry it), not on the command line; every line sent carries an HMAC-SHA256 under the key."""
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         print("usage: python -m workbench.engine.guard -- COMMAND...", file=sys.stderr)
         return 2

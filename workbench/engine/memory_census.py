@@ -1,38 +1,8 @@
 """Count the bytes this rank really holds for its model: a census, not an estimate.
 
-``census()`` runs ONE real training step of the current ``Prepared`` (or a given one)
-and counts, on this rank:
-
-* ``parameters`` - the local part of every parameter: a DTensor's local shard, a
-  DeepSpeed ZeRO-3 ``ds_tensor`` partition, a plain tensor otherwise. For DeepSpeed
-  ZeRO-1/2 the parameters are views into one flat buffer per group
-  (``bit16_groups_flat``), so the flat buffer (with its alignment padding) is counted.
-* ``gradients`` - counted just before the optimizer update (a step pre-hook on the
-  innermost torch optimizer), when every gradient of the step exists: local ``.grad``
-  tensors (FSDP2: the reduce-scattered shard), and for DeepSpeed the buffers it keeps
-  them in (ZeRO-1/2: ``averaged_gradients`` / ``grads_in_partition`` and the fp32
-  partition's ``.grad``; ZeRO-3: ``grad_partitions_flat_buffer`` and
-  ``fp32_partitioned_groups_flat[i].grad``, a flattened copy) - read from deepspeed
-  0.19's ``runtime/zero/stage_1_and_2.py`` and ``stage3.py``. For DeepSpeed they are also
-  counted at the end of backward (entry of ``engine.allreduce_gradients``), and the
-  larger moment is reported: ZeRO-1 holds full ``param.grad`` there and frees all but
-  its partition in ``reduce_gradients``.
-* ``buffers`` - DeepSpeed's gradient reduction buckets (``ipg_buckets[dtype].buffer``,
-  allocated whole at ``reduce_bucket_size``, 5e8 elements by default); gradients that are
-  views into them during backward are not counted twice.
-* ``optimizer`` - after the step: every tensor in the torch optimizer's ``state`` (DTensor
-  local parts), plus DeepSpeed's fp32 master partitions
-  (``single_partition_of_fp32_groups`` / ``fp32_partitioned_groups_flat``), which
-  DeepSpeed keeps even when the model itself is fp32.
-* ``activations`` - bytes saved for backward during the step's forward and loss
-  (``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd packs, minus
-  parameters, each storage once). A real measurement on any device.
-
-Each storage is counted once, in the first part that reaches it (parameters, then
-gradients, then optimizer). Sizes are storage sizes (``untyped_storage().nbytes()``), so
-padding and flat-buffer slack are included: this is what the rank holds, not what the
-model needs. Returns a plain dict (JSON-able); ``measured`` says what was measured when.
-"""
+The planner's predictions are checked against it (:mod:`workbench.planner.live`), so
+:func:`census` runs one real training step and counts each storage once, at its storage
+size (padding and flat-buffer slack included): what the rank holds, not what the model needs."""
 
 from __future__ import annotations
 
@@ -43,6 +13,7 @@ from torch import nn
 
 __all__ = ["census", "default_batch"]
 
+# DeepSpeed's buffers, as deepspeed 0.19's runtime/zero/stage_1_and_2.py and stage3.py name them
 _DS_PARAM_ATTRS = ("bit16_groups_flat", "fp16_partitioned_groups_flat", "parallel_partitioned_bit16_groups")
 _DS_GRAD_ATTRS = (
     "averaged_gradients",
@@ -233,7 +204,15 @@ def default_batch(prepared, batch_size: int = 8, step: int | None = None, seed: 
 
 
 def census(prepared=None, batch=None, *, batch_size: int = 8, count_comm: bool = True) -> dict:
-    """Run one training step and count what this rank holds (see the module docstring).
+    """Run one training step and count what this rank holds.
+
+    ``parameters``: each parameter's local part (a DTensor's shard, a ZeRO-3 partition,
+    ZeRO-1/2's flat buffer); ``gradients``: just before the optimizer update (for DeepSpeed
+    also at the end of backward, where ZeRO-1 still holds full gradients: the larger is
+    reported); ``buffers``: DeepSpeed's reduction buckets; ``optimizer``: its state after
+    the step, DeepSpeed's fp32 masters included; ``activations``: what autograd saved for
+    backward, parameters excluded. A storage counts once, in the first part that reaches it.
+    Returns a plain dict; ``measured`` says what was measured when.
 
     ``batch`` is this rank's ``(x, y)``; by default a share of a global batch of
     ``batch_size`` sequences of the bundled text. The step really trains the model

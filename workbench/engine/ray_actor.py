@@ -1,12 +1,9 @@
 """A rank's place in a Ray cluster: the actor that holds one rank process (rank side).
 
-``%distrain start --launcher ray`` places one of these actors per rank in a placement
-group. The actor does not run the rank itself: it starts the same process the Slurm and
-SSH launchers start (the guard, ``workbench.engine.guard``, around an ipyparallel
-engine) as its child, so that every launcher's ranks are alike. The child is asked to
-end with the actor (``PR_SET_PDEATHSIG``): a killed actor, a dead node's raylet or a
-driver that went away takes its rank along. Plain standard library besides Ray.
-"""
+``%distrain start --launcher ray`` places one actor per rank; each starts the same guarded
+engine the Slurm and SSH launchers start (``workbench.engine.guard``) as its child, so every
+launcher's ranks are alike, and asks it to end with the actor (``PR_SET_PDEATHSIG``): a
+killed actor or a dead node takes its rank along. Plain standard library besides Ray."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """Every call the notebook makes on the ranks, as typed requests: this file is the whole protocol.
 
-The notebook builds a frozen request and applies :func:`handle` on the ranks
-(``rs.apply(rpc.handle, rpc.SaveCheckpoint(root, tag=...))``); each request's ``run`` is
-the rank-side half, so no notebook module is ever imported on a rank and no rank function
-is called by name with positional arguments. Nothing here imports torch at module level:
-the notebook imports this module to build requests. The reply each request returns is
-a frozen dataclass of :mod:`workbench.shared.replies` (pure, so the notebook unpickles it
-without torch), named in each request's ``run``; a request that only acts replies None.
-"""
+The notebook applies :func:`handle` with a frozen request (``rs.apply(rpc.handle,
+rpc.SaveCheckpoint(root, tag=...))``) whose ``run`` is the rank-side half, so no notebook
+module is imported on a rank and no rank function is called by name. Replies are frozen
+dataclasses of :mod:`workbench.shared.replies`; nothing here imports torch at module level,
+so the notebook can unpickle and build both without it."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Rank bootstrap: environment, threads, device and the default process group.
 
-Runs inside each rank process (an ipyparallel engine). The notebook side calls
-:func:`bootstrap` once per rank, concurrently on every rank, because
-``init_process_group`` is a rendezvous. Everything the rest of the engine needs
-(rank, world size, device) is kept in one :class:`RankContext` so that nothing
-else has to read environment variables.
-
-Environment variables are set *before* torch is imported so that
-``OMP_NUM_THREADS`` and ``CUDA_VISIBLE_DEVICES`` take effect.
-"""
+The notebook calls :func:`bootstrap` on every rank at once (``init_process_group`` is a
+rendezvous). What the rest of the engine needs (rank, world size, device) is kept in one
+:class:`RankContext`, so nothing else reads environment variables; they are set before torch
+is imported, so that ``OMP_NUM_THREADS`` and ``CUDA_VISIBLE_DEVICES`` take effect."""
 
 from __future__ import annotations
 
@@ -275,17 +270,17 @@ STORE_POLL_S = 0.005
 # ranks from which a set starts as large sets do: gloo pairs connected on first use
 # (lazy_gloo), and on one host a file store instead of rank 0's TCP store: torch's TCP store
 # client and server name each connection's address by a reverse DNS lookup (of ::ffff:127.0.0.1
-# here), and with tens of them at once some wait out the resolver's 5 s timeout, the server's
-# one thread blocked meanwhile for every rank (64 ranks: 5-10 s; a file store: 0.3 s)
+# here), and with tens of them at once some wait out the resolver's timeout, the server's one
+# thread blocked meanwhile for every rank (benchmarks/FINDINGS.md: a 64-rank start)
 LARGE_LOCAL_FROM = 32
 
 
 def lazy_gloo(backend: str, world_size: int) -> bool:
     """From ``LARGE_LOCAL_FROM`` ranks, gloo connects a pair of ranks when they first talk
     (``TORCH_GLOO_LAZY_INIT``), not all pairs at start: at 64 ranks the full mesh is 2,016
-    connections and 4,032 reads of rank 0's store, each answered by its one store thread,
-    ~5-10 s of a start on 2 cores (benchmarks/FINDINGS.md). Smaller sets connect at start as
-    before; a setting of the user's own is kept. True where lazy connection is in force."""
+    connections and 4,032 reads of rank 0's store, each answered by its one store thread
+    (benchmarks/FINDINGS.md). Smaller sets connect every pair at start; a setting of the
+    user's own is kept. True where lazy connection is in force."""
     if backend != "gloo" or world_size < LARGE_LOCAL_FROM:
         return os.environ.get("TORCH_GLOO_LAZY_INIT") == "1"
     os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
@@ -297,10 +292,10 @@ def await_store(addr: str, port: int, timeout_s: float) -> bool:
 
     A rank whose first connection to the store is refused backs off for about half a
     second before it tries again (torch's TCPStore client): rank 0 binds the store only
-    when its own bootstrap runs, a few milliseconds after the others' at times, and that
-    half second was most of the process group's start. Probing every few milliseconds
+    when its own bootstrap runs, at times a few milliseconds after the others', and that
+    half second would be most of the process group's start: probing every few milliseconds
     first, the group forms in tens of milliseconds. On a timeout the process group's own
-    connect reports the failure, as before.
+    connect reports the failure.
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -374,7 +369,7 @@ def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
             return False
 
     def nanny() -> list[int]:
-        # ipyparallel's nanny (this engine's child) would outlive us by ~3.5 s, telling a
+        # ipyparallel's nanny (this engine's child) would outlive us by seconds, telling a
         # controller that is already gone
         try:
             return [c.pid for c in psutil.Process().children() if "ipyparallel.engine.nanny" in " ".join(c.cmdline())]
@@ -438,7 +433,7 @@ def context() -> RankContext:
 def describe(with_memory: bool = True) -> dict:
     """Status of this rank as a plain dict (sent to the notebook). ``with_memory=False`` at
     start-up: the notebook reads the ranks' memory itself, and USS means a walk of the rank's
-    page tables (~20-70 ms a rank, most of a 64-rank set's bootstrap CPU past the group)."""
+    page tables, most of a large set's bootstrap CPU past the group (benchmarks/FINDINGS.md)."""
     ctx = context()
     info = dataclasses.asdict(ctx)
     if with_memory:

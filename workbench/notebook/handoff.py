@@ -1,26 +1,11 @@
 """``%distrain detach`` / ``attach`` / ``stop --name`` of a detached set: a session moved between processes.
 
-A detached set is held by a keeper process (:mod:`workbench.notebook.keeper`) that outlives
-the kernel; ``attach`` from any later kernel takes it back. Either way one process gives the
-session and another takes it, in the same steps (:func:`give`, :func:`take`):
-
-1. the taker binds a paused event collector (batches wait in its socket);
-2. the giver makes the set end with the taker (each rank's watch, the controller's owner
-   file: ``cluster.adoption.rehome``), points the ranks' event stream at the taker's
-   collector, reads what was still on its way, and closes its own;
-3. the giver sends the session, each part as its owner packs it: the rank set's
-   pids/addresses, the event store (its window, thinned series and Parquet history folder),
-   the setup recipe and a recovery's setup (code, or a function by value with cloudpickle),
-   checkpoints and auto-save, the open trackers (their runs stay open) and the current run
-   as its kind carries it (:meth:`~workbench.notebook.runs.Run.to_state`; a failure budget
-   with the recoveries it used); it lets go of the set without stopping it;
-4. the taker rebuilds the set on its own client, opens the trackers again on the store it
-   got, starts reading into it, and watches the run again (its kind's ``from_state``).
-
-A training run on the ranks never notices: its trainer thread emits into a queue the whole
-time, and the switch of stream moves no event twice (the store drops duplicates) or nowhere.
-Owner files are the Lab registry's entries of the keepers (``"detached": true``).
-"""
+A keeper process (:mod:`.keeper`) holds a detached set past its kernel; ``attach`` takes it back.
+Either way the giver re-points the ranks' watch and event stream at the taker, reads what was
+still on its way, and sends the session part by part as each owner packs it (:func:`give`); the
+taker rebuilds the set on its own client and watches the run on (:func:`take`). A run on the
+ranks never notices: its trainer emits into a queue the whole time, and no event moves twice or
+nowhere."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """One notebook session per rank set, and the named sessions of this kernel.
 
-A :class:`Session` is made of named parts, each changed only by the module that owns it
-(its ``OWNER``), so what a session holds and who may change it reads off one file:
-the ranks (``api``), the event stream and store (``stream``), the run (``runs``), the setup
-a restart repeats (``setup_recipe``), checkpoints (``checkpoints``), trackers, the live
-dashboard and what a hand-over could not carry (``handoff``). Other modules read parts
-freely and change them by calling their owner; ``tests/unit/test_session_owners.py``
-counts writes from anywhere else. Several named sessions may run side by side
-(``%distrain start -n 2 --name ddp``); the API and magics act on the current one
-(``%distrain use NAME``), or on one named per call (``%%distrain --on NAME``).
-"""
+A :class:`Session` is made of named parts, each changed only by the module that owns it (its
+``OWNER``): a field assigned from several modules has no one place that says what it means.
+Others read parts freely and change them by calling the owner (tests/unit/test_session_owners.py
+counts writes from anywhere else). The API and magics act on the current session (``%distrain
+use NAME``) or on one named per call (``%%distrain --on NAME``)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """The training API: ``workbench.train.start(50)``, ``.pause()``, ``.set(lr=3e-4)``, ``.wait()``...
 
-``%distrain train ...`` only parses, calls these and prints, so Python users get the same
-runs and the same refusals (one line each, before anything changes). :func:`start` is the one
-entry whose options choose the kind of run (:mod:`workbench.notebook.runs`): the trainer, a
-failure budget (``max_failures``) or torchft replicas (``fault_tolerant``). The controls only
-flip flags in the ranks' trainer threads, so they return at once even mid-run; a
-hyperparameter change is staged (and checked) on every rank, then committed, and the ranks'
-per-step agreement applies it at the same step everywhere.
-"""
+``%distrain train`` only parses, calls these and prints, so a script gets the same runs and the
+same one-line refusals. :func:`start` is the one entry whose options choose the kind of run
+(:mod:`workbench.notebook.runs`); the controls only flip flags in the ranks' trainer threads, and
+a hyperparameter change is staged on every rank, then committed to apply at the same step."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """A parallelism layout: how many ranks along each axis, and how they are used.
 
-The mesh order is (pp, dp_replicate, dp_shard, cp, tp), outermost to innermost, as in
-torchtitan's `ParallelDims`: tensor parallelism is innermost so that its ranks are
-neighbours (one node, NVLink), pipeline stages are outermost so that only their small
-point-to-point sends cross the slow inter-node links. Expert parallelism (ep) borrows
-ranks from the data-parallel axes rather than adding its own, as in DeepSpeed-MoE and
-torchtitan.
-
-ZeRO / FSDP shard over `dp_shard` (times `cp`, whose ranks hold the same parameters);
-`dp_replicate` replicates. So plain DDP is `dp_replicate=N, zero_stage=0`, FSDP is
-`dp_shard=N, zero_stage=3` and HSDP is `dp_replicate=R, dp_shard=S, zero_stage=3`.
-"""
+The mesh order is ``(pp, dp_replicate, dp_shard, cp, tp)``, outermost to innermost, as
+torchtitan's ``ParallelDims``: TP ranks are neighbours in a node, only pipeline sends cross
+nodes. DDP is ``dp_replicate=N, zero_stage=0``, FSDP ``dp_shard=N, zero_stage=3``, HSDP both."""
 
 from __future__ import annotations
 

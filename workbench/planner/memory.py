@@ -1,45 +1,9 @@
 """Memory per rank: model states (parameters, gradients, optimizer) and activations.
 
-Model states (Rajbhandari et al. 2020, "ZeRO", section 3.1): mixed-precision Adam keeps
-a 16-bit copy of the parameters (2 bytes), 16-bit gradients (2) and K = 12 bytes of
-optimizer state (fp32 master weights, momentum, variance), 16 bytes per parameter.
-Pure fp32 training keeps 4 + 4 + 8. ZeRO-1 shards the optimizer states over the
-data-parallel group, ZeRO-2 also the gradients, ZeRO-3 also the parameters (FSDP is
-ZeRO-3). fp8 training keeps the same states as bf16 (Transformer Engine and torchao
-keep bf16 weights, fp32 master weights and Adam moments; only matmul inputs are cast),
-plus, with Transformer Engine, the fp8 copy of each layer weight and of its transpose
-(cached across micro-batches for the backward on Hopper): +2 bytes per local layer
-matmul parameter. Under ZeRO-3 the weights are gathered per layer (torchao's fp8
-all-gather) and the copies are transient, so nothing is added.
-
-Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", sections 4.1-4.3) are counted tensor by tensor from the model's
-shape (`saved_tensors`), in units of s*b*h 16-bit bytes per layer and micro-batch (s
-sequence, b micro-batch, h hidden, a heads, t tensor-parallel):
-
-    norm inputs 4, attention input 2, Q 2, K and V 4*kv/a, attention output 2,
-    MLP input 2, MLP intermediates (gated: gate and up 4*ffn/h, down input 2*ffn/h;
-    plain: fc1 output and activation output 2*ffn/h each; x top_k for MoE),
-    dropout masks 2 (only when the model has dropout)
-
-For the paper's GPT (MHA, ffn = 4h GELU, dropout) this is its 34; for Llama 3 405B
-(kv = 8 of a = 128, ffn = 3.25h, no dropout) it is 31.75. With sequence parallelism
-every term is /t; without it the norm inputs, the two block inputs and the dropout
-masks (the paper's 10) stay whole and the rest is /t (its 24/t). Selective recompute
-and fused attention (FlashAttention, SDPA's flash / memory-efficient / cuDNN kernels)
-store no s x s scores; `attention="eager"` stores the softmax output, 2*a*s/h, plus the
-dropout mask and output, 3*a*s/h, with dropout: the paper's 5*a*s/h (320 against 34 at
-s = 8192, a = 128, h = 16384). Full recompute keeps 2*s*b*h (each layer's input; /t
-with SP).
-
-fp8 (Transformer Engine): the inputs saved for the backward of the linear layers
-(attention input, attention output, MLP input, down input: 14 of the GPT's 34) are kept
-in fp8, one byte instead of two: 34 -> 27. Context parallelism (HF Ultra-Scale
-Playbook) shards s: linear terms use s/cp, the score term a*(s/cp)*s.
-
-Pipeline in-flight micro-batches follow the real layer assignment (pipeline.py). The
-last stage also holds fp32 logits for the loss, 4*s*b*vocab/t bytes.
-"""
+Model states follow ZeRO (Rajbhandari et al. 2020, section 3.1: 16 bytes a parameter under
+mixed-precision Adam, sharded by stage); activations are counted tensor by tensor from the
+model's shape (Korthikanti et al. 2022, sections 4.1-4.3: :func:`saved_tensors`). Every term
+and its source is in docs/planner.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The replies of :mod:`workbench.engine.rpc`'s requests: frozen dataclasses both sides import.
 
 A rank builds its reply from the rank-side dict (``SaveInfo.from_dict(info)``); the notebook
-reads typed fields, and where its public API has always returned a dict (``ckpt.save()``,
-``timelines.records()``) it hands back ``reply.to_dict()``, the same keys as before. A key
-the reply does not know is refused on the rank, so the two sides cannot drift apart
-silently. Pure: no torch, no widgets.
-"""
+reads typed fields, and where its public API returns a dict (``ckpt.save()``,
+``timelines.records()``) it hands back ``reply.to_dict()``. A key the reply does not know is
+refused on the rank, so the two sides cannot drift apart silently. Pure: no torch, no widgets."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """A failure budget (``train start --max-failures K``): a run that recovers without a person.
 
-A thread watches the health signals that already exist: a rank's death (the rank watcher's
-pidfds), a step that hangs past ``--step-timeout`` (the step watchdog's report), a trainer that
-raised, and the NaN/spike guard pausing the run. Within the budget it does what a person does
-at the keyboard: ``restart --resume`` (:func:`.resume.restart_from_checkpoint`; a lost host
-restarts on the hosts left at the largest size the layout allows, :func:`shrink`) and
-``train start`` of the steps left to the target. The recovered trainer names a new run, filed
-in the store under the run it continues, so ``metrics()`` and the dashboard show one run with
-every step once. The checkpoint loaded is the newest verified one every rank's delivered steps
-reach (:meth:`FailureBudget._bound`): a rank killed with step events still queued takes them
-with it, and an older checkpoint redoes and records them. Each recovery is a record in the
-store; a spent budget stops with their summary. Needs no kernel (a keeper runs it too).
-"""
+A thread watches what already reports a failure (a rank's death, a hang past ``--step-timeout``,
+a trainer that raised, a NaN/spike pause) and, within the budget, does what a person would:
+restart (on the hosts left when one is lost: :func:`shrink`), repeat the setup, load the newest
+verified checkpoint every rank's delivered steps reach (:meth:`FailureBudget._bound`) and train on
+to the target; the store files the new trainer's steps under the run it continues. How it
+decides, step by step: docs/unattended.md."""
 
 from __future__ import annotations
 
@@ -235,7 +229,9 @@ class FailureBudget(Run):
                 self._hang = rep
 
             mark = self.sess.runs.marks.get(self.run_id, 0)
-            self.watchdog = StepWatchdog(rankset, self.store, self.run_id, self.step_timeout, mark=mark, on_hang=on_hang)
+            self.watchdog = StepWatchdog(
+                rankset, self.store, self.run_id, self.step_timeout, mark=mark, on_hang=on_hang
+            )
 
     def _loop(self) -> None:
         from ..background import lower_this_thread

@@ -1,17 +1,11 @@
 """Torchft replica groups (``train start --fault-tolerant``): survivors keep training.
 
-The ranks are split into replica groups of consecutive ranks (``--replicas R``: R groups of
-N/R); each trains under a torchft ``Manager`` (``engine.fault_tolerant``), and the replicas
-meet only through torchft: a lighthouse (``cluster.lighthouse``, a process of the rank set,
-ended with it) forms a quorum every step. When a rank dies, its replica drops out of the
-quorum once the lighthouse stops hearing it (``--quorum-timeout``); the other replicas keep
-stepping. A :class:`FaultTolerantRun` thread (no cell needed, as a failure budget's) then ends
-the rest of that replica by pid, starts new ranks in its place on the same controller
-(``cluster.replacements``) and starts them on the run; torchft heals them from a live peer over
-its checkpoint transport (HTTP, no disk) and they rejoin the quorum. Each replacement is a
-record in the store (dashboard, ``train status``); every step row carries the quorum size it
-was taken with (metric ``quorum``).
-"""
+The ranks form replica groups of consecutive ranks, each training under a torchft ``Manager``
+(``engine.fault_tolerant``); a lighthouse process of the set forms a quorum every step. When a
+rank dies the other replicas step on without it, and a :class:`FaultTolerantRun` thread replaces
+the lost replica's ranks on the same controller (``cluster.replacements``); torchft heals them
+from a live peer and they rejoin. Each replacement is a record in the store; how it decides:
+docs/unattended.md."""
 
 from __future__ import annotations
 
@@ -256,9 +250,9 @@ class FaultTolerantRun(Run):
             return step, time.monotonic() - t0
 
         # past every rank's step by the time the call reaches it: a rank already beyond the step would
-        # go on alone and leave its replica's others waiting in a collective. The steps can be ~15 ms
-        # and a call to the ranks a good part of a second on a loaded host: the margin is the steps
-        # taken in a few such calls' time, as measured now
+        # go on alone and leave its replica's others waiting in a collective. A step can be far
+        # shorter than a call to the ranks on a loaded host: the margin is the steps taken in a few
+        # such calls' time, timed here
         first, latency = newest()
         time.sleep(0.2)
         step, again = newest()
@@ -340,8 +334,10 @@ class FaultTolerantRun(Run):
         if not live:
             return False
         try:
-            rows = [m.to_dict() for m in self.rankset.apply(rpc.handle, rpc.FaultTolerantStatus(), ranks=live, timeout=10)]
-        except Exception:  # another rank is dying: replace, as before this look
+            rows = [
+                m.to_dict() for m in self.rankset.apply(rpc.handle, rpc.FaultTolerantStatus(), ranks=live, timeout=10)
+            ]
+        except Exception:  # another rank is dying: replace, not wait for it
             return False
         if all(s["step"] >= self.target for s in rows):
             self._undecided_since = None

@@ -114,4 +114,6 @@ class TrainerRun(Run):
 
     @classmethod
     def from_state(cls, sess, state: dict) -> TrainerRun:
-        return cls(sess, state["run_id"], target=state["target"], mark=state["mark"], step_timeout=state["step_timeout"])
+        return cls(
+            sess, state["run_id"], target=state["target"], mark=state["mark"], step_timeout=state["step_timeout"]
+        )

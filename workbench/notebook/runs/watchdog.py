@@ -1,15 +1,9 @@
 """A hung training step, found and explained (``train start --step-timeout S``).
 
-A thread watches the event stream of one run. When no step event has arrived for
-``timeout`` seconds while the run is "running" on every rank, it reads every rank's
-Python stacks (``cluster.diagnosis.collect_stacks``: faulthandler on SIGUSR1, answered
-even by a rank blocked in C) and reports, once per stall, which ranks are stuck and
-where: a rank whose training thread waits in a collective is waiting for the others;
-a rank whose training thread is anywhere else (a hook, the data loader, a lock) is the
-one holding everybody up. Nothing is killed or paused: the run that owns the watchdog decides
-(a trainer run keeps the report in ``workbench.session().hangs`` and the stream; a failure budget
-recovers).
-"""
+When no step has arrived for ``timeout`` seconds while every rank runs, every rank's Python
+stacks are read (faulthandler, answered even inside C) and each rank is said to wait in a
+collective or to be stuck elsewhere, holding the others up. Nothing is killed or paused: the
+run that owns the watchdog decides (a trainer run reports it, a failure budget recovers)."""
 
 from __future__ import annotations
 
