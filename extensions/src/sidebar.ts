@@ -97,7 +97,9 @@ export class RanksSidebar extends Widget {
     }
     box.appendChild(el('div', 'wb-RankSet-meta', meta));
     if (rs.run) {
-      const run = el('div', 'wb-RankSet-run', `${rs.run.kind} run ${rs.run.id}: ${rs.run.state}`);
+      // the state its kind last told (a trainer run's live state is in the rank rows below)
+      const told = rs.run.state && rs.run.state !== 'starting' ? `: ${rs.run.state}` : '';
+      const run = el('div', 'wb-RankSet-run', `${rs.run.kind} run ${rs.run.id}${told}`);
       run.title = rs.run.text;
       box.appendChild(run);
     }
