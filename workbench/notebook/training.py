@@ -26,9 +26,10 @@ def _rs(rankset=None):
 
 
 def current(*, rankset=None) -> runs.Run | None:
-    """The current session's run (``.state``, ``.records``, ``.status_text()``, ``.wait()``), or None."""
-    rs = _rs(rankset)
-    return runs.current(session.of(rs))
+    """The current session's run (``.state``, ``.records``, ``.status_text()``, ``.wait()``), or None;
+    its ranks need not run any more (a failure budget that gave up still says why)."""
+    sess = session.of(rankset) if rankset is not None else session.current()
+    return runs.current(sess) if sess is not None else None
 
 
 def start(
