@@ -20,7 +20,7 @@ _PUBLIC = {
     "is_running": ("workbench.notebook.api", "is_running"),
     "pull": ("workbench.notebook.api", "pull"),
     "push": ("workbench.notebook.api", "push"),
-    "restart": ("workbench.notebook.api", "restart"),
+    "restart": ("workbench.notebook.restart", "restart"),  # with load=: the way back from a checkpoint
     "run": ("workbench.notebook.api", "run"),
     "start": ("workbench.notebook.api", "start"),
     "status": ("workbench.notebook.api", "status"),

@@ -78,7 +78,7 @@ export class RanksSidebar extends Widget {
     if (rs.detached) {
       box.dataset.detached = 'true';
       const badge = el('span', 'wb-Badge wb-Badge-detached', 'detached');
-      badge.title = `held by keeper pid ${rs.keeper_pid}: %distrain attach ${rs.name} takes it back`;
+      badge.title = `held by keeper pid ${rs.keeper_pid}: %distrain attach --session ${rs.name} takes it back`;
       title.appendChild(badge);
     }
     box.appendChild(title);
@@ -296,7 +296,7 @@ export function queueText(rs: RankSet): string {
 
 export function displayName(rs: RankSet): string {
   if (rs.detached && rs.name) {
-    return rs.name; // its kernel is gone: the set's name is what `%distrain attach NAME` takes
+    return rs.name; // its kernel is gone: the set's name is what `%distrain attach --session NAME` takes
   }
   const path = rs.notebook_path || rs.notebook;
   return path ? path.split('/').pop()! : `kernel ${rs.kernel_pid}`;

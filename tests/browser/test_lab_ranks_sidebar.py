@@ -30,7 +30,7 @@ NOTEBOOK = HERE / "ranks_sidebar.ipynb"
 CELLS = [
     "%load_ext workbench\n%distrain start -n 2",
     "import json, workbench\nprint('PIDS', json.dumps([r['pid'] for r in workbench.status()]))",
-    "%distrain train start --model tiny --steps 100000 --no-dashboard",
+    "%distrain train start --gpt tiny --steps 100000 --no-dashboard",
     "import time\ntime.sleep(15)\nprint('SLEPT')",
     "%%distrain\nimport time\nwhile True:\n    time.sleep(0.05)",
     "%distrain status",
@@ -364,7 +364,7 @@ DETACHED = """
 import json, sys
 sys.path.insert(0, {root!r})
 import workbench
-rs = workbench.start(2, backend="gloo", threads=1, name="overnight")
+rs = workbench.start(2, backend="gloo", threads=1, session="overnight")
 workbench.train.setup("ddp", model="tiny")
 workbench.train.start(100000)
 entry = workbench.detach("overnight")
@@ -394,7 +394,7 @@ def test_sidebar_shows_a_detached_set_and_its_stop_ends_the_keeper_too(lab_page,
         assert (
             box.locator(".wb-Badge-detached")
             .get_attribute("title")
-            .startswith(f"held by keeper pid {info['keeper']}: %distrain attach overnight")
+            .startswith(f"held by keeper pid {info['keeper']}: %distrain attach --session overnight")
         )
         # the trainer keeps reporting to the keeper, and the server's copy of its stream
         page.locator(".wb-RankSet[data-detached='true'] .wb-RankSet-meta", has_text=re.compile(r"step \d+")).wait_for(

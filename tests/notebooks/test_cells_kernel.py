@@ -180,11 +180,11 @@ def test_breakpoint_on_rank_1_of_2_p_n_c_through_the_notebook(kernel):
 def test_post_mortem_on_a_rank(kernel):
     reply, _ = execute(kernel, "%%distrain --ranks 1\nz = 5\n1 / 0")
     assert reply["status"] == "error"
-    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --rank 1", ["p z", "q"])
+    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --ranks 1", ["p z", "q"])
     assert reply["status"] == "ok"
     assert [p for p, _ in prompts] == ["(Pdb rank 1) "] * 2
     before = output_between(msgs, 0, prompts[0][1])
     assert "[rank 1] post-mortem: ZeroDivisionError: division by zero" in before and "-> 1 / 0" in before
     assert "[rank 1] 5" in output_between(msgs, prompts[0][1], prompts[1][1])
-    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --rank 7", [])
-    assert reply["status"] == "error" and "--rank 7 does not exist" in reply["evalue"]
+    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --ranks 7", [])
+    assert reply["status"] == "error" and "--ranks 7: rank(s) 7 do not exist" in reply["evalue"]

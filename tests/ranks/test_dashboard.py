@@ -107,7 +107,7 @@ def test_controls_drive_the_run_and_checkpoint_button_saves_and_a_nan_pause_show
 
 def test_train_magics_on_four_ranks(shell, ranks4, capsys, tmp_path):
     try:
-        r = shell.run_cell("%distrain train start --steps 12 --model tiny --strategy ddp --no-dashboard")
+        r = shell.run_cell("%distrain train start --steps 12 --gpt tiny --strategy ddp --no-dashboard")
         assert r.success, r.error_in_exec
         r = shell.run_cell("%distrain train wait")
         assert r.success and r.result == {0: "finished", 1: "finished", 2: "finished", 3: "finished"}

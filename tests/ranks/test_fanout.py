@@ -159,7 +159,7 @@ def test_a_rank_killed_during_a_fanned_call_is_named_and_the_survivors_answer_af
 
     from workbench.notebook.cluster import RankDied
 
-    rs = fresh_ranks(4, timeout=6)
+    rs = fresh_ranks(4, collective_timeout=6)
     rs.fanout_from = 0
     call = rs.execute_async(ALL_REDUCE_LOOP)
     time.sleep(1.0)

@@ -1,4 +1,4 @@
-"""``%distrain prepare``, ``%distrain layout`` and ``%distrain plan`` (no args) through a real
+"""``%distrain prepare``, ``%distrain layout`` and ``%distrain plan --live`` through a real
 IPython shell on the shared 4 gloo ranks.
 
 Each test builds a fresh model on the ranks (a prepared model cannot be re-prepared) and
@@ -69,7 +69,7 @@ def test_prepare_fsdp2_lays_out_and_summarises(shell, ranks, capsys):
     z = [v for row in fig.data[0].z for v in row]
     assert z and all(v == pytest.approx(0.25) for v in z)  # every tensor: a quarter per rank
 
-    r = run(shell, "%distrain plan")
+    r = run(shell, "%distrain plan --live")
     assert r.success, r.error_in_exec
     out = capsys.readouterr().out
     assert "plan: gpt" in out and "layout: dp_shard=4 zero3  [fp32]" in out and "predicted vs measured" in out

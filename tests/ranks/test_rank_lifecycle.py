@@ -21,7 +21,7 @@ for _ in range(100000):
 
 
 def test_sigkill_is_reported_by_rank_and_restart_recovers(fresh_ranks):
-    rs = fresh_ranks(4, timeout=6)
+    rs = fresh_ranks(4, collective_timeout=6)
     victim = rs.procs[2].pid
     call = rs.execute_async(ALL_REDUCE_LOOP)
     time.sleep(1.0)

@@ -167,7 +167,7 @@ def test_a_nan_is_recovered_then_a_hang_spends_the_budget(fresh_ranks, tmp_path,
         first = text.splitlines()[0]
         assert "failure budget spent (1 of 1 recoveries used); rank 1 (host " in first, text
         assert "hung at step 15: training run-" in first and "(step timeout 10 s)" in first, text
-        assert "restart --resume" in first, text
+        assert "restart --load" in first, text
         (rec,) = api.session().recoveries
         assert (rec["kind"], rec["failed_step"], rec["checkpoint_step"]) == ("paused on its loss", 15, 10), rec
         assert "non-finite loss" in rec["detail"] and rec["steps_redone"] == 5, rec

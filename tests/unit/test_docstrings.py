@@ -29,7 +29,6 @@ PENDING = {
     "workbench/notebook/cluster/ray_launcher.py",
     "workbench/notebook/cluster/replacements.py",
     "workbench/notebook/cluster/standby.py",
-    "workbench/notebook/commands/plan.py",
     "workbench/notebook/dashboard/__init__.py",
     "workbench/notebook/dashboard/figures.py",
     "workbench/notebook/dashboard/layout_figure.py",

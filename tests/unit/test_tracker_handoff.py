@@ -90,5 +90,5 @@ def test_a_tracker_that_cannot_open_where_it_arrives_is_named_with_what_to_do(tm
     assert note.startswith(
         f"the tensorboard tracker (run {c['run_name']} in {tmp_path / 'tb'}) could not be opened again"
     )
-    assert note.endswith(f"`%distrain track tensorboard --dir {tmp_path / 'tb'}` starts a new run")
+    assert note.endswith(f"`%distrain track start tensorboard --dir {tmp_path / 'tb'}` starts a new run")
     assert there.trackers.by_kind == {}

@@ -122,7 +122,7 @@ def _refuse_unless_torch(what: str) -> None:
         raise RuntimeError(
             f"{what} works on torch.distributed, and this rank set runs {ctx.framework} "
             f"(started with --framework {ctx.framework}): start a torch set beside it with "
-            "`%distrain start -n N --name NAME` and run torch cells there"
+            "`%distrain start -n N --session NAME` and run torch cells there"
         )
 
 

@@ -171,7 +171,7 @@ _GLOO: dict = {}  # id of the default group -> its private gloo Channel
 def channel() -> Channel:
     """This process's agreement channel, made once per process group on every rank at once
     (as a trainer is built everywhere): a gloo group per trainer would keep 3 threads and
-    their sockets alive for each ``train start --model`` of a session.
+    their sockets alive for each ``train start --gpt`` of a session.
 
     Where the default group is gloo and the board works, no group is made: the board is
     set up, and the run ids broadcast, through the default group while the trainer is

@@ -230,7 +230,7 @@ def rank_wait(timeout: float | None = None) -> dict | None:
     return _save.wait(timeout)
 
 
-def autosave(root: str, every: int, keep: int = 3, async_: bool = True):
+def autosave(root: str, every: int, keep: int = 3, async_: bool = False):
     """A step hook ``fn(record)``: save every ``every`` steps, keep the newest ``keep`` auto-saves.
 
     ``record`` is the trainer's step record (``{"step": n, "loss": x, ...}``, ``step`` =
@@ -287,7 +287,7 @@ def _report_autosave(info: dict) -> None:
     publisher.emit(events.log_event(run=getattr(tr, "run", None) or "checkpoints", rank=rank, text=text))
 
 
-def set_autosave(root: str | None, every: int | None, keep: int = 3, async_: bool = True):
+def set_autosave(root: str | None, every: int | None, keep: int = 3, async_: bool = False):
     """Install (or with ``every=None`` remove) the auto-save hook run by :func:`step_done`."""
     global _AUTOSAVE
     _AUTOSAVE = None if not every else autosave(root or catalog.default_dir(), every, keep, async_)

@@ -1,6 +1,6 @@
 """pdb on a rank, driven from the notebook over a loopback socket.
 
-``breakpoint()`` on a rank (and ``%distrain debug --rank N`` after an exception)
+``breakpoint()`` on a rank (and ``%distrain debug --ranks N`` after an exception)
 opens a listening socket on 127.0.0.1 only, announces its port and a one-time token
 in a file of the rank set's state folder, and runs pdb on the one connection that
 presents the token. The notebook side (``cluster.debugging``) relays pdb's output

@@ -102,7 +102,7 @@ class SetAutosave:
     root: str | None = None
     every: int | None = None
     keep: int = 3
-    async_: bool = True
+    async_: bool = False
 
     def run(self) -> None:
         from . import checkpoint_hooks

@@ -719,6 +719,6 @@ def current() -> Trainer:
     if _CURRENT is None:
         raise RuntimeError(
             f"rank {runtime.context().rank}: no trainer on this rank: build one in a %%distrain "
-            "cell (Trainer(prepared, data=...)) or `%distrain train start --model tiny`"
+            "cell (Trainer(prepared, data=...)) or `%distrain train start --gpt tiny`"
         )
     return _CURRENT

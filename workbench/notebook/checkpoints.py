@@ -130,7 +130,7 @@ def load(
     All or nothing: the ranks verify the files first and apply nothing unless every rank has
     read its part. A damaged checkpoint raises :class:`DamagedCheckpoint` naming each bad
     file, the rank that reads it, what is wrong and the newest good checkpoint; with
-    ``skip_damaged`` (``resume``, the NaN rollback) the newest good one is loaded instead
+    ``skip_damaged`` (``restart --load``, the NaN rollback) the newest good one is loaded instead
     and ``info["skipped"]`` says what was passed over. ``at_most`` (with ``latest``): the
     newest good checkpoint of that step or an earlier one (a recovery's, see ``recovery``).
     """
@@ -192,7 +192,7 @@ def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[replies.L
             f"{exc}\nThe load of {os.path.basename(folder)} did not complete. The checkpoint is applied only once "
             "every rank has read its part, so each surviving rank holds either its old state or the whole "
             "checkpoint, never a mix; but the ranks no longer form a group: a restart is needed "
-            "(`%distrain restart --resume`).",
+            "(`%distrain restart --load`).",
             deaths=exc.deaths,
         ) from None
 
@@ -319,8 +319,9 @@ def export(
     return reply.to_dict()
 
 
-def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str | None = None, rankset=None):
-    """Save every ``every`` steps (from ``checkpoint_hooks.step_done`` or the trainer's hook)."""
+def autosave(every: int | None, *, keep: int = 3, async_: bool = False, root: str | None = None, rankset=None):
+    """Save every ``every`` steps (from ``checkpoint_hooks.step_done`` or the trainer's hook); each save
+    is written before training goes on unless ``async_`` (as :func:`save`)."""
     from . import session
 
     rs = _rs(rankset)
@@ -360,6 +361,14 @@ def carry(sess) -> dict:
 def take(sess, carried: dict) -> None:
     sess.checkpoints.autosave = carried["autosave"]
     sess.checkpoints.root = carried["root"]
+
+
+def resume(*args, **kwargs):
+    """Refused: ``workbench.restart(n, load=..., setup=...)`` is the one way back from a checkpoint."""
+    raise TypeError(
+        "workbench.ckpt.resume(...) is now workbench.restart(n, load='latest', setup=..., dir=...) "
+        "(`%distrain restart --load`); nothing was done"
+    )
 
 
 def describe_save(info: dict) -> str:

@@ -1,4 +1,4 @@
-"""``%distrain detach`` / ``attach`` / ``stop --name`` of a detached set: a session moved between processes.
+"""``%distrain detach`` / ``attach`` / ``stop --session`` of a detached set: a session moved between processes.
 
 A keeper process (:mod:`.keeper`) holds a detached set past its kernel; ``attach`` takes it back.
 Either way the giver re-points the ranks' watch and event stream at the taker, reads what was
@@ -18,6 +18,8 @@ import time
 
 from ..shared.errors import NotRunning, WorkbenchError
 from . import api, registry, session
+from .keywords import refuse
+from .session import KERNEL, Session
 
 HANDOFF_TIMEOUT_S = 900.0  # a keeper finishing a recovery before it hands the set over
 _KEEPERS: dict[int, subprocess.Popen] = {}  # keepers this process started: reaped when they end
@@ -31,7 +33,7 @@ class DetachError(WorkbenchError):
 def _packed_setup(setup):
     """A recovery's setup as it travels: the code itself, a function pickled by value
     (cloudpickle: a notebook's function has no module to import it from), or None (none, or the
-    recorded ``train setup``'s own, which the recipe repeats). Raises :class:`DetachError`."""
+    recorded ``workbench.train.setup(...)``'s own, which the recipe repeats). Raises :class:`DetachError`."""
     if setup is None or isinstance(setup, str) or getattr(setup, "from_recipe", False):
         return setup if isinstance(setup, str) else None
     instead = (
@@ -72,7 +74,7 @@ def _unpacked_setup(packed, notes: list[str]):
     except Exception as exc:
         notes.append(
             f"the recovery setup (a function) could not be loaded in this process: {type(exc).__name__}: {exc}; "
-            "a recovery repeats the recorded `train setup` if there is one"
+            "a recovery repeats the recorded workbench.train.setup(...) if there is one"
         )
         return None
 
@@ -191,15 +193,17 @@ def _call(entry: dict, request: dict, timeout: float = HANDOFF_TIMEOUT_S):
 
 
 # ------------------------------------------------------------------ the API behind the magics
-def detach(name: str | None = None) -> dict:
-    """Hand the set ``name`` (default: the current one) to a keeper process that outlives this
-    kernel; returns its owner entry. A run started with ``train start`` keeps training."""
-    sess = api.session(name) if name is not None else session.current()
+def detach(session: str | None = None, **earlier) -> dict:
+    """Hand the session named ``session`` (default: the current one) to a keeper process that outlives
+    this kernel; returns its owner entry. A run started with ``train start`` keeps training."""
+    refuse("workbench.detach", earlier, {"name": "session"})
+    name = session
+    sess = api.session(name) if name is not None else KERNEL.current()
     if sess is None or not sess.running:
         raise NotRunning(
             f"the rank set {sess.name!r} is not running: there is nothing to detach"
             if sess is not None
-            else "no ranks are running: there is nothing to detach (`%distrain start -n 2 --name NAME`)"
+            else "no ranks are running: there is nothing to detach (`%distrain start -n 2 --session NAME`)"
         )
     from .cluster import adoption
 
@@ -210,7 +214,7 @@ def detach(name: str | None = None) -> dict:
     taken = detached_sets()
     if sess.name in taken:
         raise DetachError(
-            f"a detached set is already named {sess.name!r}: stop it (`%distrain stop --name {sess.name}`) "
+            f"a detached set is already named {sess.name!r}: stop it (`%distrain stop --session {sess.name}`) "
             "or attach it first; nothing was changed"
         )
     busy = _busy_ranks(rs)
@@ -297,12 +301,16 @@ def _keeper_env() -> dict:
     return env
 
 
-def attach(name: str) -> session.Session:
-    """Take the detached set ``name`` back into this process: its ranks, whole metrics history,
-    failure budget and controls; it is then this kernel's set again (ends with it)."""
+def attach(session: str | None = None, **earlier) -> Session:
+    """Take the detached session named ``session`` back into this process: its ranks, whole metrics
+    history, failure budget and controls; it is then this kernel's set again (ends with it)."""
     from .stream.collector import Collector
 
-    existing = session.KERNEL.by_name.get(name)
+    refuse("workbench.attach", earlier, {"name": "session"})
+    if session is None:
+        raise TypeError("workbench.attach(session=NAME): name the detached session (workbench.detached() lists them)")
+    name = session
+    existing = KERNEL.by_name.get(name)
     if existing is not None and existing.running:
         raise DetachError(
             f"this kernel already has a running set named {name!r}: stop it or detach it first; nothing was changed"

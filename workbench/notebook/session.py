@@ -4,7 +4,7 @@ A :class:`Session` is made of named parts, each changed only by the module that 
 ``OWNER``): a field assigned from several modules has no one place that says what it means.
 Others read parts freely and change them by calling the owner (tests/unit/test_session_owners.py
 counts writes from anywhere else). The API and magics act on the current session (``%distrain
-use NAME``) or on one named per call (``%%distrain --on NAME``)."""
+use --session NAME``) or on one named per call (``--session NAME``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 
 from ..shared.errors import WorkbenchError
 
-DEFAULT = "default"  # the name of a set started without --name
+DEFAULT = "default"  # the name of a set started without --session
 
 
 class UnknownSession(WorkbenchError, KeyError):
@@ -238,7 +238,7 @@ class Sessions:
             have = ", ".join(self.by_name) or "none yet"
             raise UnknownSession(
                 f"there is no rank set named {name!r}; the sessions are: {have} "
-                f"(start one with `%distrain start -n 2 --name {name}`)"
+                f"(start one with `%distrain start -n 2 --session {name}`)"
             )
         return self.by_name[name]
 
@@ -302,3 +302,16 @@ class using:
 
     def __exit__(self, *exc) -> None:
         KERNEL.pinned, KERNEL.current_name = self.previous
+
+
+class named(using):
+    """``with named("ddp"):`` the session ``ddp`` is the current one for the block (what
+    ``--session NAME`` does for one command); an unknown name raises :class:`UnknownSession` here."""
+
+    def __init__(self, name: str) -> None:
+        self.sess = KERNEL.get(name)
+
+    def __enter__(self):
+        self.previous = (KERNEL.pinned, KERNEL.current_name)
+        KERNEL.pinned = self.sess
+        return self.sess

@@ -1,6 +1,6 @@
-"""The setup a session repeats: the teaching trainer's recipe (``train setup``) and the code
-given to ``restart --resume --setup``, which ``ckpt resume``, ``restart --resume`` and a
-failure budget's recoveries run again on a new rank set. Owns the session's ``setup`` part."""
+"""The setup a session repeats: the teaching trainer's recipe (``workbench.train.setup(...)``) and
+the code given to ``restart --load --setup``, which ``restart --load`` and a failure budget's
+recoveries run again on a new rank set. Owns the session's ``setup`` part."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from . import api, session, stream
 
 NO_SETUP = (
     "--max-failures repeats the run's setup after a restart, and this session has none recorded: "
-    "build the trainer with `%distrain train start --model tiny ...` (workbench.train.setup(...)), "
+    "build the trainer with `%distrain train start --gpt tiny ...` (workbench.train.setup(...)), "
     "or name the notebook variable holding your setup code: `--setup VAR` (setup=code); nothing was started"
 )
 
@@ -22,14 +22,14 @@ def setup(strategy: str = "ddp", *, model: str = "tiny", rankset=None, **options
     out = rs.apply(rpc.handle, rpc.BuildTeachingTrainer(strategy=strategy, model=model, options=options))
     sess = session.of(rs)
     sess.setup.recipe = {"strategy": strategy, "model": model, **options}
-    sess.setup.given = None  # the newest setup wins: `ckpt resume` repeats this one
+    sess.setup.given = None  # the newest setup wins: `restart --load` repeats this one
     return [r.to_dict() for r in out]
 
 
 def last_setup(sess=None):
     """A function repeating the session's latest :func:`setup` on its ranks (None if there was none).
 
-    ``ckpt resume`` / ``restart --resume`` use it when no setup code is given.
+    ``restart --load`` uses it when no setup code is given.
     """
     sess = sess if sess is not None else session.current()
     if sess is None or sess.setup.recipe is None:
@@ -44,8 +44,8 @@ def last_setup(sess=None):
 
 
 def repeatable_setup(sess):
-    """The setup a recovery repeats: the code given to ``restart --resume --setup``, else
-    the latest ``train setup``; None with neither (then ``--max-failures`` is refused)."""
+    """The setup a recovery repeats: the code given to ``restart --load --setup``, else
+    the latest ``workbench.train.setup(...)``; None with neither (then ``--max-failures`` is refused)."""
     return sess.setup.given or last_setup(sess)
 
 

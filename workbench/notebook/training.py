@@ -17,7 +17,7 @@ from .setup_recipe import NO_SETUP, repeatable_setup
 setup = setup_recipe.setup
 last_setup = setup_recipe.last_setup
 
-# the teaching trainer's defaults where `train start` builds it (--model/--strategy)
+# the teaching trainer's defaults where `train start` builds it (--gpt/--strategy)
 TEACHING = {"strategy": "ddp", "model": "tiny", "batch_size": 8, "lr": 1e-3, "grad_accum": 1}
 
 
@@ -50,8 +50,8 @@ def start(
 ) -> str:
     """Run ``steps`` more steps on every rank in the background; returns the run id.
 
-    ``model``/``strategy`` (with ``batch_size``, ``lr``, ``grad_accum``) build the teaching trainer
-    first (a GPT preset on the bundled text, default ``tiny`` under ``ddp``); without them ``lr`` and
+    ``model``/``strategy`` (``--gpt``/``--strategy``, with ``batch_size``, ``lr``, ``grad_accum``) build
+    the teaching GPT first (``tiny`` or ``small`` on the bundled text, default ``tiny`` under ``ddp``); without them ``lr`` and
     ``grad_accum`` change the trainer already on the ranks. ``step_timeout``: after that many
     seconds without a step, say which ranks are stuck and where. ``max_failures``: a failure budget
     (up to that many times a dead rank, a hang past ``step_timeout`` or a NaN/spike pause restarts
@@ -82,8 +82,8 @@ def start(
     changes = {k: v for k, v in (("lr", lr), ("grad_accum", grad_accum)) if v is not None}
     if not build and batch_size is not None:
         raise Refused(
-            "--batch-size sizes the teaching trainer that --model/--strategy build; a trainer "
-            "already on the ranks draws its batches from its own data: add --model tiny to "
+            "--batch-size sizes the teaching GPT that --gpt/--strategy build; a trainer "
+            "already on the ranks draws its batches from its own data: add --gpt tiny to "
             "rebuild, or change the batch in your setup code; nothing was done"
         )
     _refuse_busy(rs, changes, build)
@@ -94,7 +94,7 @@ def start(
     elif changes:
         set(rankset=rs, **changes)
     if setup is not None:
-        setup_recipe.remember(sess, setup)  # as `restart --resume --setup` remembers it
+        setup_recipe.remember(sess, setup)  # as `restart --load --setup` remembers it
     store = stream.attach(rs).store
     mark = len(store.statuses)
     states = rs.apply(rpc.handle, rpc.StartTraining(steps=int(steps)))
@@ -173,7 +173,7 @@ def _refuse_busy(rs, changes: dict, build: bool) -> None:
     given = ", ".join("--" + k.replace("_", "-") for k in changes)
     if changes and not build and "none" in states:
         raise Refused(
-            f"{given} change the trainer on the ranks, and there is none yet: add --model tiny "
+            f"{given} change the trainer on the ranks, and there is none yet: add --gpt tiny "
             "(builds the teaching GPT) or build a Trainer in a %%distrain cell; nothing was done"
         )
     if busy and changes and not build:

@@ -41,6 +41,12 @@ def _stages(text: str) -> tuple[int, ...] | str:
 
 
 class _Parser(argparse.ArgumentParser):
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        # the spelling docs/grammar.md lists it under (its first long name), as the magics' parsers tag theirs
+        action.grammar = next((o for o in action.option_strings if o.startswith("--")), action.dest)
+        return action
+
     def error(self, message: str):  # argparse would print and sys.exit
         raise ValueError(f"{message}. {USAGE}")
 

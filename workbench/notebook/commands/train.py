@@ -1,34 +1,34 @@
-"""``%distrain train start|pause|resume|stop|set|status|wait`` and ``%distrain dashboard``.
+"""``%distrain train start|pause|resume|stop|set|status|wait``: the run on the ranks.
 
-Parse, call :mod:`workbench.notebook.training` / :mod:`workbench.dashboard` (which users call
-from Python just the same, with the same refusals), print.
+Parse, call :mod:`workbench.notebook.training` (which users call from Python just the same,
+with the same refusals), print.
 """
 
 from __future__ import annotations
 
 import ast
 
-from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds, session_names
+from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds
 from ...shared.errors import Refused
 from .. import training
-from ..session import UnknownSession
-from . import UsageError, command
+from . import UsageError, command, flags
 
 
 def _start_args(p) -> None:
-    p.add_argument("--steps", type=positive_int, default=100, help="how many more steps (default 100)")
+    flags.STEPS.add(p, default=100, help="how many more steps (default 100)")
     p.add_argument(
-        "--model",
+        "--gpt",
         choices=MODEL_SIZES,
         default=None,
-        help="build the teaching trainer (a GPT of this size on bundled text) first",
+        metavar="SIZE",
+        help="build the teaching GPT of this size (tiny or small) on the bundled text first",
     )
-    p.add_argument("--strategy", default=None, help="strategy spec for the teaching trainer (default ddp); builds it")
+    p.add_argument("--strategy", default=None, help="the teaching GPT's layout (default ddp); builds it")
     p.add_argument(
         "--batch-size",
         type=positive_int,
         default=None,
-        help="global batch size of the teaching trainer (default 8); with --model/--strategy",
+        help="the teaching GPT's global batch size (default 8); with --gpt/--strategy",
     )
     p.add_argument(
         "--lr",
@@ -57,11 +57,9 @@ def _start_args(p) -> None:
         help="recover by itself up to K times (dead rank, hang past --step-timeout, NaN/spike pause): "
         "restart, repeat the setup, load the newest verified checkpoint, train on to the same step",
     )
-    p.add_argument(
-        "--setup",
-        default=None,
-        metavar="VAR",
-        help="with --max-failures: notebook variable holding the setup code a recovery repeats "
+    flags.SETUP.add(
+        p,
+        help="with --max-failures: the notebook variable holding the setup code a recovery repeats "
         "(default: the trainer's recorded setup)",
     )
     p.add_argument(
@@ -85,24 +83,32 @@ def _start_args(p) -> None:
         help="with --fault-tolerant: seconds the survivors wait for a silent replica before stepping without it (default 10)",
     )
     p.add_argument("--no-dashboard", action="store_true", help="do not open the dashboard")
+    flags.SESSION.add(p)
+    p.was("--model", "--gpt", "--model is the planner's catalogue model")
+
+
+def _session_only(p) -> None:
+    flags.SESSION.add(p)
 
 
 def _set_args(p) -> None:
     p.add_argument("values", nargs="+", metavar="NAME=VALUE", help="e.g. lr=3e-4 betas=0.9,0.95 grad_accum=2")
+    flags.SESSION.add(p)
 
 
 def _wait_args(p) -> None:
-    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds (default 600)")
+    flags.TIMEOUT.add(p, default=600.0, help="seconds to wait before saying where the run is (default 600)")
+    flags.SESSION.add(p)
 
 
 ACTIONS = {
-    "start": ("run N more steps in the background (--model builds the teaching trainer first)", _start_args),
-    "pause": ("pause every rank at the same step", None),
-    "resume": ("resume a paused run", None),
-    "stop": ("stop the run at the next step on every rank", None),
+    "start": ("run N more steps in the background (--gpt builds the teaching GPT first)", _start_args),
+    "pause": ("hold the run at the same step on every rank", _session_only),
+    "resume": ("let a paused run go on", _session_only),
+    "stop": ("end the run at the next step on every rank", _session_only),
     "set": ("change hyperparameters on every rank at the same step", _set_args),
-    "status": ("the trainer's state on each rank", None),
-    "wait": ("wait until the run ends", _wait_args),
+    "status": ("the run's kind and state, and each rank's trainer", _session_only),
+    "wait": ("wait until the run is finished, stopped or gave up", _wait_args),
 }
 
 
@@ -127,7 +133,7 @@ def parse_pairs(values: list[str]) -> dict:
 
 @command(
     "train",
-    "train on the ranks: start --steps N | pause | resume | stop | set lr=3e-4 | status | wait",
+    "the run on the ranks: start --steps N | pause | resume | stop | set lr=3e-4 | status | wait",
     actions=ACTIONS,
 )
 def _train(args, shell):
@@ -165,8 +171,6 @@ def _act(args, shell):
 def _start(args, shell):
     setup = None
     if args.setup is not None:
-        from .ckpt import setup_from
-
         training.check_start(
             args.steps,
             max_failures=args.max_failures,
@@ -177,10 +181,10 @@ def _start(args, shell):
             replicas=args.replicas,
             quorum_timeout=args.quorum_timeout,
         )  # what cannot go with --setup is said before the variable is looked up
-        setup = setup_from(args.setup, shell)
+        setup = flags.setup_from(args.setup, shell)
     training.start(
         args.steps,
-        model=args.model,
+        model=args.gpt,
         strategy=args.strategy,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -197,40 +201,4 @@ def _start(args, shell):
         from ..dashboard import dashboard
 
         dashboard()
-    return None
-
-
-def _dashboard_args(p) -> None:
-    p.add_argument("--export", default=None, metavar="PATH", help="write a standalone HTML file instead")
-    p.add_argument("--run", default=None, help="show this run (default: follow the latest)")
-    p.add_argument(
-        "--sessions",
-        type=session_names,
-        default=None,
-        metavar="A,B",
-        help="overlay the latest runs of these named sessions in one live dashboard",
-    )
-
-
-@command("dashboard", "live plots and controls of the training run (--export PATH for HTML)", _dashboard_args)
-def _dashboard(args, shell):
-    from ..dashboard import dashboard
-
-    if args.sessions is not None:
-        for flag, value in (("--run", args.run), ("--export", args.export)):
-            if value is not None:
-                raise UsageError(
-                    f"{flag} goes with one session's dashboard, not with --sessions (which follows each "
-                    "session's latest run live); for a file of both: workbench.compare(...).write_html(PATH)"
-                )
-        try:
-            dashboard(sessions=args.sessions)
-        except UnknownSession as exc:
-            raise UsageError(str(exc)) from None
-        return None
-    dash = dashboard(run=args.run, show=args.export is None)
-    if args.export:
-        path = dash.export_html(args.export)
-        print(f"dashboard written to {path}")
-        return None
     return None

@@ -18,6 +18,7 @@ import sys
 import types
 
 from .. import api, session, stream
+from ..keywords import refuse
 from . import figures
 from .controls import Controls
 from .live_view import LiveView
@@ -225,24 +226,30 @@ class Dashboard(LiveView):
 
 
 def dashboard(
-    rankset=None, *, run: str | None = None, show: bool = True, interval: float = 0.5, sessions=None
+    rankset=None, *, run: str | None = None, show: bool = True, interval: float = 0.5, session=None, **earlier
 ) -> Dashboard:
     """The live dashboard of the current ranks (the same one when called again).
 
-    ``sessions``: names of named sessions (``["ddp", "fsdp"]``): one live dashboard of all
-    their latest runs, each trace named by its session (an :class:`overlay.Overlay`).
+    ``session``: a session's name (its dashboard), or a list of names (``["ddp", "fsdp"]``): one
+    live dashboard of all their latest runs, each trace named by its session (an
+    :class:`overlay.Overlay`).
     """
-    if sessions is not None:
+    refuse("workbench.dashboard", earlier, {"sessions": "session"})
+    if isinstance(session, (list, tuple)):
         if rankset is not None or run is not None:
             raise ValueError(
-                "sessions= shows the latest run of each named session; rankset= and run= choose one "
+                "session=[...] shows the latest run of each session named; rankset= and run= choose one "
                 "session's dashboard: pass one or the other"
             )
         from .overlay import overlay
 
-        return overlay(sessions, show=show, interval=interval)
+        return overlay(session, show=show, interval=interval)
+    if session is not None:
+        if rankset is not None:
+            raise ValueError("session= and rankset= both choose the ranks: pass one or the other")
+        rankset = api.running_set(session)
     rs = rankset if rankset is not None else api.current()
-    sess = session.of(rs)
+    sess = api.KERNEL.of(rs)  # (`session` is the keyword here)
     dash = sess.dashboard.live
     if dash is None or dash.closed or dash.rankset is not rs:
         dash = sess.dashboard.live = Dashboard(rs, run=run, interval=interval)

@@ -464,7 +464,7 @@ class FailureBudget(Run):
             + "; "
             f"{where} {kind} at step {max(steps.values()) if steps else 0}"
             + (f": {detail.splitlines()[0][:300]}" if detail else "")
-            + ". The run is stopped there; `%distrain restart --resume` continues from the newest verified checkpoint.",
+            + ". The run is stopped there; `%distrain restart --load` continues from the newest verified checkpoint.",
             *("  " + describe(r) for r in self.records),
         ]
         self.summary = "\n".join(lines)

@@ -1,30 +1,12 @@
 """Restart the ranks, repeat the setup, load the newest verified checkpoint: written once.
 
-``ckpt resume`` and ``restart --resume`` (:func:`resume`) and a failure budget's recoveries all
-come here, so a recovery does exactly what a person would type.
+``workbench.restart(load=...)`` (``%distrain restart --load``) and a failure budget's recoveries
+both come here, so a recovery does exactly what a person would type.
 """
 
 from __future__ import annotations
 
 import os
-
-
-def resume(
-    setup=None, which: str | int = "latest", *, n: int | None = None, root: str | None = None, **restart_options
-) -> dict:
-    """Restart the current session's ranks (dead or alive), rebuild the model with ``setup``, load ``which``.
-
-    ``setup``: code (str) run on every rank as a cell, or a function called here in the
-    notebook after the restart (e.g. ``lambda: workbench.train.setup("ddp")``); it must build
-    the model on every rank (``checkpoint_hooks.track(...)``, a Trainer, or ``engine.prepare``).
-    Remembered for the next resume. Without one, the latest ``workbench.train.setup``
-    (``train start --model ...``) is repeated. ``restart_options``: ``backend=``, ``timeout=``
-    for :func:`workbench.notebook.api.restart`.
-    """
-    from .. import api
-
-    which = "latest" if which is None else which
-    return restart_from_checkpoint(api.session(), setup, which, n=n, root=root, **restart_options)
 
 
 def restart_from_checkpoint(
@@ -33,7 +15,7 @@ def restart_from_checkpoint(
     """Restart ``sess``'s ranks (dead or alive), run the setup there, load ``which``.
 
     ``setup``: code (str) run on every rank, or a function called here after the restart; by
-    default the one given last (remembered for the next time), else the recorded ``train setup``.
+    default the one given last (remembered for the next time), else the recorded ``workbench.train.setup(...)``.
     ``which=None``: restart and set up without loading (nothing was saved yet). ``before_load(rankset)``
     runs once the setup ran, before the load; a step it returns bounds the checkpoint loaded (the
     newest good one at that step or before). ``restart_options``: ``n``/``hosts``/``backend``/...
@@ -46,9 +28,9 @@ def restart_from_checkpoint(
     setup = setup if setup is not None else setup_recipe.repeatable_setup(sess)
     if setup is None:
         raise ValueError(
-            "resume needs the setup that builds the model and calls checkpoint_hooks.track(...): "
-            "workbench.notebook.runs.resume.resume(setup_code) or `%distrain ckpt resume --setup VAR` "
-            "(or build the trainer with `%distrain train start --model tiny` first)"
+            "loading after a restart needs the setup that builds the model and calls checkpoint_hooks.track(...): "
+            "workbench.restart(load='latest', setup=setup_code) or `%distrain restart --load --setup VAR` "
+            "(or build the trainer with `%distrain train start --gpt tiny` first)"
         )
     root = os.path.abspath(os.path.expanduser(root)) if root else sess.checkpoint_dir
     latest = which in ("", "latest")

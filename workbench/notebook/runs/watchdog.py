@@ -73,7 +73,7 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
     if stuck:
         lines.append(
             f"rank(s) {', '.join(map(str, stuck))} hold the run up; nothing was stopped "
-            "(`%distrain train stop` ends the run once they return, `%distrain restart --resume` "
+            "(`%distrain train stop` ends the run once they return, `%distrain restart --load` "
             "starts over from the latest checkpoint)"
         )
     else:

@@ -144,7 +144,7 @@ def carry(sess) -> list[dict]:
         except Exception as exc:  # never fail a hand-over half done: say it, end the run here
             print(
                 f"the {kind} tracker could not be carried ({type(exc).__name__}: {exc}): its run "
-                f"{tracker.run_name} ends here; `%distrain track {kind} --dir {tracker.directory}` starts a new one"
+                f"{tracker.run_name} ends here; `%distrain track start {kind} --dir {tracker.directory}` starts a new one"
             )
             tracker.close()
     return out
@@ -161,7 +161,7 @@ def resume(sess, carried: list[dict]) -> list[str]:
         except Exception as exc:
             failed.append(
                 f"the {kind} tracker (run {c['run_name']} in {c['directory']}) could not be opened again here: "
-                f"{type(exc).__name__}: {exc}; `%distrain track {kind} --dir {c['directory']}` starts a new run"
+                f"{type(exc).__name__}: {exc}; `%distrain track start {kind} --dir {c['directory']}` starts a new run"
             )
     return failed
 
