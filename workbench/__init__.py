@@ -79,6 +79,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def load_ipython_extension(ipython) -> None:
     """Register the ``%distrain`` magics (called by ``%load_ext workbench``)."""
     _notebook_side()
+    from .notebook import debugger
     from .notebook.cluster import standby
     from .notebook.magics import DistrainMagics
     from .notebook.shell_compat import mark_kernelless
@@ -87,14 +88,17 @@ def load_ipython_extension(ipython) -> None:
         standby.begin()
     mark_kernelless(ipython)
     ipython.register_magics(DistrainMagics)
+    debugger.install(ipython)  # JupyterLab's debugger on the ranks' cells (a Jupyter kernel only)
 
 
 def unload_ipython_extension(ipython) -> None:
+    from .notebook import debugger
     from .notebook.api import stop
     from .notebook.cluster import standby
 
     stop()
     standby.close()
+    debugger.uninstall(ipython)
 
 
 __all__ = sorted(_PUBLIC) + ["load_ipython_extension"]

@@ -17,6 +17,7 @@ BENCHES = {
     "checkpoint": ["checkpoint_bench.py", "--quick"],
     "lora_checkpoint": ["lora_checkpoint_bench.py", "--quick"],
     "gpu": ["gpu_bench.py", "--quick"],  # on CPU: a tiny model, gloo; the GPU figures need CUDA
+    "debugger": ["debugger_bench.py", "--quick"],
 }
 
 

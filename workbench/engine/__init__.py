@@ -39,6 +39,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'workbench.engine' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The rank's own names (``engine.rank``...) and the functions here: what completion and a
+    debugger's variables panel list (not the lazy classes: listing them would import them)."""
+    public = {n for n, v in globals().items() if callable(v) and not n.startswith("_") and v.__module__ == __name__}
+    return sorted(public | _CONTEXT_FIELDS)
+
+
 def context() -> runtime.RankContext:
     """The whole rank context (a frozen dataclass)."""
     return runtime.context()

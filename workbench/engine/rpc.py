@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..shared import replies
+from ..shared import debug_wire, replies
 
 
 def handle(request):
@@ -24,15 +24,17 @@ class RunCell:
     """A ``%%distrain`` cell's code, run in the rank's user namespace (``cell_runner``).
 
     What the cell prints, displays, returns and raises arrives as the request's IOPub
-    messages, as from an execute request; the reply counts them.
+    messages, as from an execute request; the reply counts them. ``debug``: see
+    :class:`~workbench.shared.debug_wire.CellDebug`.
     """
 
     code: str
+    debug: debug_wire.CellDebug | None = None  # the notebook's debug link, the cell's origin, breakpoints
 
     def run(self) -> replies.CellRun:
         from . import cell_runner
 
-        return replies.CellRun(published=cell_runner.run(self.code))
+        return replies.CellRun(published=cell_runner.run(self.code, self.debug))
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -176,7 +176,7 @@ def bootstrap(
         _install_stack_dump(stack_dir, rank)
         from . import rank_debug
 
-        rank_debug.install(os.path.join(os.path.dirname(stack_dir), "debug"), rank)
+        rank_debug.install(rank)
     if parent_pid:
         _exit_with_parent(parent_pid, also_end or [])
     from .cell_runner import lighten_kernel

@@ -15,6 +15,7 @@ import sys
 import time
 
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
+from .. import debugger
 from . import debugging, grouping, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
 from .health import death_message
@@ -49,7 +50,16 @@ def run_cell(
     output of several ranks shown once under their ranks (None: past
     ``grouping.GROUP_PAST`` ranks).
     """
-    call = rankset.execute_async(code, ranks)
+    selected = rankset.select(ranks)
+    call = rankset.execute_async(code, selected, debug=debugger.for_cell(rankset, selected, code))
+    try:
+        return _follow(rankset, call, timeout, display, stream, grace, group)
+    finally:
+        debugger.cell_ended()
+
+
+def _follow(rankset, call, timeout, display, stream, grace, group):
+    """Show ``call``'s output as it comes and wait for it (see :func:`run_cell`)."""
     group = grouping.resolve(group, len(call.ranks))
     regroup = display and in_kernel()
     live = LiveOutput(call, regroup=regroup)
@@ -66,13 +76,25 @@ def run_cell(
     try:
         while True:
             budget = poll if timeout is None else max(0.0, min(poll, start + timeout - time.monotonic()))
+            before = time.monotonic()
             done = call.wait(budget, poll=poll)
             if done or call.deaths():
                 break
+            held = 0.0
             for rank in debugging.waiting_sessions(rankset):
                 if display and rank in call.ranks:  # breakpoint() on a rank: pdb here
+                    since = time.monotonic()
                     live.poll()
                     debugging.attach(rankset, rank, [r for r in call.pending() if r != rank])
+                    held += time.monotonic() - since
+            if debugger.held():
+                held = time.monotonic() - before
+            if held:
+                # time in a debugger (JupyterLab's, or pdb above) is no time of the cell's:
+                # its timeout and a failed rank's grace wait while a rank is stopped in one
+                start += held
+                failed_at = failed_at + held if failed_at is not None else None
+                batch_since = batch_since + held if batch_since is not None else None
             now = time.monotonic()
             if display and now - start > stream_after:
                 live.poll()

@@ -585,13 +585,14 @@ class RankSet:
         """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
         return self.submit(fn, *args, ranks=ranks, **kwargs).result(timeout=timeout)
 
-    def execute_async(self, code: str, ranks=None) -> RankCall:
+    def execute_async(self, code: str, ranks=None, debug=None) -> RankCall:
         """Run a code string on the ranks (as a cell) without waiting.
 
         Sent as an apply of ``rpc.RunCell`` (lighter than an execute request on both
         ends, same output), top-level ``await`` included (``cell_runner.run_awaiting``).
+        ``debug``: the cell's ``shared.debug_wire.CellDebug`` (see ``notebook.debugger``).
         """
-        call = self.submit(rpc.handle, rpc.RunCell(code), ranks=ranks)
+        call = self.submit(rpc.handle, rpc.RunCell(code, debug), ranks=ranks)
         call.cell = True
         return call
 

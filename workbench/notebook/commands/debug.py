@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...shared.errors import BadRanks
 from .. import api
 from ..cluster import debugging
+from ..debugger import hub as debug_hub
 from . import UsageError, command, flags
 
 
@@ -26,12 +27,8 @@ def _debug(args, shell):
     if len(chosen) != 1:
         raise UsageError(f"--ranks {args.ranks} names {len(chosen)} ranks: debug enters one (e.g. --ranks {chosen[0]})")
     (rank,) = chosen
-    if not rs.procs[rank].local:
-        raise UsageError(
-            f"rank {rank} runs on another host: the debugger attaches over "
-            "loopback only, so it works for ranks on this host"
-        )
-    call = rs.submit(rank_debug.post_mortem, ranks=[rank])
+    # the rank's pdb talks to this kernel over the rank set's debug link, whichever host it is on
+    call = rs.submit(rank_debug.post_mortem, debug_hub.of(rs).link, ranks=[rank])
     attached = False
     while not call.ar.ready():
         if debugging.waiting_sessions(rs).count(rank):
