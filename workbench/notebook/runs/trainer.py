@@ -8,13 +8,14 @@ may be writing the last step's auto-save.
 
 from __future__ import annotations
 
+import math
 import time
 
 from ...engine import rpc
 from . import note_hang
 from .contract import ENDED, Run, register
 
-SETTLE_S = 30.0  # how long ``wait`` gives the ranks, past the stream's end, when no timeout bounds it
+SETTLE_S = 30.0  # how long ``wait()`` without a timeout gives the ranks past the stream's end
 
 
 def settle(rankset, run_id: str, timeout: float, ranks=None) -> bool:
@@ -84,10 +85,11 @@ class TrainerRun(Run):
     def wait(self, timeout: float | None = None) -> bool:
         if self._end is not None or self._closed:
             return True
-        deadline = time.monotonic() + (SETTLE_S if timeout is None else timeout)
+        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
         if not self.store.wait(self._ended_on_stream, max(0.0, deadline - time.monotonic())):
             return False
-        if not settle(self.rankset, self.run_id, max(0.0, deadline - time.monotonic())):
+        left = SETTLE_S if timeout is None else max(0.0, deadline - time.monotonic())
+        if not settle(self.rankset, self.run_id, left):
             return False
         states = {e["state"] for e in self._states().values()}
         self._end = "error" if "error" in states else "finished" if states == {"finished"} else "stopped"
