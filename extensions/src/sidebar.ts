@@ -225,12 +225,21 @@ export class RanksSidebar extends Widget {
     try {
       const result = await act(rs.id, action);
       if (action === 'where') {
+        const body = document.createElement('div');
+        // the conclusion first: who waits in which collective, and for whom
+        if (result.culprit) {
+          const lead = document.createElement('div');
+          lead.className = 'wb-Culprit';
+          lead.textContent = result.culprit as string;
+          body.appendChild(lead);
+        }
         const pre = document.createElement('div');
         pre.className = 'wb-Stacks';
         pre.textContent = Object.entries(result.stacks as Record<string, { where: string; frames: string[] }>)
           .map(([rank, s]) => [`[rank ${rank}] ${s.where}`, ...s.frames.slice(1).map(f => `    ${f}`)].join('\n'))
           .join('\n');
-        void showDialog({ title: 'Where every rank is', body: new Widget({ node: pre }), buttons: [Dialog.okButton()] });
+        body.appendChild(pre);
+        void showDialog({ title: 'Where every rank is', body: new Widget({ node: body }), buttons: [Dialog.okButton()] });
       }
       this.message = `${label}: done`;
     } catch (err) {

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from workbench.engine import fanout as rank_fanout
+from workbench.shared import wire
 from workbench.shared.errors import RankFailure
 
 
@@ -70,6 +70,16 @@ def test_push_and_pull_through_the_tree(fanned):
     with pytest.raises(RankFailure, match="NameError: name 'never_pushed' is not defined"):
         fanned.pull("never_pushed")
     fanned.execute("del pushed_once")
+
+
+def test_a_notebooks_function_and_class_are_pushed_by_value_through_the_tree(fanned):
+    """As ipyparallel's own push sends them: defined in the notebook, they have no module a rank imports."""
+    notebook = {"__name__": "__main__"}
+    exec("def double(x):\n    return 2 * x\nclass Box:\n    size = 3", notebook)
+    fanned.push({"double": notebook["double"], "Box": notebook["Box"]})
+    fanned.execute("doubled = double(21) * Box.size")
+    assert fanned.pull("doubled") == [126] * 4
+    fanned.execute("del double, Box, doubled")
 
 
 def test_a_quiet_fanned_cell_sends_nothing_per_rank_to_the_notebook(fanned):
@@ -138,7 +148,7 @@ def test_output_marker_follows_output_only_for_ranks_that_printed(fanned):
     call = fanned.execute_async("import torch.distributed as dist\nif dist.get_rank() == 2:\n    print('only two')")
     call.result(timeout=60)
     mds = call.fanned.metadata()
-    assert [rank_fanout.OUTPUT_DONE in (md.get("data") or {}) for md in mds] == [False, False, True, False]
+    assert [wire.OUTPUT_DONE in (md.get("data") or {}) for md in mds] == [False, False, True, False]
     assert mds[2]["stdout"] == "only two\n"
 
 

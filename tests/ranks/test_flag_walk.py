@@ -53,14 +53,15 @@ TRAIN, CKPT, LIFE, CELL, PLAN, VIEWS, PREP = (
     "test_view_flags",
     "test_prepare_and_layout_flags",
 )
+OUTPUT = "test_output_and_logs_flags"
 NAMED = "test_named_set_flags"  # two named sets side by side: tests/ranks/test_sessions.py
 TRACK = "test_track_flags"
 SLURM_ONLY = "go with --launcher slurm"  # their effect on a real Slurm: tests/cluster/test_slurm.py
 
 NOPE = "there is no rank set named 'nope'"
 # `--session NAME` of a command that does not read it itself makes NAME current for the line (one
-# path in the dispatcher): its effect is driven in NAMED for status/push/pull/where/train status/
-# ckpt wait/restart; for the others a name that is not there is refused before anything runs.
+# path in the dispatcher): its effect is driven in NAMED for status/push/pull/where/logs/train
+# status/ckpt wait/restart; for the others a name that is not there is refused before anything runs.
 SESSION_REFUSED = {
     "prepare": "prepare ddp --session nope",
     "layout": "layout --session nope",
@@ -97,6 +98,7 @@ CASES: dict[tuple[str, str], object] = {
     ("push", "--session"): NAMED,
     ("pull", "--session"): NAMED,
     ("where", "--session"): NAMED,
+    ("logs", "--session"): NAMED,
     ("train status", "--session"): NAMED,
     ("ckpt wait", "--session"): NAMED,
     ("restart", "--session"): NAMED,
@@ -137,6 +139,11 @@ CASES: dict[tuple[str, str], object] = {
     ("where", "--timeout"): VIEWS,
     ("where", "--grouped"): VIEWS,
     ("where", "--per-rank"): VIEWS,
+    ("logs", "--ranks"): OUTPUT,
+    ("logs", "--tail"): OUTPUT,
+    ("logs", "--grep"): OUTPUT,
+    ("logs", "--grouped"): OUTPUT,
+    ("logs", "--per-rank"): OUTPUT,
     # its effect (pdb on the rank named): tests/notebooks/test_cells_kernel.py
     ("debug", "--ranks"): refused("debug --ranks 7", "--ranks 7: rank(s) 7 do not exist"),
     # training
@@ -207,6 +214,7 @@ CASES: dict[tuple[str, str], object] = {
     ("%%distrain", "--no-stream"): CELL,
     ("%%distrain", "--grouped"): VIEWS,
     ("%%distrain", "--per-rank"): VIEWS,
+    ("%%distrain", "--output"): OUTPUT,
     # experiment trackers
     ("track start", "--dir"): TRACK,
     ("track start", "--metrics"): TRACK,
@@ -567,6 +575,34 @@ def test_view_flags(shell2, ranks2, capsys):
     assert capsys.readouterr().out.splitlines()[-2:] == ["[rank 0] alike", "[rank 1] alike"]
 
 
+def test_output_and_logs_flags(shell2, ranks2, capsys):
+    """%%distrain --output (a size, all, the default) and logs --ranks/--tail/--grep/--grouped/--per-rank."""
+    flood = "%%distrain{}\nfor i in range(30_000):\n    print(f'line {{i:05d}}')"
+    kept = {}
+    for flags in ("", " --output 2k", " --output all"):
+        capsys.readouterr()
+        assert shell2.run_cell(flood.format(flags)).success
+        out = capsys.readouterr().out
+        kept[flags] = [l for l in out.splitlines() if l.startswith("[rank 1] line ")]
+        cut = [l for l in out.splitlines() if l.startswith("[rank 1] … ") and "cut here" in l]
+        assert len(cut) == (0 if flags == " --output all" else 1), (flags, cut)
+    assert len(kept[" --output all"]) == 30_000  # everything
+    assert len(kept[" --output 2k"]) < 400 < len(kept[""]) < 30_000  # a head and a tail, of the size asked
+    magic(shell2, "logs --ranks 1 --tail 3")
+    out = capsys.readouterr().out
+    assert [l for l in out.splitlines() if l.startswith("[")] == [
+        f"[rank 1] line {i:05d}" for i in (29997, 29998, 29999)
+    ]
+    magic(shell2, "logs --grep 'line 01234$' --per-rank")
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        body = [l for l in out.splitlines() if l.startswith(f"[rank {rank}] ")]
+        assert body[0] == f"[rank {rank}] 3 line(s) match 'line 01234$':", out  # one per flood above
+        assert all(l.endswith(": line 01234") for l in body[1:]) and len(body) == 4, body
+    magic(shell2, "logs --tail 1 --grouped")
+    assert "[ranks 0-1] line 29999" in capsys.readouterr().out
+
+
 PREP_BUILD = (
     "%%distrain\nimport torch\nfrom workbench.models import GPT, GPTConfig\ntorch.manual_seed(0)\n"
     "net = GPT(GPTConfig.tiny())\nopt = lambda ps: torch.optim.AdamW(ps, lr=1e-3)\n"
@@ -775,6 +811,11 @@ def test_named_set_flags(shell2, ranks2, capsys):
             capsys.readouterr()
             magic(shell2, "where --session flagwalk")
             assert {l.split("]")[0] for l in capsys.readouterr().out.splitlines()} == {"[rank 0"}
+            shell2.run_cell_magic("distrain", "--session flagwalk", "print('printed on flagwalk')")
+            capsys.readouterr()
+            magic(shell2, "logs --session flagwalk --tail 1")
+            logged = capsys.readouterr().out.splitlines()
+            assert logged[0].startswith("logs of ranks 0 (") and logged[1:] == ["[rank 0] printed on flagwalk"], logged
             assert len(magic(shell2, "train status --session flagwalk")) == 1
             magic(shell2, "ckpt wait --session flagwalk")
             assert "no save in flight" in capsys.readouterr().out

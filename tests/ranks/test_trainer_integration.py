@@ -120,6 +120,11 @@ def test_step_timeout_names_the_stuck_rank_and_its_frame_then_run_completes(rs, 
         assert "in _hang_in_hook" in rep["where"][1] and "in collect" in rep["where"][0], rep["where"]
         assert "agreement.py" in rep["where"][0], rep["where"]  # waiting in the ranks' agreement
         assert "[rank 1] STUCK" in rep["text"] and "_hang_in_hook" in rep["text"]
+        # the first line leads with the conclusion: who waits where, and for whom
+        first = rep["text"].splitlines()[0]
+        assert first.startswith(f"training {run}: no step for ") and rep["conclusion"] in first, first
+        assert "rank 0 waits in the trainer's step agreement" in rep["conclusion"], rep["conclusion"]
+        assert "rank 1 is not in one: it is in _hang_in_hook (line 7 of a cell)" in rep["conclusion"]
         assert rep["text"] in capsys.readouterr().out
         assert any(e["text"] == rep["text"] and e["rank"] == -1 for e in store.logs)
         assert training.states(rankset=rs) == {0: "running", 1: "running"}  # nothing was stopped

@@ -23,9 +23,11 @@ from contextlib import contextmanager
 _PASTED_PROMPT = re.compile(r"^\s*(>>>|\.\.\.|In \[\d+\]:)", re.M)
 
 
-def run(code: str, debug=None) -> int | None:
+def run(code: str, debug=None, limit: int | None = None) -> int | None:
     """Run ``code`` in the rank's user namespace as an IPython cell would.
 
+    ``limit``: the characters each of stdout and stderr passes on to the notebook (head and
+    tail; the rest is in the rank's log: ``rank_log``); None passes everything on.
     Returns how many messages the rank's kernel made while the cell ran (its output,
     display data, ``Out:`` value and error among them; None where unknown): 0 tells
     the notebook that no output is on its way, so it need not wait for the output
@@ -35,15 +37,23 @@ def run(code: str, debug=None) -> int | None:
     """
     from IPython import get_ipython
 
+    from . import rank_log
+
     shell = get_ipython()
     session = getattr(getattr(shell, "kernel", None), "session", None)
     before = getattr(session, "message_count", None)
     streams = [(stream, getattr(stream, "_buffers", None)) for stream in (sys.stdout, sys.stderr)]
     tree = plain_python(shell, code)
-    if debug is None:
-        _run_either(shell, code, tree)
-    else:
-        _run_debuggable(shell, code, tree, debug)
+    rank_log.begin(limit)
+    try:
+        if debug is None:
+            _run_either(shell, code, tree)
+        else:
+            _run_debuggable(shell, code, tree, debug)
+    finally:
+        # the cut line and tail of a stream that printed past its limit; its own write back
+        # before the fd's marker below goes through it
+        rank_log.end()
     # what C code or a child process wrote to fd 1/2 reaches the stream first: then it
     # belongs to this cell and the count includes it
     forwarded = [_fd_forwarded(stream) for stream, _ in streams]

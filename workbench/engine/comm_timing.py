@@ -13,6 +13,8 @@ import threading
 import time
 from collections import deque
 
+from . import flight_record
+
 # function name -> (collective kind, argument holding the payload, how to size it)
 _SPECS = {
     "all_reduce": ("all_reduce", "tensor", "one"),
@@ -155,6 +157,9 @@ def _wrap(name: str, fn):
     sig = inspect.signature(fn)
     params = list(sig.parameters)
     pos = params.index(arg) if arg in params else None
+    gpos = params.index("group") if "group" in params else None
+    peer = next((p for p in ("dst", "src") if p in params), None)  # send/recv's other rank, broadcast's root
+    ppos = params.index(peer) if peer else None
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
@@ -166,6 +171,8 @@ def _wrap(name: str, fn):
             payload = args[pos]
         else:
             payload = kwargs.get(arg)
+        group = args[gpos] if gpos is not None and gpos < len(args) else kwargs.get("group")
+        other = args[ppos] if ppos is not None and ppos < len(args) else kwargs.get(peer, -1)
         try:
             nbytes = _size(payload, how)
         except Exception:  # an unusual argument: still count the call
@@ -174,17 +181,29 @@ def _wrap(name: str, fn):
         if not is_async and "async_op" in params:
             i = params.index("async_op")
             is_async = bool(args[i]) if i < len(args) else False
+        on_cuda = _on_cuda(payload, how)
         try:
-            events = STATS.launch_on_device() if _on_cuda(payload, how) else None
+            events = STATS.launch_on_device() if on_cuda else None
         except Exception:  # no usable CUDA timing here: the host clock, as on CPU
             events = None
         STATS.launch(kind, nbytes)
+        slot = flight_record.enter(
+            name,
+            group,
+            payload,
+            how,
+            nbytes,
+            peer=other if isinstance(other, int) else -1,
+            is_async=is_async,
+            on_device=on_cuda,
+        )
         _LOCAL.inside = True
         t0 = time.perf_counter()
         try:
             work = fn(*args, **kwargs)
         finally:
             _LOCAL.inside = False
+            flight_record.leave(slot)
         if is_async and work is not None:
             _time_async(work, kind, t0, events)
         elif events is not None:
@@ -212,11 +231,50 @@ def _time_async(work, kind: str, t0: float, events=None) -> None:
 
 
 def original(name: str):
-    """The unwrapped ``torch.distributed.<name>``: for the workbench's own collectives, which
-    are not the user's training traffic (installed or not)."""
+    """``torch.distributed.<name>`` for the workbench's own collectives, which are not the user's
+    training traffic: not timed (installed or not), but in the flight record, marked as the
+    workbench's, so that a hang in one is named with its sequence number like any other."""
     import torch.distributed as dist
 
-    return ORIGINAL.get(name) or getattr(dist, name)
+    fn = ORIGINAL.get(name) or getattr(dist, name)
+    fn = getattr(fn, "__wrapped_collective__", fn)
+    if not flight_record.installed():
+        return fn
+    own = _OWN.get(name)
+    if own is None or own.__wrapped_collective__ is not fn:
+        own = _OWN[name] = _recorded(name, fn)
+    return own
+
+
+_OWN: dict = {}  # name -> the workbench's recorded, untimed form of the collective
+
+
+def _recorded(name: str, fn):
+    _, arg, how = _SPECS[name]
+    params = list(inspect.signature(fn).parameters)
+    pos = params.index(arg) if arg in params else None
+    gpos = params.index("group") if "group" in params else None
+
+    def recorded(*args, **kwargs):
+        if getattr(_LOCAL, "inside", False):
+            return fn(*args, **kwargs)
+        payload = None if pos is None else (args[pos] if pos < len(args) else kwargs.get(arg))
+        group = args[gpos] if gpos is not None and gpos < len(args) else kwargs.get("group")
+        try:
+            nbytes = _size(payload, how)
+        except Exception:
+            nbytes = 0
+        is_async = bool(kwargs.get("async_op", False))
+        slot = flight_record.enter(name, group, payload, how, nbytes, is_async=is_async, own=True)
+        _LOCAL.inside = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _LOCAL.inside = False
+            flight_record.leave(slot)
+
+    recorded.__wrapped_collective__ = fn
+    return recorded
 
 
 def install() -> None:

@@ -3,7 +3,7 @@
 
 The tree coalesces the ranks' replies and keeps only each reply's buffers, so a raised
 exception would be lost and misalign the others' results: a fanned call never raises here
-(:func:`run` returns the error as data), and ends its output with one :data:`OUTPUT_DONE`
+(:func:`run` returns the error as data), and ends its output with one ``wire.OUTPUT_DONE``
 message instead of the kernel's busy/idle pair, which every layer would carry only to drop."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 
 from ..shared.replies import CellRun
+from ..shared.wire import OUTPUT_DONE
 
-OUTPUT_DONE = "_workbench_output_done"
 _installed = False
 
 
@@ -49,10 +49,13 @@ def run(fn, *args, **kwargs) -> tuple:
 
 
 def set_names(namespace: dict) -> None:
-    """``%distrain push`` through the tree: the names set in this rank's user namespace."""
+    """``%distrain push`` through the tree: the names set in this rank's user namespace (a
+    notebook's function arrives canned, ``rpc.SetNames.of``)."""
+    from ipyparallel.serialize import uncan
     from IPython import get_ipython
 
-    get_ipython().user_ns.update(namespace)
+    ns = get_ipython().user_ns
+    ns.update({k: uncan(v, ns) for k, v in namespace.items()})
 
 
 def get_name(name: str):

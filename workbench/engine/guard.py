@@ -8,8 +8,6 @@ runs before torch or the engine is imported."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import signal
@@ -19,30 +17,12 @@ import sys
 import threading
 import time
 
-ENV_ADDRESS = "WORKBENCH_LIFELINE"
-ENV_KEY = "WORKBENCH_LIFELINE_KEY"
-ENV_SLOT = "WORKBENCH_HOST_SLOT"  # which --hosts entry started this rank (for rank order)
+from workbench.shared import wire  # absolute: the guard runs by path (ssh.guard_cmd), not as a module
+
 END_GRACE_S = 2.0
-BEAT_S = 0.5  # a beat line this often; the notebook allows ``lifeline.HOST_SILENCE_S`` of silence
 # unacknowledged beats on a dead link: the connection is given up after this long (without it
 # the kernel retransmits for ~15 minutes before keepalive or a read sees the link is gone)
 GIVE_UP_MS = 10_000
-
-
-def sign(key: bytes, body: str) -> bytes:
-    return (hmac.new(key, body.encode(), hashlib.sha256).hexdigest() + " " + body + "\n").encode()
-
-
-def verify(key: bytes, line: bytes) -> dict | None:
-    """The message of a signed line, or None if its HMAC does not match."""
-    mac, _, body = line.decode(errors="replace").rstrip("\n").partition(" ")
-    good = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(mac, good):
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
 
 
 def _connect(address: str) -> socket.socket:
@@ -85,10 +65,10 @@ def main(argv: list[str]) -> int:
         print("usage: python -m workbench.engine.guard -- COMMAND...", file=sys.stderr)
         return 2
     cmd = argv[argv.index("--") + 1 :]
-    address = os.environ.pop(ENV_ADDRESS, "")
-    key = bytes.fromhex(os.environ.pop(ENV_KEY, ""))
+    address = os.environ.pop(wire.ENV_LIFELINE, "")
+    key = bytes.fromhex(os.environ.pop(wire.ENV_LIFELINE_KEY, ""))
     if not address or not key:
-        print(f"workbench guard: {ENV_ADDRESS} and {ENV_KEY} must be set", file=sys.stderr)
+        print(f"workbench guard: {wire.ENV_LIFELINE} and {wire.ENV_LIFELINE_KEY} must be set", file=sys.stderr)
         return 2
     try:
         sock = _connect(address)
@@ -108,7 +88,7 @@ def main(argv: list[str]) -> int:
     def send(**msg) -> None:
         with lock:
             try:
-                sock.sendall(sign(key, json.dumps(msg)))
+                sock.sendall(wire.sign(key, json.dumps(msg)))
             except OSError:
                 pass
 
@@ -117,7 +97,7 @@ def main(argv: list[str]) -> int:
         host=host,
         pid=child.pid,
         guard_pid=os.getpid(),
-        slot=os.environ.get(ENV_SLOT),
+        slot=os.environ.get(wire.ENV_HOST_SLOT),
         slurm_procid=os.environ.get("SLURM_PROCID"),
         time=time.time(),
     )
@@ -139,7 +119,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=wait_child, daemon=True).start()
 
     def beat() -> None:
-        while not ending.wait(BEAT_S):
+        while not ending.wait(wire.BEAT_S):
             send(kind="beat")
 
     threading.Thread(target=beat, daemon=True).start()

@@ -15,12 +15,12 @@ import os
 import signal
 import sys
 
-# what each framework's ranks import before they fork (the same lines run as the engines'
-# startup command: launchers.preload_command)
-PRELOADS = {"torch": ("torch", "torch.distributed"), "jax": ("jax", "jax.numpy")}
+from ..shared.wire import PRELOADS, READY
+
 # what every engine imports once it has registered (its kernel's debugger, tornado's asyncio
-# loop, the workbench's runtime for its first apply), done once here before the forks rather
-# than once per rank after them (benchmarks/FINDINGS.md: a 64-rank start). None starts a thread.
+# loop, the workbench's runtime, and rpc, whose requests every call of the notebook is, the
+# bootstrap first), done once here before the forks rather than once per rank after them
+# (benchmarks/FINDINGS.md: a 64-rank start). None starts a thread.
 ENGINE_PRELOADS = (
     "ipykernel.debugger",
     "tornado.platform.asyncio",
@@ -31,6 +31,7 @@ ENGINE_PRELOADS = (
     "pdb",
     "sqlite3",
     "workbench.engine.runtime",
+    "workbench.engine.rpc",
     "workbench.engine.publisher",
     "workbench.engine.rank_debug",
     "workbench.engine.fanout",
@@ -91,8 +92,6 @@ def end_with_parent(parent: int | None) -> None:
     if parent and os.getppid() != parent:  # the notebook was gone before the watch was set
         os._exit(1)
 
-
-READY = "workbench preload: imported, waiting for the ranks to fork"
 
 # ipykernel leaves fd 1/2 uncaptured in a kernel whose environment says it runs under
 # pytest; a rank never does (a test's ranks are processes of their own, as a user's are),

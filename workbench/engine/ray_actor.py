@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 
+from ..shared.wire import ENV_HOST_SLOT
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -36,7 +38,7 @@ class RankHost:
         # the engine's profile folder and the rank's own log, on this node's disk
         profile = env.get("IPP_PROFILE_DIR") or os.getcwd()
         os.makedirs(os.path.join(profile, "log"), exist_ok=True)
-        self.log = os.path.join(profile, "log", f"rank-slot{env.get('WORKBENCH_HOST_SLOT', '')}-{os.getpid()}.log")
+        self.log = os.path.join(profile, "log", f"rank-slot{env.get(ENV_HOST_SLOT, '')}-{os.getpid()}.log")
         with open(self.log, "ab") as out:
             # the thread that forks is the one whose end PDEATHSIG watches: Ray runs an actor's
             # constructor on the worker's main thread, which lives as long as the actor

@@ -1,14 +1,16 @@
 """Every call the notebook makes on the ranks, as typed requests: this file is the whole protocol.
 
 The notebook applies :func:`handle` with a frozen request (``rs.apply(rpc.handle,
-rpc.SaveCheckpoint(root, tag=...))``) whose ``run`` is the rank-side half, so no notebook
-module is imported on a rank and no rank function is called by name. Replies are frozen
-dataclasses of :mod:`workbench.shared.replies`; nothing here imports torch at module level,
-so the notebook can unpickle and build both without it."""
+rpc.SaveCheckpoint(root, tag=...))``; through the broadcast tree wrapped in :func:`fanned`)
+whose ``run`` is the rank-side half, so no notebook module is imported on a rank and no rank
+function is called by name. Replies are frozen dataclasses of :mod:`workbench.shared.replies`
+or plain data; nothing here imports torch at module level, so the notebook can unpickle and
+build both without it. Trainer flags go through :mod:`workbench.engine.control`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from ..shared import debug_wire, replies
 
@@ -16,6 +18,14 @@ from ..shared import debug_wire, replies
 def handle(request):
     """Runs on a rank: carry out ``request`` and return its reply."""
     return request.run()
+
+
+def fanned(fn, *args, **kwargs):
+    """Runs on a rank for a call sent through the broadcast tree: ``fn`` (:func:`handle`, or the
+    user's function of ``api.apply``) as ``(published, error, value)``, never raising there."""
+    from . import fanout
+
+    return fanout.run(fn, *args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- cells
@@ -28,13 +38,35 @@ class RunCell:
     :class:`~workbench.shared.debug_wire.CellDebug`.
     """
 
+    AS_CELL: ClassVar[bool] = True  # its error is an output message (as a cell's), not a raise
+
     code: str
     debug: debug_wire.CellDebug | None = None  # the notebook's debug link, the cell's origin, breakpoints
+    limit: int | None = None  # characters each output stream passes on (the rest: the rank's log)
 
     def run(self) -> replies.CellRun:
         from . import cell_runner
 
-        return replies.CellRun(published=cell_runner.run(self.code, self.debug))
+        return replies.CellRun(published=cell_runner.run(self.code, self.debug, self.limit))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadLog:
+    """``%distrain logs`` for a rank whose log file is not on the notebook's host: the rank
+    reads its own (``shared.rank_logs``)."""
+
+    tail: int | None = None
+    grep: str | None = None
+    limit: int = 1 << 20
+
+    def run(self) -> replies.LogExcerpt:
+        from ..shared import rank_logs
+        from . import rank_log
+
+        file = rank_log.current_path()
+        if file is None:
+            return replies.LogExcerpt("", 0, (), note="this rank keeps no log (started without a state folder)")
+        return rank_logs.read(file, tail=self.tail, grep=self.grep, limit=self.limit)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -312,6 +344,205 @@ class Census:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prepare:
+    """Lay ``model_name``/``opt_name`` out with ``spec`` (``engine.prepare``; ``ProbeModel`` first),
+    rebind both and ``prepared`` in the rank's namespace; the reply is the new layout. A failure
+    is shown as a cell's, from here down (and kept for ``%distrain debug``); nothing is rebound."""
+
+    AS_CELL: ClassVar[bool] = True
+
+    model_name: str
+    opt_name: str
+    spec: dict
+    device_type: str
+    blocks: tuple[str, ...] | None = None
+
+    def run(self) -> replies.LayoutReply | None:
+        from IPython import get_ipython
+
+        from ..strategies import StrategySpec
+        from . import prepare
+        from .session import current_layout
+
+        shell = get_ipython()
+        ns = shell.user_ns
+        blocks = list(self.blocks) if self.blocks is not None else None
+        try:
+            spec = StrategySpec.from_dict(self.spec)
+            prepared = prepare(
+                ns[self.model_name], ns[self.opt_name], spec, mesh_device=self.device_type, blocks=blocks
+            )
+        except (Exception, KeyboardInterrupt):
+            shell.showtraceback()
+            return None
+        ns["prepared"] = prepared
+        ns[self.model_name], ns[self.opt_name] = prepared.model, prepared.optimizer
+        return replies.LayoutReply.from_dict(current_layout())
+
+
+# ----------------------------------------------------------------------------- the rank itself
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """Before the bootstrap: host, pid, launcher ranks, host slot, and this host's address on the
+    route to ``toward`` (the notebook), which other hosts reach the rank by."""
+
+    toward: str | None = None
+
+    def run(self) -> dict:
+        from . import runtime
+
+        return runtime.identity(self.toward)
+
+
+@dataclass(frozen=True)
+class FreePort:
+    """A TCP port free on this rank's host now (a rendezvous port for rank 0)."""
+
+    def run(self) -> int:
+        from . import runtime
+
+        return runtime.free_port()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bootstrap:
+    """Make this engine rank ``rank``: environment, threads, device, process group
+    (``runtime.bootstrap``); the reply is the rank's description (``runtime.describe``)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    backend: str
+    timeout_s: float
+    threads: int
+    gpu_ids: tuple[int, ...] | None = None
+    stack_dir: str | None = None
+    sys_path: tuple[str, ...] = ()
+    parent_pid: int | None = None  # the notebook: this rank ends with it (on its host)
+    also_end: tuple[int, ...] | None = None  # rank 0: the controller's pids, ended with it
+    pin_visible_gpu: bool = False
+    interface_addr: str | None = None
+    framework: str = "torch"
+    extra_env: dict | None = None
+    process_group: bool = True  # False: a lost replica's replacement (fault tolerance)
+    store_file: str | None = None
+
+    def run(self) -> dict:
+        from . import runtime
+
+        return runtime.bootstrap(**vars(self))
+
+
+@dataclass(frozen=True)
+class BootstrapEach:
+    """One request for a large set, through the broadcast tree: each engine runs its own
+    :class:`Bootstrap` from ``table`` (engine id -> request)."""
+
+    table: dict
+
+    def run(self) -> dict:
+        from IPython import get_ipython
+
+        return self.table[get_ipython().kernel.engine_id].run()
+
+
+@dataclass(frozen=True)
+class LeaveGroup:
+    """Destroy this rank's process group, so that peers blocked in a collective with it fail at
+    once (a straggler's release); True where there was a group."""
+
+    def run(self) -> bool:
+        from . import runtime
+
+        return runtime.leave_group()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RejoinGroup:
+    """A new default process group, same ranks, rendezvous at ``master_port`` (after
+    :class:`LeaveGroup` on every rank); the reply is the rank's description."""
+
+    master_port: int
+
+    def run(self) -> dict:
+        from . import runtime
+
+        return runtime.rejoin_group(self.master_port)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rehome:
+    """From now on this rank ends with process ``owner_pid`` (``detach``: the keeper; ``attach``:
+    the kernel that took the set back)."""
+
+    owner_pid: int
+
+    def run(self) -> dict:
+        from . import runtime
+
+        return runtime.rehome(self.owner_pid)
+
+
+@dataclass(frozen=True)
+class SetNames:
+    """``%distrain push`` through the broadcast tree (a direct view pushes itself); build it with
+    :meth:`of`, which sends a notebook's functions and classes by value as ipyparallel's push does."""
+
+    namespace: dict
+
+    @classmethod
+    def of(cls, namespace: dict) -> SetNames:
+        from types import FunctionType
+
+        from ipyparallel.serialize import can
+
+        return cls({k: can(v) if isinstance(v, (FunctionType, type)) else v for k, v in namespace.items()})
+
+    def run(self) -> None:
+        from . import fanout
+
+        fanout.set_names(self.namespace)
+
+
+@dataclass(frozen=True)
+class GetName:
+    """``%distrain pull`` through the broadcast tree: ``name``'s value in the rank's namespace."""
+
+    name: str
+
+    def run(self) -> Any:
+        from . import fanout
+
+        return fanout.get_name(self.name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedDirStep:
+    """One step of the check that every host shares ``folder`` (``engine.shared_dir``): rank 0
+    leaves ``token`` ("leave", replies its host), every rank looks for it and leaves its own
+    ("answer", replies what it saw), rank 0 lists the ranks it sees ("collect")."""
+
+    step: str
+    folder: str
+    token: str
+    world_size: int = 0
+
+    def run(self) -> str | dict | list:
+        from . import runtime, shared_dir
+
+        if self.step == "leave":
+            return shared_dir.leave_token(self.folder, self.token)
+        if self.step == "answer":
+            return shared_dir.see_and_answer(self.folder, self.token, runtime.context().rank)
+        if self.step == "collect":
+            return shared_dir.collect(self.folder, self.token, self.world_size)
+        raise ValueError(f"unknown shared-folder step {self.step!r}: leave, answer, collect")
+
+
 # ----------------------------------------------------------------------------- runs: the trainer
 @dataclass(frozen=True, kw_only=True)
 class BuildTeachingTrainer:
@@ -495,7 +726,7 @@ class FinishWithoutLostReplica:
         return replies.ReplicaMember.from_dict(fault_tolerant.finish_alone())
 
 
-# ----------------------------------------------------------------------------- the event stream
+# ----------------------------------------------------------------------------- the event stream, the debugger
 @dataclass(frozen=True)
 class ConnectStream:
     """Point this rank's event stream at the collector listening at ``address`` (its HMAC ``key``
@@ -508,3 +739,16 @@ class ConnectStream:
         from . import publisher
 
         publisher.connect(self.address, key=self.key)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostMortem:
+    """pdb post-mortem on this rank's last exception (``%distrain debug``), over the rank set's
+    debug ``link`` (the cell that raised may have named another); the reply says how it ended."""
+
+    link: debug_wire.LinkAddress | None = None
+
+    def run(self) -> str:
+        from . import rank_debug
+
+        return rank_debug.post_mortem(self.link)

@@ -15,6 +15,8 @@ import socket
 import sys
 import time
 
+from ..shared.wire import ENV_HOST_SLOT, LARGE_LOCAL_FROM
+
 _CONTEXT: RankContext | None = None
 _STACK_FILE = None
 
@@ -63,7 +65,7 @@ def identity(toward: str | None = None) -> dict:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((toward, 9))  # a route lookup: no packet is sent
             addr = s.getsockname()[0]
-    slot = os.environ.get("WORKBENCH_HOST_SLOT")
+    slot = os.environ.get(ENV_HOST_SLOT)
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -139,7 +141,7 @@ def bootstrap(
     ``process_group=False``: a rank that replaces a lost replica of a fault-tolerant run
     (``notebook.runs.fault_tolerant``); the set's process group cannot take a new member, and the
     run talks over its replica's own groups. ``store_file``: the group meets in a file store
-    there (a large set on one host, :data:`LARGE_LOCAL_FROM`) instead of rank 0's TCP store.
+    there (a large set on one host, ``wire.LARGE_LOCAL_FROM``) instead of rank 0's TCP store.
     """
     global _CONTEXT
     env = {
@@ -182,6 +184,8 @@ def bootstrap(
     from .cell_runner import lighten_kernel
 
     lighten_kernel()
+    if stack_dir:
+        _keep_records(os.path.dirname(stack_dir), rank, framework)
     if framework == "jax":
         from . import jax_runtime
 
@@ -258,21 +262,7 @@ def bootstrap(
     return describe(with_memory=False)
 
 
-def bootstrap_engine(table: dict[int, dict]) -> dict:
-    """:func:`bootstrap` with this engine's own arguments from ``table`` (engine id -> keyword
-    arguments): one request through the broadcast tree starts a large set, not one per rank."""
-    from IPython import get_ipython
-
-    return bootstrap(**table[get_ipython().kernel.engine_id])
-
-
 STORE_POLL_S = 0.005
-# ranks from which a set starts as large sets do: gloo pairs connected on first use
-# (lazy_gloo), and on one host a file store instead of rank 0's TCP store: torch's TCP store
-# client and server name each connection's address by a reverse DNS lookup (of ::ffff:127.0.0.1
-# here), and with tens of them at once some wait out the resolver's timeout, the server's one
-# thread blocked meanwhile for every rank (benchmarks/FINDINGS.md: a 64-rank start)
-LARGE_LOCAL_FROM = 32
 
 
 def lazy_gloo(backend: str, world_size: int) -> bool:
@@ -420,6 +410,18 @@ def _install_stack_dump(stack_dir: str, rank: int) -> None:
     faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
 
 
+def _keep_records(folder: str, rank: int, framework: str) -> None:
+    """This rank's output log and, on torch, its collective flight record, in the set's ``folder``."""
+    from . import rank_log
+
+    rank_log.install(os.path.join(folder, "logs"), rank)
+    if framework == "torch":
+        from . import comm_timing, flight_record
+
+        flight_record.install(os.path.join(folder, "flight"), rank)
+        comm_timing.install()
+
+
 def context() -> RankContext:
     """The bootstrapped context; a clear error where the rank set was not started."""
     if _CONTEXT is None:
@@ -551,4 +553,7 @@ def rejoin_group(master_port: int) -> dict:
         **kwargs,
     )
     _CONTEXT = dataclasses.replace(ctx, master_port=master_port)
+    from . import flight_record
+
+    flight_record.forget_groups()  # the new group's collectives count from 1 on every rank
     return describe(with_memory=False)

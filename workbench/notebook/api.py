@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 
+from ..shared import output_cut
 from ..shared.nccl import nccl_env
 from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
 from .cluster.cell import GRACE_S, run_cell
@@ -309,6 +310,7 @@ def run(
     grace: float = GRACE_S,
     session: str | None = None,
     group: bool | None = None,
+    output: int | None = output_cut.DEFAULT_LIMIT,
     **earlier,
 ):
     """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``).
@@ -318,13 +320,19 @@ def run(
     finish before they are interrupted (0: at once). ``session``: the session to run on
     (default the current one), without making it current. ``group``: True shows
     identical output of several ranks once under ``[ranks 0-13,15]``, False one block
-    per rank; None groups past ``cluster.grouping.GROUP_PAST`` ranks.
+    per rank; None groups past ``cluster.grouping.GROUP_PAST`` ranks. ``output``: about the
+    most characters of printed output shown, all ranks together (a head and a tail of each
+    rank's, and what was cut; None: all); every line is in the ranks' logs (``logs``).
     """
     refuse("workbench.run", earlier, {"on": "session"})
     if grace is None or grace < 0:
         raise ValueError(f"grace must be 0 or more seconds, got {grace!r}")
+    if output is not None and (isinstance(output, bool) or not isinstance(output, int) or output <= 0):
+        raise ValueError(f"output must be a number of characters (> 0) or None for all of it, got {output!r}")
     rs = current() if session is None else running_set(session)
-    return run_cell(rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group)
+    return run_cell(
+        rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group, output=output
+    )
 
 
 def running_set(name: str) -> RankSet:

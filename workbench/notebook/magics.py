@@ -6,7 +6,8 @@ import argparse
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from ..shared.argtypes import non_negative_float
+from ..shared import output_cut
+from ..shared.argtypes import non_negative_float, output_limit
 from . import api
 from .auto_cells import AUTO_MAGIC, MARKER
 from .cluster.cell import GRACE_S
@@ -43,6 +44,13 @@ def cell_parser() -> CommandParser:
         p, help="show identical output of several ranks once, under [ranks 0-13,15] (default past 8 ranks)"
     )
     flags.PER_RANK.add(p, help="show every rank's output on its own")
+    p.add_argument(
+        "--output",
+        type=output_limit,
+        default=output_cut.DEFAULT_LIMIT,
+        help="how much printed output the cell shows: a head and a tail of each rank's, about 1M in all "
+        "(default), a size such as 4M, or all; every line is in the ranks' logs (`%%distrain logs`)",
+    )
     flags.SESSION.add(p, help="the session to run on (default: the current one), without making it current")
     p.was("--on", "--session", "the one way to name a session")
     return p
@@ -96,6 +104,7 @@ class DistrainMagics(Magics):
             grace=grace,
             session=args.session[0] if args.session else None,
             group=args.group,
+            output=args.output,
         )
 
     @cell_magic(AUTO_MAGIC)

@@ -39,11 +39,13 @@ class RankDied(WorkbenchError):
 
 
 class CellTimeout(WorkbenchError):
-    """A cell ran past its ``--timeout``; ``diagnosis`` holds each stuck rank's stack."""
+    """A cell ran past its ``--timeout``; ``diagnosis`` holds each stuck rank's stack, ``culprit``
+    the conclusion the message leads with (who waits in which collective, for whom)."""
 
-    def __init__(self, message: str, diagnosis: dict | None = None):
+    def __init__(self, message: str, diagnosis: dict | None = None, culprit=None):
         super().__init__(message)
         self.diagnosis = diagnosis or {}
+        self.culprit = culprit
 
 
 class Interrupted(WorkbenchError):

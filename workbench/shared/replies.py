@@ -34,6 +34,7 @@ __all__ = [
     "Size",
     "ReplicaMember",
     "EXIT_REPLICA_LOST",
+    "LogExcerpt",
 ]
 
 
@@ -344,3 +345,16 @@ class ReplicaMember(_Reply):
     waiting: bool | None = None
     wait_rounds: int | None = None
     wait_s: float | None = None
+
+
+@dataclass(frozen=True)
+class LogExcerpt:
+    """What one rank's log file gave (``shared.rank_logs``): lines as ``(number, text)``
+    (numbered from 1 where known, 0 for a tail), the lines that matched a pattern, shown or not,
+    and why nothing could be read, where nothing could."""
+
+    path: str
+    size: int  # bytes in the file (0: no file)
+    lines: tuple[tuple[int, str], ...]
+    matched: int = 0
+    note: str = ""

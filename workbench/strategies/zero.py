@@ -96,6 +96,27 @@ def check_nvme(spec) -> None:
             "offload to nvme needs DeepSpeed's async I/O op, built against libaio on first use: install "
             "libaio-dev (apt-get install libaio-dev) and a C++ compiler, or drop offload_param/offload_optimizer=nvme"
         )
+    load_op(builder, "DeepSpeed's async I/O op (for offload to nvme)")
+
+
+def load_op(builder, what: str) -> None:
+    """Build (first use) or load a DeepSpeed op now, so that a wait on another process's build
+    says what it waits for, and a lock left by a build ended part-way is refused, named."""
+    import sys
+
+    from .extension_lock import StaleLock, named_waits
+
+    rank = os.environ.get("RANK", "?")
+
+    def say(text: str) -> None:
+        print(f"rank {rank}: {text}", file=sys.stderr, flush=True)
+
+    ninja_beside_python()
+    try:
+        with named_waits(what, say):
+            builder.load(verbose=False)
+    except StaleLock as exc:
+        raise PrepareError(str(exc)) from None
 
 
 def swap_folders(spec, rank: int) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...engine import rpc
 from ...shared.errors import BadRanks
 from .. import api
 from ..cluster import debugging
@@ -17,8 +18,6 @@ def _debug_args(p) -> None:
 
 @command("debug", "pdb post-mortem on a rank's last exception", _debug_args)
 def _debug(args, shell):
-    from ...engine import rank_debug
-
     rs = api.current()
     try:
         chosen = rs.select(args.ranks)
@@ -28,7 +27,7 @@ def _debug(args, shell):
         raise UsageError(f"--ranks {args.ranks} names {len(chosen)} ranks: debug enters one (e.g. --ranks {chosen[0]})")
     (rank,) = chosen
     # the rank's pdb talks to this kernel over the rank set's debug link, whichever host it is on
-    call = rs.submit(rank_debug.post_mortem, debug_hub.of(rs).link, ranks=[rank])
+    call = rs.submit(rpc.handle, rpc.PostMortem(link=debug_hub.of(rs).link), ranks=[rank])
     attached = False
     while not call.ar.ready():
         if debugging.waiting_sessions(rs).count(rank):

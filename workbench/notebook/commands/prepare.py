@@ -1,8 +1,8 @@
 """``%distrain prepare KIND [options]``: lay the ranks' model out with a parallelism layout.
 
-The spec is checked in the notebook (against the world size and the model's config,
-fetched from rank 0) before any rank changes; then ``engine.prepare`` runs on every rank
-and the ranks' model and optimizer variables are rebound to the wrapped ones.
+The spec is checked on rank 0 (against the world size and the model's config) before any
+rank changes; then ``engine.prepare`` runs on every rank (``rpc.Prepare``) and the ranks'
+model and optimizer variables are rebound to the wrapped ones.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 from ...engine import rpc
 from ...shared.errors import WorkbenchError
 from .. import api
+from ..cluster.cell import run_cell
 from . import UsageError, command, flags
 
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
@@ -89,18 +90,15 @@ def _prepare(args, shell):
         )
     if probe.error:
         raise WorkbenchError(f"{probe.error} (nothing was changed on the ranks)")
-    rs.push({"_workbench_spec": spec})
-    try:
-        api.run(
-            "from workbench import engine as _wb_engine\n"
-            f"prepared = _wb_engine.prepare({model_name}, {opt_name}, _workbench_spec, mesh_device={device_type!r}, "
-            f"blocks={blocks!r})\n"
-            f"{model_name}, {opt_name} = prepared.model, prepared.optimizer\n",
-            display=True,
-        )
-    finally:
-        rs.execute("globals().pop('_workbench_spec', None); globals().pop('_wb_engine', None)")
-    layouts = [lay.to_dict() for lay in rs.apply(rpc.handle, rpc.Layout())]
+    request = rpc.Prepare(
+        model_name=model_name,
+        opt_name=opt_name,
+        spec=spec.to_dict(),
+        device_type=device_type,
+        blocks=tuple(blocks) if blocks else None,
+    )
+    # run as a cell is (output per rank, a straggler released) and answered with the layouts
+    layouts = [lay.to_dict() for lay in run_cell(rs, request).result()]
     print(layout_summary(layouts))
     return None
 

@@ -64,8 +64,18 @@ def format_where(stacks: dict[int, str], *, full: bool = False, group: bool | No
     return "\n".join(lines)
 
 
-@command("where", "where every rank is right now (stacks), nothing stopped", _build)
+def conclusion(stacks: dict[int, str], rankset=None) -> str:
+    """Who waits in which collective for whom (``cluster.culprit``), "" when no rank waits."""
+    from .. import api
+    from ..cluster import culprit
+
+    rs = rankset or api.current()
+    return culprit.for_rankset(rs, stacks, code=rs.last_cell).text
+
+
+@command("where", "where every rank is right now (stacks), led by who waits for whom; nothing stopped", _build)
 def _where(args, shell):
     stacks = where_ranks(args.ranks, wait=args.timeout)
-    print(format_where(stacks, full=args.full, group=args.group))
+    lead = conclusion(stacks)
+    print((lead + "\n" if lead else "") + format_where(stacks, full=args.full, group=args.group))
     return None

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+from ..cluster import culprit
 from ..cluster.diagnosis import collect_stacks, stack_lines, thread_blocks
 from .contract import ENDED
 
@@ -47,8 +48,11 @@ def classify(stack: str) -> tuple[str, list[str]]:
     return "stuck", frames
 
 
-def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks: dict[int, str]) -> dict:
-    """The diagnosis as a dict (``stuck``, ``waiting``, ``where``, ``text``)."""
+def report(
+    run: str, timeout: float, idle_s: float, last: dict[int, int], stacks: dict[int, str], conclusion: str = ""
+) -> dict:
+    """The diagnosis as a dict (``stuck``, ``waiting``, ``where``, ``text``), led by
+    ``conclusion`` (``cluster.culprit``: who waits in which collective, for whom)."""
     kinds = {r: classify(s) for r, s in stacks.items()}
     stuck = [r for r, (k, _) in kinds.items() if k != "collective"]
     waiting = [r for r, (k, _) in kinds.items() if k == "collective"]
@@ -56,11 +60,12 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
         low = min(last.values()) if last else 0
         stuck = [r for r in waiting if last.get(r, 0) == low and len(set(last.values())) > 1]
     where = {r: _where(f) for r, (_, f) in kinds.items()}
-    lines = [
-        f"training {run}: no step for {idle_s:.1f} s (step timeout {timeout:g} s); last step per rank: "
-        + ", ".join(f"{r}: {s}" for r, s in sorted(last.items()))
-        + ". Where each rank's training thread is:"
-    ]
+    steps = "last step per rank: " + ", ".join(f"{r}: {s}" for r, s in sorted(last.items()))
+    head = f"training {run}: no step for {idle_s:.1f} s (step timeout {timeout:g} s)"
+    if conclusion:  # the conclusion leads, on the line a recovery quotes
+        lines = [f"{head}: {conclusion}", f"{steps}. Where each rank's training thread is:"]
+    else:
+        lines = [f"{head}; {steps}. Where each rank's training thread is:"]
     for r, (kind, _frames) in sorted(kinds.items()):
         label = {
             "collective": "waiting for the others in a collective",
@@ -89,6 +94,7 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
         "waiting": waiting,
         "where": where,
         "stacks": stacks,
+        "conclusion": conclusion,
         "text": "\n".join(lines),
     }
 
@@ -147,7 +153,8 @@ class StepWatchdog:
                 reported = True
                 try:
                     stacks = collect_stacks(self.rankset, list(range(n)))
-                    rep = report(self.run, self.timeout, idle, steps, stacks)
+                    lead = culprit.for_rankset(self.rankset, stacks, frames_of=culprit.trainer_thread).text
+                    rep = report(self.run, self.timeout, idle, steps, stacks, lead)
                 except Exception as exc:  # the watchdog must not die with the diagnosis
                     rep = {
                         "run": self.run,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 
+from ...engine import rpc
 from .. import api, session
 from .collector import Collector
 from .store import EventStore, Thinned
@@ -27,8 +28,6 @@ def attach(rankset) -> Collector:
     sess = session.of(rankset)
     if sess.stream.collector is not None and sess.stream.listening_to is rankset:
         return sess.stream.collector
-    from ...engine import publisher
-
     local = _all_local(rankset)
     ip = getattr(rankset, "listen_ip", "127.0.0.1")
     # a recovery's new ranks report into the store of the run they continue
@@ -37,7 +36,7 @@ def attach(rankset) -> Collector:
         carried, local_only=local, bind_ip=None if local else ip, key=getattr(rankset, "secret", None)
     )
     try:
-        rankset.apply(publisher.connect, collector.address, key=collector.key, timeout=60)
+        rankset.apply(rpc.handle, rpc.ConnectStream(address=collector.address, key=collector.key), timeout=60)
     except BaseException:
         collector.close()
         raise
