@@ -42,6 +42,7 @@ _PUBLIC = {
     "track": ("workbench.notebook.trackers", "track"),  # workbench.track("mlflow", dir="runs")
     "untrack": ("workbench.notebook.trackers", "untrack"),
     "tracking": ("workbench.notebook.trackers", "tracking"),
+    "dry_run": ("workbench.notebook.dry_run", "dry_run"),  # a layout at full scale on this CPU, beside the planner
 }
 
 # Imported with the API: they attach the event stream and the Lab registry entry to rank sets.

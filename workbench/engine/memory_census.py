@@ -7,6 +7,7 @@ size (padding and flat-buffer slack included): what the rank holds, not what the
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 from torch import nn
@@ -34,6 +35,14 @@ def _local(t):
     if hasattr(t, "ds_tensor"):
         return t.ds_tensor
     return t
+
+
+def _storage_id(t: torch.Tensor, storage) -> int:
+    """A storage's identity: its address; for a tensor without data (the fake tensors of
+    ``workbench.dry_run``) the storage object torch keeps for it."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return storage._cdata if is_fake(t) else storage.data_ptr()
 
 
 def _tensors(obj, depth: int = 3):
@@ -66,7 +75,7 @@ class _Counter:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # a subclass without storage
             return
-        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        ptr, nbytes = _storage_id(t, storage), storage.nbytes()
         if ptr == 0 or nbytes == 0 or ptr in self.seen:
             return
         self.seen.add(ptr)
@@ -145,10 +154,14 @@ def _count_optimizer(c: _Counter, ds_opt, inner_opt) -> None:
 
 
 class _SavedTensors:
-    """``saved_tensors_hooks`` that records each non-parameter storage packed for backward."""
+    """``saved_tensors_hooks`` that records each non-parameter storage packed for backward.
+
+    A storage is told from a later one at the same address (a micro-batch's tensors freed in
+    its backward, the next one's allocated there) by a weak reference to it."""
 
     def __init__(self, param_storages: set[int]):
-        self.storages: dict[int, int] = {}
+        self.storages: dict[int, tuple[int, weakref.ref]] = {}  # address -> (bytes, the storage)
+        self.total = 0
         self.calls = 0
         self.skipped_params = 0
         self.param_storages = param_storages
@@ -166,13 +179,16 @@ class _SavedTensors:
         try:
             local = _local(t)
             st = local.untyped_storage()
-            ptr = st.data_ptr()
+            ptr = _storage_id(local, st)
         except (RuntimeError, NotImplementedError, AttributeError):
             return t
         if self._is_param(t) or ptr in self.param_storages:
             self.skipped_params += 1
         elif ptr:
-            self.storages[ptr] = st.nbytes()
+            known = self.storages.get(ptr)
+            if known is None or known[1]() is None:
+                self.storages[ptr] = (st.nbytes(), weakref.ref(st))
+                self.total += st.nbytes()
         return t
 
     @staticmethod
@@ -181,7 +197,7 @@ class _SavedTensors:
 
     @property
     def bytes(self) -> int:
-        return sum(self.storages.values())
+        return self.total
 
 
 def default_batch(prepared, batch_size: int = 8, step: int | None = None, seed: int = 0):

@@ -53,6 +53,16 @@ class PlanLayout:
     # LoRA rank (0: full training): every matrix of attention and the MLP gets rank-r adapters;
     # the frozen base then carries no gradient and no optimizer state (memory.model_state_bytes)
     lora_rank: int = 0
+    # the input embedding split over tp (vocab-parallel, Megatron-LM); False: whole on every tp
+    # rank, as transformers' tensor-parallel plans leave it
+    embedding_tp: bool = True
+    # the logits stay split over tp into the loss (loss parallel); False: gathered whole to every
+    # tp rank (transformers' lm_head "colwise_gather_output", the workbench's plans)
+    logits_tp: bool = True
+    # the fp32 master weights are the parameters themselves and gradients are fp32, 16-bit only
+    # inside forward and backward (torch FSDP2's MixedPrecisionPolicy, autocast): 4 + 4 + 8
+    # B/param; False: 16-bit parameters and gradients, the master copy in the optimizer (2+2+12)
+    master_params: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
@@ -183,6 +193,12 @@ class PlanLayout:
             parts.append(f"recompute={self.recompute}")
         if self.optimizer_offload:
             parts.append(f"offload=nvme({self.nvme_gbs:g} GB/s)" if self.nvme_gbs else "offload")
+        if self.tp > 1 and not self.embedding_tp:
+            parts.append("embedding-whole")
+        if self.tp > 1 and not self.logits_tp:
+            parts.append("logits-gathered")
+        if self.master_params:
+            parts.append("fp32-params")
         return " ".join(parts) or "single rank"
 
     # ------------------------------------------------------------- model validation

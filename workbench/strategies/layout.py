@@ -36,14 +36,15 @@ def placement_name(pl) -> str:
 
 
 def index_runs(index) -> list[list[int]]:
-    """Sorted-or-not global indices -> ``[[start, stop], ...]`` runs of consecutive ones, in order."""
-    runs: list[list[int]] = []
-    for i in (int(v) for v in index):
-        if runs and runs[-1][1] == i:
-            runs[-1][1] = i + 1
-        else:
-            runs.append([i, i + 1])
-    return runs
+    """Sorted-or-not global indices -> ``[[start, stop], ...]`` runs of consecutive ones, in order.
+    Computed on the whole index at once: a vocabulary-sized dimension has 10^5 entries."""
+    t = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+    if t.numel() == 0:
+        return []
+    cuts = ((t[1:] != t[:-1] + 1).nonzero().reshape(-1) + 1).tolist()
+    starts, stops = [0, *cuts], [*cuts, t.numel()]
+    values = t.tolist()
+    return [[values[a], values[b - 1] + 1] for a, b in zip(starts, stops)]
 
 
 def _dtensor_indices(p) -> list:

@@ -20,6 +20,7 @@ from .base import (
     PrepareError,
     build_optimizer,
     check_optimizer_matches,
+    move_to,
     register,
 )
 from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_blocks
@@ -203,7 +204,7 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     elif "dp_replicate" in names:
         wrapped = apply_ddp(model, ctx, mesh.get_group("dp_replicate"))
     if stage_idx is not None:
-        model.to(ctx.device)
+        move_to(model, ctx.device)
         schedule = make_schedule(model, stage_idx, d.pp, ctx.device, mesh.get_group("pp"), s, ctx.loss_fn)
     if "tp" in names and prepared_cls is not FSDP2Prepared:  # after model.to(), which drops tensor hooks
         keep_grad_placements(model, ctx.notes)

@@ -226,15 +226,18 @@ class PipelinePrepared(Prepared):
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
         self._blocks, t0, wall = [], time.perf_counter(), time.time()
+        # return_outputs=False: the last stage would otherwise keep every micro-batch's
+        # output (the logits) until the step ends, to return them merged; the loss is all
+        # the step needs
         with self._autocast_ctx():
             if self.is_first and self.is_last:
-                self.schedule.step(x, target=y, losses=losses)
+                self.schedule.step(x, target=y, losses=losses, return_outputs=False)
             elif self.is_first:
-                self.schedule.step(x)
+                self.schedule.step(x, return_outputs=False)
             elif self.is_last:
-                self.schedule.step(target=y, losses=losses)
+                self.schedule.step(target=y, losses=losses, return_outputs=False)
             else:
-                self.schedule.step()
+                self.schedule.step(return_outputs=False)
         blocks, self._blocks = self._blocks, None
         self.last_run = {
             "stage": self.stage_idx,
