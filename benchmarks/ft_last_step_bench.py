@@ -49,11 +49,11 @@ def one_round(rs, way: str, steps: int) -> dict:
     import ft_last_step_bench as me  # the ranks import it by name (not as __main__)
 
     from workbench.engine import fault_tolerant
-    from workbench.notebook import fault_tolerance, training
+    from workbench.notebook import training
 
     rs.apply(me._arm, RETRY_S if way == "retry" else None, False, ranks=[0])
     rs.apply(me._arm, None, True, ranks=[1])
-    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    ft = training.fault_tolerant(steps, replicas=2, quorum_timeout=1.0)
     states = training.wait(timeout=300)
     if states != {0: "finished", 1: "finished"}:
         raise RuntimeError(f"round did not finish: {states}\n{ft.status_text()}")

@@ -125,7 +125,7 @@ def tracker_rounds(repeats: int, steps: int) -> list[dict]:
                 sess = Session(f"bench{i}")
                 sess.rankset = types.SimpleNamespace(world_size=2, running=False, config=None)
                 sess.store = EventStore()
-                sess.checkpoint_root = os.path.join(folder, "no-checkpoints")
+                sess.checkpoints.root = os.path.join(folder, "no-checkpoints")
                 tracker = trackers.Tracker(BACKENDS[kind](), sess, os.path.join(folder, kind), patterns)
                 batch = [trainer_rows(s, r, s - 1) for s in range(1, steps + 1) for r in (0, 1)]
                 t0 = time.perf_counter()

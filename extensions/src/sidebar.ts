@@ -78,7 +78,7 @@ export class RanksSidebar extends Widget {
     if (rs.detached) {
       box.dataset.detached = 'true';
       const badge = el('span', 'wb-Badge wb-Badge-detached', 'detached');
-      badge.title = `held by keeper pid ${rs.supervisor_pid}: %distrain attach --session ${rs.name} takes it back`;
+      badge.title = `held by keeper pid ${rs.keeper_pid}: %distrain attach --session ${rs.name} takes it back`;
       title.appendChild(badge);
     }
     box.appendChild(title);
@@ -96,6 +96,13 @@ export class RanksSidebar extends Widget {
       meta += ' (its kernel is gone: cleaned from the registry)';
     }
     box.appendChild(el('div', 'wb-RankSet-meta', meta));
+    if (rs.run) {
+      // the state its kind last told (a trainer run's live state is in the rank rows below)
+      const told = rs.run.state && rs.run.state !== 'starting' ? `: ${rs.run.state}` : '';
+      const run = el('div', 'wb-RankSet-run', `${rs.run.kind} run ${rs.run.id}${told}`);
+      run.title = rs.run.text;
+      box.appendChild(run);
+    }
     const actions = el('div', 'wb-Actions');
     if (rs.state === 'running') {
       for (const spec of ACTIONS) {

@@ -152,6 +152,10 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     # a live pane keeps growing while the kernel sleeps in a cell
     run_cell(page, "%distrain train start")
     wait_kernel_idle(page, timeout=180_000)
+    # the session's run, as its kind tells it (the Lab registry entry's "run", notebook.runs)
+    page.locator(
+        ".wb-RankSet[data-state='running'] .wb-RankSet-run", has_text=re.compile(r"^trainer run run-")
+    ).wait_for(timeout=15_000)
     page.locator(".wb-RankSet[data-state='running'] button[data-action='pane']").click()
     pane = page.locator(".wb-Pane")
     pane.wait_for(timeout=15_000)
@@ -387,7 +391,7 @@ rs = workbench.start(2, backend="gloo", threads=1, session="overnight")
 workbench.train.setup("ddp", model="tiny")
 workbench.train.start(100000)
 entry = workbench.detach("overnight")
-print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "keeper": entry["supervisor_pid"], "id": entry["id"]}}), flush=True)
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "keeper": entry["keeper_pid"], "id": entry["id"]}}), flush=True)
 """  # then exits: the set lives on under its keeper (tests/ranks/test_detach.py)
 
 

@@ -263,7 +263,7 @@ def test_autosaving_run_trains_through_a_failed_save_and_shows_it(ranks2, tmp_pa
             subprocess.run(["mount", "-o", "remount,rw", root], check=True)
     finally:
         rs.apply(clean_trainer, timeout=60)
-        session.of(rs).autosave = None
+        session.of(rs).checkpoints.autosave = None
 
 
 def test_retention_counts_only_good_checkpoints(tmp_path):

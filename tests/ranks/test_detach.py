@@ -69,7 +69,7 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             before = int(workbench.metrics().step.max())
             %distrain detach
             entry = workbench.detached()["night"]
-            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["supervisor_pid"], "before": before}}))
+            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["keeper_pid"], "before": before}}))
             """,
         )
         assert "detached 'night': 2 ranks held by keeper pid" in out, out
@@ -170,7 +170,7 @@ def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_pr
     assert "ranks 0-1 of 'overnight' are running a cell" in refused and "Nothing was changed" in refused
     info = _line(proc.stdout, "SET")
     entry = info["entry"]
-    keeper = entry["supervisor_pid"]
+    keeper = entry["keeper_pid"]
     held = [*info["pids"], keeper]
     try:
         assert alive(held) == held, "the set did not outlive the process that detached it"
@@ -240,7 +240,7 @@ def test_the_failure_budget_recovers_a_detached_run_and_the_attached_kernel_sees
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = _line(proc.stdout, "SET")
-    keeper = info["entry"]["supervisor_pid"]
+    keeper = info["entry"]["keeper_pid"]
     first = {r["pid"] for r in info["entry"]["ranks"]}
     held = [*info["pids"], keeper]
     sess = None
@@ -261,7 +261,7 @@ def test_the_failure_budget_recovers_a_detached_run_and_the_attached_kernel_sees
         assert (rec["kind"], rec["rank"], rec["detail"]) == ("died", 1, "killed by SIGKILL"), rec
         assert rec["failed_step"] >= 40 and rec["checkpoint_step"] % 10 == 0, rec
         assert 0 <= rec["steps_redone"] <= 10, rec  # at most the save interval
-        assert sess.supervisor is not None and sess.supervisor.failures == 1
+        assert sess.runs.current is not None and sess.runs.current.failures == 1
         loss = metrics.metrics(store=sess.store)
         loss = loss[loss.metric == "loss"]
         for rank in (0, 1):
@@ -349,7 +349,7 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
             runs = {{t["tracker"]: t["run"] for t in workbench.tracking()}}
             %distrain detach
             entry = workbench.detached()["tracked"]
-            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["supervisor_pid"],
+            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["keeper_pid"],
                                         "runs": runs, "left": workbench.tracking()}}))
             """,
         )
@@ -462,7 +462,7 @@ def _scalar_runs(logdir: str) -> set[str]:
 
 
 def _entry_of(keeper: int) -> dict:
-    (entry,) = [e for e in registry.read_all() if e.get("supervisor_pid") == keeper] or [{"stack_dir": "?/?"}]
+    (entry,) = [e for e in registry.read_all() if e.get("keeper_pid") == keeper] or [{"stack_dir": "?/?"}]
     return entry
 
 
@@ -486,7 +486,7 @@ try:
 except handoff.DetachError as exc:
     print("REFUSED " + json.dumps(str(exc)), flush=True)
 sess = session.KERNEL.by_name["fsetup"]
-print("KEPT " + json.dumps({{"running": sess.running, "setup": sess.resume_setup is holds_a_lock,
+print("KEPT " + json.dumps({{"running": sess.running, "setup": sess.setup.given is holds_a_lock,
                             "detached": sorted(handoff.detached_sets())}}), flush=True)
 
 MARK = {mark!r}
@@ -523,16 +523,16 @@ def test_a_recovery_setup_function_travels_to_the_keeper_and_back_and_one_that_c
     assert "pass the setup as code instead" in refused and "nothing was changed" in refused, refused
     assert _line(proc.stdout, "KEPT") == {"running": True, "setup": True, "detached": []}
     info = _line(proc.stdout, "SET")
-    keeper = info["entry"]["supervisor_pid"]
+    keeper = info["entry"]["keeper_pid"]
     held = [*info["pids"], keeper]
     sess = None
     try:
         sess = handoff.attach("fsetup")  # the function went to the keeper and comes back from it
-        assert callable(sess.resume_setup) and sess.resume_setup.__name__ == "rebuild"
+        assert callable(sess.setup.given) and sess.setup.given.__name__ == "rebuild"
         assert not mark.exists()
-        sess.resume_setup()  # what a recovery runs: it rebuilds the trainer on the ranks
+        sess.setup.given()  # what a recovery runs: it rebuilds the trainer on the ranks
         assert mark.read_text() == "ran "
-        assert sess.setup_recipe["strategy"] == "ddp"
+        assert sess.setup.recipe["strategy"] == "ddp"
     finally:
         if sess is not None and sess.running:
             from workbench.notebook import api

@@ -34,7 +34,7 @@ def test_restart_load_with_fewer_ranks_continues_from_latest(fresh_ranks, tmp_pa
         assert training.status()[0]["step"] == 6 and run != ""
         assert [m.step for _, m in catalog.entries(root)] == [2, 4, 6]
     finally:
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None
 
 
 def test_trainer_step_timeout_usage_error_changes_nothing():

@@ -384,14 +384,12 @@ def _trainer_facts() -> dict:
 def _clean(ranks) -> None:
     from conftest import clean_trainer
 
-    from workbench.notebook import session
+    from workbench.notebook import dashboard, session
 
     ranks.apply(clean_trainer, timeout=60)
     sess = session.of(ranks)
-    dash, sess.dashboard = sess.dashboard, None
-    if dash is not None:
-        dash.close()
-    sess.autosave = None
+    dashboard.close(sess)
+    sess.checkpoints.autosave = None
 
 
 def test_train_flags(shell2, ranks2, tmp_path, capsys):
@@ -414,9 +412,9 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         assert [f["step"] for f in facts] == [2, 2]
         assert all(f["lr"] == 3e-4 and f["grad_accum"] == 2 and "fsdp2" in f["layout"] for f in facts), facts
         assert all(f["rows"] == 4 // 2 for f in facts), facts  # 4 rows per step over 2 data-parallel ranks
-        assert session.of(ranks2).dashboard is None  # --no-dashboard
-        assert session.of(ranks2).watchdog.timeout == 120.0  # --step-timeout
-        first_run = session.of(ranks2).started_run
+        assert session.of(ranks2).dashboard.live is None  # --no-dashboard
+        assert session.of(ranks2).runs.current.watchdog.timeout == 120.0  # --step-timeout
+        first_run = session.of(ranks2).runs.started
         # without --gpt: --lr and --grad-accum change the trainer already there; --batch-size cannot
         with pytest.raises(UsageError, match="--batch-size sizes the teaching GPT"):
             magic(shell2, "train start --batch-size 2")
@@ -424,7 +422,7 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         magic(shell2, "train wait --timeout 120")
         facts = ranks2.apply(_trainer_facts)
         assert [(f["step"], f["lr"], f["grad_accum"]) for f in facts] == [(3, 1e-4, 1)] * 2
-        assert session.of(ranks2).dashboard is not None  # no --no-dashboard: it opened
+        assert session.of(ranks2).dashboard.live is not None  # no --no-dashboard: it opened
         # train wait --timeout: a long run is not waited for past the timeout
         magic(shell2, "train start --steps 100000 --no-dashboard")
         try:
@@ -444,11 +442,11 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         html = tmp_path / "dash.html"
         magic(shell2, f"dashboard --run {first_run} --export {html}")
         assert html.stat().st_size > 1000 and "plotly" in html.read_text().lower()
-        assert session.of(ranks2).dashboard.run == first_run
+        assert session.of(ranks2).dashboard.live.run == first_run
         # timeline: --steps rows per rank, --ranks, --run (a new trainer is a new run), --table
         magic(shell2, "train start --gpt tiny --steps 1 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
-        assert session.of(ranks2).started_run != first_run
+        assert session.of(ranks2).runs.started != first_run
         old = magic(shell2, f"timeline --steps 2 --ranks 1 --run {first_run} --table")
         new = magic(shell2, "timeline --steps 2 --table")
         assert set(old["rank"]) == {1} and len(old) == 2 and min(old["step"]) > 1, old
@@ -524,7 +522,7 @@ def test_ckpt_flags(shell2, ranks2, tmp_path, capsys):
         # auto-save every step, the newest 2 kept, written before training goes on (the default);
         # --async writes in the background; --off stops it
         magic(shell2, f"ckpt autosave --dir {auto} --every 1 --keep 2")
-        assert session.of(ranks2).autosave == {"every": 1, "keep": 2, "async_": False, "root": str(auto)}
+        assert session.of(ranks2).checkpoints.autosave == {"every": 1, "keep": 2, "async_": False, "root": str(auto)}
         magic(shell2, "train start --steps 3 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
         magic(shell2, "ckpt wait")
@@ -777,12 +775,11 @@ def test_start_restart_load_flags(fresh_ranks, tmp_path, capsys):
     finally:
         auto_cells.turn_off(ip)
         ip.user_ns.pop("SETUP", None)
-        from workbench.notebook import session
+        from workbench.notebook import dashboard, session
 
         sess = session.current()
-        dash, sess.dashboard = (sess.dashboard, None) if sess is not None else (None, None)
-        if dash is not None:
-            dash.close()
+        if sess is not None:
+            dashboard.close(sess)
     capsys.readouterr()
 
 
@@ -833,7 +830,7 @@ def test_named_set_flags(shell2, ranks2, capsys):
             # dashboard --session: one session's dashboard; several: a live overlay, traces named by
             # session; unknown names and one-session flags beside several are refused
             magic(shell2, "dashboard --session flagwalk")
-            assert api.session("flagwalk").dashboard is not None and session.of(ranks2).dashboard is None
+            assert api.session("flagwalk").dashboard.live is not None and session.of(ranks2).dashboard.live is None
             over = session.KERNEL.overlays.get(("flagwalk",))
             assert over is None
             import workbench

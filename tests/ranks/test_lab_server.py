@@ -116,7 +116,7 @@ def server(tmp_path_factory):
 def announced(ranks2):
     from workbench.notebook import session, stream
 
-    had_stream = session.of(ranks2).collector is not None
+    had_stream = session.of(ranks2).stream.collector is not None
     entry_id = registry.announce(ranks2)
     yield entry_id
     registry.withdraw(ranks2)

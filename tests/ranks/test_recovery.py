@@ -81,14 +81,14 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
         assert rec["checkpoint"] == f"step-000000{ck_step}" and rec["checkpoint_step"] == ck_step, rec
         assert rec["lost"] == [] and 0 < rec["steps_redone"] <= 30 - ck_step and rec["down_s"] > 0, rec
         assert rec["lost_s"] is not None and rec["lost_s"] >= rec["down_s"], rec
-        assert sess.supervisor.state == "finished" and sess.supervisor.failures == 1
+        assert sess.runs.current.state == "finished" and sess.runs.current.failures == 1
         frame = metrics.metrics()
         assert set(frame["run"]) == {run}  # the recovered trainer's steps continue the same run
         loss = frame[frame["metric"] == "loss"]
         for rank in (0, 1):  # every step exactly once: the redone ones replaced, not doubled
             assert loss[loss["rank"] == rank]["step"].tolist() == list(range(1, 81))
         assert [s["step"] for s in training.status()] == [80, 80]
-        assert sess.dashboard is dash and dash.rankset is sess.rankset and not dash.closed  # followed the run
+        assert sess.dashboard.live is dash and dash.rankset is sess.rankset and not dash.closed  # followed the run
         dash.refresh()
         assert "recovered: failure 1: rank 1" in dash.status_line(run)
         assert [(m.x0, m.line.dash) for m in dash.figure.layout.shapes] == [(ck_step, "dot")]
@@ -99,7 +99,7 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
         assert "failure 1: rank 1 (host " in out and "died at step" in out and "killed by SIGKILL" in out
         assert f"restarted 2 ranks, loaded step-000000{ck_step} (step {ck_step})" in out and "s lost" in out
     finally:
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None
 
 
 @pytest.mark.parametrize("held_from", [15, 5])
@@ -147,7 +147,7 @@ def test_steps_a_killed_rank_never_delivered_are_redone_from_an_older_checkpoint
             assert f"not step-00000020 (step 20): rank 1's steps after {held_from} never reached the notebook" in out
         assert set(metrics.metrics()["run"]) == {run}
     finally:
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None
 
 
 def test_a_nan_is_recovered_then_a_hang_spends_the_budget(fresh_ranks, tmp_path, ipshell, capsys):
@@ -173,7 +173,7 @@ def test_a_nan_is_recovered_then_a_hang_spends_the_budget(fresh_ranks, tmp_path,
         assert "non-finite loss" in rec["detail"] and rec["steps_redone"] == 5, rec
         assert "failure 1: rank 0 (host " in text and "loaded step-00000010 (step 10), 5 steps redone" in text, text
         sess = api.session()
-        assert sess.supervisor.state == "gave up" and sess.rankset is not rs and sess.rankset.dead() == []
+        assert sess.runs.current.state == "gave up" and sess.rankset is not rs and sess.rankset.dead() == []
         assert sess.hangs and sess.hangs[-1]["stuck"] == [1]  # the watchdog's diagnosis, kept
         capsys.readouterr()
         dispatch("train status")
@@ -181,13 +181,14 @@ def test_a_nan_is_recovered_then_a_hang_spends_the_budget(fresh_ranks, tmp_path,
         assert "gave up; failure budget 1/1 used" in out and "failure budget spent" in out
     finally:
         ipshell.user_ns.pop("drill_setup", None)
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None
 
 
 def test_max_failures_without_a_setup_is_refused_before_anything_changes(current2):
     sess = session.of(current2)
-    kept = sess.setup_recipe, sess.resume_setup
-    sess.setup_recipe = sess.resume_setup = None
+    kept = sess.setup.recipe, sess.setup.given
+    sess.setup.recipe = sess.setup.given = None
+    run_before = sess.runs.current
     try:
         with pytest.raises(UsageError) as refused:
             dispatch("train start --steps 5 --max-failures 2 --no-dashboard")
@@ -198,6 +199,6 @@ def test_max_failures_without_a_setup_is_refused_before_anything_changes(current
             dispatch("train start --steps 5 --max-failures 0")
         with pytest.raises(ValueError, match="this session has none recorded"):
             training.start(5, max_failures=1)
-        assert sess.supervisor is None and [s["state"] for s in training.status()] == ["none", "none"]
+        assert sess.runs.current is run_before and [s["state"] for s in training.status()] == ["none", "none"]
     finally:
-        sess.setup_recipe, sess.resume_setup = kept
+        sess.setup.recipe, sess.setup.given = kept

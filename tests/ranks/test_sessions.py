@@ -85,7 +85,7 @@ def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(
     assert os.path.basename(ddp.checkpoint_dir) == "ddp" and ddp.checkpoint_dir != fsdp.checkpoint_dir
     d1 = workbench.dashboard(ddp.rankset, show=False)
     d2 = workbench.dashboard(fsdp.rankset, show=False)
-    assert d1 is ddp.dashboard and d2 is fsdp.dashboard and d1.store is ddp.store and d2.store is fsdp.store
+    assert d1 is ddp.dashboard.live and d2 is fsdp.dashboard.live and d1.store is ddp.store and d2.store is fsdp.store
     for rs in (ddp.rankset, fsdp.rankset):
         rs.execute("import sys\n_nb = sorted(m for m in sys.modules if m.startswith('workbench.notebook'))")
         assert rs.pull("_nb") == [[], []]

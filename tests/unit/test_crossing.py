@@ -8,10 +8,6 @@ the source (each module's syntax tree), nothing imported or started:
   ``rpc.handle`` with a request, except where a caller's own function is passed on
   (``api.apply``: the users' way to run their function on the ranks);
 - it sends no code it wrote itself as a cell, and pushes no variables of its own.
-
-TEMPORARY: the run supervisors' modules (issue 46, item 1: one run contract) still call engine
-modules directly while they are rewritten onto ``rpc``; they are the one exception, and each
-leaves ``REWRITTEN_WITH_THE_RUN_CONTRACT`` once it follows the rule (this test fails until it does).
 """
 
 from __future__ import annotations
@@ -25,15 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SIDES = ("workbench/notebook", "workbench/labserver")
 SENDS = {"apply", "apply_async", "apply_sync", "submit"}
 RUNS_CODE = {"execute", "execute_async", "run", "run_cell"}  # their code argument: a cell's text
-
-REWRITTEN_WITH_THE_RUN_CONTRACT = {
-    "workbench/notebook/training.py",
-    "workbench/notebook/setup_recipe.py",
-    "workbench/notebook/recovery.py",
-    "workbench/notebook/fault_tolerance.py",
-    "workbench/notebook/handoff.py",
-    "workbench/notebook/commands/train.py",
-}
 
 # (module, engine module it imports) -> why that is no call on a rank
 LAUNCHES = {
@@ -150,26 +137,8 @@ def problems(path: Path, source: str) -> list[str]:
 
 
 def test_the_notebook_reaches_ranks_only_through_rpc():
-    found = [
-        p
-        for path in _modules()
-        if _rel(path) not in REWRITTEN_WITH_THE_RUN_CONTRACT
-        for p in problems(path, path.read_text())
-    ]
+    found = [p for path in _modules() for p in problems(path, path.read_text())]
     assert not found, "\n".join(found)
-
-
-def test_the_exempt_modules_still_need_their_exemption():
-    """An exempt module that now follows the rule (or is gone) leaves the list."""
-    present = {_rel(p): p for p in _modules()}
-    done = sorted(
-        m
-        for m in REWRITTEN_WITH_THE_RUN_CONTRACT
-        if m not in present or not problems(present[m], present[m].read_text())
-    )
-    assert done == [], (
-        f"these follow the rule now (or are gone): remove them from REWRITTEN_WITH_THE_RUN_CONTRACT: {done}"
-    )
 
 
 def test_every_exception_names_a_place_that_exists():

@@ -29,7 +29,6 @@ PENDING = {
     "workbench/notebook/cluster/ray_launcher.py",
     "workbench/notebook/cluster/replacements.py",
     "workbench/notebook/cluster/standby.py",
-    "workbench/notebook/commands/train.py",
     "workbench/notebook/dashboard/__init__.py",
     "workbench/notebook/dashboard/figures.py",
     "workbench/notebook/dashboard/layout_figure.py",
@@ -39,10 +38,6 @@ PENDING = {
     "workbench/notebook/dashboard/timeline_figure.py",
     "workbench/notebook/dashboard/widget.py",
     "workbench/notebook/demo.py",
-    "workbench/notebook/fault_tolerance.py",
-    "workbench/notebook/handoff.py",
-    "workbench/notebook/keeper.py",
-    "workbench/notebook/recovery.py",
     "workbench/notebook/registry.py",
     "workbench/notebook/stream/collector.py",
     "workbench/notebook/stream/history.py",
@@ -50,7 +45,6 @@ PENDING = {
     "workbench/notebook/stream/store.py",
     "workbench/notebook/trackers/backends.py",
     "workbench/notebook/trackers/mirror.py",
-    "workbench/notebook/watchdog.py",
 }
 
 # The history of a change, told in the code.

@@ -15,7 +15,7 @@ import pytest
 from workbench.engine.control import largest_size
 from workbench.notebook.cluster.lifeline import HOST_SILENCE_S, Lifeline
 from workbench.notebook.cluster.ssh import remaining_hosts
-from workbench.notebook.recovery import describe
+from workbench.notebook.runs.budget import describe
 from workbench.shared import wire
 
 

@@ -17,10 +17,10 @@ import traceback
 import urllib.request
 
 from ..shared import events
+from ..shared.replies import EXIT_REPLICA_LOST
 from . import publisher, runtime
 
 _CURRENT: FaultTolerantRun | None = None
-EXIT_REPLICA_LOST = 75  # the exit status of a rank that ended itself because its replica cannot step on
 
 
 class FaultTolerantRun:

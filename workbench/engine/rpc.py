@@ -1,4 +1,4 @@
-"""Every call the notebook makes on the ranks that is more than a trainer flag: typed requests.
+"""Every call the notebook makes on the ranks, as typed requests: this file is the whole protocol.
 
 The notebook applies :func:`handle` with a frozen request (``rs.apply(rpc.handle,
 rpc.SaveCheckpoint(root, tag=...))``; through the broadcast tree wrapped in :func:`fanned`)
@@ -9,7 +9,7 @@ build both without it. Trainer flags go through :mod:`workbench.engine.control`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..shared import debug_wire, replies
@@ -665,7 +665,190 @@ class SharedDirStep:
         raise ValueError(f"unknown shared-folder step {self.step!r}: leave, answer, collect")
 
 
-# ----------------------------------------------------------------------------- stream, trainer, debugger
+# ----------------------------------------------------------------------------- runs: the trainer
+@dataclass(frozen=True, kw_only=True)
+class BuildTeachingTrainer:
+    """The teaching trainer (``control.build_default``: a GPT preset on the bundled text) under
+    ``strategy``; ``options``: its batch size, learning rate and trainer settings."""
+
+    strategy: str = "ddp"
+    model: str = "tiny"
+    options: dict = field(default_factory=dict)
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.build_default(self.strategy, model=self.model, **self.options))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartTraining:
+    """Run ``steps`` more steps of this rank's trainer in the background."""
+
+    steps: int
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.start(self.steps))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlTraining:
+    """``action``: pause (with ``reason``), resume or stop, at the step every rank agrees on."""
+
+    action: str
+    reason: str = ""
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.request(self.action, self.reason))
+
+
+@dataclass(frozen=True)
+class TrainerStatus:
+    """This rank's trainer state ("none" where none was built)."""
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.status())
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageHparams:
+    """Check and hold hyperparameter changes under change ``version`` (:class:`CommitTrainer` applies them)."""
+
+    version: int
+    values: dict
+
+    def run(self) -> replies.StagedHparams:
+        from . import control
+
+        return replies.StagedHparams(values=control.stage(self.version, dict(self.values)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class InjectFault:
+    """Fault drill: a NaN/Inf loss or (``oom``) a simulated out-of-memory at ``step`` on this rank."""
+
+    kind: str = "nan"
+    step: int | None = None
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.inject(self.kind, self.step))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LargestSize:
+    """The most ranks, at most ``room``, the teaching trainer runs ``strategy`` on (a lost host)."""
+
+    strategy: str
+    room: int
+    batch_size: int | None = None
+
+    def run(self) -> replies.Size:
+        from . import control
+
+        return replies.Size(n=int(control.largest_size(self.strategy, self.room, self.batch_size)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndOfRun:
+    """Wait (at most ``timeout``) until nothing of run ``run_id`` still works on this rank: its
+    training thread has ended and a background save has been written. "Finished" is final only
+    then: a run's thread sends its last events and may still be saving after it says so."""
+
+    run_id: str
+    timeout: float = 30.0
+
+    def run(self) -> replies.RunEnded:
+        import concurrent.futures
+        import time
+
+        from . import fault_tolerant, runtime, trainer
+        from .checkpoint import save
+
+        deadline = time.monotonic() + self.timeout
+        rank = runtime.context().rank if runtime._CONTEXT else 0
+        ended, state = True, "none"
+        t, ft = trainer._CURRENT, fault_tolerant._CURRENT
+        if t is not None and t.run == self.run_id:
+            ended, state = t.ended(self.timeout), t.state
+        elif ft is not None and ft.run == self.run_id:
+            ft._thread.join(self.timeout)
+            ended, state = not ft._thread.is_alive(), ft.state
+        if ended:
+            try:
+                save.wait(max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                ended = False
+            except Exception:  # a failed save is reported by itself (the auto-save's log line); it is over
+                pass
+        return replies.RunEnded(rank=rank, ended=ended, state=state)
+
+
+# ----------------------------------------------------------------------------- runs: torchft replicas
+@dataclass(frozen=True, kw_only=True)
+class StartFaultTolerant:
+    """Build this rank's member of a fault-tolerant run from the notebook's ``plan``; with ``begin``
+    start stepping at once (else :class:`BeginFaultTolerant` does, once every member is built)."""
+
+    plan: dict
+    begin: bool = True
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.start(dict(self.plan), begin=self.begin))
+
+
+@dataclass(frozen=True)
+class BeginFaultTolerant:
+    """Start stepping the member :class:`StartFaultTolerant` built."""
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.begin())
+
+
+@dataclass(frozen=True)
+class FaultTolerantStatus:
+    """This rank's member of the fault-tolerant run ("none" where it has none)."""
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.status())
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopFaultTolerantAt:
+    """End the member's loop after ``step`` (the same step on every rank: ``train stop``)."""
+
+    step: int
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.stop_at(self.step))
+
+
+@dataclass(frozen=True)
+class FinishWithoutLostReplica:
+    """A lost replica will not be back (its replacement failed): take the last step without it."""
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.finish_alone())
+
+
+# ----------------------------------------------------------------------------- the event stream, the debugger
 @dataclass(frozen=True)
 class ConnectStream:
     """Point this rank's event stream at the collector listening at ``address`` (its HMAC ``key``
@@ -678,19 +861,6 @@ class ConnectStream:
         from . import publisher
 
         publisher.connect(self.address, key=self.key)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ControlTraining:
-    """``action``: pause (with ``reason``), resume or stop, at the step every rank agrees on."""
-
-    action: str
-    reason: str = ""
-
-    def run(self) -> dict:
-        from . import control
-
-        return control.request(self.action, self.reason)
 
 
 @dataclass(frozen=True, kw_only=True)

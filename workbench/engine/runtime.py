@@ -139,7 +139,7 @@ def bootstrap(
     Returns :func:`describe` of the new context. Raises if the process group is
     already initialised (a rank set is bootstrapped once; restart makes new ranks).
     ``process_group=False``: a rank that replaces a lost replica of a fault-tolerant run
-    (``notebook.fault_tolerance``); the set's process group cannot take a new member, and the
+    (``notebook.runs.fault_tolerant``); the set's process group cannot take a new member, and the
     run talks over its replica's own groups. ``store_file``: the group meets in a file store
     there (a large set on one host, ``wire.LARGE_LOCAL_FROM``) instead of rank 0's TCP store.
     """

@@ -42,6 +42,8 @@ REASONS = {
     3: "non-finite loss or gradient",
     4: "out of memory on a rank (its report is in its status)",
 }
+ENDED = ("finished", "stopped", "error")  # states after which the training thread only ends
+ENDING_S = 10.0  # how long a new start waits for the thread of a run that ended to be gone (its last flush)
 _CURRENT: Trainer | None = None
 _LAST_RUN_MS = [0]  # rank 0: the last run id handed out, in ms
 
@@ -318,7 +320,14 @@ class Trainer:
     # ------------------------------------------------------------- running
     def start(self, steps: int) -> dict:
         """Run ``steps`` more steps in the background; returns at once."""
+        if self._thread is not None and self._thread.is_alive() and self.state in ENDED:
+            self._thread.join(ENDING_S)  # its loop is over: only its last events are still on their way
         if self._thread is not None and self._thread.is_alive():
+            if self.state in ENDED:
+                raise RuntimeError(
+                    f"rank {self.rank}: the run {self.run} {self.state} at step {self.step}, and its training "
+                    f"thread has not ended {ENDING_S:g} s later (a listener of its end is still busy); try again"
+                )
             raise RuntimeError(
                 f"rank {self.rank}: training is already {self.state} at step {self.step}: "
                 "pause/resume/stop it, or wait for it to finish"
@@ -357,6 +366,13 @@ class Trainer:
         if self._thread is not None:
             self._thread.join(timeout)
         return self.status()
+
+    def ended(self, timeout: float | None = None) -> bool:
+        """True once the training thread has ended (waiting at most ``timeout``): the run's state
+        is final and its last events were handed to the stream."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.looping
 
     def status(self) -> dict:
         return {

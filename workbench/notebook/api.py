@@ -173,7 +173,6 @@ def start(
         )
     new = name not in KERNEL.by_name
     sess = KERNEL.add(name)
-    sess.own_folder = name != DEFAULT
     try:
         return _launch(sess, config, progress)
     except BaseException:
@@ -196,23 +195,23 @@ def _launch(sess: Session, config: RankSetConfig, progress=None) -> RankSet:
     KERNEL.make_current(sess)  # stop() from another thread cancels a start queued meanwhile
 
     def created(rs):
-        sess.starting = rs
+        sess.ranks.starting = rs
         rs.on_queue = lambda js: [fn(rs, js) for fn in KERNEL.listeners["queued"]]
 
     try:
         rs = RankSet.start(config, progress=progress, on_created=created)
     except BaseException:
         KERNEL.pinned, KERNEL.current_name = previous
-        if sess.starting is not None:
+        if sess.ranks.starting is not None:
             for fn in KERNEL.listeners["abandoned"]:
                 try:
-                    fn(sess.starting)
+                    fn(sess.ranks.starting)
                 except Exception:
                     pass
         raise
     finally:
-        sess.starting = None
-    sess.rankset, sess.started_run = rs, None
+        sess.ranks.starting = None
+    sess.ranks.rankset = rs
     for fn in KERNEL.listeners["started"]:
         fn(rs)
     return rs
@@ -229,8 +228,8 @@ def stop(session: str | None = None, **earlier) -> list[int]:
 def _stop_session(sess: Session | None) -> list[int]:
     if sess is None:
         return []
-    if sess.starting is not None:  # still starting (queued): cancel the job, stop what started
-        sess.starting.cancel()
+    if sess.ranks.starting is not None:  # still starting (queued): cancel the job, stop what started
+        sess.ranks.starting.cancel()
     rs = sess.rankset
     if rs is None:
         return []
@@ -239,8 +238,21 @@ def _stop_session(sess: Session | None) -> list[int]:
             fn(rs)
         except Exception:
             pass
-    sess.rankset = None
+    sess.ranks.rankset = None
     return rs.stop()
+
+
+def hold(sess: Session, rankset: RankSet) -> None:
+    """``rankset``, running and handed over from another process (``attach``, a keeper), is
+    ``sess``'s now; it becomes current."""
+    sess.ranks.rankset = rankset
+    KERNEL.make_current(sess)
+
+
+def let_go(sess: Session) -> None:
+    """This process holds ``sess``'s set no more (another one does): forgotten here, not stopped."""
+    sess.ranks.rankset = None
+    KERNEL.forget(sess)
 
 
 def restart(

@@ -1,7 +1,8 @@
 """Notebook-side checkpoint API (what ``%distrain ckpt`` calls). Imports no torch.
 
 Every collective step runs on all ranks through :meth:`RankSet.apply`; pure file
-operations (list, delete, resolve) run here in the notebook.
+operations (list, delete, resolve) run here in the notebook. Owns the session's
+``checkpoints`` part (its folder and auto-save settings).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def set_dir(path: str) -> str:
     sess = session.current()
     if sess is None:
         return catalog.set_default_dir(path)
-    sess.checkpoint_root = os.path.abspath(os.path.expanduser(path))
-    return sess.checkpoint_root
+    sess.checkpoints.root = os.path.abspath(os.path.expanduser(path))
+    return sess.checkpoints.root
 
 
 def save(
@@ -325,7 +326,9 @@ def autosave(every: int | None, *, keep: int = 3, async_: bool = False, root: st
 
     rs = _rs(rankset)
     sess = session.of(rs)
-    sess.autosave = None if not every else {"every": every, "keep": keep, "async_": async_, "root": get_dir(root)}
+    sess.checkpoints.autosave = (
+        None if not every else {"every": every, "keep": keep, "async_": async_, "root": get_dir(root)}
+    )
     if not every:
         rs.apply(rpc.handle, rpc.SetAutosave())
     else:
@@ -335,7 +338,29 @@ def autosave(every: int | None, *, keep: int = 3, async_: bool = False, root: st
     version = max(r.version for r in rs.apply(rpc.handle, rpc.NextVersion()))
     if any(r.staged for r in rs.apply(rpc.handle, rpc.StageAutosave(version=version))):
         rs.apply(rpc.handle, rpc.CommitTrainer(version=version))
-    return sess.autosave
+    return sess.checkpoints.autosave
+
+
+def autosave_again(sess, rankset) -> None:
+    """The session's auto-save on its new ranks (a restart), as it was set."""
+    again = sess.checkpoints.autosave
+    if again:
+        autosave(again["every"], keep=again["keep"], async_=again["async_"], root=again["root"], rankset=rankset)
+
+
+def forget_autosave(sess) -> None:
+    """The session saves no more by itself (its ranks' hook was removed, or they are gone)."""
+    sess.checkpoints.autosave = None
+
+
+def carry(sess) -> dict:
+    """The checkpoints part as it travels to another process (``detach``)."""
+    return {"autosave": sess.checkpoints.autosave, "root": sess.checkpoints.root}
+
+
+def take(sess, carried: dict) -> None:
+    sess.checkpoints.autosave = carried["autosave"]
+    sess.checkpoints.root = carried["root"]
 
 
 def resume(*args, **kwargs):
@@ -344,56 +369,6 @@ def resume(*args, **kwargs):
         "workbench.ckpt.resume(...) is now workbench.restart(n, load='latest', setup=..., dir=...) "
         "(`%distrain restart --load`); nothing was done"
     )
-
-
-def resume_session(
-    sess, setup=None, which: str | int | None = "latest", *, n=None, root=None, before_load=None, **restart_options
-) -> dict:
-    """Restart the session ``sess`` (dead or alive; a recovery's, current or not), repeat the setup and
-    load ``which`` (``workbench.restart(n, load=which, setup=...)``).
-
-    ``setup``: code (str) run on every rank as a cell, or a function called here in the notebook
-    after the restart; it must build the model on every rank (``checkpoint_hooks.track(...)``, a
-    Trainer, or ``engine.prepare``). Remembered for the next restart. Without one, the latest
-    ``workbench.train.setup(...)`` (``train start --gpt ...``) is repeated.
-    ``which=None``: restart and set up without loading (nothing was saved yet).
-    ``before_load(rankset)`` is called once the setup ran, before the load; a step it returns
-    bounds the checkpoint loaded (``load(at_most=)``: the newest good one at that step or before).
-    """
-    from . import api
-    from .setup_recipe import last_setup
-
-    setup = setup if setup is not None else sess.resume_setup or last_setup(sess)
-    if setup is None:
-        raise ValueError(
-            "loading after a restart needs the setup that builds the model and calls checkpoint_hooks.track(...): "
-            "workbench.restart(load='latest', setup=setup_code) or `%distrain restart --load --setup VAR` "
-            "(or build the trainer with `%distrain train start --gpt tiny` first)"
-        )
-    root = os.path.abspath(os.path.expanduser(root)) if root else sess.checkpoint_dir
-    latest = which in ("", "latest")
-    if which is not None:
-        try:  # refuse before restarting when there is nothing to load
-            catalog.resolve(root, which)
-        except DamagedCheckpoint:
-            if not (latest and catalog.entries(root)):
-                raise
-    sess.resume_setup = setup
-    rs = api.restart(n, of=sess, **restart_options)
-    if isinstance(setup, str):
-        api.run(setup, display=False)
-    else:
-        setup()
-    if sess.autosave:
-        again = sess.autosave
-        autosave(again["every"], keep=again["keep"], async_=again["async_"], root=again["root"], rankset=rs)
-    at_most = before_load(rs) if before_load is not None else None
-    if which is None:
-        info = {"name": None, "step": 0}
-    else:  # `latest`: the newest good one
-        info = load(which, root=root, skip_damaged=latest, rankset=rs, at_most=at_most if latest else None)
-    info["restarted"] = rs.world_size
-    return info
 
 
 def describe_save(info: dict) -> str:

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from . import api, checkpoints
+from . import api
 from .cluster import NotRunning
 from .keywords import refuse
+from .runs.resume import restart_from_checkpoint
 from .session import KERNEL
 
 
@@ -37,6 +38,6 @@ def restart(
     sess = KERNEL.get(session) if session is not None else KERNEL.current()
     if sess is None or sess.rankset is None:
         raise NotRunning("there is nothing to restart: start ranks with `%distrain start -n 2`")
-    return checkpoints.resume_session(
+    return restart_from_checkpoint(
         sess, setup, load, n=n, root=dir, backend=backend, collective_timeout=collective_timeout
     )

@@ -58,3 +58,8 @@ class BadRanks(WorkbenchError, ValueError):
 
 class BudgetSpent(WorkbenchError, RuntimeError):
     """A run failed more often than ``--max-failures`` allows; the message is the summary."""
+
+
+class Refused(WorkbenchError, ValueError):
+    """A training call that cannot be done as asked (``workbench.train.start``, ``train start``...); nothing was
+    started or changed, and the message says what would work."""

@@ -35,6 +35,12 @@ __all__ = [
     "SyncCheckedOut",
     "Reloaded",
     "SyncEdited",
+    "TrainerState",
+    "StagedHparams",
+    "RunEnded",
+    "Size",
+    "ReplicaMember",
+    "EXIT_REPLICA_LOST",
     "LogExcerpt",
 ]
 
@@ -331,6 +337,87 @@ class SyncEdited(_Reply):
     host: str
     outcomes: tuple[tuple[str, str], ...]
     reloaded: Reloaded | None = None
+
+
+# ----------------------------------------------------------------------------- runs
+@dataclass(frozen=True, kw_only=True)
+class TrainerState(_Reply):
+    """One rank's trainer: its run, state, step and target (``state`` "none", ``step`` 0 and
+    nothing else where no trainer was built); ``layout`` where the request built it."""
+
+    _OMIT_NONE: ClassVar[tuple[str, ...]] = ("rank", "run", "target", "reason", "notes", "layout")
+
+    state: str
+    step: int
+    rank: int | None = None
+    run: str | None = None
+    target: int | None = None
+    reason: str | None = None
+    notes: tuple[str, ...] | None = None
+    layout: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagedHparams:
+    """The hyperparameters a rank staged, as it will apply them (its types)."""
+
+    values: dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnded:
+    """Whether nothing of the run still works on this rank (its training thread and auto-save
+    ended) within the time given, and the state it ended in."""
+
+    rank: int
+    ended: bool
+    state: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Size:
+    """A number of ranks."""
+
+    n: int
+
+
+# the exit status of a rank that ended itself because its replica cannot step on (fault-tolerant runs)
+EXIT_REPLICA_LOST = 75
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaMember(_Reply):
+    """One rank of a fault-tolerant run (``state`` "none", ``step`` 0 where it has none): its replica,
+    the quorum of its newest step, the steps it healed at and whether its last step waits for a
+    lost replica."""
+
+    _OMIT_NONE: ClassVar[tuple[str, ...]] = (
+        "run",
+        "rank",
+        "replica",
+        "group_rank",
+        "reason",
+        "target",
+        "quorum",
+        "heals",
+        "waiting",
+        "wait_rounds",
+        "wait_s",
+    )
+
+    state: str
+    step: int
+    run: str | None = None
+    rank: int | None = None
+    replica: int | None = None
+    group_rank: int | None = None
+    reason: str | None = None
+    target: int | None = None
+    quorum: int | None = None
+    heals: tuple[int, ...] | None = None
+    waiting: bool | None = None
+    wait_rounds: int | None = None
+    wait_s: float | None = None
 
 
 @dataclass(frozen=True)

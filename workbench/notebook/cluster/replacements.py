@@ -1,6 +1,6 @@
 """New ranks in the places of some ranks of a running set, the others untouched.
 
-For a fault-tolerant run (``notebook.fault_tolerance``): a replica group that lost a rank is
+For a fault-tolerant run (``notebook.runs.fault_tolerant``): a replica group that lost a rank is
 replaced while the other replicas keep training. New engines join the same controller (one
 more forking process, as ``local_launch`` starts the first ones), take the lost ranks'
 numbers, and are bootstrapped without the set's process group (a process group cannot take

@@ -24,14 +24,14 @@ def _attach_args(p) -> None:
 def _attach(args, shell):
     sess = handoff.attach(session=args.session)
     store = sess.store
-    run = sess.started_run or (store.latest_run() if store is not None else None)
+    run = sess.runs.started or (store.latest_run() if store is not None else None)
     steps = store.last_steps(run) if store is not None and run else {}
     where = f"; run {run} at step {max(steps.values())}" if steps else ""
     print(f"attached {sess.name!r}: {sess.rankset.world_size} ranks{where}")
-    if sess.trackers:
-        print(f"trackers carried back (same runs): {', '.join(sess.trackers)}")
-    if sess.supervisor is not None:
-        print(sess.supervisor.status_text())
+    if sess.trackers.by_kind:
+        print(f"trackers carried back (same runs): {', '.join(sess.trackers.by_kind)}")
+    if sess.runs.current is not None:  # the run goes on here, as its kind carried it
+        print(sess.runs.current.status_text())
     if shell is not None and getattr(shell, "kernel", None) is not None:
         from ..dashboard import dashboard
 

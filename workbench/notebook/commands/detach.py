@@ -20,12 +20,12 @@ def _detach_args(p) -> None:
 def _detach(args, shell):
     sess = api.session(args.session) if args.session is not None else session.current()
     name = sess.name if sess is not None else None
-    tracked = [k for k, t in sess.trackers.items() if not t.closed] if sess is not None else []
+    tracked = [k for k, t in sess.trackers.by_kind.items() if not t.closed] if sess is not None else []
     entry = handoff.detach(session=args.session)
     if auto_cells.turn_off(shell):
         print("auto mode off: plain cells run in the notebook")
     print(
-        f"detached {name!r}: {entry['world_size']} ranks held by keeper pid {entry['supervisor_pid']}; "
+        f"detached {name!r}: {entry['world_size']} ranks held by keeper pid {entry['keeper_pid']}; "
         f"training goes on. `%distrain attach --session {name}` from any kernel takes it back, "
         f"`%distrain stop --session {name}` ends it"
     )

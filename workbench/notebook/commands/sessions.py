@@ -16,7 +16,7 @@ def _sessions(args, shell):
     detached = {n: e for n, e in handoff.detached_sets().items() if n not in api.sessions()}
     for name, entry in sorted(detached.items()):
         print(
-            f"  {name}: {entry.get('world_size')} ranks, detached (keeper pid {entry.get('supervisor_pid')}): "
+            f"  {name}: {entry.get('world_size')} ranks, detached (keeper pid {entry.get('keeper_pid')}): "
             f"`%distrain attach --session {name}`"
         )
     if not api.sessions() and not detached:

@@ -1,14 +1,9 @@
-"""Notebook side: a hung training step, found and explained (``train start --step-timeout S``).
+"""A hung training step, found and explained (``train start --step-timeout S``).
 
-A thread watches the event stream of one run. When no step event has arrived for
-``timeout`` seconds while the run is "running" on every rank, it reads every rank's
-Python stacks (``cluster.diagnosis.collect_stacks``: faulthandler on SIGUSR1, answered
-even by a rank blocked in C) and reports, once per stall, which ranks are stuck and
-where: a rank whose training thread waits in a collective is waiting for the others;
-a rank whose training thread is anywhere else (a hook, the data loader, a lock) is the
-one holding everybody up. Nothing is killed or paused. The report is printed, kept in
-the session's ``hangs`` (``workbench.session().hangs``) and put into the run's stream as a log event (rank -1).
-"""
+When no step has arrived for ``timeout`` seconds while every rank runs, every rank's Python
+stacks are read (faulthandler, answered even inside C) and each rank is said to wait in a
+collective or to be stuck elsewhere, holding the others up. Nothing is killed or paused: the
+run that owns the watchdog decides (a trainer run reports it, a failure budget recovers)."""
 
 from __future__ import annotations
 
@@ -16,8 +11,9 @@ import sys
 import threading
 import time
 
-from .cluster import culprit
-from .cluster.diagnosis import collect_stacks, stack_lines, thread_blocks
+from ..cluster import culprit
+from ..cluster.diagnosis import collect_stacks, stack_lines, thread_blocks
+from .contract import ENDED
 
 # frames of a training thread that waits for its peers: torch.distributed calls, the workbench's
 # timing wrappers, the ranks' per-step agreement (shared memory or gloo), and backward (where
@@ -135,7 +131,7 @@ class StepWatchdog:
         self._stop.set()
 
     def _loop(self) -> None:
-        from .background import lower_this_thread
+        from ..background import lower_this_thread
 
         lower_this_thread()  # gives way to ranks training on the same cores
         last_seen, since, reported = None, time.monotonic(), False
@@ -144,7 +140,7 @@ class StepWatchdog:
             if not self.rankset.running:
                 return
             states = self.store.run_state(self.run, self.mark)
-            if len(states) == n and all(e["state"] in ("finished", "stopped", "error") for e in states.values()):
+            if len(states) == n and all(e["state"] in ENDED for e in states.values()):
                 return
             steps = self.store.last_steps(self.run)
             key = (tuple(sorted(steps.items())), tuple(sorted((r, e["state"]) for r, e in states.items())))
