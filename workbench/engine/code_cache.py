@@ -17,6 +17,7 @@ import os
 import shutil
 import uuid
 
+from ..shared import replies
 from ..shared.code_tree import FileEntry, FolderEdit, tree_digest
 
 STATE_VERSION = 1
@@ -293,3 +294,27 @@ def apply_edit(edit: FolderEdit) -> str:
     if digest != edit.target:
         return "out of step"
     return "applied"
+
+
+def plan(key: str, shas) -> replies.SyncPlanned:
+    """``rpc.SyncPlan``: where folder ``key``'s copy lives here, and which of ``shas`` the cache lacks
+    (temporaries of writers that are gone are swept first)."""
+    import socket
+
+    sweep()
+    return replies.SyncPlanned(host=socket.gethostname(), tree=tree_path(key), missing=tuple(missing(shas)))
+
+
+def checkout_reply(key: str, entries) -> replies.SyncCheckedOut:
+    """``rpc.SyncCheckout``: make folder ``key``'s copy hold ``entries`` (from the cache)."""
+    import socket
+
+    digest, written, deleted, size = checkout(key, entries)
+    return replies.SyncCheckedOut(
+        host=socket.gethostname(),
+        tree=tree_path(key),
+        digest=digest,
+        written=tuple(written),
+        deleted=tuple(deleted),
+        size=size,
+    )

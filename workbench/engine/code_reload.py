@@ -150,3 +150,21 @@ def reload_changed(changed: dict[str, set[str]], namespace: dict | None = None) 
                     )
                 )
     return replies.Reloaded(host=socket.gethostname(), reloaded=tuple(reloaded), not_reloaded=tuple(not_reloaded))
+
+
+def apply_edits(edits, here: str) -> replies.SyncEdited:
+    """``rpc.SyncEdit``: the first rank of a synced host writes the folders' edits, the others find
+    them written; ranks on ``here`` (the notebook's host) read the folders themselves. Then the
+    modules this rank imported from the changed files are reloaded."""
+    import socket
+
+    from . import code_cache
+
+    if socket.gethostname() == here:
+        outcomes = tuple((e.key, "here") for e in edits)
+        changed = {e.folder: {*e.paths, *e.deleted} for e in edits}
+    else:
+        outcomes = tuple((e.key, code_cache.apply_edit(e)) for e in edits)
+        done = {k for k, outcome in outcomes if outcome != "out of step"}
+        changed = {code_cache.tree_path(e.key): {*e.paths, *e.deleted} for e in edits if e.key in done}
+    return replies.SyncEdited(host=socket.gethostname(), outcomes=outcomes, reloaded=reload_changed(changed))

@@ -279,31 +279,11 @@ class ProbeModel:
     blocks: tuple[str, ...] | None = None
 
     def run(self) -> replies.ProbeReport:
-        import __main__
+        from .prepare_cell import probe
 
-        from ..strategies import ModelHints, PrepareError, SpecError, StrategySpec, check_layout, model_config_of
-
-        ns = vars(__main__)
-        missing = [n for n in (self.model_name, self.opt_name) if n not in ns]
-        error = None
-        if not missing:
-            model = ns[self.model_name]
-            already = getattr(model, "_workbench_prepared", None)
-            if already:
-                error = (
-                    f"{self.model_name!r} was already prepared with {already!r} (its parameters were changed "
-                    "in place); build a fresh model (same seed) on the ranks for a new strategy"
-                )
-            else:
-                try:
-                    s = StrategySpec.from_dict(self.spec).validate(
-                        self.world_size, model_config_of(model), device_type=self.device_type
-                    )
-                    if s.kind not in ("none", "zero"):
-                        blocks = list(self.blocks) if self.blocks is not None else None
-                        check_layout(model, s, self.world_size, ModelHints(blocks=blocks))
-                except (SpecError, PrepareError, ValueError) as exc:
-                    error = str(exc)
+        missing, error = probe(
+            self.model_name, self.opt_name, self.spec, self.world_size, self.device_type, self.blocks
+        )
         return replies.ProbeReport(missing=tuple(missing), error=error)
 
 
@@ -325,23 +305,9 @@ class Census:
     batch_size: int = 8
 
     def run(self) -> replies.CensusReply:
-        from ..planner.live import config_dict
-        from ..strategies import model_config_of
-        from .attention_probe import AttentionProbe, hf_attention_implementation
-        from .memory_census import census
-        from .session import prepared as current_prepared
+        from .memory_census import census_of_current
 
-        prepared = current_prepared()
-        with AttentionProbe() as probe:
-            out = census(prepared, batch_size=self.batch_size)
-        model = prepared.unwrap()
-        hf = hf_attention_implementation(model)
-        return replies.CensusReply(
-            census=out,
-            attention=probe.kernel() or ({"eager": "eager"}.get(hf, "flash") if hf else None),
-            attention_evidence=probe.evidence() + (f"; HF attn_implementation={hf}" if hf else ""),
-            model_config=config_dict(model_config_of(model)),
-        )
+        return replies.CensusReply(**census_of_current(self.batch_size))
 
 
 # ----------------------------------------------------------------------------- code that travels
@@ -377,14 +343,9 @@ class SyncPlan:
     shas: tuple[str, ...]
 
     def run(self) -> replies.SyncPlanned:
-        import socket
-
         from . import code_cache
 
-        code_cache.sweep()
-        return replies.SyncPlanned(
-            host=socket.gethostname(), tree=code_cache.tree_path(self.key), missing=tuple(code_cache.missing(self.shas))
-        )
+        return code_cache.plan(self.key, self.shas)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -407,19 +368,9 @@ class SyncCheckout:
     entries: tuple  # of shared.code_tree.FileEntry
 
     def run(self) -> replies.SyncCheckedOut:
-        import socket
-
         from . import code_cache
 
-        digest, written, deleted, size = code_cache.checkout(self.key, self.entries)
-        return replies.SyncCheckedOut(
-            host=socket.gethostname(),
-            tree=code_cache.tree_path(self.key),
-            digest=digest,
-            written=tuple(written),
-            deleted=tuple(deleted),
-            size=size,
-        )
+        return code_cache.checkout_reply(self.key, self.entries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -450,20 +401,9 @@ class SyncEdit:
     here: str = ""
 
     def run(self) -> replies.SyncEdited:
-        import socket
+        from . import code_reload
 
-        from . import code_cache, code_reload
-
-        if socket.gethostname() == self.here:
-            outcomes = tuple((e.key, "here") for e in self.edits)
-            changed = {e.folder: {*e.paths, *e.deleted} for e in self.edits}
-        else:
-            outcomes = tuple((e.key, code_cache.apply_edit(e)) for e in self.edits)
-            done = {k for k, outcome in outcomes if outcome != "out of step"}
-            changed = {code_cache.tree_path(e.key): {*e.paths, *e.deleted} for e in self.edits if e.key in done}
-        return replies.SyncEdited(
-            host=socket.gethostname(), outcomes=outcomes, reloaded=code_reload.reload_changed(changed)
-        )
+        return code_reload.apply_edits(self.edits, self.here)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -481,26 +421,10 @@ class Prepare:
     blocks: tuple[str, ...] | None = None
 
     def run(self) -> replies.LayoutReply | None:
-        from IPython import get_ipython
+        from .prepare_cell import prepare_in_namespace
 
-        from ..strategies import StrategySpec
-        from . import prepare
-        from .session import current_layout
-
-        shell = get_ipython()
-        ns = shell.user_ns
-        blocks = list(self.blocks) if self.blocks is not None else None
-        try:
-            spec = StrategySpec.from_dict(self.spec)
-            prepared = prepare(
-                ns[self.model_name], ns[self.opt_name], spec, mesh_device=self.device_type, blocks=blocks
-            )
-        except (Exception, KeyboardInterrupt):
-            shell.showtraceback()
-            return None
-        ns["prepared"] = prepared
-        ns[self.model_name], ns[self.opt_name] = prepared.model, prepared.optimizer
-        return replies.LayoutReply.from_dict(current_layout())
+        layout = prepare_in_namespace(self.model_name, self.opt_name, self.spec, self.device_type, self.blocks)
+        return None if layout is None else replies.LayoutReply.from_dict(layout)
 
 
 # ----------------------------------------------------------------------------- the rank itself
@@ -766,28 +690,9 @@ class EndOfRun:
     timeout: float = 30.0
 
     def run(self) -> replies.RunEnded:
-        import concurrent.futures
-        import time
+        from .control import end_of_run
 
-        from . import fault_tolerant, runtime, trainer
-        from .checkpoint import save
-
-        deadline = time.monotonic() + self.timeout
-        rank = runtime.context().rank if runtime._CONTEXT else 0
-        ended, state = True, "none"
-        t, ft = trainer._CURRENT, fault_tolerant._CURRENT
-        if t is not None and t.run == self.run_id:
-            ended, state = t.ended(self.timeout), t.state
-        elif ft is not None and ft.run == self.run_id:
-            ft._thread.join(self.timeout)
-            ended, state = not ft._thread.is_alive(), ft.state
-        if ended:
-            try:
-                save.wait(max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                ended = False
-            except Exception:  # a failed save is reported by itself (the auto-save's log line); it is over
-                pass
+        rank, ended, state = end_of_run(self.run_id, self.timeout)
         return replies.RunEnded(rank=rank, ended=ended, state=state)
 
 
