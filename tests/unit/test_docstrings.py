@@ -17,15 +17,6 @@ MAX_MODULE_DOC_LINES = 8
 # time): each entry is taken off as its module passes. An entry whose module passes fails
 # the test, so the list only shrinks.
 PENDING = {
-    "workbench/notebook/background.py",
-    "workbench/notebook/dashboard/__init__.py",
-    "workbench/notebook/dashboard/figures.py",
-    "workbench/notebook/dashboard/layout_figure.py",
-    "workbench/notebook/dashboard/overlay.py",
-    "workbench/notebook/dashboard/pipeline_figure.py",
-    "workbench/notebook/dashboard/profile_figure.py",
-    "workbench/notebook/dashboard/timeline_figure.py",
-    "workbench/notebook/dashboard/widget.py",
     "workbench/notebook/demo.py",
     "workbench/notebook/registry.py",
     "workbench/notebook/stream/collector.py",
