@@ -13,20 +13,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_DOC_LINES = 8
 
-# Still to be rewritten in a second pass (their modules were being changed by others at the
-# time): each entry is taken off as its module passes. An entry whose module passes fails
-# the test, so the list only shrinks.
-PENDING = {
-    "workbench/notebook/demo.py",
-    "workbench/notebook/registry.py",
-    "workbench/notebook/stream/collector.py",
-    "workbench/notebook/stream/history.py",
-    "workbench/notebook/stream/mirror.py",
-    "workbench/notebook/stream/store.py",
-    "workbench/notebook/trackers/backends.py",
-    "workbench/notebook/trackers/mirror.py",
-}
-
 # The history of a change, told in the code.
 HISTORY = [
     r"\bas before\b",
@@ -100,7 +86,7 @@ def _hits(path: Path) -> list[str]:
 
 
 def test_module_docstrings_are_short():
-    long = {_rel(p): n for p in _modules() if (n := _long(p)) and _rel(p) not in PENDING}
+    long = {_rel(p): n for p in _modules() if (n := _long(p))}
     assert not long, (
         f"module docstrings over {MAX_MODULE_DOC_LINES} lines (say what the module holds and why; "
         f"move how-it-works to its function or a docs/ page, figures to benchmarks/FINDINGS.md): {long}"
@@ -108,7 +94,7 @@ def test_module_docstrings_are_short():
 
 
 def test_no_history_or_measurements_narrated():
-    hits = [h for p in _modules() if _rel(p) not in PENDING for h in _hits(p)]
+    hits = [h for p in _modules() for h in _hits(p)]
     hits += [
         h for p in sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "gpu").glob("*.py")) for h in _hits(p)
     ]
@@ -116,11 +102,6 @@ def test_no_history_or_measurements_narrated():
         "docstrings and comments that narrate a change's history or a measured figure (say why; "
         "figures go to benchmarks/FINDINGS.md with their result file):\n" + "\n".join(hits)
     )
-
-
-def test_pending_list_only_shrinks():
-    done = sorted(m for m in PENDING if not (ROOT / m).exists() or not (_long(ROOT / m) or _hits(ROOT / m)))
-    assert not done, f"take these off PENDING in {Path(__file__).name} (they pass now, or are gone): {done}"
 
 
 @pytest.mark.parametrize(
