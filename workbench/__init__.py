@@ -25,6 +25,7 @@ _PUBLIC = {
     "start": ("workbench.notebook.api", "start"),
     "status": ("workbench.notebook.api", "status"),
     "stop": ("workbench.notebook.api", "stop"),
+    "sync": ("workbench.notebook.api", "sync"),  # the synced folders' edits to the other hosts now
     "train": ("workbench.notebook.training", None),
     "metrics": ("workbench.notebook.metrics", "metrics"),
     "compare": ("workbench.notebook.metrics", "compare"),

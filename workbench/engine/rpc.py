@@ -344,6 +344,128 @@ class Census:
         )
 
 
+# ----------------------------------------------------------------------------- code that travels
+@dataclass(frozen=True)
+class HostName:
+    """Before the bootstrap: this engine's host name (which engines share a host)."""
+
+    def run(self) -> replies.Host:
+        import socket
+
+        return replies.Host(host=socket.gethostname())
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostEnvironment:
+    """Before the bootstrap, on one engine per host: its Python and the versions of torch, the
+    workbench and ``packages`` (distribution names) as its Python imports them."""
+
+    packages: tuple[str, ...] = ()
+
+    def run(self) -> replies.HostEnvironment:
+        from . import host_environment
+
+        return host_environment.report(self.packages)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncPlan:
+    """On one rank per host: where the copy of folder ``key`` lives, and which of ``shas`` the
+    host's cache lacks (temporaries of writers that are gone are swept first)."""
+
+    key: str
+    shas: tuple[str, ...]
+
+    def run(self) -> replies.SyncPlanned:
+        import socket
+
+        from . import code_cache
+
+        code_cache.sweep()
+        return replies.SyncPlanned(
+            host=socket.gethostname(), tree=code_cache.tree_path(self.key), missing=tuple(code_cache.missing(self.shas))
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncBlobs:
+    """Contents for the host's cache as ``(sha, offset, total size, bytes)`` parts."""
+
+    parts: tuple[tuple[str, int, int, bytes], ...]
+
+    def run(self) -> replies.Stored:
+        from . import code_cache
+
+        return replies.Stored(bytes=code_cache.put(self.parts))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncCheckout:
+    """On one rank per host: make the copy of folder ``key`` hold ``entries`` (from the cache)."""
+
+    key: str
+    entries: tuple  # of shared.code_tree.FileEntry
+
+    def run(self) -> replies.SyncCheckedOut:
+        import socket
+
+        from . import code_cache
+
+        digest, written, deleted, size = code_cache.checkout(self.key, self.entries)
+        return replies.SyncCheckedOut(
+            host=socket.gethostname(),
+            tree=code_cache.tree_path(self.key),
+            digest=digest,
+            written=tuple(written),
+            deleted=tuple(deleted),
+            size=size,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncEnter:
+    """On every rank of a synced host: import from the copies (``(notebook folder, copy)``) and
+    run in ``cwd``; then reload the modules imported from ``changed`` (copy -> paths)."""
+
+    trees: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+    changed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def run(self) -> replies.Reloaded:
+        from . import code_reload
+
+        if self.trees or self.cwd:
+            code_reload.entered(self.trees, self.cwd)
+        return code_reload.reload_changed({tree: set(paths) for tree, paths in self.changed})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncEdit:
+    """Before a cell, on every rank of the synced hosts and of ``here`` (the notebook's host): the
+    folders' edits (``FolderEdit``s, contents inline); the first rank of a synced host writes them,
+    the others find them written; ranks on ``here`` read the folders themselves. Then each rank
+    reloads the modules it imported from the changed files."""
+
+    edits: tuple  # of shared.code_tree.FolderEdit
+    here: str = ""
+
+    def run(self) -> replies.SyncEdited:
+        import socket
+
+        from . import code_cache, code_reload
+
+        if socket.gethostname() == self.here:
+            outcomes = tuple((e.key, "here") for e in self.edits)
+            changed = {e.folder: {*e.paths, *e.deleted} for e in self.edits}
+        else:
+            outcomes = tuple((e.key, code_cache.apply_edit(e)) for e in self.edits)
+            done = {k for k, outcome in outcomes if outcome != "out of step"}
+            changed = {code_cache.tree_path(e.key): {*e.paths, *e.deleted} for e in self.edits if e.key in done}
+        return replies.SyncEdited(
+            host=socket.gethostname(), outcomes=outcomes, reloaded=code_reload.reload_changed(changed)
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Prepare:
     """Lay ``model_name``/``opt_name`` out with ``spec`` (``engine.prepare``; ``ProbeModel`` first),
