@@ -308,8 +308,8 @@ def settle_malloc() -> bool:
 
     A rank lives through many layouts and cells, and where glibc's thresholds stand after
     that history decides whether a training step's few-MB buffers (ZeRO's gradient buckets)
-    come from the heap or from fresh pages: ~1000 page faults per step (sys time, ~5% of a
-    short step) in some prepares and none in others. ``malloc_trim`` still returns freed
+    come from the heap or from fresh pages: a bucket of fresh pages every step in some prepares
+    and none in others (benchmarks/FINDINGS.md, the ZeRO rows). ``malloc_trim`` still returns freed
     heap. Left alone where the user set glibc's malloc variables; False where not glibc."""
     if any(v in os.environ for v in _MALLOC_ENV[:3]) or "malloc" in os.environ.get(_MALLOC_ENV[3], ""):
         return False

@@ -1,14 +1,10 @@
 """The live training dashboard (notebook side): a plotly FigureWidget, ipywidgets controls.
 
-Owns the session's ``dashboard`` part.
-
-``workbench.dashboard()`` (or ``%distrain dashboard``) shows loss, throughput, memory,
-collective time, the step-time breakdown and the gradient norm of the latest run (one
-figure, a panel each: see ``figures`` for why one), pause/resume/stop, an lr box, a
-checkpoint button and a status line. A background thread redraws at most
-every ``interval`` seconds and only when new events arrived, so plotting costs the
-ranks nothing (they only PUSH to a socket) and the kernel little. Calling it again
-re-shows the same live dashboard; ``export_html(path)`` writes a standalone page.
+``workbench.dashboard()`` (or ``%distrain dashboard``) shows the latest run in one figure
+(``figures.make_figure`` says why one), the trainer's controls and a status line. A background
+thread redraws at most every ``interval`` seconds and only when new events arrived, so plotting
+costs the ranks nothing (they only PUSH to a socket) and the kernel little. Owns the session's
+``dashboard`` part.
 """
 
 from __future__ import annotations
@@ -47,6 +43,11 @@ def _import_heavy() -> None:
 
 
 class Dashboard(LiveView):
+    """Loss, throughput, memory, collective time, the step-time breakdown and the gradient norm of
+    the latest run, pause/resume/stop, an lr box, a checkpoint button and a status line. Calling
+    ``dashboard()`` again re-shows the same live dashboard; :meth:`export_html` writes a
+    standalone page."""
+
     def __init__(self, rankset=None, *, run: str | None = None, interval: float = 0.5, live: bool = True):
         self.rankset = rankset if rankset is not None else api.current()
         self.store = stream.attach(self.rankset).store

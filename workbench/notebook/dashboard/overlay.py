@@ -1,13 +1,8 @@
 """The live dashboard of several named sessions at once (``workbench.dashboard(session=[...])``,
 ``%distrain dashboard --session ddp,fsdp``): the same panels as one session's dashboard, each
 session's latest run drawn into them with its traces named by the session, redrawn as they train.
-
-The loss panel holds one line per session (its data-parallel mean, in the session's colour),
-so two layouts read as one comparison, as :func:`workbench.compare` draws once; the other panels
-hold each session's lines under ``"<session> <line>"``, step-time phases as lines (stacked bars
-of two sessions would add them up). A status line per session says where each run is. The
-overlay reads the sessions' event stores, never the ranks, so a session stopped meanwhile
-keeps its last lines while the others go on; it stops redrawing once none of them runs.
+It reads the sessions' event stores, never the ranks, so a session stopped meanwhile keeps its
+last lines while the others go on; it stops redrawing once none of them runs.
 """
 
 from __future__ import annotations
@@ -51,7 +46,12 @@ class Overlay(LiveView):
         return {n: session.KERNEL.get(n).store for n in self.names}
 
     def lines(self) -> dict[str, list[tuple]]:
-        """panel -> [(trace name, xs, ys, style)] of every session's latest run."""
+        """panel -> [(trace name, xs, ys, style)] of every session's latest run.
+
+        The loss panel holds one line per session (its data-parallel mean, in the session's
+        colour), so two layouts read as one comparison, as :func:`workbench.compare` draws once;
+        the other panels hold each session's lines under ``"<session> <line>"``, step-time phases
+        as lines (stacked bars of two sessions would add them up)."""
         out: dict[str, list[tuple]] = {key: [] for key in figures.PANEL_KEYS}
         for name, store in self.stores().items():
             run = store.latest_run() if store is not None else None
