@@ -28,7 +28,7 @@ def test_the_watch_names_a_notebook_import_made_outside_the_tests():
     code = (
         "import rank_import_watch as w\n"
         "w.install()\n"
-        "exec(compile('import workbench.notebook.timelines', '/srv/rank_code.py', 'exec'), {'__name__': 'rank_code'})\n"
+        "exec(compile('import workbench.notebook.dashboard.timelines', '/srv/rank_code.py', 'exec'), {'__name__': 'rank_code'})\n"
         "exec(compile('import plotly.io', w.TESTS + 'some_test.py', 'exec'), {'__name__': 'some_test'})\n"
         "print(json.dumps([*w.report(), 'plotly.io' in sys.modules]))"
     )
@@ -42,6 +42,6 @@ def test_the_watch_names_a_notebook_import_made_outside_the_tests():
     watching, before, breaches, plotly_loaded = json.loads(out)
     assert watching and before == []
     assert {origin for _, origin, _ in breaches} == {"rank_code"}
-    assert "workbench.notebook.timelines" in {name for name, _, _ in breaches}
+    assert "workbench.notebook.dashboard.timelines" in {name for name, _, _ in breaches}
     assert all(place.startswith("/srv/rank_code.py:") for _, _, place in breaches)
     assert plotly_loaded and not any(name.startswith("plotly") for name, _, _ in breaches)

@@ -37,8 +37,7 @@ def prepare_in_namespace(model_name, opt_name, spec, device_type, blocks) -> dic
     from IPython import get_ipython
 
     from ..strategies import StrategySpec
-    from . import prepare
-    from .session import current_layout
+    from .session import current_layout, prepare
 
     shell = get_ipython()
     ns = shell.user_ns

@@ -557,3 +557,14 @@ def rejoin_group(master_port: int) -> dict:
 
     flight_record.forget_groups()  # the new group's collectives count from 1 on every rank
     return describe(with_memory=False)
+
+
+def refuse_unless_torch(what: str) -> None:
+    """torch and JAX never share a rank set: torch's layouts need the torch process group."""
+    ctx = _CONTEXT
+    if ctx is not None and ctx.framework != "torch":
+        raise RuntimeError(
+            f"{what} works on torch.distributed, and this rank set runs {ctx.framework} "
+            f"(started with --framework {ctx.framework}): start a torch set beside it with "
+            "`%distrain start -n N --session NAME` and run torch cells there"
+        )

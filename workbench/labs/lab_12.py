@@ -15,7 +15,7 @@ import pathlib
 import subprocess
 import threading
 
-from workbench.labs import CheckFailed, checker
+from workbench.labs.checking import CheckFailed, checker
 from workbench.labs.hints import mismatch, number
 
 __all__ = ["SlowLink", "check_ddp_link_bytes", "check_sync_ratio", "on_host"]

@@ -14,12 +14,12 @@ import time
 
 from ...shared import output_cut
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
+from ...shared.ranges import format_ranks
 from .. import debugger
 from . import culprit, debugging, grouping, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
 from .health import death_message
 from .live import LIVE_POLL_S, LiveOutput, in_kernel, tag
-from .ranges import format_ranks
 
 STREAM_AFTER_S = 3.0  # where output cannot be regrouped (no kernel): live after this long
 GRACE_S = stragglers.GRACE_S

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from ...engine import rpc
 from ...shared.code_tree import FileEntry, FolderEdit, format_size
+from ...shared.ranges import format_ranks
 from . import host_check
 from .code_scan import Folder
-from .ranges import format_ranks
 
 DEFAULT_LIMIT = 64 * 2**20  # a file larger than this is named and not sent (--sync-limit)
 INLINE = 8 * 2**20  # an edit whose contents fit this rides with the one request that applies it

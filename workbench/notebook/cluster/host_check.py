@@ -6,14 +6,13 @@ notebook imported that a host has in another version is a warning."""
 from __future__ import annotations
 
 import functools
-import os
 import platform
 import sys
 
-from ...shared.code_tree import source_digest
+from ...shared import package
 from ...shared.errors import WorkbenchError
 
-WORKBENCH = "distrain-workbench"
+WORKBENCH = package.DISTRIBUTION
 REFUSED = ("torch", WORKBENCH)
 
 
@@ -41,27 +40,13 @@ def imported_distributions() -> tuple[str, ...]:
     return tuple(d for d in out if d not in REFUSED)
 
 
-@functools.cache
-def _workbench_digest() -> str:
-    import workbench
-
-    return source_digest(os.path.dirname(os.path.abspath(workbench.__file__)))
-
-
 def notebook_environment(packages: tuple[str, ...]) -> dict:
     """The notebook's side of the comparison: python, versions, workbench digest."""
-    from importlib import metadata
-
-    import workbench
-
-    versions = {}
-    for name in (*REFUSED, *packages):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    versions[WORKBENCH] = versions[WORKBENCH] or getattr(workbench, "__version__", None)
-    return {"python": platform.python_version(), "versions": versions, "workbench_digest": _workbench_digest()}
+    return {
+        "python": platform.python_version(),
+        "versions": package.versions((*REFUSED, *packages)),
+        "workbench_digest": package.digest(),
+    }
 
 
 def _public(version: str | None) -> str | None:

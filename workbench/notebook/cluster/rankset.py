@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from ...engine import rpc
 from ...shared import output_cut
 from ...shared.errors import Interrupted, NotRunning, RankDied
+from ...shared.ranges import parse_ranks
 from ...shared.wire import LARGE_LOCAL_FROM
 from ..shell_compat import mark_kernelless
 from . import code_sync, fanout, health, launchers, local_launch, network, ray_launcher, slurm, ssh
 from .gpu_plan import plan_gpus
-from .ranges import parse_ranks
 from .rank_call import RankCall
 
 

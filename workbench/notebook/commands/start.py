@@ -5,8 +5,9 @@ from __future__ import annotations
 from ...shared.argtypes import byte_size, positive_int
 from .. import api, auto_cells
 from ..cluster.launchers import FRAMEWORKS, LAUNCHERS
-from . import UsageError, command, flags
+from . import flags
 from .auto import AUTO_ON
+from .registry import UsageError, command
 
 
 def _start_args(p) -> None:

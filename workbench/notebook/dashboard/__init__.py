@@ -17,7 +17,7 @@ from .. import api, session, stream
 from ..keywords import refuse
 from . import figures
 from .controls import Controls
-from .live_view import LiveView
+from .live_view import LiveView, import_heavy
 
 __all__ = ["Dashboard", "dashboard"]
 
@@ -26,20 +26,6 @@ MOVED = (
     "<i class='wb-dashboard-moved'>the live dashboard moved to where it was opened last "
     "(<code>%distrain dashboard</code> shows it again)</i>"
 )
-
-
-def _import_heavy() -> None:
-    """Import what a redraw may import, here, before the redraw thread starts.
-
-    plotly's validators look for pandas/numpy in ``sys.modules``; were the main thread
-    importing pandas (``workbench.metrics()``) while the redraw thread validated a trace,
-    the thread would meet a half-initialized module ("partially initialized module
-    'pandas' has no attribute 'Series'").
-    """
-    import ipywidgets  # noqa: F401
-    import numpy  # noqa: F401
-    import pandas  # noqa: F401
-    import plotly.graph_objects  # noqa: F401
 
 
 class Dashboard(LiveView):
@@ -52,7 +38,7 @@ class Dashboard(LiveView):
         self.rankset = rankset if rankset is not None else api.current()
         self.store = stream.attach(self.rankset).store
         self.run = run  # None: follow the latest run
-        _import_heavy()  # never first imported by the redraw thread (see _import_heavy)
+        import_heavy()  # never first imported by the redraw thread (see live_view.import_heavy)
         try:
             ranks = list(range(self.rankset.world_size))
         except Exception:  # a rank set that cannot say: traces are added as they appear

@@ -61,7 +61,7 @@ def _pick(table: pd.DataFrame, max_tensors: int, match: str | None) -> list[str]
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    from ..cluster.ranges import format_ranks
+    from ...shared.ranges import format_ranks
 
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 

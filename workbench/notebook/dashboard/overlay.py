@@ -11,7 +11,7 @@ import html
 
 from .. import api, session, stream
 from . import figures
-from .live_view import LiveView
+from .live_view import LiveView, import_heavy
 
 __all__ = ["Overlay", "overlay"]
 
@@ -24,12 +24,10 @@ class Overlay(LiveView):
     def __init__(self, names, *, interval: float = 0.5, live: bool = True):
         import ipywidgets as w
 
-        from . import _import_heavy
-
         self.names = tuple(names)
         for name in self.names:
             stream.last_store(name)  # attach a running session's stream here, not in the redraw thread
-        _import_heavy()
+        import_heavy()
         self.colours = {n: COLOURS[i % len(COLOURS)] for i, n in enumerate(self.names)}
         self.figure = figures.make_figure(widget=True)
         for name in self.names:  # the loss lines exist from the start (see figures.make_figure)

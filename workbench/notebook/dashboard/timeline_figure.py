@@ -106,7 +106,7 @@ def _ranks_list(ranks: list[int]) -> str:
     """``0, 1, 3`` for a few ranks, ``0-511,513-1023`` past ``BAND_PAST``."""
     if len(ranks) <= BAND_PAST:
         return ", ".join(map(str, ranks))
-    from ..cluster.ranges import format_ranks
+    from ...shared.ranges import format_ranks
 
     return format_ranks(ranks)
 
