@@ -92,4 +92,3 @@ def _new_ranks(rankset) -> None:
 
 
 api.on("started", _new_ranks)
-
