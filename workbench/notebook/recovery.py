@@ -293,8 +293,11 @@ class Supervisor:
         from . import checkpoints
 
         self.state = "recovering"
-        steps = self.store.last_steps(self.run)
         rs = self.sess.rankset
+        if self.sess.collector is not None and self.sess.collector_of is rs:
+            # the survivors' steps already sent (their window's batch) count: the run's step at the failure
+            self.sess.collector.drain(quiet=0.2, limit=2.0)
+        steps = self.store.last_steps(self.run)
         rec = {
             "run": self.run,
             "n": self.failures,
@@ -325,8 +328,6 @@ class Supervisor:
             if self.watchdog is not None:
                 self.watchdog.close()
             size = shrink(self.sess, rs)  # {} unless a host is lost (whatever was seen first)
-            if self.sess.collector is not None and self.sess.collector_of is rs:
-                self.sess.collector.drain(quiet=0.2, limit=2.0)  # what reached the notebook is in the store
             info = checkpoints.resume_session(self.sess, None, which, root=root, before_load=before_load, **size)
             new_rs = self.sess.rankset
             left = self.target - int(info["step"])
