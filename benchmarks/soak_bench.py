@@ -54,6 +54,7 @@ MIB = 2**20
 RSS_GROWTH_MIB = 32
 FD_GROWTH = 4
 THREAD_GROWTH = 2
+MAX_POINTS = 1000  # the store's points per plotted line before it thins (EventStore's max_points)
 
 
 def proc_sample(proc) -> dict:
@@ -281,9 +282,10 @@ def main(argv=None) -> int:
     if a.sample < 1 or a.steps < 2 * a.sample:
         p.error(f"--steps {a.steps} --sample {a.sample}: give at least two samples")
     ranks = a.sim or 2
-    # from a little past the window's first spill (the store's rows are then at their bound), or a
-    # tenth of the run where the window is small
-    baseline = a.baseline or max(a.sample, a.steps // 10, int(a.window / ranks * 1.05))
+    # from a little past the point where the store's parts are at their bounds: the window full (its
+    # first spill) and the plotted lines at 2 x max_points (a point a step until then), or a tenth
+    # of the run
+    baseline = a.baseline or max(a.sample, a.steps // 10, int(max(a.window / ranks, 2 * MAX_POINTS) * 1.05))
     if baseline >= a.steps:
         p.error(f"--steps {a.steps} does not cross the window ({a.window} rows of {ranks} ranks) by enough")
     run = results.Run("soak", {**vars(a), "baseline": baseline})  # a short run is judged too: no speed figures
