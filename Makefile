@@ -62,11 +62,11 @@ demo: $(BIN)/.installed | $(STATE)
 # two streams of rank groups side by side finish before the groups one after another (~8.5 min
 # each here). The notebook tier (a kernel, and its ranks, started per notebook: 2-3 processes
 # starting at once, the most start-heavy group), the test files whose checks allow a second or
-# a few (a rank's death named at once, no orphan after 3 s, a cut at a timeout), the browser and
+# a few (a rank's death named at once, no orphan after 3 s, a cut at a timeout, a hang named within its timeout + 2 s), the browser and
 # the cluster tiers then run one after another with nothing beside them. tests/run_streams.py prints each group's log whole when it ends and a table
 # of every group at the end; every group runs, and the target fails if any group failed.
 TEST_LOGS := $(STATE)/test-logs
-RANKS_TIMED := $(patsubst %,tests/ranks/test_%.py,failures health orphans rank_lifecycle)
+RANKS_TIMED := $(patsubst %,tests/ranks/test_%.py,failures health orphans rank_lifecycle culprit)
 NOTEBOOKS_TIMED := $(patsubst %,tests/notebooks/test_%.py,cells_kernel gpu_check)
 # 64 real ranks: the most the machine holds, so nothing runs beside them
 RANKS_64 := tests/ranks/test_scale_64.py

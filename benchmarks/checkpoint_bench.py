@@ -1,46 +1,11 @@
 """How long a checkpoint blocks training: async save vs sync save, what checksums add, restore time.
 
-For each model (tiny GPT, ~100M-parameter GPT) and world size (2, 4): real gloo ranks
-(``RankSet``), the model sharded with FSDP2 and trained one step (so AdamW state
-exists), then ``runs`` times each, alternating saves that record a checksum per file
-(``save.CHECKSUM = integrity.ALGO``, the default) with saves that record sizes only
-(``CHECKSUM = None``), in the same run:
+Targets: an async save blocks at most 1/4 of a sync save, checksums included; steps/s while
+async saves are written >= 0.9 of steps/s without (the method: docs/figures.md). Results:
+``benchmarks/results/checkpoint-*.json`` (``--pool``: every saved run; ``--quick``: checks the
+script only). Usage::
 
-- sync save: the training thread is blocked for the whole save (write, checksum, commit);
-- async save: blocked only while the state is copied to CPU memory and the storage is
-  checked (folder, free space); the write and the checksums run in the background
-  (its total time is shown too);
-- restore: ``load latest`` into the live model: verify sizes and checksums, DCP read into
-  staging storage, apply (``verify_s`` is the first part); ``staging MB`` is the extra
-  memory a rank holds during a load (one copy of its model + optimizer state).
-
-- training while async saves are written: ``--steps`` training steps (40 for the tiny model,
-  30 for the ~100M one; ``--train-rounds`` rounds, 2 for the ~100M one) with an async
-  auto-save every ``--every`` steps (``checkpoint_hooks.set_autosave``, as ``ckpt autosave``
-  does) against the same steps with no checkpointing, alternating which goes first. The
-  target's steps/s is that of the steps that start while a background write is in flight
-  (their ``train_step`` time on the slowest rank) against all steps of the round without
-  saves: what the write costs the training running beside it, the blocking part being
-  measured beside it (the issue: "steps/s of training while an async save is being written
-  vs without ... beside the blocking time"). Whole-run steps/s, the blocking parts included
-  (slowest rank, until the last step ends), is reported too.
-  Beside it, CPU time: the training thread's per step (``time.thread_time``), per auto-save
-  its blocking part and the writer thread's (``/proc/self/task/TID/stat``), which say what
-  a save costs training where wall time on a shared machine cannot; and the training thread's
-  "sleep" per step (in ``train_step``, neither on a CPU nor queued for one, from
-  ``/proc/self/task/TID/schedstat``): its collectives' waits, plus, while a save is written,
-  its waits for the GIL the writer holds.
-
-Each save starts on every rank at once (a barrier first, as where a training loop calls it;
-a notebook's request reaches the ranks milliseconds apart, which both save kinds would count).
-Blocked time is the slowest rank's. Medians over ``runs`` (per model, ``SAVE_RUNS``). Targets: async blocks <= 1/4
-of sync, with checksums; steps/s while async saves are written >= 0.9 of steps/s without
-(issue: "steps/s of training while an async save is being written vs without (target: >= 0.9)"). Before the saves: the checksum candidates' throughput on one
-core over the ~largest checkpoint file (crc32 from zlib, sha256 from hashlib, xxh3_64
-from xxhash). Results: ``benchmarks/results/checkpoint-*.json`` (``--pool``: every saved run; ``--quick``: checks the script only). Usage::
-
-    OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs N] [--models tiny,m100] [--ranks 2,4] [--steps N --every 10 --train-rounds N]
-"""
+    OMP_NUM_THREADS=1 python benchmarks/checkpoint_bench.py [--runs N] [--models tiny,m100] [--ranks 2,4] [--steps N --every 10 --train-rounds N]"""
 
 from __future__ import annotations
 
@@ -165,8 +130,8 @@ def _set_checksum(algo):
 # save every 10 still overlap two whole background saves with training.
 TRAIN_STEPS = {"tiny": 40, "m100": 30}
 TRAIN_ROUNDS = {"tiny": 3, "m100": 2}
-# Saves of each kind per model unless --runs says: a tiny model's save is ~0.1 s and moves by 2-3x
-# from one to the next on a shared 2-core machine (a median of 3 moved the ratio by +-0.1)
+# Saves of each kind per model unless --runs says: a tiny model's save is short and moves a lot
+# from one to the next on a shared 2-core machine, so its median takes more of them
 SAVE_RUNS = {"tiny": 9, "m100": 3}
 
 

@@ -1,16 +1,9 @@
 """Where the CPU goes during a stretch of training steps, thread by thread.
 
-Wall-clock ratios on a shared 2-core machine move with the neighbours' load; CPU time
-spent does not (much). So the strategy benchmark also counts, for every thread of every
-process that lives beside the training (the rank's helper threads, the controller and
-its schedulers, the process that forked the ranks, ``torchrun``'s agent, the driver), the
-CPU it used and how often it woke while the steps ran: with 4 ranks on 2 cores every
-CPU-ms outside the training threads is taken from a step.
-
-Linux only: ``/proc/<pid>/task/<tid>/schedstat`` (ns on a CPU, ns waiting for one) and
-``status`` (context switches: a voluntary switch is a sleep, so a wake-up). Standard
-library only: it is imported on the ranks and in the ``torchrun`` workers.
-"""
+Wall-clock ratios on a shared 2-core machine move with the neighbours' load; CPU time spent
+does not (much), and with 4 ranks on 2 cores every CPU-ms outside the training threads is
+taken from a step. Linux only (``/proc/<pid>/task/<tid>/schedstat`` and ``status``);
+standard library only, since it is imported on the ranks and in the ``torchrun`` workers."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """Dispatch and start-up figures for the rank foundation.
 
-1. Median latency of a trivial ``%%distrain`` cell on 4 ranks (through a real
-   IPython shell and the magic, output rendering included) against a raw
-   ipyparallel ``apply_sync`` on the same engines. Target: at most 1.2x raw.
-2. Time from ``%distrain start -n 4`` to a rank set that has imported torch and
-   initialised its process group. Target: at most 10 s on a 2-core CPU machine.
-
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dispatch_bench.py`` (``--quick``: a
-short run that only checks the script works; ``--pool``: every saved run's figures).
-Results: ``benchmarks/results/dispatch-*.json``; the exit status is 1 when a target is missed.
-"""
+Targets: a trivial ``%%distrain`` cell on 4 ranks at most 1.2x a raw ipyparallel
+``apply_sync``; ``%distrain start -n 4`` to an initialised process group in at most 10 s on a
+2-core CPU machine. Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/dispatch_bench.py``
+(``--quick``: checks the script only; ``--pool``: every saved run). Results:
+``benchmarks/results/dispatch-*.json``; the exit status is 1 when a target is missed."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Edit-run loop: re-running a training cell on live ranks against relaunching a script.
 
-What a user waits for after editing training code, on 2 CPU ranks:
-
-(a) workbench: the cell (build the model, DDP, 20 steps) re-run on ranks that are already
-    up, through the ``%%distrain`` magic of a real IPython shell;
-(b) torchrun: the same code as a script, launched anew with ``torch.distributed.run``
-    (interpreter start, ``import torch``, the process group, the model, 20 steps, exit);
-(c) Accelerate's ``notebook_launcher``: the same function, forked anew for each run.
-
-Rounds alternate between the three so that all see the same machine load. Target: the
-workbench's median at least 10x faster than torchrun's (the ratio is reported for both).
-
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/edit_loop_bench.py`` (``--quick``: one
-round, checks the script only; ``--pool``: every saved run). Results:
-``benchmarks/results/edit_loop-*.json``; exit status 1 when the target is missed.
-"""
+Target: re-running the cell on live ranks at least 10x faster than relaunching it under
+``torchrun`` (Accelerate's ``notebook_launcher`` reported beside it; the method:
+docs/figures.md). Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/edit_loop_bench.py``
+(``--quick``: one round, checks the script only; ``--pool``: every saved run). Results:
+``benchmarks/results/edit_loop-*.json``; exit status 1 when the target is missed."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """fp8's numerics on CPU: emulated fp8 (torchao) against fp32 over 20 steps on two gloo ranks.
 
-Runs the same function as ``tests/ranks/test_fp8_nccl_ranks.py`` (fsdp2 fp32, fsdp2
-``fp8=tensorwise`` with fp8 all-gather, tp ``fp8=rowwise``; ``GPTConfig.tiny(dim=64,
-ffn_dim=128)``, AdamW lr 1e-2) and saves each run's losses and its largest and last relative
-difference from fp32 to ``benchmarks/results/fp8-emulated-parity-*.json``. A numerics figure,
-not a speed one: emulation runs the matmuls in high precision.
-
-Run: ``python benchmarks/fp8_parity.py``.
-"""
+Runs the function of ``tests/ranks/test_fp8_nccl_ranks.py`` (fsdp2 fp32, fsdp2
+``fp8=tensorwise``, tp ``fp8=rowwise``) and saves each run's losses and relative differences
+from fp32 to ``benchmarks/results/fp8-emulated-parity-*.json``: a numerics figure, not a speed
+one (emulation runs the matmuls in high precision). Run: ``python benchmarks/fp8_parity.py``."""
 
 import json
 import pathlib

@@ -1,19 +1,11 @@
 """How often a fault-tolerant run's last step re-forms its quorum while it waits for a lost replica.
 
-``train start --fault-tolerant``: a replica's last step waits for a lost replica's replacement
-(``engine.fault_tolerant``: the last-step rule). Each try re-forms the quorum, and each new
-quorum reconfigures the replicas' gloo group. Two ways, alternating round by round on the same
-rank set: ``retry`` (a try every 0.1 s, as before) and ``lighthouse`` (a try once a replica asks
-the lighthouse for a quorum: ``_wait_for_a_joiner``). A round: 2 gloo ranks as 2 replicas of 1,
-``--steps`` steps, quorum timeout 1 s; rank 1 SIGKILLs itself as it starts the last step, the
-workbench replaces it (a new process, healed from rank 0), and rank 0 takes the last step with it.
-Measured on rank 0: the tries of its last step (``wait_rounds``: each a new quorum) over the
-seconds it waited (``wait_s``). Target: the lighthouse way's reconfigurations per second of waiting
-<= 1/5 of the retry's, its wait no longer than 1.5x the retry's (medians). Results:
-``benchmarks/results/ft_last_step-*.json``. Usage::
+Each try of the last step re-forms the quorum and reconfigures the replicas' gloo group:
+trying once a replica asks the lighthouse (``_wait_for_a_joiner``) should reconfigure at most
+1/5 as often per second of waiting as a fixed retry every 0.1 s, and wait no longer than 1.5x
+its wait (medians; the method: docs/figures.md). Results: ``benchmarks/results/ft_last_step-*.json``::
 
-    OMP_NUM_THREADS=1 python benchmarks/ft_last_step_bench.py [--rounds 3] [--steps 30] [--quick]
-"""
+    OMP_NUM_THREADS=1 python benchmarks/ft_last_step_bench.py [--rounds 3] [--steps 30] [--quick]"""
 
 from __future__ import annotations
 
@@ -57,11 +49,11 @@ def one_round(rs, way: str, steps: int) -> dict:
     import ft_last_step_bench as me  # the ranks import it by name (not as __main__)
 
     from workbench.engine import fault_tolerant
-    from workbench.notebook import fault_tolerance, training
+    from workbench.notebook import training
 
     rs.apply(me._arm, RETRY_S if way == "retry" else None, False, ranks=[0])
     rs.apply(me._arm, None, True, ranks=[1])
-    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    ft = training.fault_tolerant(steps, replicas=2, quorum_timeout=1.0)
     states = training.wait(timeout=300)
     if states != {0: "finished", 1: "finished"}:
         raise RuntimeError(f"round did not finish: {states}\n{ft.status_text()}")

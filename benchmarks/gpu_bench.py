@@ -1,27 +1,10 @@
 """GPU benchmark: the workbench trainer on one GPU against a plain hand-written loop.
 
-The same model (a ~130M-parameter GPT: ``GPTConfig.m100(n_layers=15)``, byte vocabulary,
-Llama blocks), the same dtype (parameters in bf16 by default), the same batches (a pool of
-random token batches already on the GPU, so neither side loads data) and the same step
-(zero_grad, forward, next-token loss, backward, gradient clipping to 1.0, AdamW, the loss
-read back every step) run on one GPU in one process, (a) as :class:`workbench.engine.trainer.
-Trainer` on a world-size-1 NCCL rank (its phase clocks, agreement, telemetry and hooks on the
-step path) and (b) as a plain ``for`` loop with no workbench code. Rounds alternate the two
-sides (the order flips each round) so both see the same clocks and thermals. Figures per
-compile mode (``torch.compile`` off / on): tokens/s of each side (median over rounds), the
-ratio trainer / plain (median of the per-round ratios; target >= 0.97) and MFU = tokens/s x
-training FLOPs per token (the planner's 6N + 12 L d s) / the GPU's dense peak (the planner's
-catalogue, by the GPU's name; no MFU where the GPU is not in it).
-
-Run: ``python benchmarks/gpu_bench.py`` on a machine with a CUDA GPU (``--compile off``,
-``on`` or ``both``; ``make gpu-check`` runs it). Without CUDA it says so and exits 0 without
-writing a figure; ``--quick`` runs a tiny model for a few steps on whatever device there is
-(CPU: gloo, fp32), which only checks that the script works. ``--budget-s S``: the rounds stop
-where the next would end past S seconds from the start (the warm-up, compilation included,
-always runs; so does one round), and the summary says how many ran. Results:
-``benchmarks/results/gpu-*.json`` (with the GPU's name and the torch/CUDA/NCCL versions);
-exit status 1 on a missed target.
-"""
+Target: tokens/s of the trainer / the plain loop >= 0.97, with ``torch.compile`` off and on;
+MFU beside it (the method: docs/figures.md). Run ``python benchmarks/gpu_bench.py`` on a CUDA
+machine (``make gpu-check`` runs it; ``--budget-s S`` cuts the rounds to fit); without CUDA it
+says so and exits 0, and ``--quick`` only checks the script on any device. Results:
+``benchmarks/results/gpu-*.json``; exit status 1 on a missed target."""
 
 from __future__ import annotations
 

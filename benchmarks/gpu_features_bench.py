@@ -1,26 +1,10 @@
 """GPU features benchmark: what fp8, CUDA graphs and compile per block buy on one GPU.
 
-Three groups, each a baseline and its alternatives run through ``prepare`` in one process on a
-world-size-1 NCCL rank, the same model, seed and batches (a pool already on the GPU):
-
-- ``fp8``: bf16 against fp8 tensorwise and rowwise (torchao), all compiled per block (torchao's
-  fp8 casts are fused by inductor; eager fp8 is slower than bf16 by design), on a model whose
-  matmuls are large enough for fp8 to matter (``--fp8-dim``, default 2048).
-- ``graphs``: eager against compile per block against CUDA graphs (``compile=reduce-overhead``)
-  at micro-batch 1 on a small model, where launch overhead dominates a step.
-- ``fsdp_compile``: FSDP2 with compile per block off and on.
-
-Each configuration: warm-up steps (compilation, graph recording), then rounds of ``--steps``
-steps timed with a CUDA synchronise at each end; the figure is the median step time over
-rounds and its ratio to the group's baseline in the same run (speed-up > 1 is faster). No
-targets: nothing has been measured yet, so the figures are reported, not judged.
-
-Run: ``python benchmarks/gpu_features_bench.py`` on a CUDA machine (``make gpu-check`` runs it
-with ``--budget-s``: configurations that would not fit are listed as skipped). Without CUDA
-it says so and exits 0; ``--quick`` runs the fp8 group on a tiny model on whatever device
-there is (CPU: fp8 emulated, no compile), which only checks the script. Results:
-``benchmarks/results/gpu-features-*.json``.
-"""
+Each group's alternatives against its baseline in the same run (the method: docs/figures.md);
+no targets, so the figures are reported, not judged. Run ``python
+benchmarks/gpu_features_bench.py`` on a CUDA machine (``make gpu-check`` runs it with
+``--budget-s``); without CUDA it exits 0, and ``--quick`` only checks the script. Results:
+``benchmarks/results/gpu-features-*.json``."""
 
 from __future__ import annotations
 

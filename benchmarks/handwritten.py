@@ -57,8 +57,8 @@ def zero(model, lr, stage: int = 2):
     import deepspeed
     import deepspeed.comm.torch  # noqa: F401
 
-    # on CPU DeepSpeed JIT-compiles an inference-only shared-memory all-reduce (~100 s) on
-    # first use; training all-reduces through gloo, so skip the build as the workbench does
+    # on CPU DeepSpeed JIT-compiles an inference-only shared-memory all-reduce (slow) on first
+    # use; training all-reduces through gloo, so skip the build as the workbench does
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
     n = sum(p.numel() for p in model.parameters())

@@ -1,21 +1,11 @@
 """JAX ranks beside torch ranks: start-up, memory per rank, and the planner's bytes per rank.
 
-Per round (alternating which goes first, so both see the same machine load):
+Targets: a JAX set starts no slower than a torch set; planner / measured bytes == 1 under
+FSDP- and TP-style layouts; memory reported beside them (the method: docs/figures.md).
+Results: ``benchmarks/results/jax-*.json`` (``--pool``: every saved run; ``--quick``: checks
+the script only). Usage::
 
-- ``RankSet.start(n, framework="jax")`` against ``RankSet.start(n, backend="gloo")``: seconds
-  from the call to every rank initialised (``jax.distributed`` / ``torch.distributed``),
-  and the memory of the set right after (PSS of the process that imported the framework
-  and forked the ranks, and of the ranks: a JAX rank never imports torch);
-- on the JAX ranks, a Llama-shaped model (``--model``) laid out FSDP-style and TP-style
-  (``engine.jax_models``): the bytes each rank holds (``engine.describe_jax``) against the
-  planner's FSDP/TP arithmetic for the same model (``planner.sharded_bytes``).
-
-Medians over ``--rounds``. Targets: JAX start <= torch start; planner / measured bytes == 1
-both ways. The memory is reported beside them, without a target. Results: ``benchmarks/results/jax-*.json``
-(``--pool``: every saved run; ``--quick``: one round, checks the script only). Usage::
-
-    OMP_NUM_THREADS=1 python benchmarks/jax_bench.py [--ranks 4] [--rounds 3]
-"""
+    OMP_NUM_THREADS=1 python benchmarks/jax_bench.py [--ranks 4] [--rounds 3]"""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """LoRA checkpoints against the full model's: bytes on disk, the base written once, save time.
 
-One process (world size 1: sizes do not depend on the ranks; DCP writes the same tensors),
-a random-init Llama of 41.6M parameters, peft LoRA ``target_modules="all-linear"`` at
-rank 8 and 16, AdamW after one step, ``workbench.engine.checkpoint.save`` into a fresh root:
-the first adapter save (which also writes the frozen base under ``bases/``), a second one
-(adapters only), and the same model trained whole. Median of ``--runs`` saves each.
-Results: ``benchmarks/results/lora_checkpoint-*.json``. Usage::
+One process (sizes do not depend on the ranks), a random-init Llama with peft LoRA at rank 8
+and 16 (the method: docs/figures.md). Results: ``benchmarks/results/lora_checkpoint-*.json``::
 
-    python benchmarks/lora_checkpoint_bench.py [--runs 3] [--quick]
-"""
+    python benchmarks/lora_checkpoint_bench.py [--runs 3] [--quick]"""
 
 from __future__ import annotations
 

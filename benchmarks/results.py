@@ -1,14 +1,8 @@
-"""What every benchmark shares: the machine it ran on, its rounds and targets saved as JSON,
-pooling of saved runs, and an exit status that says whether the targets were met.
-
-A run is saved as ``benchmarks/results/<bench>-<UTC time>.json``::
-
-    {"bench": ..., "args": {...}, "machine": {...}, "rounds": [...],
-     "summary": {...}, "targets": [{"name", "value", "op", "limit", "met"}], "quick": bool}
-
-``--quick`` runs check that a script still works and writes its JSON; they are never
-quoted and their targets never fail the run (the machine may be busy with the tests).
-"""
+"""What every benchmark shares: the machine it ran on, its rounds and targets saved as JSON
+(``benchmarks/results/<bench>-<UTC time>.json``: ``bench``, ``args``, ``machine``, ``rounds``,
+``summary``, ``targets`` of ``{name, value, op, limit, met}``, ``quick``), pooling of saved
+runs, and an exit status that says whether the targets were met. ``--quick`` runs only check
+that a script works: never quoted, their targets never fail the run."""
 
 from __future__ import annotations
 

@@ -1,38 +1,11 @@
 """The notebook side's cost against the rank count: real ranks here, SIMULATED ranks to 1024.
 
-1. Real ranks (``--real``, default 2 4 8 16 32 64): ``%distrain start`` to initialised process groups,
-   a trivial ``%%distrain`` cell and a 1-element all_reduce cell (median of ``--calls``),
-   ``%distrain status`` and ``where``.
-2. Simulated ranks (``--sim``, default 64 256 1024; tests/sim_ranks.py: events at the real schema
-   pushed over ZMQ into a real collector, replies of the shapes ranks give, no rank processes):
-   the store's ingest (events/s one notebook thread takes in), a dashboard redraw
-   (``lines_for`` + ``draw`` on the live FigureWidget, its rank x step heatmaps included),
-   ``where`` grouped, a cell's grouped output; and the pictures past 16 ranks: the heatmaps of a
-   long run (``--map-steps`` steps: binned, against the unbinned matrix's cells), the step
-   timeline (the extremes and the straggler, against every rank's lanes, in the same run), the
-   layout picture (grouped) and the Lab server's answer to the sidebar's poll (a registry entry
-   of simulated ranks; the browser's drawing is checked, not timed, in the browser test),
-   and a trivial cell through the real magic, client and fan-out against a stand-in controller
-   (tests/sim_controller.py) that answers as the broadcast tree does: the notebook's CPU per cell.
-
-3. Stand-in engines against the REAL controller (``--tree``, e.g. 256 512 1024; tests/sim_engines.py,
-   a SIMULATION: one process of lightweight engines that register, beat and answer as engines do):
-   the controller's broadcast tree at ipyparallel's default depth 1 against the depth the
-   workbench chooses (``launchers.broadcast_depth``), both sets up at once and a trivial
-   ``%%distrain`` cell on each in turn: its wall and the notebook's + controller's CPU (its
-   schedulers included), and how long the stand-ins take to register.
-
-Targets (issue "a thousand ranks"): with 1024 simulated ranks the dashboard redraws in <= 200 ms,
-the notebook keeps up with 1024 ranks x 10 step events/s, ``where`` gives one grouped answer in
-<= 2 s, a trivial cell's notebook CPU is <= 5x that of 4 real ranks; 64 real ranks start in
-<= 12 s and run a trivial cell in <= 100 ms. Figures from simulated ranks are a simulation and are labelled so in the JSON.
-
-With stand-ins, the chosen depth's notebook + controller CPU per cell is <= 0.75x depth 1's at the
-largest size, and 1024 stand-ins register in <= 30 s.
-
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scale_bench.py`` (``--quick``: 2 real ranks,
-64 simulated, checks the script only; the tree alone: ``--real --sim --tree 256 512 1024``). Results: ``benchmarks/results/scale-*.json``.
-"""
+Targets (the method: docs/figures.md; docs/scale.md): with 1024 simulated ranks a dashboard
+redraw <= 200 ms, the notebook keeps up with 10 step events/s a rank, one grouped ``where`` in
+<= 2 s, a trivial cell's notebook CPU <= 5x that of 4 real ranks; 64 real ranks start in <= 12 s
+and run a trivial cell in <= 100 ms; with stand-in engines the chosen tree depth's CPU per cell
+<= 0.75x depth 1's, and 1024 register in <= 30 s. Run: ``OMP_NUM_THREADS=1 .venv/bin/python
+benchmarks/scale_bench.py`` (``--quick``: checks the script only). Results: ``benchmarks/results/scale-*.json``."""
 
 from __future__ import annotations
 

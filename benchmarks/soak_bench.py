@@ -1,40 +1,13 @@
 """Hours without growth: a long run whose memory, file descriptors and threads stay flat.
 
-The teaching GPT trains with DDP on 2 gloo ranks for ``--steps`` steps (default 40,000) with
-everything a long run has on: full telemetry streamed to this process (the notebook side),
-a live dashboard redrawing, and an async auto-save every ``--every`` steps (keeping 3). The
-event store keeps a window of ``--window`` step rows in memory (default: the product's,
-``stream.WINDOW_ROWS``, 50,000: 25,000 steps of 2 ranks) and spills the rest to its Parquet
-history beside the checkpoints, so the default run crosses the window and goes on 15,000 steps
-past it. Every ``--sample`` steps it samples each rank's RSS, open fds and threads, the same of
-this process, and the store's size in memory (rows, plotted points, duplicate-check keys). After
-the run ``workbench.metrics()`` must still hold every step of every rank exactly once.
+Bounds (docs/unattended.md; the method: docs/figures.md): each process's RSS grows at most
+32 MiB, its descriptors by 4 and threads by 2; the store's rows, points and keys stay within
+their limits; ``metrics()`` holds every step of every rank once. The default run crosses the
+store's window (40,000 steps of 2 ranks); ``--sim 64`` drives the notebook side with SIMULATED
+ranks; ``--short`` is what the suite runs (``tests/ranks/test_soak.py``). Saved as
+``benchmarks/results/soak-*.json``; exit 1 past a bound::
 
-``--sim N``: the notebook side alone under N SIMULATED ranks (tests/sim_ranks.py: step events at
-the ranks' schema, HMAC-signed, pushed over ZMQ into a real collector and store with its history;
-the dashboard's figure redrawn twice a second; no rank processes): the window fills N/2 times
-sooner than with 2 ranks, so a run of a few thousand steps crosses it many times.
-
-Growth is measured from the first sample at ``--baseline`` steps or later that follows the
-history's first Parquet write (start-up, first-save and pyarrow's one-time writer and memory
-pool allocations are over by then; that one-time step is reported) to the last one; the
-bounds (targets) are:
-
-- each rank's RSS and this process's RSS grow by at most 32 MiB;
-- open fds grow by at most 4, threads by at most 2 (each process);
-- the store's rows in memory stay <= window + ranks, its plotted points <= 2 x max_points
-  per line, its duplicate-check keys <= their limit;
-- every step of every rank is in ``metrics()`` once (as many as steps x ranks).
-
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/soak_bench.py [--steps 40000] [--every 50] [--sample 1000]
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/soak_bench.py --sim 64 [--steps 8000]
-
-``--tracemalloc N``: Python's allocations traced; the N places whose memory grew most from the
-baseline sample to the end are reported (slower: for finding what grows, not for the figures).
-Saved as ``benchmarks/results/soak-*.json``; exit status 1 when a bound is exceeded.
-``--short``: 300 steps sampled every 50 with a 200-row window and 2000-row parts, so that
-the spill to the history is exercised too (what the suite runs, ``tests/ranks/test_soak.py``).
-"""
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/soak_bench.py [--steps 40000] [--sim 64] [--tracemalloc 12]"""
 
 from __future__ import annotations
 
@@ -234,7 +207,7 @@ def soak(
 
 def growth(samples: list[dict], baseline: int) -> dict:
     """From the first sample at ``baseline`` or later that follows the history's first write
-    (pyarrow's writer and memory pool, allocated once, ~25 MiB) to the last sample."""
+    (pyarrow's writer and memory pool are allocated once, then) to the last sample."""
     i = next(i for i, s in enumerate(samples) if s["step"] >= baseline and s["store"]["history_parts"] > 0)
     base, last = samples[i], samples[-1]
     out = {

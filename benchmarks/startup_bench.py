@@ -1,39 +1,13 @@
 """Start-up: from a new notebook kernel to ranks with an initialised process group.
 
-Three ways, side by side through ``jupyter_client`` (a real kernel each time),
-interleaved per round so that all see the same machine load:
+Targets: from a new kernel no slower than jupyter-distributed at 2 and 4 ranks; ``%distrain
+start -n 4`` ready <= 2.5 s a moment after ``%load_ext`` (the method: docs/figures.md).
+Results: ``benchmarks/results/startup-*.json`` (``--pool``: every saved run); exit 1 on a miss.
+Set up jupyter-distributed once, in a venv of its own that takes torch from ours, then run::
 
-- ``workbench``: ``%load_ext workbench`` + ``%distrain start -n N --backend gloo``, one cell
-  (the kernel's torch standby, started by ``%load_ext``, has no head start here);
-- ``workbench-loaded``: ``%load_ext workbench`` in one cell, ``--moment`` seconds later (a
-  notebook's next cell) ``%distrain start``; its figure is that cell alone (the issue's
-  "ready <= 2.5 s after ``%distrain start``"), not counted from the kernel's start;
-- ``ipyparallel``: raw ipyparallel, ``Cluster(n=N).start_and_connect_sync()`` then
-  ``init_process_group`` on every engine (what the workbench builds on);
-- ``jupyter-distributed`` (PyPI), in a venv of its own: its kernel with
-  ``JUPYTER_DISTRIBUTED_WORLD_SIZE=N``, then the user's ``init_process_group`` cell;
-- ``workbench-ray``: ``%distrain start -n N --backend gloo --launcher ray`` on a Ray
-  cluster that is already up (a head on this host with N CPUs, started once by this
-  script for all rounds, like a Slurm cluster is there before a job; ended by pid).
-
-Each figure is kernel start request -> the reply of the cell that leaves every rank's
-process group initialised (``workbench-loaded``: that cell's request -> reply). Each run
-starts once the previous one's processes are gone (a second's pause), and records the load
-average; a run that fails (an error, or no answer in 120 s: jupyter-distributed picks its
-rendezvous port when its kernel starts, and on a busy machine another process may take it
-before its ranks listen) is recorded with the round and tried once more. ``--idle S``: the standby's cost while it waits for a start that never comes (its
-memory, and the CPU it uses over S seconds once its import is done), measured once. Results
-(medians, every run, load average) go to
-``benchmarks/results/startup-*.json`` (``--pool``: every saved run); exit 1 on a miss.
-
-Set up the other tool once (its own venv; torch comes from the shared venv through a
-``.pth`` file placed after its own packages):
     python3 -m venv .state/jd/venv && .state/jd/venv/bin/pip install jupyter-distributed
-    echo $PWD/.venv/lib/python3.11/site-packages > \
-        .state/jd/venv/lib/python3.11/site-packages/zz_shared_torch.pth
-Run: ``OMP_NUM_THREADS=1 python benchmarks/startup_bench.py --sizes 2 4 --rounds 3``
-Ray beside the local launcher: ``... --sizes 4 --tools workbench workbench-ray``
-"""
+    echo $PWD/.venv/lib/python3.11/site-packages > .state/jd/venv/lib/python3.11/site-packages/zz_shared_torch.pth
+    OMP_NUM_THREADS=1 python benchmarks/startup_bench.py --sizes 2 4 --rounds 3  # [--tools workbench workbench-ray]"""
 
 from __future__ import annotations
 

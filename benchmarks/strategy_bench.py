@@ -1,30 +1,11 @@
 """Strategy benchmark: the workbench's live ranks against a plain ``torchrun`` script.
 
-For each strategy on 2 and 4 CPU ranks, the same model and data run (a) on the
-workbench's ranks (ipyparallel engines, ``engine.prepare``), (b) as a plain script under
-``torch.distributed.run`` with the layout written by hand (``benchmarks/handwritten.py``:
-``DDP``, ``fully_shard`` per block, ``deepspeed.initialize``, ``parallelize_module``,
-``pipelining``) — what a user would otherwise run — and, with ``--with-prepare``, (c) the
-workbench's ``prepare`` under ``torchrun`` (hosting on engines alone). Each side reports its
-median step time and per-rank memory (USS after ``malloc_trim``); the figure of merit is
-the step-time ratio workbench / hand-written (target at most 1.03 for every row), with a
-90% bootstrap interval over the rounds. Runs alternate between the sides so that all see
-the same machine load; 5 rounds by default. Each round starts a fresh rank set, which runs
-every strategy in turn (as a notebook does), beside a fresh ``torchrun`` job per strategy:
-how fast a set of processes runs the same steps is a draw of its own (a fresh job's step
-time varies by 10-20% from one launch to the next), so both sides take one draw a round.
-
-Each round also takes a CPU census (``cpu_census``): CPU ms per step of every thread
-beside the training threads (the ranks' helpers, gloo's threads, the controller and its
-heart monitor, the ranks' parent, torchrun's agent, the driver) and its wake-ups per
-second. Load on the machine moves step times; it hardly moves these, so a saved result
-carries the cause of a gap with it.
-
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/strategy_bench.py``
-(``--quick``: one world size, two strategies, checks the script only; ``--pool``: every
-saved run; ``--strategies ddp,pp`` and ``--worlds 4``: a subset). Results:
-``benchmarks/results/strategy-*.json``; exit status 1 on a miss.
-"""
+Target: step time on the workbench's ranks / the same layout written by hand
+(``benchmarks/handwritten.py``) under ``torchrun`` at most 1.03 for every strategy on 2 and 4
+CPU ranks, with a CPU census of every helper thread per round (the method: docs/figures.md).
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/strategy_bench.py`` (``--quick``: checks
+the script only; ``--pool``: every saved run; ``--strategies ddp,pp``, ``--worlds 4``: a
+subset). Results: ``benchmarks/results/strategy-*.json``; exit status 1 on a miss."""
 
 from __future__ import annotations
 

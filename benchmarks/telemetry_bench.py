@@ -1,32 +1,11 @@
 """What full telemetry + the event stream cost, and how fast a stream the notebook keeps up with.
 
-1. Steps/s of the same DDP training (GPT, AdamW, grad clipping, same data) run by the
-   workbench Trainer on 2 persistent ranks with everything on (the ranks' per-step
-   agreement, phase clocks, memory, collective wrappers and DDP's reducer clock, events
-   PUSHed to the notebook's collector, a live dashboard redrawing there), against the
-   same loop as a plain script under ``python -m torch.distributed.run --nproc-per-node 2``
-   with none of it; and, to tell the telemetry's cost apart from the rank processes', the
-   same plain loop run on the workbench's ranks. Every round is a training run of its
-   own on every side (model, optimizer and data built anew), and the three sides
-   alternate round by round (order rotating), so a slow spell of the machine hits them
-   alike. The rounds come in segments, each on a fresh torchrun job and a fresh
-   workbench rank set: how fast a set of processes runs the same steps is a draw of its
-   own (on a 2-core VM, +-3% from one launch to the next, and a model's memory layout
-   likewise from one build to the next), and one draw per side for a whole run made
-   runs disagree by more than their intervals. The ratio is that of the median step
-   times pooled over all rounds, with a 90% bootstrap interval resampling segments, then
-   rounds. Target ratio >= 0.97. Last, step by step on the same ranks and model, a plain
-   step and a trainer step alternating: the trainer's own per-step cost.
-2. The highest step-event rate from 4 ranks that the notebook's collector keeps up with:
-   each rank emits realistic step events at a fixed rate for a few seconds; a rate is
-   kept up with when every event arrives and the lag at the end is not growing.
+Targets: steps/s of the workbench trainer with everything on / the same loop under plain
+``torchrun`` >= 0.97; the notebook keeps up with 10,000 step events/s from 4 ranks (the
+method: docs/figures.md). Saved as ``benchmarks/results/telemetry-*.json`` (``--pool``: every
+saved run; ``--quick``: checks the script only); exit status 1 on a miss::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 30] [--repeats 30] [--segments 10]
-
-Each run is saved as ``benchmarks/results/telemetry-*.json`` (rounds, summary, targets);
-``--pool`` reports every saved run together, ``--quick`` only checks the script works. The
-exit status is 1 when a target is missed.
-"""
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/telemetry_bench.py [--steps 30] [--repeats 30] [--segments 10]"""
 
 from __future__ import annotations
 
@@ -103,7 +82,7 @@ def _plain_setup():
 def plain_serve(port: int, warmup: int) -> None:
     """The baseline under torchrun, kept alive between rounds: rank 0 reads the steps of the
     next round from the driver's socket (a blocking read: a waiting baseline costs the side
-    being measured no wake-up; it used to poll for a file every 10 ms), both ranks run the
+    being measured no wake-up), both ranks run the
     loop, rank 0 writes the round's figures back; 0 ends it. Persistent like the
     workbench's ranks, so rounds of the two sides can alternate every few seconds and a
     slow spell of the machine hits both."""
@@ -274,7 +253,7 @@ def interleaved_on_rank(steps: int) -> dict:
     """On each rank, step by step on the same model, optimizer and data: a plain step, then
     one trainer step (``Trainer._one_step``: agreement, phase clocks, DDP clock, memory, the
     event), alternating. A slow spell of the machine hits both alike, so the medians tell
-    the trainer's own per-step cost to ~0.5 ms where whole runs vary by 10 ms."""
+    the trainer's own per-step cost more finely than whole runs can."""
     from workbench.engine import trainer as tr
 
     t = tr.current()

@@ -1,25 +1,11 @@
 """What reporting another trainer's steps costs, and how fast each tracker keeps up.
 
-1. A Hugging Face ``Trainer`` (tiny random Llama, DDP through Accelerate) on 2 workbench
-   ranks, with ``engine.hf_callback()`` and without it, rounds alternating (order rotating)
-   so a slow spell of the machine hits both sides; each round a fresh ``Trainer`` of
-   ``--steps`` steps, logging every step on both sides (the Trainer's own logging cost is on
-   both). Steps/s is ``--steps`` over the time ``train()`` took; the figure is the ratio of
-   the medians, with callback / without. Target >= 0.97. Round to round the machine's noise
-   is larger than that, so the cost of one ``engine.report`` (what the callback does per
-   step; 500 calls timed on each rank, median of ``--repeats``) is set against the median step
-   time too: target <= 1%.
-2. Each tracker's write rate: step rows as the workbench's trainer sends them (2 ranks, the
-   trainer's ~40 metrics each: loss, phases, memory, collectives) added to a real event
-   store that a real tracker mirrors; steps/s from the first row to the tracker's close
-   (everything written). Median of ``--repeats`` rounds. Target >= 20 steps/s: twice the
-   step rate of the tiny GPT on these 2 cores, so a tracker never falls behind a run.
-   MLflow also with ``--metrics`` of six names (its SQLite store takes ~1 ms a value).
+Targets: a Hugging Face ``Trainer``'s steps/s with ``engine.hf_callback()`` / without >= 0.97,
+one ``engine.report`` <= 1% of a step; each tracker writes >= 20 steps/s, twice the tiny
+GPT's step rate on 2 cores, so a tracker never falls behind a run (the method:
+docs/figures.md). Saved as ``benchmarks/results/trainers-*.json``; exit 1 on a miss::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/trainers_bench.py [--steps 40] [--repeats 5] [--only hf|trackers]
-
-Saved as ``benchmarks/results/trainers-*.json``; exit status 1 when a target is missed.
-"""
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/trainers_bench.py [--steps 40] [--repeats 5] [--only hf|trackers]"""
 
 from __future__ import annotations
 
@@ -139,7 +125,7 @@ def tracker_rounds(repeats: int, steps: int) -> list[dict]:
                 sess = Session(f"bench{i}")
                 sess.rankset = types.SimpleNamespace(world_size=2, running=False, config=None)
                 sess.store = EventStore()
-                sess.checkpoint_root = os.path.join(folder, "no-checkpoints")
+                sess.checkpoints.root = os.path.join(folder, "no-checkpoints")
                 tracker = trackers.Tracker(BACKENDS[kind](), sess, os.path.join(folder, kind), patterns)
                 batch = [trainer_rows(s, r, s - 1) for s in range(1, steps + 1) for r in (0, 1)]
                 t0 = time.perf_counter()

@@ -1,25 +1,10 @@
 """``make gpu-check``: the GPU tests on the machine it runs on, one JSON report and a log.
 
-Installs the wheels of ``make gpu-wheels`` (``.whl/``) into a target folder put first on
-PYTHONPATH (the GPU machine has no network), runs ``pytest -m gpu`` and writes
-``gpu_check.json`` and ``gpu_check.log`` into ``$GPU_CHECK_OUT`` (else ``$OUT``). Without CUDA
-the GPU tests skip and the report says ``"cuda": false`` ("no CUDA"); the exit status is
-pytest's (a failed GPU test fails the check). ``GPU_CHECK_TESTS`` narrows the pytest
-paths (default ``tests/gpu``, the GPU tier). Then ``benchmarks/gpu_bench.py`` (the trainer
-against a plain loop on one GPU, compile off, then on where time is left): its figures and
-targets go into the report under ``benchmark`` and its JSON beside the report; a missed
-target fails the check. Between the two, ``benchmarks/gpu_features_bench.py`` (bf16 vs fp8,
-eager vs compile vs CUDA graphs, FSDP2 compile per block off/on) within ``FEATURES_RESERVE_S``:
-its step times and speed-ups go into the report under ``features``; a configuration that
-breaks fails the check. Stdlib only: torch is asked in a subprocess.
-
-The whole check keeps to ``BUDGET_S`` (8 minutes; ``GPU_CHECK_BUDGET_S`` overrides): pytest
-gets what is left less ``BENCH_RESERVE_S`` and each test at most ``TEST_TIMEOUT_S``; the
-benchmark is told the seconds it has (``--budget-s``) and cuts its own rounds to fit. A stage
-that runs past its time gets SIGINT (pytest then still writes its junit XML), then SIGKILL,
-to its whole process group, so no spawned worker keeps the GPU into the next stage. The
-report is rewritten after every stage, so a check cut short from outside leaves what it had.
-"""
+Installs the wheels of ``make gpu-wheels`` (the GPU machine has no network), runs ``pytest -m
+gpu``, then ``benchmarks/gpu_features_bench.py`` and ``benchmarks/gpu_bench.py``, within one
+budget (``BUDGET_S``), into ``gpu_check.json`` and ``gpu_check.log`` under ``$GPU_CHECK_OUT``
+(else ``$OUT``); the report is rewritten after every stage, so a check cut short leaves what
+it had (stages and budgets: docs/gpus.md). Stdlib only: torch is asked in a subprocess."""
 
 from __future__ import annotations
 
@@ -37,7 +22,7 @@ WHEELS = os.path.join(ROOT, ".whl")
 SITE = os.environ.get("GPU_CHECK_SITE", "/tmp/workbench-gpu-site")
 CACHE = "/tmp/workbench-gpu-cache"  # torch.compile's caches (inductor, Triton)
 BUDGET_S = float(os.environ.get("GPU_CHECK_BUDGET_S") or 8 * 60)
-BENCH_RESERVE_S = 170  # kept from the tests for the benchmark: compile off ~30 s, on ~100 s on an H200
+BENCH_RESERVE_S = 170  # kept from the tests for the benchmark: compile off, then on
 TEST_TIMEOUT_S = 200  # one test, its module's spawned GPU run included (the longest: ~8 strategies)
 GRACE_S = 20  # between SIGINT and SIGKILL: pytest writes its report, pools end their workers
 # nothing may reach for a network there: fail at once rather than wait on a connection

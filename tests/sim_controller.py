@@ -4,7 +4,7 @@ to it as to a controller whose broadcast tree serves ``n`` engines, none of whic
 A SIMULATION (benchmarks and tests that quote it say so). It answers the client's connection
 request with ``n`` engines, and each request sent through the broadcast tree with one coalesced
 reply for every simulated rank, as the tree's root sends it (each distinct reply once, with the
-index of which rank gave which): for a cell, ``workbench.engine.fanout.run``'s
+index of which rank gave which): for a cell, ``workbench.engine.rpc.fanned``'s
 ``(0, None, CellRun(published=0))`` of a quiet cell from every rank. So
 the notebook does all of its own work for ``n`` ranks (sending, receiving and unpacking the
 reply, the rank call, the output), while no engine, scheduler or rank process runs.
@@ -85,7 +85,7 @@ def serve(n: int, folder: str) -> None:
     path = os.path.join(folder, "sim-client.json")
     with open(path, "w") as f:
         json.dump(info, f)
-    # what a quiet cell's rank returns (engine.fanout.run), serialised as an engine does, and the
+    # what a quiet cell's rank returns (engine.rpc.fanned), serialised as an engine does, and the
     # replies of n ranks as the tree's root sends them: merged by content (controller_process)
     quiet = serialize_object((0, None, replies.CellRun(published=0)))
     coalesced = {}

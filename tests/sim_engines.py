@@ -8,12 +8,12 @@ sockets and identity (``ipyparallel/engine/app.py``): a DEALER that sends the
 task queue and broadcast leaf ``id % leaves``, a control ROUTER, an IOPub PUB, and a heart
 (a SUB on the controller's pings, a DEALER that sends each ping back as its pong, as
 ``heartmonitor.Heart`` does). No IPython kernel, no torch: an ``apply_request`` is unpacked as
-the engine unpacks it (``unpack_apply_message``) and answered as ``workbench.engine.fanout.run``
+the engine unpacks it (``unpack_apply_message``) and answered as ``workbench.engine.rpc.fanned``
 answers: a ``%%distrain`` cell (``rpc.handle(RunCell)``) runs with ``exec`` in the stand-in's
 own namespace (``rank``, ``world_size`` set as the bootstrap sets them), what it prints sent
 on IOPub as one stream message a stream, then the end-of-output marker; a quiet cell gives
 ``(0, None, CellRun(published=0))`` and publishes nothing. ``%distrain push``/``pull`` through
-the tree (``fanout.set_names``/``get_name``) set and read that namespace. Anything else is
+the tree (``rpc.SetNames``/``rpc.GetName``) set and read that namespace. Anything else is
 answered with an error naming the request.
 
 Sockets: 7 a stand-in, 14 file descriptors each as measured (14,345 for 1024 stand-ins in the
@@ -160,33 +160,36 @@ class StandIn:
         self.session.send(self.shell, "apply_reply", content, parent=msg, ident=idents, buffers=buffers, metadata=md)
 
     def call(self, msg: dict, f, args, kwargs):
-        """What ``workbench.engine.fanout.run(fn, *args)`` returns on a rank, for the fanned calls."""
+        """What ``workbench.engine.rpc.fanned(fn, *args)`` returns on a rank, for the fanned calls."""
         from ipyparallel.error import wrap_exception
+        from ipyparallel.serialize import uncan
 
-        from workbench.engine import fanout, rpc
-        from workbench.shared import replies
+        from workbench.engine import rpc
+        from workbench.shared import replies, wire
 
-        if not _same(f, fanout.run):
+        if not _same(f, rpc.fanned):
             raise NotImplementedError(f"a stand-in engine answers fanned calls only, not {getattr(f, '__name__', f)}")
         fn, *rest = args
         published, error, value = 0, None, None
         try:
-            if _same(fn, rpc.handle) and len(rest) == 1 and isinstance(rest[0], rpc.RunCell):
-                published = self.cell(msg, rest[0].code)
+            request = rest[0] if _same(fn, rpc.handle) and len(rest) == 1 else None
+            if isinstance(request, rpc.RunCell):
+                published = self.cell(msg, request.code)
                 value = replies.CellRun(published=published)
-            elif _same(fn, fanout.set_names):
-                self.ns.update(*rest, **kwargs)
-            elif _same(fn, fanout.get_name):
+            elif isinstance(request, rpc.SetNames):
+                self.ns.update({k: uncan(v, self.ns) for k, v in request.namespace.items()})
+            elif isinstance(request, rpc.GetName):
                 try:
-                    value = self.ns[rest[0]]
+                    value = self.ns[request.name]
                 except KeyError:
-                    raise NameError(f"name '{rest[0]}' is not defined") from None
+                    raise NameError(f"name '{request.name}' is not defined") from None
             else:
-                raise NotImplementedError(f"a stand-in engine does not run {getattr(fn, '__name__', fn)}")
+                what = type(request).__name__ if request is not None else getattr(fn, "__name__", fn)
+                raise NotImplementedError(f"a stand-in engine does not run {what}")
         except Exception:
             error = wrap_exception()
         if published:
-            self.publish(msg, "data_message", {"keys": [fanout.OUTPUT_DONE]}, b"datapub", {fanout.OUTPUT_DONE: True})
+            self.publish(msg, "data_message", {"keys": [wire.OUTPUT_DONE]}, b"datapub", {wire.OUTPUT_DONE: True})
         return published, error, value
 
     def cell(self, msg: dict, code: str) -> int:

@@ -1,13 +1,11 @@
 """distrain workbench: persistent PyTorch ranks in a notebook.
 
-``%load_ext workbench``, then ``%distrain start -n 4`` and ``%%distrain`` cells.
-The same steps from Python: ``workbench.start(4)``, ``workbench.run(code)``,
-``workbench.stop()``. On a rank, ``from workbench import engine``.
-
-Lazy: the public names below are imported on first use, so ``import workbench`` on a rank
-loads no notebook module (the kernel side lives in :mod:`workbench.notebook`, the rank side
-in :mod:`workbench.engine`, what both use in :mod:`workbench.shared`).
-"""
+``%load_ext workbench``, then ``%distrain start -n 4`` and ``%%distrain`` cells; from Python
+``workbench.start(4)``, ``workbench.run(code)``, ``workbench.stop()``; on a rank,
+``from workbench import engine``. The public names below are imported on first use, so
+``import workbench`` on a rank loads no notebook module (the kernel side lives in
+:mod:`workbench.notebook`, the rank side in :mod:`workbench.engine`, both use
+:mod:`workbench.shared`)."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ _PUBLIC = {
     "is_running": ("workbench.notebook.api", "is_running"),
     "pull": ("workbench.notebook.api", "pull"),
     "push": ("workbench.notebook.api", "push"),
-    "restart": ("workbench.notebook.api", "restart"),
+    "restart": ("workbench.notebook.restart", "restart"),  # with load=: the way back from a checkpoint
     "run": ("workbench.notebook.api", "run"),
     "start": ("workbench.notebook.api", "start"),
     "status": ("workbench.notebook.api", "status"),
@@ -44,6 +42,7 @@ _PUBLIC = {
     "track": ("workbench.notebook.trackers", "track"),  # workbench.track("mlflow", dir="runs")
     "untrack": ("workbench.notebook.trackers", "untrack"),
     "tracking": ("workbench.notebook.trackers", "tracking"),
+    "dry_run": ("workbench.notebook.dry_run", "dry_run"),  # a layout at full scale on this CPU, beside the planner
 }
 
 # Imported with the API: they attach the event stream and the Lab registry entry to rank sets.
@@ -81,6 +80,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def load_ipython_extension(ipython) -> None:
     """Register the ``%distrain`` magics (called by ``%load_ext workbench``)."""
     _notebook_side()
+    from .notebook import debugger
     from .notebook.cluster import standby
     from .notebook.magics import DistrainMagics
     from .notebook.shell_compat import mark_kernelless
@@ -89,14 +89,17 @@ def load_ipython_extension(ipython) -> None:
         standby.begin()
     mark_kernelless(ipython)
     ipython.register_magics(DistrainMagics)
+    debugger.install(ipython)  # JupyterLab's debugger on the ranks' cells (a Jupyter kernel only)
 
 
 def unload_ipython_extension(ipython) -> None:
+    from .notebook import debugger
     from .notebook.api import stop
     from .notebook.cluster import standby
 
     stop()
     standby.close()
+    debugger.uninstall(ipython)
 
 
 __all__ = sorted(_PUBLIC) + ["load_ipython_extension"]

@@ -1,8 +1,8 @@
 """The ``%distrain`` reference page, written at build time from the magics' own parsers.
 
-Each sub-command's usage text is the one its argparse parser prints (the parsers registered in
-``workbench/notebook/commands/``, the planner's in ``workbench/planner/arguments.py`` and
-``%%distrain``'s from its ``magic_arguments``), so the page cannot drift from what the magic accepts.
+Each command's usage text is the one its argparse parser prints (the parsers registered in
+``workbench/notebook/commands/``, the planner's flags under ``plan``, ``%%distrain``'s in
+``workbench/notebook/magics.py``), so the page cannot drift from what the magic accepts.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ INTRO = """\
 # `%distrain` reference
 
 Generated from the magics' own argument parsers when the site is built: what each
-sub-command accepts is exactly what is printed here. A bad argument is refused with one
-line of what was wrong and this usage, and nothing runs. Every flag is also walked by the
-suite's `tests/ranks/test_flag_walk.py`. The Python calls behind each magic are in
+command accepts is exactly what is printed here. What each word and flag means, once for
+every command, is [the grammar](../grammar.md). A bad argument is refused with one line of
+what was wrong and this usage, and nothing runs. Every flag is also walked by the suite's
+`tests/ranks/test_flag_walk.py`. The Python calls behind each magic are in
 [the Python API](workbench.md).
 """
 
@@ -32,21 +33,16 @@ def _usage(parser, prog: str) -> str:
 def magics_page() -> str:
     """The Markdown of the reference page."""
     from workbench.notebook import commands, magics
-    from workbench.planner.arguments import _parser as planner_parser
 
     for module in pkgutil.iter_modules(commands.__path__):
         importlib.import_module(f"{commands.__name__}.{module.name}")
 
     parts = [INTRO, "## `%%distrain` (a cell on the ranks)\n"]
-    cell = magics.DistrainMagics.distrain_cell
-    usage = cell.parser.format_help().replace("%distrain_cell", "%%distrain")  # IPython names it after the method
-    usage = "\n".join(line for line in usage.splitlines() if line.strip() != "::").strip()
-    parts.append("```text\n" + usage + "\n```\n")
+    parts.append("```text\n" + magics.CELL.format_help().strip() + "\n```\n")
     for name in sorted(commands.COMMANDS):
         command = commands.COMMANDS[name]
         parts.append(f"## `%distrain {name}`\n\n{command.help}\n")
-        parsers = command.parsers() or ({name: planner_parser()} if name == "plan" else {})
-        for words, parser in parsers.items():
+        for words, parser in command.parsers().items():
             parts.append("```text\n" + _usage(parser, f"%distrain {words}") + "\n```\n")
     return "\n".join(parts)
 

@@ -31,7 +31,8 @@ export interface RankSet {
   stream: boolean;
   job_id: string | null;
   detached?: boolean | null; // held by a keeper process past its kernel (%distrain detach)
-  supervisor_pid?: number | null;
+  keeper_pid?: number | null;
+  run?: { id: string; kind: string; state: string; text: string } | null; // the session's current run (notebook.runs)
   name?: string | null;
   queue: { job_id: string; state: string; reason: string; nodes: string[] } | null;
   step: number | null;

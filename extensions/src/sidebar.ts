@@ -78,7 +78,7 @@ export class RanksSidebar extends Widget {
     if (rs.detached) {
       box.dataset.detached = 'true';
       const badge = el('span', 'wb-Badge wb-Badge-detached', 'detached');
-      badge.title = `held by keeper pid ${rs.supervisor_pid}: %distrain attach ${rs.name} takes it back`;
+      badge.title = `held by keeper pid ${rs.keeper_pid}: %distrain attach --session ${rs.name} takes it back`;
       title.appendChild(badge);
     }
     box.appendChild(title);
@@ -96,6 +96,13 @@ export class RanksSidebar extends Widget {
       meta += ' (its kernel is gone: cleaned from the registry)';
     }
     box.appendChild(el('div', 'wb-RankSet-meta', meta));
+    if (rs.run) {
+      // the state its kind last told (a trainer run's live state is in the rank rows below)
+      const told = rs.run.state && rs.run.state !== 'starting' ? `: ${rs.run.state}` : '';
+      const run = el('div', 'wb-RankSet-run', `${rs.run.kind} run ${rs.run.id}${told}`);
+      run.title = rs.run.text;
+      box.appendChild(run);
+    }
     const actions = el('div', 'wb-Actions');
     if (rs.state === 'running') {
       for (const spec of ACTIONS) {
@@ -218,12 +225,21 @@ export class RanksSidebar extends Widget {
     try {
       const result = await act(rs.id, action);
       if (action === 'where') {
+        const body = document.createElement('div');
+        // the conclusion first: who waits in which collective, and for whom
+        if (result.culprit) {
+          const lead = document.createElement('div');
+          lead.className = 'wb-Culprit';
+          lead.textContent = result.culprit as string;
+          body.appendChild(lead);
+        }
         const pre = document.createElement('div');
         pre.className = 'wb-Stacks';
         pre.textContent = Object.entries(result.stacks as Record<string, { where: string; frames: string[] }>)
           .map(([rank, s]) => [`[rank ${rank}] ${s.where}`, ...s.frames.slice(1).map(f => `    ${f}`)].join('\n'))
           .join('\n');
-        void showDialog({ title: 'Where every rank is', body: new Widget({ node: pre }), buttons: [Dialog.okButton()] });
+        body.appendChild(pre);
+        void showDialog({ title: 'Where every rank is', body: new Widget({ node: body }), buttons: [Dialog.okButton()] });
       }
       this.message = `${label}: done`;
     } catch (err) {
@@ -289,7 +305,7 @@ export function queueText(rs: RankSet): string {
 
 export function displayName(rs: RankSet): string {
   if (rs.detached && rs.name) {
-    return rs.name; // its kernel is gone: the set's name is what `%distrain attach NAME` takes
+    return rs.name; // its kernel is gone: the set's name is what `%distrain attach --session NAME` takes
   }
   const path = rs.notebook_path || rs.notebook;
   return path ? path.split('/').pop()! : `kernel ${rs.kernel_pid}`;

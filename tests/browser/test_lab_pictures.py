@@ -24,7 +24,7 @@ CELLS = [
     "model = GPT(GPTConfig.tiny(n_kv_heads=4))\noptimizer = lambda ps: torch.optim.AdamW(ps, lr=1e-3)",
     "%distrain prepare fsdp2_tp tp=2",
     "%distrain layout --tensor layers.0.attention.wq.weight",
-    "%distrain train start --steps 4 --model tiny --no-dashboard",
+    "%distrain train start --steps 4 --gpt tiny --no-dashboard",
     "%distrain train wait",
     "%distrain timeline --steps 3",
     "print('pictures drawn')",

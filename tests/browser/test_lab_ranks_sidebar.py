@@ -27,12 +27,16 @@ from .helpers import ROOT, STATE, run_cell, shot, wait_kernel_idle, write_notebo
 BASE = "/hub/user/wb/"
 HERE = STATE / "labext"
 NOTEBOOK = HERE / "ranks_sidebar.ipynb"
+GO = HERE / "go"  # lets the stuck rank of the Where drill go on
 CELLS = [
     "%load_ext workbench\n%distrain start -n 2",
     "import json, workbench\nprint('PIDS', json.dumps([r['pid'] for r in workbench.status()]))",
-    "%distrain train start --model tiny --steps 100000 --no-dashboard",
+    "%distrain train start --gpt tiny --steps 100000 --no-dashboard",
     "import time\ntime.sleep(15)\nprint('SLEPT')",
     "%%distrain\nimport time\nwhile True:\n    time.sleep(0.05)",
+    "%%distrain\nimport os, time, torch, torch.distributed as dist\ndef wb_slow_loader():\n"
+    f"    while not os.path.exists({str(GO)!r}):\n        time.sleep(0.05)\n"
+    "if dist.get_rank() == 1:\n    wb_slow_loader()\ndist.all_reduce(torch.ones(2))\nprint('ENTERED')",
     "%distrain status",
 ]
 
@@ -148,6 +152,10 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     # a live pane keeps growing while the kernel sleeps in a cell
     run_cell(page, "%distrain train start")
     wait_kernel_idle(page, timeout=180_000)
+    # the session's run, as its kind tells it (the Lab registry entry's "run", notebook.runs)
+    page.locator(
+        ".wb-RankSet[data-state='running'] .wb-RankSet-run", has_text=re.compile(r"^trainer run run-")
+    ).wait_for(timeout=15_000)
     page.locator(".wb-RankSet[data-state='running'] button[data-action='pane']").click()
     pane = page.locator(".wb-Pane")
     pane.wait_for(timeout=15_000)
@@ -190,6 +198,25 @@ def test_sidebar_and_live_pane_follow_the_ranks_while_the_kernel_is_busy(lab_pag
     _confirm(page, "interrupt")
     wait_kernel_idle(page, timeout=30_000)
     assert "KeyboardInterrupt" in _output(page, "while True:")
+
+    # Where leads with the rank the others wait for, from the ranks' flight records
+    run_cell(page, "def wb_slow_loader")
+    page.get_by_text(re.compile(r"^Python 3 \(ipykernel\) \| Busy$")).first.wait_for(timeout=10_000)
+    time.sleep(1.5)
+    _confirm(page, "where")
+    lead = page.locator(".jp-Dialog .wb-Culprit")
+    lead.wait_for(timeout=15_000)
+    assert re.fullmatch(
+        r"rank 0 waits in all_reduce #\d+ \(group world\) for \d+\.\d s; "
+        r"rank 1 never entered it: it is in wb_slow_loader \(line 4 of a cell\)",
+        lead.inner_text().strip(),
+    ), lead.inner_text()
+    assert "[rank 1]" in page.locator(".jp-Dialog .wb-Stacks").inner_text()  # the stacks below it
+    shot(page, "lab_where_culprit")
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+    GO.touch()
+    _wait_output(page, "def wb_slow_loader", r"\[rank 1\] ENTERED", timeout=30)
+    wait_kernel_idle(page, timeout=30_000)
 
     # a rank killed with SIGKILL shows dead, with its exit, within 2 s
     os.kill(pids[1], signal.SIGKILL)
@@ -360,11 +387,11 @@ DETACHED = """
 import json, sys
 sys.path.insert(0, {root!r})
 import workbench
-rs = workbench.start(2, backend="gloo", threads=1, name="overnight")
+rs = workbench.start(2, backend="gloo", threads=1, session="overnight")
 workbench.train.setup("ddp", model="tiny")
 workbench.train.start(100000)
 entry = workbench.detach("overnight")
-print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "keeper": entry["supervisor_pid"], "id": entry["id"]}}), flush=True)
+print("SET " + json.dumps({{"pids": sorted(rs.started_pids), "keeper": entry["keeper_pid"], "id": entry["id"]}}), flush=True)
 """  # then exits: the set lives on under its keeper (tests/ranks/test_detach.py)
 
 
@@ -390,7 +417,7 @@ def test_sidebar_shows_a_detached_set_and_its_stop_ends_the_keeper_too(lab_page,
         assert (
             box.locator(".wb-Badge-detached")
             .get_attribute("title")
-            .startswith(f"held by keeper pid {info['keeper']}: %distrain attach overnight")
+            .startswith(f"held by keeper pid {info['keeper']}: %distrain attach --session overnight")
         )
         # the trainer keeps reporting to the keeper, and the server's copy of its stream
         page.locator(".wb-RankSet[data-detached='true'] .wb-RankSet-meta", has_text=re.compile(r"step \d+")).wait_for(

@@ -147,4 +147,4 @@ def test_with_a_budget_the_run_continues_on_the_host_left_resharded(second_host,
         ), out
     finally:
         second_host.set_link(True)
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None

@@ -18,7 +18,7 @@ from checkpoint_cells import CLEAN, build_cell
 from conftest import alive as _alive
 from conftest import clean_trainer
 
-from workbench.notebook.cluster import RankDied, RankSet
+from workbench.notebook.cluster import RankDied, RankFailure, RankSet
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".state" / "test" / "ssh-profile"
@@ -103,6 +103,65 @@ def test_stream_from_the_other_host_and_a_forged_event_is_dropped_and_counted(se
     assert collector.store.wait(lambda s: collector.rejected >= 2, timeout=20)
     assert collector.rejected == 2
     assert not any(e.get("text") == "forged" for e in collector.store.logs)
+
+
+def test_breakpoint_on_the_other_host_opens_pdb_here_over_the_signed_debug_link(
+    second_host, ssh_ranks, monkeypatch, capsys
+):
+    from workbench.engine import rank_debug
+    from workbench.notebook.cluster import debugging
+    from workbench.notebook.cluster.cell import run_cell
+    from workbench.notebook.debugger import hub
+
+    rs = ssh_ranks
+    answers = iter(["p where", "c", "p z", "q"])
+    prompts = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": (prompts.append(prompt), next(answers))[1])
+    code = (
+        "import socket\nfrom workbench import engine\nwhere = socket.gethostname()\n"
+        "if engine.rank == 3:\n    breakpoint()\nprint('after', where)"
+    )
+    run_cell(rs, code, ranks=[2, 3])
+    out = capsys.readouterr().out
+    assert prompts == ["(Pdb rank 3) "] * 2
+    assert "[rank 3] stopped in pdb" in out
+    assert f"[rank 3] '{second_host.hostname}'" in out  # `p where`, answered by the rank there
+    assert f"[rank 3] after {second_host.hostname}" in out
+    link = hub.existing(rs).link
+    assert link.address.startswith(f"tcp://{second_host.addr_here}:")  # the veth's address, never 0.0.0.0
+
+    # post-mortem (what `%distrain debug` does) on the other host, over the same link
+    with pytest.raises(RankFailure, match=r"the cell failed on rank\(s\) 3"):
+        run_cell(rs, "z = 4\n1 / 0", ranks=[3])
+    capsys.readouterr()
+    call = rs.submit(rank_debug.post_mortem, link, ranks=[3])
+    assert debugging.attach(rs, 3, timeout=60)
+    assert call.result(timeout=30) == ["ok"]
+    out = capsys.readouterr().out
+    assert "[rank 3] post-mortem: ZeroDivisionError: division by zero" in out and "[rank 3] 4" in out
+
+    # a sender on the other host without the key: dropped and counted, never answered
+    forge = textwrap.dedent(f"""
+        import json, time, zmq
+        s = zmq.Context().socket(zmq.DEALER)
+        s.connect({link.address!r})
+        body = json.dumps({{"op": "stopped", "rank": 3, "sid": {link.sid!r}, "lid": "x", "seq": 1}}).encode()
+        s.send_multipart([b"not a mac", body])
+        time.sleep(1)
+        s.close(linger=2000)
+    """)
+    before = hub.existing(rs).rejected
+    r = subprocess.run(
+        ["ip", "netns", "exec", second_host.netns, sys.executable, "-c", forge],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 20
+    while hub.existing(rs).rejected == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hub.existing(rs).rejected == before + 1
 
 
 def test_checkpoint_folder_not_shared_by_every_host_is_refused_at_save(second_host, ssh_ranks, tmp_path):

@@ -17,6 +17,10 @@ BENCHES = {
     "checkpoint": ["checkpoint_bench.py", "--quick"],
     "lora_checkpoint": ["lora_checkpoint_bench.py", "--quick"],
     "gpu": ["gpu_bench.py", "--quick"],  # on CPU: a tiny model, gloo; the GPU figures need CUDA
+    "dry_run": ["dry_run_bench.py", "--quick"],  # a 16-rank tiny layout, once
+    "output_flood": ["output_flood_bench.py", "--quick"],
+    "flight_record": ["flight_record_bench.py", "--quick"],
+    "debugger": ["debugger_bench.py", "--quick"],
 }
 
 

@@ -52,6 +52,30 @@ def test_a_quick_cell_opens_no_live_display(kernel):
     assert streams(msgs).splitlines() == ["[rank 0] quick", "[rank 1] quick"]
 
 
+def test_a_flood_keeps_the_live_display_and_the_cells_output_bounded(kernel):
+    """100,000 lines per rank over ~2.5 s: the live display shows the head and how much was cut
+    so far (never more than the cell keeps), the cell's output a head, a cut line and a tail."""
+    reply, msgs = execute(
+        kernel,
+        "%%distrain --output 64k\nimport time\nfor k in range(25):\n    for i in range(4000):\n"
+        "        print(f'step {k * 4000 + i} loss 0.25')\n    time.sleep(0.1)\n",
+    )
+    assert reply["status"] == "ok"
+    live = [
+        m["content"]["data"]["text/plain"] for _, m in msgs if m["msg_type"] in ("display_data", "update_display_data")
+    ]
+    assert live and max(len(t) for t in live) <= 64 * 2**10 + 1000, max(len(t) for t in live)
+    progress = [t for t in live if "cut so far" in t]
+    assert progress, "the live display never said what was being cut"
+    assert re.search(r"\[rank 1\] … [\d,]+ lines \(.*\) cut so far .*latest: step \d+ loss 0\.25", progress[-1])
+    out = streams(msgs)
+    assert len(out) <= 64 * 2**10 + 1000
+    for rank in (0, 1):
+        cut = [line for line in out.splitlines() if line.startswith(f"[rank {rank}] … ") and "cut here" in line]
+        assert len(cut) == 1, out[-2000:]
+        assert out.rstrip().endswith("step 99999 loss 0.25")
+
+
 def test_failing_rank_traceback_within_a_second_while_the_other_waits(kernel):
     reply, msgs = execute(
         kernel,
@@ -180,11 +204,11 @@ def test_breakpoint_on_rank_1_of_2_p_n_c_through_the_notebook(kernel):
 def test_post_mortem_on_a_rank(kernel):
     reply, _ = execute(kernel, "%%distrain --ranks 1\nz = 5\n1 / 0")
     assert reply["status"] == "error"
-    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --rank 1", ["p z", "q"])
+    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --ranks 1", ["p z", "q"])
     assert reply["status"] == "ok"
     assert [p for p, _ in prompts] == ["(Pdb rank 1) "] * 2
     before = output_between(msgs, 0, prompts[0][1])
     assert "[rank 1] post-mortem: ZeroDivisionError: division by zero" in before and "-> 1 / 0" in before
     assert "[rank 1] 5" in output_between(msgs, prompts[0][1], prompts[1][1])
-    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --rank 7", [])
-    assert reply["status"] == "error" and "--rank 7 does not exist" in reply["evalue"]
+    reply, msgs, prompts = drive_pdb(kernel, "%distrain debug --ranks 7", [])
+    assert reply["status"] == "error" and "--ranks 7: rank(s) 7 do not exist" in reply["evalue"]

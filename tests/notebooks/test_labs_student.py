@@ -52,6 +52,7 @@ FIRST_CHECK = {
     "lab_11_failures.ipynb": "lab_11.culprit",
     "lab_12_slow_link.ipynb": "lab_12.ddp_link_bytes",
     "lab_13_one_sharding_two_frameworks.ipynb": "lab_13.fsdp_bytes",
+    "lab_14_dry_run.ipynb": "lab_14.stage_param_bytes",
 }
 
 

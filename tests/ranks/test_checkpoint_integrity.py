@@ -158,7 +158,7 @@ def test_damaged_checkpoints_are_refused_by_name_and_nothing_changes(rs, tmp_pat
     shutil.rmtree(folder)
     shutil.copytree(pristine, folder)
     damage(folder, "deleted shard")
-    info = ck.load("latest", root=root, rankset=rs, skip_damaged=True)  # as `restart --resume` does
+    info = ck.load("latest", root=root, rankset=rs, skip_damaged=True)  # as `restart --load` does
     assert info[
         "step"
     ] == 2 and "skipped step-00000004: damaged (__1_0.distcp (read by rank 1) is missing" in ck.describe_load(info)
@@ -183,7 +183,7 @@ def test_verify_command_and_flags_that_would_be_ignored(rs, tmp_path, capsys):
     with pytest.raises(
         UsageError,
         match=r"`ckpt load` does not take --tag, --async \(--tag goes with save; "
-        r"--async goes with save\); nothing was done",
+        r"--async goes with save, autosave\); nothing was done",
     ):
         dispatch("ckpt load --tag x --async")
     with pytest.raises(UsageError, match="`ckpt list` does not take --keep"):
@@ -263,7 +263,7 @@ def test_autosaving_run_trains_through_a_failed_save_and_shows_it(ranks2, tmp_pa
             subprocess.run(["mount", "-o", "remount,rw", root], check=True)
     finally:
         rs.apply(clean_trainer, timeout=60)
-        session.of(rs).autosave = None
+        session.of(rs).checkpoints.autosave = None
 
 
 def test_retention_counts_only_good_checkpoints(tmp_path):

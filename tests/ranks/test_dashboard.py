@@ -70,7 +70,7 @@ def test_dashboard_figures_hold_every_point_of_the_run_and_export(rs, tmp_path):
 
 def test_controls_drive_the_run_and_checkpoint_button_saves_and_a_nan_pause_shows_the_rollback(rs, tmp_path):
     sess = session.of(rs)
-    sess.checkpoint_root = root = str(tmp_path / "ck")  # this session's folder (`ckpt dir`)
+    sess.checkpoints.root = root = str(tmp_path / "ck")  # this session's folder (`ckpt dir`)
     try:
         training.setup("ddp", rankset=rs)
         run = training.start(100_000, rankset=rs)
@@ -102,12 +102,12 @@ def test_controls_drive_the_run_and_checkpoint_button_saves_and_a_nan_pause_show
         dash.close()
         assert 5e-4 in {r["lr"] for r in stream.attach(rs).store.snapshot_rows(run)}
     finally:
-        sess.checkpoint_root = None
+        sess.checkpoints.root = None
 
 
 def test_train_magics_on_four_ranks(shell, ranks4, capsys, tmp_path):
     try:
-        r = shell.run_cell("%distrain train start --steps 12 --model tiny --strategy ddp --no-dashboard")
+        r = shell.run_cell("%distrain train start --steps 12 --gpt tiny --strategy ddp --no-dashboard")
         assert r.success, r.error_in_exec
         r = shell.run_cell("%distrain train wait")
         assert r.success and r.result == {0: "finished", 1: "finished", 2: "finished", 3: "finished"}

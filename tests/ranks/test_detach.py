@@ -59,7 +59,7 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             # a small window: rows spill to the Parquet history before, while and after detached
             stream.WINDOW_ROWS, stream.HISTORY_PART_ROWS = 200, 100
             PACE = "import time\\nfrom workbench.engine import trainer\\ntrainer.current().add_hook(lambda record: time.sleep(0.03), pauses=False)"
-            %distrain start -n 2 --name night --backend gloo --threads 1
+            %distrain start -n 2 --session night --backend gloo --threads 1
             workbench.train.setup("ddp", model="tiny")
             # each step at least 30 ms: the run is still going when its kernel is killed
             workbench.run(PACE, display=False)
@@ -69,7 +69,7 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             before = int(workbench.metrics().step.max())
             %distrain detach
             entry = workbench.detached()["night"]
-            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["supervisor_pid"], "before": before}}))
+            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["keeper_pid"], "before": before}}))
             """,
         )
         assert "detached 'night': 2 ranks held by keeper pid" in out, out
@@ -90,7 +90,7 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
             %load_ext workbench
             import json, os, time, workbench
             attached_at = time.time()
-            %distrain attach night
+            %distrain attach --session night
             """,
             widgets=shown,
         )
@@ -126,7 +126,7 @@ def test_a_detached_run_trains_on_while_its_kernel_is_killed_and_a_new_kernel_se
         assert seen["spilled"] + seen["window"] >= 2 * STEPS, seen
         assert seen["on_disk"] and seen["parts"] >= 2, seen
 
-        out = _run(kc2, "%distrain stop --name night")
+        out = _run(kc2, "%distrain stop --session night")
         assert "ranks stopped" in out, out
         assert alive(held) == [], f"processes left behind: {alive(held)}"
         assert not [e for e in registry.read_all() if e.get("name") == "night" or e.get("kernel_pid") == info["keeper"]]
@@ -143,7 +143,7 @@ import json, sys, time
 sys.path.insert(0, {root!r})
 import workbench
 from workbench.notebook import handoff
-rs = workbench.start(2, backend="gloo", threads=1, name="overnight")
+rs = workbench.start(2, backend="gloo", threads=1, session="overnight")
 busy = rs.execute_async("import time; time.sleep(4)")
 time.sleep(0.5)
 try:
@@ -170,7 +170,7 @@ def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_pr
     assert "ranks 0-1 of 'overnight' are running a cell" in refused and "Nothing was changed" in refused
     info = _line(proc.stdout, "SET")
     entry = info["entry"]
-    keeper = entry["supervisor_pid"]
+    keeper = entry["keeper_pid"]
     held = [*info["pids"], keeper]
     try:
         assert alive(held) == held, "the set did not outlive the process that detached it"
@@ -182,15 +182,15 @@ def test_a_detached_set_is_listed_refused_while_busy_and_stopped_from_another_pr
         capsys.readouterr()
         ipshell.run_line_magic("distrain", "sessions")
         assert (
-            f"overnight: 2 ranks, detached (keeper pid {keeper}): `%distrain attach overnight`"
+            f"overnight: 2 ranks, detached (keeper pid {keeper}): `%distrain attach --session overnight`"
             in capsys.readouterr().out
         )
 
         with pytest.raises(handoff.DetachError) as err:
-            ipshell.run_line_magic("distrain", "attach nope")
+            ipshell.run_line_magic("distrain", "attach --session nope")
         assert str(err.value).startswith("there is no detached rank set named 'nope'; the detached sets are: overnight")
 
-        ipshell.run_line_magic("distrain", "stop --name overnight")
+        ipshell.run_line_magic("distrain", "stop --session overnight")
         assert alive(held) == [], f"processes left behind: {alive(held)}"
         assert handoff.detached_sets() == {} and registry.read(listed["id"]) is None
     finally:
@@ -204,7 +204,7 @@ sys.path.insert(0, {root!r})
 import workbench
 from workbench.notebook import api, training
 from workbench.notebook import checkpoints as ck
-rs = workbench.start(2, backend="gloo", threads=1, name="budget")
+rs = workbench.start(2, backend="gloo", threads=1, session="budget")
 training.setup("ddp", rankset=rs)
 ck.autosave(10, keep=3, async_=False, root={ckpt!r}, rankset=rs)
 # every step at least 30 ms; rank 1 ends itself with SIGKILL at its first step from 40 on once
@@ -240,7 +240,7 @@ def test_the_failure_budget_recovers_a_detached_run_and_the_attached_kernel_sees
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = _line(proc.stdout, "SET")
-    keeper = info["entry"]["supervisor_pid"]
+    keeper = info["entry"]["keeper_pid"]
     first = {r["pid"] for r in info["entry"]["ranks"]}
     held = [*info["pids"], keeper]
     sess = None
@@ -261,7 +261,7 @@ def test_the_failure_budget_recovers_a_detached_run_and_the_attached_kernel_sees
         assert (rec["kind"], rec["rank"], rec["detail"]) == ("died", 1, "killed by SIGKILL"), rec
         assert rec["failed_step"] >= 40 and rec["checkpoint_step"] % 10 == 0, rec
         assert 0 <= rec["steps_redone"] <= 10, rec  # at most the save interval
-        assert sess.supervisor is not None and sess.supervisor.failures == 1
+        assert sess.runs.current is not None and sess.runs.current.failures == 1
         loss = metrics.metrics(store=sess.store)
         loss = loss[loss.metric == "loss"]
         for rank in (0, 1):
@@ -336,20 +336,20 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
             %load_ext workbench
             import json, os, workbench
             PACE = "import time\\nfrom workbench.engine import trainer\\ntrainer.current().add_hook(lambda record: time.sleep(0.05), pauses=False)"
-            %distrain start -n 2 --name tracked --backend gloo --threads 1
+            %distrain start -n 2 --session tracked --backend gloo --threads 1
             workbench.train.setup("ddp", model="tiny")
             workbench.run(PACE, display=False)
-            %distrain track tensorboard --dir {tb}
-            %distrain track mlflow --dir {ml} --metrics loss
-            %distrain track wandb --dir {wb} --metrics loss
-            %distrain track trackio --dir {tio} --metrics loss
+            %distrain track start tensorboard --dir {tb}
+            %distrain track start mlflow --dir {ml} --metrics loss
+            %distrain track start wandb --dir {wb} --metrics loss
+            %distrain track start trackio --dir {tio} --metrics loss
             %distrain train start --steps {TRACKED_STEPS} --no-dashboard
             workbench.train.wait(step=5, timeout=240)
             pids = sorted(workbench.current().started_pids)
             runs = {{t["tracker"]: t["run"] for t in workbench.tracking()}}
             %distrain detach
             entry = workbench.detached()["tracked"]
-            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["supervisor_pid"],
+            print("SET " + json.dumps({{"kernel": os.getpid(), "pids": pids, "keeper": entry["keeper_pid"],
                                         "runs": runs, "left": workbench.tracking()}}))
             """,
         )
@@ -377,7 +377,7 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
         assert alive([keeper]) == [keeper]
 
         km2, kc2 = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
-        out = _run(kc2, "%load_ext workbench\nimport json, workbench\n%distrain attach tracked")
+        out = _run(kc2, "%load_ext workbench\nimport json, workbench\n%distrain attach --session tracked")
         assert "trackers carried back (same runs): tensorboard, mlflow, wandb, trackio" in out, out
         out = _run(
             kc2,
@@ -392,7 +392,7 @@ def test_trackers_write_on_from_the_keeper_and_come_back_on_attach_with_every_st
             """,
         )
         seen = _line(out, "SEEN")
-        _run(kc2, "%distrain stop --name tracked")
+        _run(kc2, "%distrain stop --session tracked")
     finally:
         for manager, client in ((km, kc), (km2, kc2)):
             if manager is not None and manager.is_alive():
@@ -462,7 +462,7 @@ def _scalar_runs(logdir: str) -> set[str]:
 
 
 def _entry_of(keeper: int) -> dict:
-    (entry,) = [e for e in registry.read_all() if e.get("supervisor_pid") == keeper] or [{"stack_dir": "?/?"}]
+    (entry,) = [e for e in registry.read_all() if e.get("keeper_pid") == keeper] or [{"stack_dir": "?/?"}]
     return entry
 
 
@@ -471,7 +471,7 @@ import json, os, sys, threading
 sys.path.insert(0, {root!r})
 import workbench
 from workbench.notebook import handoff, session, training
-rs = workbench.start(2, backend="gloo", threads=1, name="fsetup")
+rs = workbench.start(2, backend="gloo", threads=1, session="fsetup")
 training.setup("ddp", rankset=rs)
 lock = threading.Lock()
 
@@ -486,7 +486,7 @@ try:
 except handoff.DetachError as exc:
     print("REFUSED " + json.dumps(str(exc)), flush=True)
 sess = session.KERNEL.by_name["fsetup"]
-print("KEPT " + json.dumps({{"running": sess.running, "setup": sess.resume_setup is holds_a_lock,
+print("KEPT " + json.dumps({{"running": sess.running, "setup": sess.setup.given is holds_a_lock,
                             "detached": sorted(handoff.detached_sets())}}), flush=True)
 
 MARK = {mark!r}
@@ -523,24 +523,24 @@ def test_a_recovery_setup_function_travels_to_the_keeper_and_back_and_one_that_c
     assert "pass the setup as code instead" in refused and "nothing was changed" in refused, refused
     assert _line(proc.stdout, "KEPT") == {"running": True, "setup": True, "detached": []}
     info = _line(proc.stdout, "SET")
-    keeper = info["entry"]["supervisor_pid"]
+    keeper = info["entry"]["keeper_pid"]
     held = [*info["pids"], keeper]
     sess = None
     try:
         sess = handoff.attach("fsetup")  # the function went to the keeper and comes back from it
-        assert callable(sess.resume_setup) and sess.resume_setup.__name__ == "rebuild"
+        assert callable(sess.setup.given) and sess.setup.given.__name__ == "rebuild"
         assert not mark.exists()
-        from workbench.engine import control
+        from workbench.notebook import training
 
-        trained = sess.rankset.apply(control.status)  # the trainers that took the runs' steps
+        trained = training.status(rankset=sess.rankset)  # the trainers that took the runs' steps
         assert [s["state"] for s in trained] == ["finished"] * 2 and min(s["step"] for s in trained) > 0, trained
-        sess.resume_setup()  # what a recovery runs: it rebuilds the trainer on the ranks
+        sess.setup.given()  # what a recovery runs: it rebuilds the trainer on the ranks
         assert mark.read_text() == "ran "
         # a new trainer on every rank (idle at step 0 under a new run id), built as rebuild() says, and recorded here
-        rebuilt = sess.rankset.apply(control.status)
+        rebuilt = training.status(rankset=sess.rankset)
         assert [(s["state"], s["step"]) for s in rebuilt] == [("idle", 0)] * 2, rebuilt
         assert len({s["run"] for s in rebuilt}) == 1 and rebuilt[0]["run"] not in {s["run"] for s in trained}
-        assert sess.setup_recipe == {"strategy": "ddp", "model": "tiny", "lr": 2e-3}
+        assert sess.setup.recipe == {"strategy": "ddp", "model": "tiny", "lr": 2e-3}
     finally:
         if sess is not None and sess.running:
             from workbench.notebook import api

@@ -275,7 +275,7 @@ def test_prepare_magic_ep2(shell, ranks4, capsys):
 
     """``%distrain prepare ep=2`` on 4 ranks: the summary names the mesh, every rank holds a
     quarter of every tensor (experts: half over ep, half of that over dp_shard_mod_ep), as
-    the planner's memory prediction (``%distrain plan``) says;
+    the planner's memory prediction (``%distrain plan --live``) says;
     on a dense GPT the magic refuses, naming why, with the model unchanged."""
     try:
         assert shell.run_cell(MOE_BUILD).success
@@ -287,7 +287,7 @@ def test_prepare_magic_ep2(shell, ranks4, capsys):
         fig = shell.run_cell("%distrain layout").result
         z = [v for row in fig.data[0].z for v in row]
         assert z and all(v == pytest.approx(0.25) for v in z)
-        r = shell.run_cell("%distrain plan")  # the planner's ep layout: experts / ep / dp_shard_mod_ep
+        r = shell.run_cell("%distrain plan --live")  # the planner's ep layout: experts / ep / dp_shard_mod_ep
         assert r.success, r.error_in_exec
         states = r.result[r.result["part"].isin(["parameters", "gradients", "optimizer"])]
         assert ((states["ratio"] - 1).abs() <= TOLERANCE).all(), states

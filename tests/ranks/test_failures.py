@@ -14,6 +14,7 @@ import time
 import pytest
 from conftest import clean_trainer
 
+import workbench
 from workbench.notebook import api, stream
 from workbench.notebook import checkpoints as ck
 from workbench.notebook.cluster import RankDied
@@ -71,7 +72,7 @@ def test_sigkill_one_of_4_mid_training_then_resume_matches_uninterrupted(fresh_r
     # the exit status is read from the launcher (health.RankProcess.exit_code waits for it)
     assert dead[0]["exit"] == "killed by SIGKILL" and dead[0]["exit_code"] == -9, dead[0]
 
-    info = ck.resume(setup=TRAINER_SETUP, root=root)  # restart + rebuild + load latest
+    info = workbench.restart(load="latest", setup=TRAINER_SETUP, dir=root)  # restart + rebuild + load latest
     start = info["step"]
     # the newest COMPLETE auto-save: 6 or 9, or 3 when the async save of step 6 was still being
     # written at the kill (then it never became visible)
@@ -128,7 +129,7 @@ def test_kill_during_sync_save_and_during_async_save_keeps_latest(fresh_ranks, t
     with pytest.raises(RankDied, match=r"rank 1 .* killed by SIGKILL"):
         call.result(timeout=30)
     assert [m.step for _, m in catalog.entries(root)] == [3]
-    info = ck.resume(setup=SETUP, root=root)
+    info = workbench.restart(load="latest", setup=SETUP, dir=root)
     assert info["step"] == 3
     rs = api.current()
     rs.execute("_train(1)", timeout=60)
@@ -143,7 +144,7 @@ def test_kill_during_sync_save_and_during_async_save_keeps_latest(fresh_ranks, t
     wait_for(lambda: rs.dead(), 1.0, "the death to be detected")
     assert [(d["rank"], d["exit"]) for d in rs.dead()] == [(0, "killed by SIGKILL")]
     assert catalog.resolve(root, "latest")[1].step == 3
-    info = ck.resume(root=root)  # the setup is remembered
+    info = workbench.restart(load="latest", dir=root)  # the setup is remembered
     assert info["step"] == 3
     api.current().execute("_train(2)", timeout=60)
     got = api.current().pull("_losses")[0]

@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import ranks_in_loop
 
-from workbench.engine import fanout as rank_fanout
+from workbench.shared import wire
 from workbench.shared.errors import RankFailure
 
 
@@ -71,6 +71,16 @@ def test_push_and_pull_through_the_tree(fanned):
     with pytest.raises(RankFailure, match="NameError: name 'never_pushed' is not defined"):
         fanned.pull("never_pushed")
     fanned.execute("del pushed_once")
+
+
+def test_a_notebooks_function_and_class_are_pushed_by_value_through_the_tree(fanned):
+    """As ipyparallel's own push sends them: defined in the notebook, they have no module a rank imports."""
+    notebook = {"__name__": "__main__"}
+    exec("def double(x):\n    return 2 * x\nclass Box:\n    size = 3", notebook)
+    fanned.push({"double": notebook["double"], "Box": notebook["Box"]})
+    fanned.execute("doubled = double(21) * Box.size")
+    assert fanned.pull("doubled") == [126] * 4
+    fanned.execute("del double, Box, doubled")
 
 
 def test_a_quiet_fanned_cell_sends_nothing_per_rank_to_the_notebook(fanned):
@@ -139,7 +149,7 @@ def test_output_marker_follows_output_only_for_ranks_that_printed(fanned):
     call = fanned.execute_async("import torch.distributed as dist\nif dist.get_rank() == 2:\n    print('only two')")
     call.result(timeout=60)
     mds = call.fanned.metadata()
-    assert [rank_fanout.OUTPUT_DONE in (md.get("data") or {}) for md in mds] == [False, False, True, False]
+    assert [wire.OUTPUT_DONE in (md.get("data") or {}) for md in mds] == [False, False, True, False]
     assert mds[2]["stdout"] == "only two\n"
 
 
@@ -162,7 +172,7 @@ def test_a_rank_killed_during_a_fanned_call_is_named_and_the_survivors_answer_af
 
     from workbench.notebook.cluster import RankDied
 
-    rs = fresh_ranks(4, timeout=6)
+    rs = fresh_ranks(4, collective_timeout=6)
     rs.fanout_from = 0
     call = rs.execute_async(ALL_REDUCE_LOOP.format(folder=str(tmp_path)))
     ranks_in_loop(tmp_path, 4)

@@ -73,7 +73,7 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
         f"train start --fault-tolerant --replicas 2 --quorum-timeout {QUORUM_TIMEOUT:g} --steps {STEPS} --no-dashboard",
     )
     sess = api.session()
-    ft = sess.fault_tolerant
+    ft = sess.runs.current
     store = sess.store
     lh_pid = rs.lighthouse.pid
     spare = rs.spare.pid  # started with the run; its imports go on while the ranks build and step
@@ -155,7 +155,6 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
     Then a second run on the same ranks (replaced ones included), stopped from the notebook; then a third,
     whose rank 2 dies once every replica took the last step (``_a_rank_lost_after_the_last_step_is_not_replaced``)."""
     from workbench.engine import fault_tolerant
-    from workbench.notebook import fault_tolerance
     from workbench.notebook.commands import UsageError
 
     rs = fresh_ranks(4)
@@ -164,7 +163,7 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
     # fewer: a step takes ~15 ms here and the store sees a step up to ~0.15 s late (the ranks' send
     # window, this test's poll), so with 5 left the run could end before the kill
     steps = KILL_AT + 40
-    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    ft = training.fault_tolerant(steps, replicas=2, quorum_timeout=1.0)
     store = api.session().store
     with pytest.raises(
         UsageError, match=r"the fault-tolerant run .* takes `train stop`, `train status` and `train wait`"
@@ -192,7 +191,7 @@ def test_a_run_does_not_end_without_the_replica_being_replaced(fresh_ranks, ipsh
 
     first_lighthouse = rs.lighthouse.pid
     ipshell.run_line_magic("distrain", "train start --fault-tolerant --steps 100000 --no-dashboard")
-    again = api.session().fault_tolerant
+    again = api.session().runs.current
     assert again.run != ft.run and rs.lighthouse.pid != first_lighthouse
     assert (
         not os.path.exists(f"/proc/{first_lighthouse}")
@@ -257,13 +256,12 @@ def _a_rank_lost_after_the_last_step_is_not_replaced(rs, ipshell, capsys) -> Non
     no run to join), and the run ends finished. The survivors' Managers end with their run: the lighthouse
     hears no replica after it (else it would wait for them with any later joiner)."""
     from workbench.engine import fault_tolerant
-    from workbench.notebook import fault_tolerance
 
     pids = [p.pid for p in rs.procs]
     replaced = len(rs.replacements)
     steps = 40
     rs.apply(_die_as_the_run_ends, ranks=[2])
-    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    ft = training.fault_tolerant(steps, replicas=2, quorum_timeout=1.0)
     states = training.wait(timeout=300)
     assert states == dict.fromkeys(range(4), "finished"), ft.status_text()
     assert ft.wait(10) and ft.state == "finished", ft.status_text()
@@ -300,12 +298,11 @@ def test_a_failed_replacement_lets_the_others_finish_alone(fresh_ranks, ipshell,
     its replacement, whose process is SIGKILLed as soon as it appears: the survivors are told to finish
     alone, take the last step with a quorum of 1, and the run ends finished, saying why replica 1 is out."""
     from workbench.engine import fault_tolerant
-    from workbench.notebook import fault_tolerance
 
     rs = fresh_ranks(2)
     steps = 30
     rs.apply(_die_at_the_last_step, ranks=[1])
-    ft = fault_tolerance.start(steps, replicas=2, quorum_timeout=1.0)
+    ft = training.fault_tolerant(steps, replicas=2, quorum_timeout=1.0)
     os.kill(rs.spare.pid, signal.SIGKILL)  # a dead spare: the replacement starts a forking parent of its own
     rs.spare.proc.wait()
     _wait_for(lambda: rs.replacements, 120, "no replacement was started")
@@ -404,7 +401,7 @@ def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_pe
         f"--steps {steps} --no-dashboard",
     )
     assert "2 torchft replica groups x 2 ranks (each sharded over its ranks, hsdp)" in capsys.readouterr().out
-    ft = api.session().fault_tolerant
+    ft = api.session().runs.current
     store = api.session().store
     _wait_for(lambda: store.last_steps(ft.run).get(0, 0) >= KILL_AT, 120, "the run did not reach the kill step")
     rs.signal_rank(3, signal.SIGKILL)
@@ -451,11 +448,10 @@ def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_pe
 
     # the same training as ddp's: two short runs on these ranks (replaced ones included) from the same seed,
     # one sharded, one not, take the same losses step by step
-    from workbench.notebook import fault_tolerance
 
     losses = {}
     for strategy in ("hsdp", "ddp"):
-        run = fault_tolerance.start(40, replicas=2, quorum_timeout=QUORUM_TIMEOUT, strategy=strategy)
+        run = training.fault_tolerant(40, replicas=2, quorum_timeout=QUORUM_TIMEOUT, strategy=strategy)
         assert training.wait(timeout=300) == dict.fromkeys(range(4), "finished"), run.status_text()
         frame = metrics.metrics()
         rows = frame[(frame["run"] == run.run) & (frame["metric"] == "loss")].sort_values(["rank", "step"])

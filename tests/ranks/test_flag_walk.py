@@ -25,13 +25,12 @@ load_all()
 
 
 def every_flag() -> set[tuple[str, str]]:
-    """(words that reach the parser, longest spelling of the flag) for every parser."""
-    from workbench.notebook.magics import DistrainMagics
-    from workbench.planner.arguments import _parser as plan_parser
+    """(words that reach the parser, longest spelling of the flag) for every parser (``plan``'s
+    holds the planner's flags)."""
+    from workbench.notebook import magics
 
     parsers = {words: p for cmd in COMMANDS.values() for words, p in cmd.parsers().items()}
-    parsers["plan"] = plan_parser()
-    parsers["%%distrain"] = DistrainMagics.distrain_cell.parser
+    parsers["%%distrain"] = magics.CELL
     out = set()
     for words, p in parsers.items():
         for action in p._actions:
@@ -48,27 +47,65 @@ def refused(line: str, fragment: str):
 TRAIN, CKPT, LIFE, CELL, PLAN, VIEWS, PREP = (
     "test_train_flags",
     "test_ckpt_flags",
-    "test_start_restart_resume_flags",
+    "test_start_restart_load_flags",
     "test_cell_flags",
     "test_plan_flags",
     "test_view_flags",
     "test_prepare_and_layout_flags",
 )
+OUTPUT = "test_output_and_logs_flags"
 NAMED = "test_named_set_flags"  # two named sets side by side: tests/ranks/test_sessions.py
 TRACK = "test_track_flags"
 SLURM_ONLY = "go with --launcher slurm"  # their effect on a real Slurm: tests/cluster/test_slurm.py
+
+NOPE = "there is no rank set named 'nope'"
+# `--session NAME` of a command that does not read it itself makes NAME current for the line (one
+# path in the dispatcher): its effect is driven in NAMED for status/push/pull/where/logs/train
+# status/ckpt wait/restart; for the others a name that is not there is refused before anything runs.
+SESSION_REFUSED = {
+    "prepare": "prepare ddp --session nope",
+    "layout": "layout --session nope",
+    "train start": "train start --steps 1 --session nope",
+    "train pause": "train pause --session nope",
+    "train resume": "train resume --session nope",
+    "train stop": "train stop --session nope",
+    "train set": "train set lr=0.1 --session nope",
+    "train wait": "train wait --session nope",
+    "ckpt save": "ckpt save --session nope",
+    "ckpt load": "ckpt load --session nope",
+    "ckpt autosave": "ckpt autosave --every 2 --session nope",
+    "track start": "track start tensorboard --session nope",
+    "track stop": "track stop --session nope",
+    "timeline": "timeline --session nope",
+    "pipeline": "pipeline --session nope",
+    "profile": "profile --session nope",
+    "debug": "debug --ranks 0 --session nope",
+    # their effect: tests/ranks/test_sessions.py (use), tests/ranks/test_detach.py (detach, attach)
+    "use": "use --session nope",
+    "detach": "detach --session nope",
+}
 
 CASES: dict[tuple[str, str], object] = {
     # ranks' life cycle
     ("start", "-n"): LIFE,
     ("start", "--backend"): LIFE,
-    ("start", "--timeout"): LIFE,
+    ("start", "--collective-timeout"): LIFE,
     ("start", "--threads"): LIFE,
     ("start", "--auto"): LIFE,
-    ("start", "--name"): NAMED,
-    ("stop", "--name"): NAMED,
-    # its effect (a set that outlives its kernel, taken back by another): tests/ranks/test_detach.py
-    ("detach", "--name"): refused("detach --name nope", "there is no rank set named 'nope'"),
+    ("start", "--session"): NAMED,
+    ("stop", "--session"): NAMED,
+    ("status", "--session"): NAMED,
+    ("push", "--session"): NAMED,
+    ("pull", "--session"): NAMED,
+    ("where", "--session"): NAMED,
+    ("logs", "--session"): NAMED,
+    ("train status", "--session"): NAMED,
+    ("ckpt wait", "--session"): NAMED,
+    ("restart", "--session"): NAMED,
+    ("dashboard", "--session"): NAMED,
+    ("%%distrain", "--session"): NAMED,
+    ("attach", "--session"): refused("attach --session nope", "there is no detached rank set named 'nope'"),
+    **{(words, "--session"): refused(line, NOPE) for words, line in SESSION_REFUSED.items()},
     ("start", "--ip"): refused("start --ip 127.0.0.1", "--ip goes with --launcher ssh, slurm or ray"),
     ("start", "--launcher"): refused("start -n 2 --launcher ssh", "--launcher ssh needs --hosts"),
     # its effect on real JAX ranks: tests/ranks/test_jax_ranks.py
@@ -91,21 +128,27 @@ CASES: dict[tuple[str, str], object] = {
     ("start", "--gpus-per-rank"): refused("start --gpus-per-rank 1", "--gpus-per-rank go with --launcher ray"),
     ("restart", "-n"): LIFE,
     ("restart", "--backend"): LIFE,
-    ("restart", "--timeout"): LIFE,
-    ("restart", "--resume"): LIFE,
+    ("restart", "--collective-timeout"): LIFE,
+    ("restart", "--load"): LIFE,
     ("restart", "--setup"): LIFE,
     ("restart", "--dir"): LIFE,
     ("push", "--ranks"): VIEWS,
     ("pull", "--ranks"): VIEWS,
     ("where", "--ranks"): VIEWS,
     ("where", "--full"): VIEWS,
-    ("where", "--wait"): VIEWS,
+    ("where", "--timeout"): VIEWS,
     ("where", "--grouped"): VIEWS,
     ("where", "--per-rank"): VIEWS,
-    ("debug", "--rank"): refused("debug --rank 7", "--rank 7 does not exist"),
+    ("logs", "--ranks"): OUTPUT,
+    ("logs", "--tail"): OUTPUT,
+    ("logs", "--grep"): OUTPUT,
+    ("logs", "--grouped"): OUTPUT,
+    ("logs", "--per-rank"): OUTPUT,
+    # its effect (pdb on the rank named): tests/notebooks/test_cells_kernel.py
+    ("debug", "--ranks"): refused("debug --ranks 7", "--ranks 7: rank(s) 7 do not exist"),
     # training
     ("train start", "--steps"): TRAIN,
-    ("train start", "--model"): TRAIN,
+    ("train start", "--gpt"): TRAIN,
     ("train start", "--strategy"): TRAIN,
     ("train start", "--batch-size"): TRAIN,
     ("train start", "--lr"): TRAIN,
@@ -126,14 +169,13 @@ CASES: dict[tuple[str, str], object] = {
     ("train wait", "--timeout"): TRAIN,
     ("dashboard", "--export"): TRAIN,
     ("dashboard", "--run"): TRAIN,
-    ("dashboard", "--sessions"): NAMED,
     ("timeline", "--steps"): TRAIN,
     ("timeline", "--ranks"): TRAIN,
     ("timeline", "--run"): TRAIN,
     ("timeline", "--table"): TRAIN,
     ("profile", "--steps"): TRAIN,
     ("profile", "--ranks"): TRAIN,
-    ("profile", "--out"): TRAIN,
+    ("profile", "--dir"): TRAIN,
     ("profile", "--timeout"): TRAIN,
     ("profile", "--code"): TRAIN,
     # checkpoints
@@ -154,15 +196,12 @@ CASES: dict[tuple[str, str], object] = {
     ("ckpt autosave", "--dir"): CKPT,
     ("ckpt autosave", "--every"): CKPT,
     ("ckpt autosave", "--keep"): CKPT,
-    ("ckpt autosave", "--sync"): CKPT,
+    ("ckpt autosave", "--async"): CKPT,
     ("ckpt autosave", "--off"): CKPT,
-    ("ckpt resume", "--dir"): LIFE,
-    ("ckpt resume", "-n"): LIFE,
-    ("ckpt resume", "--setup"): LIFE,
     # layouts
     ("prepare", "--blocks"): PREP,
-    ("prepare", "--model"): PREP,
-    ("prepare", "--optimizer"): PREP,
+    ("prepare", "--model-var"): PREP,
+    ("prepare", "--optimizer-var"): PREP,
     ("layout", "--tensor"): PREP,
     ("layout", "--match"): PREP,
     ("layout", "--max"): PREP,
@@ -170,14 +209,17 @@ CASES: dict[tuple[str, str], object] = {
     ("%%distrain", "--ranks"): CELL,
     ("%%distrain", "--timeout"): CELL,
     ("%%distrain", "--grace"): CELL,
-    ("%%distrain", "--on"): NAMED,
     ("%%distrain", "--fail-fast"): CELL,
     ("%%distrain", "--stream"): CELL,
     ("%%distrain", "--no-stream"): CELL,
     ("%%distrain", "--grouped"): VIEWS,
     ("%%distrain", "--per-rank"): VIEWS,
+    ("%%distrain", "--output"): OUTPUT,
     # experiment trackers
-    **{(f"track {k}", f): TRACK for k in ("tensorboard", "mlflow", "wandb", "trackio") for f in ("--dir", "--metrics")},
+    ("track start", "--dir"): TRACK,
+    ("track start", "--metrics"): TRACK,
+    # its effect (the planner beside one measured step on the ranks): tests/ranks/test_prepare_command.py
+    ("plan", "--live"): refused("plan --live --tp 2", "--live plans the model on the ranks"),
 }
 PLAN_BASE = "--model 8b --hw h100"
 # plan flag -> (words with it, words without it), each after PLAN_BASE: the two printed plans must differ
@@ -342,14 +384,12 @@ def _trainer_facts() -> dict:
 def _clean(ranks) -> None:
     from conftest import clean_trainer
 
-    from workbench.notebook import session
+    from workbench.notebook import dashboard, session
 
     ranks.apply(clean_trainer, timeout=60)
     sess = session.of(ranks)
-    dash, sess.dashboard = sess.dashboard, None
-    if dash is not None:
-        dash.close()
-    sess.autosave = None
+    dashboard.close(sess)
+    sess.checkpoints.autosave = None
 
 
 def test_train_flags(shell2, ranks2, tmp_path, capsys):
@@ -364,7 +404,7 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         assert [s["state"] for s in training.status()] == ["none", "none"]
         magic(
             shell2,
-            "train start --model tiny --strategy fsdp2 --batch-size 4 --lr 3e-4 --grad-accum 2 "
+            "train start --gpt tiny --strategy fsdp2 --batch-size 4 --lr 3e-4 --grad-accum 2 "
             "--steps 2 --step-timeout 120 --no-dashboard",
         )
         magic(shell2, "train wait --timeout 120")
@@ -372,17 +412,17 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         assert [f["step"] for f in facts] == [2, 2]
         assert all(f["lr"] == 3e-4 and f["grad_accum"] == 2 and "fsdp2" in f["layout"] for f in facts), facts
         assert all(f["rows"] == 4 // 2 for f in facts), facts  # 4 rows per step over 2 data-parallel ranks
-        assert session.of(ranks2).dashboard is None  # --no-dashboard
-        assert session.of(ranks2).watchdog.timeout == 120.0  # --step-timeout
-        first_run = session.of(ranks2).started_run
-        # without --model: --lr and --grad-accum change the trainer already there; --batch-size cannot
-        with pytest.raises(UsageError, match="--batch-size sizes the teaching trainer"):
+        assert session.of(ranks2).dashboard.live is None  # --no-dashboard
+        assert session.of(ranks2).runs.current.watchdog.timeout == 120.0  # --step-timeout
+        first_run = session.of(ranks2).runs.started
+        # without --gpt: --lr and --grad-accum change the trainer already there; --batch-size cannot
+        with pytest.raises(UsageError, match="--batch-size sizes the teaching GPT"):
             magic(shell2, "train start --batch-size 2")
         magic(shell2, "train start --steps 1 --lr 1e-4 --grad-accum 1")
         magic(shell2, "train wait --timeout 120")
         facts = ranks2.apply(_trainer_facts)
         assert [(f["step"], f["lr"], f["grad_accum"]) for f in facts] == [(3, 1e-4, 1)] * 2
-        assert session.of(ranks2).dashboard is not None  # no --no-dashboard: it opened
+        assert session.of(ranks2).dashboard.live is not None  # no --no-dashboard: it opened
         # train wait --timeout: a long run is not waited for past the timeout
         magic(shell2, "train start --steps 100000 --no-dashboard")
         try:
@@ -394,7 +434,7 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
             # profile --timeout bounds the wait for steps that take longer than that
             # (100 profiled steps of 2 gloo ranks take far longer than 0.1 s)
             with pytest.raises(RuntimeError, match="no trace after 0 s"):
-                magic(shell2, f"profile --steps 100 --timeout 0.1 --out {tmp_path / 't'}")
+                magic(shell2, f"profile --steps 100 --timeout 0.1 --dir {tmp_path / 't'}")
         finally:
             magic(shell2, "train stop")
             magic(shell2, "train wait --timeout 120")
@@ -402,27 +442,27 @@ def test_train_flags(shell2, ranks2, tmp_path, capsys):
         html = tmp_path / "dash.html"
         magic(shell2, f"dashboard --run {first_run} --export {html}")
         assert html.stat().st_size > 1000 and "plotly" in html.read_text().lower()
-        assert session.of(ranks2).dashboard.run == first_run
+        assert session.of(ranks2).dashboard.live.run == first_run
         # timeline: --steps rows per rank, --ranks, --run (a new trainer is a new run), --table
-        magic(shell2, "train start --model tiny --steps 1 --no-dashboard")
+        magic(shell2, "train start --gpt tiny --steps 1 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
-        assert session.of(ranks2).started_run != first_run
+        assert session.of(ranks2).runs.started != first_run
         old = magic(shell2, f"timeline --steps 2 --ranks 1 --run {first_run} --table")
         new = magic(shell2, "timeline --steps 2 --table")
         assert set(old["rank"]) == {1} and len(old) == 2 and min(old["step"]) > 1, old
         assert sorted(new["rank"]) == [0, 1] and set(new["step"]) == {1}, new
         assert type(magic(shell2, "timeline --steps 1")).__name__ == "Figure"
-        # profile: --steps, --out; --code (profiles code instead of steps) with --ranks; --timeout bounds the wait
-        prof = magic(shell2, f"profile --steps 1 --out {tmp_path / 'p'}")
+        # profile: --steps, --dir; --code (profiles code instead of steps) with --ranks; --timeout bounds the wait
+        prof = magic(shell2, f"profile --steps 1 --dir {tmp_path / 'p'}")
         assert sorted(prof.files) == [0, 1] and prof.files[1].startswith(str(tmp_path / "p"))
         with open(prof.files[1]) as f:
             assert sum(e.get("name", "").startswith("ProfilerStep#") for e in json.load(f)["traceEvents"]) == 1
-        prof = magic(shell2, f"profile --code 'y = sum(range(1000))' --ranks 0 --out {tmp_path / 'c'}")
+        prof = magic(shell2, f"profile --code 'y = sum(range(1000))' --ranks 0 --dir {tmp_path / 'c'}")
         assert list(prof.files) == [0] and os.path.exists(prof.files[0])
         # one rank of an idle trainer cannot step alone: refused at once, not after --timeout
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match=r"profiling rank\(s\) 1 alone cannot start them"):
-            magic(shell2, f"profile --steps 1 --ranks 1 --timeout 60 --out {tmp_path / 'i'}")
+            magic(shell2, f"profile --steps 1 --ranks 1 --timeout 60 --dir {tmp_path / 'i'}")
         assert time.monotonic() - t0 < 30
     finally:
         _clean(ranks2)
@@ -440,11 +480,12 @@ def _safetensors_dtypes(path) -> set[str]:
 def test_ckpt_flags(shell2, ranks2, tmp_path, capsys):
     """Every ckpt action's flags on a trained tiny GPT: folders, tags, async, model-only, retention, export dtype."""
     from workbench.notebook import session
+    from workbench.shared.checkpoint import catalog
 
     d, auto = tmp_path / "ck", tmp_path / "auto"
     _clean(ranks2)
     try:
-        magic(shell2, "train start --model tiny --steps 2 --no-dashboard")
+        magic(shell2, "train start --gpt tiny --steps 2 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
         capsys.readouterr()
         magic(shell2, f"ckpt save --dir {d} --tag first --async")
@@ -478,14 +519,21 @@ def test_ckpt_flags(shell2, ranks2, tmp_path, capsys):
         with pytest.raises(ValueError, match="holds a whole model, not a peft adapter: --merged"):
             magic(shell2, f"ckpt export {tmp_path / 'merged'} first --dir {d} --merged")
         assert not (tmp_path / "merged").exists()
-        # auto-save every step, the newest 2 kept, synchronous; --off stops it
-        magic(shell2, f"ckpt autosave --dir {auto} --every 1 --keep 2 --sync")
-        assert session.of(ranks2).autosave == {"every": 1, "keep": 2, "async_": False, "root": str(auto)}
+        # auto-save every step, the newest 2 kept, written before training goes on (the default);
+        # --async writes in the background; --off stops it
+        magic(shell2, f"ckpt autosave --dir {auto} --every 1 --keep 2")
+        assert session.of(ranks2).checkpoints.autosave == {"every": 1, "keep": 2, "async_": False, "root": str(auto)}
         magic(shell2, "train start --steps 3 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
         magic(shell2, "ckpt wait")
         steps = sorted(magic(shell2, f"ckpt list --dir {auto}")["step"])
         assert steps == [4, 5], steps
+        assert [m.async_save for _, m in catalog.entries(str(auto))] == [False, False]
+        magic(shell2, f"ckpt autosave --dir {tmp_path / 'bg'} --every 1 --async")
+        magic(shell2, "train start --steps 1 --no-dashboard")
+        magic(shell2, "train wait --timeout 120")
+        magic(shell2, "ckpt wait")
+        assert [m.async_save for _, m in catalog.entries(str(tmp_path / "bg"))] == [True]
         magic(shell2, "ckpt autosave --off")
         magic(shell2, "train start --steps 1 --no-dashboard")
         magic(shell2, "train wait --timeout 120")
@@ -499,7 +547,7 @@ def test_ckpt_flags(shell2, ranks2, tmp_path, capsys):
 
 
 def test_view_flags(shell2, ranks2, capsys):
-    """push/pull --ranks and where --ranks/--full/--wait on the shared ranks."""
+    """push/pull --ranks and where --ranks/--full/--timeout on the shared ranks."""
     shell2.user_ns["pushed_here"] = 3
     magic(shell2, "push pushed_here --ranks 1")
     assert ranks2.apply(_has, "pushed_here") == [False, True]
@@ -512,7 +560,7 @@ def test_view_flags(shell2, ranks2, capsys):
     full = capsys.readouterr().out
     assert {l.split("]")[0] for l in short.splitlines()} == {"[rank 1"}
     assert "Thread" in full and len(full.splitlines()) > len(short.splitlines())
-    magic(shell2, "where --ranks 1 --wait 1e-9")  # no time to answer SIGUSR1
+    magic(shell2, "where --ranks 1 --timeout 1e-9")  # no time to answer SIGUSR1
     assert "no stack arrived" in capsys.readouterr().out
     # --grouped: the two idle ranks are at the same place, shown once; --per-rank: one each
     magic(shell2, "where --grouped")
@@ -525,6 +573,34 @@ def test_view_flags(shell2, ranks2, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "[ranks 0-1] alike"
     assert shell2.run_cell("%%distrain --per-rank\nprint('alike')").success
     assert capsys.readouterr().out.splitlines()[-2:] == ["[rank 0] alike", "[rank 1] alike"]
+
+
+def test_output_and_logs_flags(shell2, ranks2, capsys):
+    """%%distrain --output (a size, all, the default) and logs --ranks/--tail/--grep/--grouped/--per-rank."""
+    flood = "%%distrain{}\nfor i in range(30_000):\n    print(f'line {{i:05d}}')"
+    kept = {}
+    for flags in ("", " --output 2k", " --output all"):
+        capsys.readouterr()
+        assert shell2.run_cell(flood.format(flags)).success
+        out = capsys.readouterr().out
+        kept[flags] = [l for l in out.splitlines() if l.startswith("[rank 1] line ")]
+        cut = [l for l in out.splitlines() if l.startswith("[rank 1] … ") and "cut here" in l]
+        assert len(cut) == (0 if flags == " --output all" else 1), (flags, cut)
+    assert len(kept[" --output all"]) == 30_000  # everything
+    assert len(kept[" --output 2k"]) < 400 < len(kept[""]) < 30_000  # a head and a tail, of the size asked
+    magic(shell2, "logs --ranks 1 --tail 3")
+    out = capsys.readouterr().out
+    assert [l for l in out.splitlines() if l.startswith("[")] == [
+        f"[rank 1] line {i:05d}" for i in (29997, 29998, 29999)
+    ]
+    magic(shell2, "logs --grep 'line 01234$' --per-rank")
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        body = [l for l in out.splitlines() if l.startswith(f"[rank {rank}] ")]
+        assert body[0] == f"[rank {rank}] 3 line(s) match 'line 01234$':", out  # one per flood above
+        assert all(l.endswith(": line 01234") for l in body[1:]) and len(body) == 4, body
+    magic(shell2, "logs --tail 1 --grouped")
+    assert "[ranks 0-1] line 29999" in capsys.readouterr().out
 
 
 PREP_BUILD = (
@@ -548,14 +624,14 @@ def _forget_prepared() -> bool:
 
 
 def test_prepare_and_layout_flags(shell2, ranks2, capsys):
-    """prepare --model/--optimizer/--blocks name the rank variables and blocks; layout --max/--match/--tensor."""
+    """prepare --model-var/--optimizer-var/--blocks name the rank variables and blocks; layout --max/--match/--tensor."""
     try:
         assert shell2.run_cell(PREP_BUILD).success
-        magic(shell2, "prepare fsdp2 --model net --optimizer opt --blocks layers.0")
+        magic(shell2, "prepare fsdp2 --model-var net --optimizer-var opt --blocks layers.0")
         out = capsys.readouterr().out
         assert "blocks (rank 0): layers.0\n" in out + "\n", out  # only the block named, not layers.1
-        assert ranks2.apply(_type_of, "net") == ["FSDPGPT", "FSDPGPT"]  # --model: `net` was laid out
-        assert ranks2.apply(_type_of, "opt") == ["AdamW", "AdamW"]  # --optimizer: the factory `opt` was used
+        assert ranks2.apply(_type_of, "net") == ["FSDPGPT", "FSDPGPT"]  # --model-var: `net` was laid out
+        assert ranks2.apply(_type_of, "opt") == ["AdamW", "AdamW"]  # --optimizer-var: the factory `opt` was used
         fig = magic(shell2, "layout --max 3")
         assert len(fig.data[0].y) == 3
         fig = magic(shell2, "layout --match wq")
@@ -573,7 +649,7 @@ def test_prepare_compile(shell2, ranks2, capsys):
     for spec, expect in (("ddp compile", [True, True]), ("ddp", [False, False])):
         try:
             assert shell2.run_cell(PREP_BUILD).success
-            magic(shell2, f"prepare {spec} --model net --optimizer opt")
+            magic(shell2, f"prepare {spec} --model-var net --optimizer-var opt")
             assert ranks2.apply(_compiled_only) == [{"compiled": expect}] * 2, spec
         finally:
             ranks2.apply(_forget_prepared)
@@ -593,7 +669,7 @@ def test_prepare_cpu_offload_and_fp16_are_refused_on_cpu(shell2, ranks2, capsys,
     try:
         assert shell2.run_cell(PREP_BUILD).success
         with pytest.raises(Exception, match=re.escape(says)) as err:
-            magic(shell2, f"prepare {spec} --model net --optimizer opt")
+            magic(shell2, f"prepare {spec} --model-var net --optimizer-var opt")
         assert "nothing was changed on the ranks" in str(err.value)
         assert ranks2.apply(_type_of, "net") == ["GPT", "GPT"]
     finally:
@@ -663,9 +739,9 @@ def _rank_settings_of(rs) -> list[dict]:
 SETUP = "from workbench.engine import control\ncontrol.build_default('ddp', model='tiny')\nbuilt_by_setup = True\n"
 
 
-def test_start_restart_resume_flags(fresh_ranks, tmp_path, capsys):
-    """start / restart / ckpt resume / restart --resume on private ranks: size, backend, timeout,
-    threads, auto mode, the setup code and the checkpoint folder."""
+def test_start_restart_load_flags(fresh_ranks, tmp_path, capsys):
+    """start / restart / restart --load on private ranks: size, backend, collective timeout,
+    threads, auto mode, the checkpoint to load, the setup code and the checkpoint folder."""
     from IPython.testing.globalipapp import get_ipython
 
     from workbench.notebook import auto_cells
@@ -673,67 +749,101 @@ def test_start_restart_resume_flags(fresh_ranks, tmp_path, capsys):
     ip = get_ipython()
     ip.run_line_magic("load_ext", "workbench")
     try:
-        magic(ip, "start -n 1 --backend gloo --timeout 77 --threads 2 --auto")
+        magic(ip, "start -n 1 --backend gloo --collective-timeout 77 --threads 2 --auto")
         rs = api.current()
         fresh_ranks.started.append(rs)
         assert auto_cells.is_on(ip)  # --auto
         assert rs.info[0]["backend"] == "gloo"
         assert _rank_settings_of(rs) == [{"world": 1, "timeout": 77.0, "threads": 2, "by_setup": False, "step": None}]
         magic(ip, "auto off")
-        # a checkpoint to come back to, then ckpt resume -n/--setup/--dir and restart --resume
-        magic(ip, "train start --model tiny --steps 2 --no-dashboard")
+        # a checkpoint to come back to (tagged, then a newer one), then restart --load WHICH -n/--setup/--dir
+        magic(ip, "train start --gpt tiny --steps 2 --no-dashboard")
+        magic(ip, "train wait --timeout 120")
+        magic(ip, f"ckpt save --dir {tmp_path} --tag two")
+        magic(ip, "train start --steps 1 --no-dashboard")
         magic(ip, "train wait --timeout 120")
         magic(ip, f"ckpt save --dir {tmp_path}")
         ip.user_ns["SETUP"] = SETUP
-        magic(ip, f"ckpt resume --dir {tmp_path} -n 2 --setup SETUP")
-        assert [(s["world"], s["by_setup"]) for s in _rank_settings_of(api.current())] == [(2, True)] * 2
-        assert [s["step"] for s in _rank_settings_of(api.current())] == [2, 2]  # the checkpoint's step
-        with pytest.raises(UsageError, match="--setup and --dir go with --resume"):
+        with pytest.raises(UsageError, match="--setup and --dir go with --load"):
             magic(ip, f"restart --dir {tmp_path}")
-        magic(ip, f"restart --resume --setup SETUP --dir {tmp_path} -n 1 --timeout 40 --backend gloo")
+        magic(ip, f"restart --load two --setup SETUP --dir {tmp_path} -n 2 --collective-timeout 40 --backend gloo")
         settings = _rank_settings_of(api.current())
-        assert [(s["world"], s["timeout"], s["by_setup"], s["step"]) for s in settings] == [(1, 40.0, True, 2)]
+        assert [(s["world"], s["timeout"], s["by_setup"], s["step"]) for s in settings] == [(2, 40.0, True, 2)] * 2
+        magic(ip, "restart -n 1")  # the same settings, another size; nothing loaded
+        settings = _rank_settings_of(api.current())
+        assert [(s["world"], s["timeout"], s["by_setup"], s["step"]) for s in settings] == [(1, 40.0, False, None)]
     finally:
         auto_cells.turn_off(ip)
         ip.user_ns.pop("SETUP", None)
-        from workbench.notebook import session
+        from workbench.notebook import dashboard, session
 
         sess = session.current()
-        dash, sess.dashboard = (sess.dashboard, None) if sess is not None else (None, None)
-        if dash is not None:
-            dash.close()
+        if sess is not None:
+            dashboard.close(sess)
     capsys.readouterr()
 
 
-def test_named_set_flags(shell2, ranks2):
-    """`start --name` makes a set the cell can reach with `%%distrain --on` without switching;
-    a taken name and an unknown one are refused by name; `stop --name` stops only that set."""
+def test_named_set_flags(shell2, ranks2, capsys):
+    """`start --session` makes a set the cell can reach with `%%distrain --session` without switching;
+    `--session NAME` on a command acts on that set for the line only; a taken name and an unknown one
+    are refused by name; `stop --session` stops only that set; `restart --session` restarts only it."""
     from workbench.notebook import session
 
     had = set(api.sessions())
     try:
-        magic(shell2, "start -n 1 --name flagwalk --backend gloo")
+        magic(shell2, "start -n 1 --session flagwalk --backend gloo")
         with session.using(ranks2):
             with pytest.raises(Exception, match="flagwalk"):
-                magic(shell2, "start -n 1 --name flagwalk")
-            shell2.run_cell_magic("distrain", "--on flagwalk", "on_flagwalk = 5")
-            assert api.session("flagwalk").rankset.pull("on_flagwalk") == [5]
+                magic(shell2, "start -n 1 --session flagwalk")
+            shell2.run_cell_magic("distrain", "--session flagwalk", "on_flagwalk = 5")
+            flagwalk = api.session("flagwalk").rankset
+            assert flagwalk.pull("on_flagwalk") == [5]
             with pytest.raises(Exception, match="nope"):
-                shell2.run_cell_magic("distrain", "--on nope", "x = 1")
+                shell2.run_cell_magic("distrain", "--session nope", "x = 1")
             with pytest.raises(Exception, match="nope"):
-                magic(shell2, "stop --name nope")
-            # dashboard --sessions: a live overlay of named sessions, traces named by session;
-            # unknown names and one-session flags beside it are refused
-            magic(shell2, "dashboard --sessions flagwalk")
-            over = session.KERNEL.overlays[("flagwalk",)]
+                magic(shell2, "stop --session nope")
+            # --session on one line: the named set answers, the current one stays current
+            assert list(magic(shell2, "status --session flagwalk").index) == [0]  # 1 rank, not ranks2's 2
+            shell2.user_ns["for_flagwalk"] = 7
+            magic(shell2, "push for_flagwalk --session flagwalk")
+            assert magic(shell2, "pull for_flagwalk --session flagwalk") == [7]
+            assert ranks2.apply(_has, "for_flagwalk") == [False, False]
+            capsys.readouterr()
+            magic(shell2, "where --session flagwalk")
+            assert {l.split("]")[0] for l in capsys.readouterr().out.splitlines()} == {"[rank 0"}
+            shell2.run_cell_magic("distrain", "--session flagwalk", "print('printed on flagwalk')")
+            capsys.readouterr()
+            magic(shell2, "logs --session flagwalk --tail 1")
+            logged = capsys.readouterr().out.splitlines()
+            assert logged[0].startswith("logs of ranks 0 (") and logged[1:] == ["[rank 0] printed on flagwalk"], logged
+            assert len(magic(shell2, "train status --session flagwalk")) == 1
+            magic(shell2, "ckpt wait --session flagwalk")
+            assert "no save in flight" in capsys.readouterr().out
+            with pytest.raises(UsageError, match="`status` acts on one session"):
+                magic(shell2, "status --session flagwalk,other")
+            assert api.current() is ranks2
+            pids = [p.pid for p in flagwalk.procs]
+            magic(shell2, "restart --session flagwalk")
+            again = api.session("flagwalk").rankset
+            assert again is not flagwalk and again.world_size == 1 and [p.pid for p in again.procs] != pids
+            assert api.current() is ranks2 and ranks2.running
+            # dashboard --session: one session's dashboard; several: a live overlay, traces named by
+            # session; unknown names and one-session flags beside several are refused
+            magic(shell2, "dashboard --session flagwalk")
+            assert api.session("flagwalk").dashboard.live is not None and session.of(ranks2).dashboard.live is None
+            over = session.KERNEL.overlays.get(("flagwalk",))
+            assert over is None
+            import workbench
+
+            over = workbench.dashboard(session=["flagwalk"], show=False)
             assert [t.name for t in over.panel("loss")] == ["flagwalk"] and not over.closed
             with pytest.raises(UsageError, match="no rank set named 'nope'; the sessions are: flagwalk"):
-                magic(shell2, "dashboard --sessions flagwalk,nope")
+                magic(shell2, "dashboard --session flagwalk,nope")
             with pytest.raises(UsageError, match="--run goes with one session's dashboard"):
-                magic(shell2, "dashboard --sessions flagwalk --run r1")
+                magic(shell2, "dashboard --session flagwalk,other --run r1")
             with pytest.raises(UsageError, match="expected session names like ddp,fsdp"):
-                magic(shell2, "dashboard --sessions ,")
-            magic(shell2, "stop --name flagwalk")
+                magic(shell2, "dashboard --session ,")
+            magic(shell2, "stop --session flagwalk")
             assert not api.session("flagwalk").running
             assert over.closed and ("flagwalk",) not in session.KERNEL.overlays  # none of its sessions runs
             assert api.current() is ranks2
@@ -743,10 +853,11 @@ def test_named_set_flags(shell2, ranks2):
             api.stop("flagwalk")
         for name in set(api.sessions()) - had:  # stopped sessions stay listed: the next test starts without it
             session.KERNEL.by_name.pop(name)
+    capsys.readouterr()
 
 
 def test_track_flags(shell2, ranks2, tmp_path):
-    """`track KIND --dir D --metrics loss`: each tracker's run is written under D and holds the
+    """`track start KIND --dir D --metrics loss`: each tracker's run is written under D and holds the
     loss series only (read back with the tracker's own reader); tests/ranks/test_trackers.py
     checks the series themselves against workbench.metrics()."""
     import glob
@@ -761,7 +872,7 @@ def test_track_flags(shell2, ranks2, tmp_path):
     dirs["trackio"] = tracker_readers.trackio_dir(dirs["trackio"])
     try:
         for kind, folder in dirs.items():
-            magic(shell2, f"track {kind} --dir {folder} --metrics loss")
+            magic(shell2, f"track start {kind} --dir {folder} --metrics loss")
         shell2.run_cell_magic(
             "distrain",
             "",

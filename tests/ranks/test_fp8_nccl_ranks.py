@@ -121,7 +121,7 @@ def test_nccl_settings_reach_every_rank_before_it_starts_and_status_shows_them(s
     assert {p.pid for p in psutil.Process().children(recursive=True)} == before  # nothing started
 
     r = shell.run_cell(
-        "%distrain start -n 2 --backend gloo --threads 1 --name nccl --nccl ALGO=Ring,PROTO=Simple --nccl-preset ib"
+        "%distrain start -n 2 --backend gloo --threads 1 --session nccl --nccl ALGO=Ring,PROTO=Simple --nccl-preset ib"
     )
     assert r.success, r.error_in_exec
     import workbench

@@ -48,7 +48,7 @@ shards = {
 
 def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell):
     # fresh_ranks stops every set started here (the magic's too) and checks no pid is left
-    ipshell.run_line_magic("distrain", "start -n 4 --framework jax --threads 1 --name jx")
+    ipshell.run_line_magic("distrain", "start -n 4 --framework jax --threads 1 --session jx")
     rs = api.current()
     assert rs.config.framework == "jax" and rs.world_size == 4
     rs.execute(
@@ -118,7 +118,7 @@ def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell)
     # torch's layouts on JAX ranks: refused, naming what to do; the ranks keep working
     with pytest.raises(UsageError, match=r"this rank set runs jax: shard with NamedSharding there"):
         ipshell.run_line_magic("distrain", "prepare ddp")
-    with pytest.raises(Exception, match=r"runs jax .*--name NAME"):
+    with pytest.raises(Exception, match=r"runs jax .*--session NAME"):
         rs.execute("engine.prepare(None, None, 'ddp')", timeout=60)
     rs.execute("ones = float(jax.numpy.ones(3).sum())", timeout=60)
     assert rs.pull("ones") == [3.0] * 4
@@ -127,9 +127,9 @@ def test_four_jax_ranks_matmul_layout_picture_and_refusals(fresh_ranks, ipshell)
 def test_bad_framework_settings_are_refused_before_any_start(fresh_ranks, ipshell):
     before = dict(api.sessions())
     with pytest.raises(UsageError, match=r"--backend nccl is torch's.*leave --backend out"):
-        ipshell.run_line_magic("distrain", "start -n 2 --framework jax --backend nccl --name jbad")
+        ipshell.run_line_magic("distrain", "start -n 2 --framework jax --backend nccl --session jbad")
     with pytest.raises(UsageError, match=r"--framework jax starts its ranks with --launcher local"):
-        ipshell.run_line_magic("distrain", "start -n 2 --framework jax --launcher mpi --name jbad")
+        ipshell.run_line_magic("distrain", "start -n 2 --framework jax --launcher mpi --session jbad")
     assert dict(api.sessions()) == before and not fresh_ranks.started
 
 

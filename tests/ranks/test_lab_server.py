@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -115,7 +116,7 @@ def server(tmp_path_factory):
 def announced(ranks2):
     from workbench.notebook import session, stream
 
-    had_stream = session.of(ranks2).collector is not None
+    had_stream = session.of(ranks2).stream.collector is not None
     entry_id = registry.announce(ranks2)
     yield entry_id
     registry.withdraw(ranks2)
@@ -153,6 +154,35 @@ def test_where_returns_every_ranks_stack(server, announced, ranks2):
         assert sorted(body["stacks"]) == ["0", "1"]
         assert all("wb_lab_sleeper" in "\n".join(s["frames"]) for s in body["stacks"].values()), body
     finally:
+        call.result(timeout=30)
+
+
+def test_where_leads_with_the_rank_the_others_wait_for(server, announced, ranks2, tmp_path):
+    """The sidebar's Where: the conclusion from the ranks' flight records, read by the server."""
+    flag = tmp_path / "go"
+    call = ranks2.execute_async(
+        "import os, time, torch, torch.distributed as dist\n"
+        "def wb_lab_loader():\n"
+        f"    while not os.path.exists({str(flag)!r}):\n"
+        "        time.sleep(0.02)\n"
+        "if dist.get_rank() == 1:\n    wb_lab_loader()\n"
+        "dist.all_reduce(torch.ones(2))\n"
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # until rank 0 is inside the all_reduce
+            time.sleep(0.3)
+            status, body = server.request("POST", f"workbench/ranksets/{announced}/where")
+            assert status == 200, body
+            if body["culprit"] or time.monotonic() > deadline:
+                break
+        assert re.fullmatch(
+            r"rank 0 waits in all_reduce #\d+ \(group world\) for \d+\.\d s; "
+            r"rank 1 never entered it: it is in wb_lab_loader \(line 4 of a cell\)",
+            body["culprit"],
+        ), body
+    finally:
+        flag.touch()
         call.result(timeout=30)
 
 

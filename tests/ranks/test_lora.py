@@ -203,7 +203,7 @@ _lo_t = engine.Trainer(_lo_prep, data=lambda i: {"input_ids": _lo_ids[:2].roll(i
 """,
         timeout=240,
     )
-    ck.autosave(2, keep=3, root=root, rankset=rs)
+    ck.autosave(2, keep=3, async_=True, root=root, rankset=rs)
     try:
         rs.execute("_lo_t.start(6); _lo_t.wait(120)", timeout=180)
         ck.wait(rankset=rs)

@@ -1,4 +1,4 @@
-"""``%distrain prepare``, ``%distrain layout`` and ``%distrain plan`` (no args) through a real
+"""``%distrain prepare``, ``%distrain layout`` and ``%distrain plan --live`` through a real
 IPython shell on the shared 4 gloo ranks.
 
 Each test builds a fresh model on the ranks (a prepared model cannot be re-prepared) and
@@ -7,6 +7,8 @@ the Prepared is closed and ``workbench.engine.session`` cleared.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -69,7 +71,7 @@ def test_prepare_fsdp2_lays_out_and_summarises(shell, ranks, capsys):
     z = [v for row in fig.data[0].z for v in row]
     assert z and all(v == pytest.approx(0.25) for v in z)  # every tensor: a quarter per rank
 
-    r = run(shell, "%distrain plan")
+    r = run(shell, "%distrain plan --live")
     assert r.success, r.error_in_exec
     out = capsys.readouterr().out
     assert "plan: gpt" in out and "layout: dp_shard=4 zero3  [fp32]" in out and "predicted vs measured" in out
@@ -130,3 +132,19 @@ def test_bad_spec_is_refused_and_model_unchanged(shell, ranks, line, fragment):
     assert len(msg.splitlines()) == 1
     assert ranks.apply(_fingerprint) == before
     assert before[0][:2] == ("GPT", None)
+
+
+def test_a_prepare_that_fails_on_the_ranks_is_shown_per_rank_and_binds_nothing(shell, ranks, capsys):
+    assert run(shell, BUILD.replace("optimizer = lambda ps: torch.optim.AdamW(ps, lr=1e-3)", "optimizer = 5")).success
+    capsys.readouterr()
+    r = run(shell, "%distrain prepare ddp")
+    assert not r.success
+    assert "the cell failed on rank(s) 0-3" in str(r.error_in_exec)
+    err = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().err)
+    assert all(f"[rank {k}]" in err for k in range(4)) and "Traceback" in err, err
+    # shown as a cell's error: from the prepare down, none of the apply machinery's frames
+    assert "PrepareError: optimizer must be a torch.optim.Optimizer" in err and "do_apply" not in err
+    # the rank's variables are rebound only by a prepare that succeeded
+    names = ranks.apply(lambda: sorted({"prepared", "optimizer"} & set(vars(__import__("__main__")))))
+    assert names == [["optimizer"]] * 4
+    assert ranks.apply(lambda: __import__("__main__").optimizer) == [5] * 4

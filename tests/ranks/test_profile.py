@@ -58,7 +58,7 @@ def test_profile_an_idle_trainer_then_a_running_one(rs, tmp_path):
     # a running trainer: profiled where it is, through the magic's path, on one rank
     training.start(40, rankset=rs)
     try:
-        prof = dispatch(f"profile --steps 2 --ranks 1 --out {tmp_path / 'running'}")
+        prof = dispatch(f"profile --steps 2 --ranks 1 --dir {tmp_path / 'running'}")
         assert list(prof.files) == [1] and prof.files[1].endswith("rank1.trace.json")
         assert sum(n.startswith("ProfilerStep#") for n in _names(prof.files[1])) == 2
     finally:

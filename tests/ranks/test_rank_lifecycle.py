@@ -27,7 +27,7 @@ NAMED_WITHIN_S = 0.7
 
 
 def test_sigkill_is_reported_by_rank_and_restart_recovers(fresh_ranks, tmp_path):
-    rs = fresh_ranks(4, timeout=6)
+    rs = fresh_ranks(4, collective_timeout=6)
     victim = rs.procs[2].pid
     call = rs.execute_async(ALL_REDUCE_LOOP.format(folder=str(tmp_path)))
     ranks_in_loop(tmp_path, 4)

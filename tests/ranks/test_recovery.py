@@ -109,14 +109,14 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
         assert (rec["checkpoint"], rec["checkpoint_step"]) == ("step-00000020", 20), rec
         assert (rec["failed_step"], rec["steps_redone"]) == (25, 5) and rec["down_s"] > 0, rec
         assert rec["lost_s"] is not None and rec["lost_s"] >= rec["down_s"], rec
-        assert sess.supervisor.state == "finished" and sess.supervisor.failures == 1
+        assert sess.runs.current.state == "finished" and sess.runs.current.failures == 1
         frame = metrics.metrics()
         assert set(frame["run"]) == {run}  # the recovered trainer's steps continue the same run
         loss = frame[frame["metric"] == "loss"]
         for rank in (0, 1):  # every step exactly once: the redone ones replaced, not doubled
             assert loss[loss["rank"] == rank]["step"].tolist() == list(range(1, 81))
         assert [s["step"] for s in training.status()] == [80, 80]
-        assert sess.dashboard is dash and dash.rankset is sess.rankset and not dash.closed  # followed the run
+        assert sess.dashboard.live is dash and dash.rankset is sess.rankset and not dash.closed  # followed the run
         dash.refresh()
         assert "recovered: failure 1: rank 1" in dash.status_line(run)
         assert [(m.x0, m.line.dash) for m in dash.figure.layout.shapes] == [(ck_step, "dot")]
@@ -127,7 +127,7 @@ def test_a_killed_rank_is_recovered_and_the_run_reaches_its_step(fresh_ranks, tm
         assert "failure 1: rank 1 (host " in out and "died at step" in out and "killed by SIGKILL" in out
         assert f"restarted 2 ranks, loaded step-000000{ck_step} (step {ck_step})" in out and "s lost" in out
     finally:
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None
 
 
 @pytest.mark.parametrize("held_from", [15, 5])
@@ -177,7 +177,7 @@ def test_steps_a_killed_rank_never_delivered_are_redone_from_an_older_checkpoint
             assert f"not step-00000020 (step 20): rank 1's steps after {held_from} never reached the notebook" in out
         assert set(metrics.metrics()["run"]) == {run}
     finally:
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None
 
 
 def test_a_nan_is_recovered_then_a_hang_spends_the_budget(fresh_ranks, tmp_path, ipshell, capsys):
@@ -197,13 +197,13 @@ def test_a_nan_is_recovered_then_a_hang_spends_the_budget(fresh_ranks, tmp_path,
         first = text.splitlines()[0]
         assert "failure budget spent (1 of 1 recoveries used); rank 1 (host " in first, text
         assert "hung at step 15: training run-" in first and "(step timeout 10 s)" in first, text
-        assert "restart --resume" in first, text
+        assert "restart --load" in first, text
         (rec,) = api.session().recoveries
         assert (rec["kind"], rec["failed_step"], rec["checkpoint_step"]) == ("paused on its loss", 15, 10), rec
         assert "non-finite loss" in rec["detail"] and rec["steps_redone"] == 5, rec
         assert "failure 1: rank 0 (host " in text and "loaded step-00000010 (step 10), 5 steps redone" in text, text
         sess = api.session()
-        assert sess.supervisor.state == "gave up" and sess.rankset is not rs and sess.rankset.dead() == []
+        assert sess.runs.current.state == "gave up" and sess.rankset is not rs and sess.rankset.dead() == []
         assert sess.hangs and sess.hangs[-1]["stuck"] == [1]  # the watchdog's diagnosis, kept
         capsys.readouterr()
         dispatch("train status")
@@ -217,7 +217,7 @@ def test_a_nan_is_recovered_then_a_hang_spends_the_budget(fresh_ranks, tmp_path,
         assert max(s["step"] for s in training.status()) <= 16, training.status()
     finally:
         ipshell.user_ns.pop("drill_setup", None)
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None
 
 
 def test_a_hang_and_a_death_are_recovered_and_the_next_death_spends_a_budget_of_two(
@@ -226,7 +226,7 @@ def test_a_hang_and_a_death_are_recovered_and_the_next_death_spends_a_budget_of_
     """Budget 2: rank 1 hangs past --step-timeout (recovered from step 10), then dies at step 25
     (recovered from step 20), then dies there again: the budget is spent on a death, the summary
     names it, and nothing trains on: the dead rank is left as it is, the survivor's run ended."""
-    from workbench.engine import control
+    from workbench.engine import rpc
 
     root = str(tmp_path / "ckpt")
     rs = fresh_ranks(2)
@@ -249,16 +249,20 @@ def test_a_hang_and_a_death_are_recovered_and_the_next_death_spends_a_budget_of_
         assert (death["kind"], death["rank"], death["detail"]) == ("died", 1, "killed by SIGKILL"), death
         assert (death["checkpoint_step"], death["failed_step"], death["steps_redone"]) == (20, 25, 5), death
         sess = api.session()
-        assert sess.supervisor.state == "gave up" and sess.supervisor.failures == 2
+        assert sess.runs.current.state == "gave up" and sess.runs.current.failures == 2
         last = sess.rankset
         assert [d["rank"] for d in last.dead()] == [1]  # left for a person to look at
+
+        def survivor():
+            (status,) = last.apply(rpc.handle, rpc.TrainerStatus(), ranks=[0])
+            return status
+
         # the survivor's run ended (its collective with the dead rank failed): it takes no more steps
-        assert _wait(lambda: last.apply(control.status, ranks=[0])[0]["state"] in ("error", "stopped"), 60)
-        (survivor,) = last.apply(control.status, ranks=[0])
-        assert survivor["step"] == 25, survivor
+        assert _wait(lambda: survivor().state in ("error", "stopped"), 60), survivor()
+        assert survivor().step == 25, survivor()
     finally:
         ipshell.user_ns.pop("drill_setup", None)
-        api.session().autosave = None
+        api.session().checkpoints.autosave = None
 
 
 def _wait(predicate, timeout: float) -> bool:
@@ -274,8 +278,9 @@ def _wait(predicate, timeout: float) -> bool:
 
 def test_max_failures_without_a_setup_is_refused_before_anything_changes(current2):
     sess = session.of(current2)
-    kept = sess.setup_recipe, sess.resume_setup
-    sess.setup_recipe = sess.resume_setup = None
+    kept = sess.setup.recipe, sess.setup.given
+    sess.setup.recipe = sess.setup.given = None
+    run_before = sess.runs.current
     try:
         with pytest.raises(UsageError) as refused:
             dispatch("train start --steps 5 --max-failures 2 --no-dashboard")
@@ -286,6 +291,6 @@ def test_max_failures_without_a_setup_is_refused_before_anything_changes(current
             dispatch("train start --steps 5 --max-failures 0")
         with pytest.raises(ValueError, match="this session has none recorded"):
             training.start(5, max_failures=1)
-        assert sess.supervisor is None and [s["state"] for s in training.status()] == ["none", "none"]
+        assert sess.runs.current is run_before and [s["state"] for s in training.status()] == ["none", "none"]
     finally:
-        sess.setup_recipe, sess.resume_setup = kept
+        sess.setup.recipe, sess.setup.given = kept

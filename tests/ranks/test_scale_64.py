@@ -69,7 +69,7 @@ def _rank_and_sum():
 def test_64_ranks_start_and_every_rank_answers_through_the_broadcast_tree(ranks64):
     assert ranks64.world_size == N
     # bootstrapped by one request down the tree, each rank taking its own row of the table,
-    # the group meeting in a file store (runtime.LARGE_LOCAL_FROM)
+    # the group meeting in a file store (wire.LARGE_LOCAL_FROM)
     assert [i["rank"] for i in ranks64.info] == list(range(N))
     assert len({i["pid"] for i in ranks64.info}) == N
     call = ranks64.submit(_rank_and_sum)

@@ -35,8 +35,8 @@ def magic(ip, line):
 
 
 def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(shell, fresh_ranks):
-    magic(shell, "%distrain start -n 2 --name ddp --backend gloo --threads 1")
-    magic(shell, "%distrain start -n 2 --name fsdp --backend gloo --threads 1")
+    magic(shell, "%distrain start -n 2 --session ddp --backend gloo --threads 1")
+    magic(shell, "%distrain start -n 2 --session fsdp --backend gloo --threads 1")
     ddp, fsdp = workbench.session("ddp"), workbench.session("fsdp")
     fresh_ranks.started.extend([ddp.rankset, fsdp.rankset])
     assert list(workbench.sessions()) == ["ddp", "fsdp"] and session.current() is fsdp  # the newest is current
@@ -44,29 +44,29 @@ def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(
 
     # refusals name what exists; nothing changes
     with pytest.raises(AlreadyRunning, match="a rank set named 'ddp' is already running"):
-        dispatch("start -n 2 --name ddp --backend gloo")
+        dispatch("start -n 2 --session ddp --backend gloo")
     with pytest.raises(UnknownSession, match="no rank set named 'nope'; the sessions are: ddp, fsdp"):
-        dispatch("use nope")
+        dispatch("use --session nope")
     assert session.current() is fsdp and list(workbench.sessions()) == ["ddp", "fsdp"]
 
     # a cell on a named set without switching to it
-    magic(shell, "%%distrain --on ddp\nfrom workbench import engine\nwhere = 'ddp' + str(engine.rank)")
+    magic(shell, "%%distrain --session ddp\nfrom workbench import engine\nwhere = 'ddp' + str(engine.rank)")
     assert ddp.rankset.pull("where") == ["ddp0", "ddp1"] and session.current() is fsdp
     magic(shell, "%%distrain\nwhere = 'fsdp'")
     assert fsdp.rankset.pull("where") == ["fsdp", "fsdp"] and ddp.rankset.pull("where") == ["ddp0", "ddp1"]
 
     # a rank imports no notebook module, even after cells, training and checkpoints below
-    magic(shell, "%distrain use ddp")
+    magic(shell, "%distrain use --session ddp")
     assert session.current() is ddp
-    magic(shell, "%distrain train start --steps 12 --model tiny --strategy ddp --no-dashboard")
-    magic(shell, "%distrain use fsdp")
-    magic(shell, "%distrain train start --steps 12 --model tiny --strategy fsdp2 --no-dashboard")
+    magic(shell, "%distrain train start --steps 12 --gpt tiny --strategy ddp --no-dashboard")
+    magic(shell, "%distrain use --session fsdp")
+    magic(shell, "%distrain train start --steps 12 --gpt tiny --strategy fsdp2 --no-dashboard")
     assert training.wait(rankset=ddp.rankset, timeout=120) == {0: "finished", 1: "finished"}
     assert training.wait(rankset=fsdp.rankset, timeout=120) == {0: "finished", 1: "finished"}
     assert ddp.store is not fsdp.store and ddp.store.latest_run() != fsdp.store.latest_run()
 
     # metrics across sessions, and one plot of both runs
-    frame = workbench.metrics(sessions="all")
+    frame = workbench.metrics(session="all")
     assert set(frame["session"]) == {"ddp", "fsdp"}
     assert frame[frame["session"] == "ddp"]["run"].unique().tolist() == [ddp.store.latest_run()]
     fig = workbench.compare("ddp", "fsdp")
@@ -77,14 +77,15 @@ def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(
 
     # each session its own checkpoints folder and dashboard
     magic(shell, "%distrain ckpt save")  # fsdp is current
-    magic(shell, "%distrain use ddp")
-    magic(shell, "%distrain ckpt save")
+    magic(shell, "%distrain ckpt save --session ddp")  # ddp for this line only
+    assert session.current() is fsdp
+    magic(shell, "%distrain use --session ddp")
     assert [m.step for _, m in catalog.entries(ddp.checkpoint_dir)] == [12]
     assert [m.step for _, m in catalog.entries(fsdp.checkpoint_dir)] == [12]
     assert os.path.basename(ddp.checkpoint_dir) == "ddp" and ddp.checkpoint_dir != fsdp.checkpoint_dir
     d1 = workbench.dashboard(ddp.rankset, show=False)
     d2 = workbench.dashboard(fsdp.rankset, show=False)
-    assert d1 is ddp.dashboard and d2 is fsdp.dashboard and d1.store is ddp.store and d2.store is fsdp.store
+    assert d1 is ddp.dashboard.live and d2 is fsdp.dashboard.live and d1.store is ddp.store and d2.store is fsdp.store
     for rs in (ddp.rankset, fsdp.rankset):
         rs.execute("import sys\n_nb = sorted(m for m in sys.modules if m.startswith('workbench.notebook'))")
         assert rs.pull("_nb") == [[], []]
@@ -93,8 +94,8 @@ def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(
     training.start(100_000, rankset=fsdp.rankset)
     training.start(100_000, rankset=ddp.rankset)
     # one live dashboard of both sessions: a loss line per session, named by it, redrawn as they train
-    magic(shell, "%distrain dashboard --sessions ddp,fsdp")
-    over = workbench.dashboard(sessions=["ddp", "fsdp"], show=False)
+    magic(shell, "%distrain dashboard --session ddp,fsdp")
+    over = workbench.dashboard(session=["ddp", "fsdp"], show=False)
     assert session.KERNEL.overlays[("ddp", "fsdp")] is over  # the one the magic showed
     assert [t.name for t in over.panel("loss")] == ["ddp", "fsdp"]
 
@@ -110,7 +111,7 @@ def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(
     assert names == {"ddp rank 0", "ddp rank 1", "fsdp rank 0", "fsdp rank 1"}
     assert "ddp" in over.status.value and "fsdp" in over.status.value
     training.wait(step=14, rankset=fsdp.rankset, timeout=60)
-    magic(shell, "%distrain stop --name ddp")
+    magic(shell, "%distrain stop --session ddp")
     assert not ddp.running and fsdp.running and session.current() is ddp
     received = fsdp.store.received
     assert fsdp.store.wait(lambda s: s.received >= received + 20, 60), "fsdp's stream stopped flowing"
@@ -125,7 +126,7 @@ def test_two_named_sets_train_side_by_side_and_one_stops_while_the_other_trains(
     assert [s["state"] for s in training.status(rankset=fsdp.rankset)] == ["running", "running"]
     with pytest.raises(Exception, match="the rank set 'ddp' is not running.*running: fsdp"):
         api.current()
-    magic(shell, "%distrain use fsdp")
+    magic(shell, "%distrain use --session fsdp")
     training.stop()
     assert training.wait(timeout=60) == {0: "stopped", 1: "stopped"}
     d1.close()

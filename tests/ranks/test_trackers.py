@@ -19,14 +19,14 @@ STEPS = 6
 def tracked(current2, tmp_path):
     """The shared set current, its checkpoints in tmp_path; no tracker left open after."""
     sess = sessions.current()
-    before = sess.checkpoint_root
-    sess.checkpoint_root = str(tmp_path / "ckpt")
+    before = sess.checkpoints.root
+    sess.checkpoints.root = str(tmp_path / "ckpt")
     try:
         yield current2, tmp_path
     finally:
-        for kind in list(sess.trackers):
-            sess.trackers.pop(kind).close()
-        sess.checkpoint_root = before
+        for kind in list(sess.trackers.by_kind):
+            sess.trackers.by_kind.pop(kind).close()
+        sess.checkpoints.root = before
         import wandb
 
         wandb.teardown()  # ends the W&B service process wandb.init started in this process

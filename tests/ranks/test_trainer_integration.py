@@ -12,7 +12,7 @@ from conftest import clean_trainer
 
 from workbench.engine import trainer
 from workbench.notebook import checkpoints as ck
-from workbench.notebook import session, stream, training
+from workbench.notebook import registry, session, stream, training
 from workbench.shared.checkpoint import catalog
 
 
@@ -21,7 +21,7 @@ def rs(ranks2):
     yield ranks2
 
     ranks2.apply(clean_trainer, timeout=60)
-    session.of(rs).autosave = None
+    session.of(rs).checkpoints.autosave = None
 
 
 def steps_saved(root):
@@ -120,6 +120,11 @@ def test_step_timeout_names_the_stuck_rank_and_its_frame_then_run_completes(rs, 
         assert "in _hang_in_hook" in rep["where"][1] and "in collect" in rep["where"][0], rep["where"]
         assert "agreement.py" in rep["where"][0], rep["where"]  # waiting in the ranks' agreement
         assert "[rank 1] STUCK" in rep["text"] and "_hang_in_hook" in rep["text"]
+        # the first line leads with the conclusion: who waits where, and for whom
+        first = rep["text"].splitlines()[0]
+        assert first.startswith(f"training {run}: no step for ") and rep["conclusion"] in first, first
+        assert "rank 0 waits in the trainer's step agreement" in rep["conclusion"], rep["conclusion"]
+        assert "rank 1 is not in one: it is in _hang_in_hook (line 7 of a cell)" in rep["conclusion"]
         assert rep["text"] in capsys.readouterr().out
         assert any(e["text"] == rep["text"] and e["rank"] == -1 for e in store.logs)
         assert training.states(rankset=rs) == {0: "running", 1: "running"}  # nothing was stopped
@@ -128,3 +133,52 @@ def test_step_timeout_names_the_stuck_rank_and_its_frame_then_run_completes(rs, 
     assert training.wait(timeout=60, rankset=rs) == {0: "finished", 1: "finished"}
     assert store.last_steps(run) == {0: 6, 1: 6}
     assert len([h for h in session.of(rs).hangs if h["run"] == run]) == 1  # once per stall
+
+
+def test_finished_is_final_when_wait_returns(rs, tmp_path):
+    """The soak's refusal ("training is already finished ...: wait for it to finish"): ``wait()``
+    returned on the stream's "finished" while a rank's training thread was still ending (its
+    last events, the async auto-save of the last step). Now it returns once nothing of the run
+    works on any rank, so the next start, at once, is taken. A round as the soak ran, then rounds
+    with a listener of the end that lingers on rank 1 (a slower end: the same window, made wide
+    enough to be met every time)."""
+    root = str(tmp_path)
+    training.setup("ddp", rankset=rs)
+    ck.autosave(5, keep=2, async_=True, root=root, rankset=rs)  # lands on each round's last step
+
+    def threads_alive():
+        t = trainer.current()
+        return t._thread is not None and t._thread.is_alive()
+
+    def linger(seconds):
+        import time as _time
+
+        from workbench.engine import listeners
+
+        class Linger(listeners.TrainerListener):
+            def state_changed(self, trainer, state, reason):
+                if state == "finished":
+                    _time.sleep(seconds)
+
+        for x in listeners.listeners():
+            if type(x).__name__ == "Linger":
+                listeners.unsubscribe(x)
+        if seconds:
+            listeners.subscribe(Linger())
+        return True
+
+    entry = registry.announce(rs)  # the Lab sidebar's entry of the set: it shows the run as the contract says
+    try:
+        for n in range(3):
+            if n == 1:
+                rs.apply(linger, 0.5, ranks=[1])
+            run = training.start(5, rankset=rs)  # refused where the last round's thread still ran
+            assert training.wait(timeout=120, rankset=rs) == {0: "finished", 1: "finished"}
+            assert rs.apply(threads_alive) == [False, False], f"round {n}: a training thread outlived wait()"
+        assert training.current(rankset=rs).state == "finished"
+        assert steps_saved(root)[-1] == 15  # the last round's auto-save was written before wait() returned
+        shown = registry.read(entry)["run"]
+        assert (shown["id"], shown["kind"], shown["state"]) == (run, "trainer", "finished"), shown
+    finally:
+        registry.withdraw(rs)
+        rs.apply(linger, 0, ranks=[1])

@@ -5,12 +5,16 @@ The real daemons (Slurm, a second host over SSH) are exercised in tests/cluster/
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from workbench.engine import guard
 from workbench.engine.runtime import visible_gpu
 from workbench.notebook.cluster import launchers, network, ssh
 from workbench.notebook.cluster.slurm import SlurmRequest, batch_template, parse_sbatch
+from workbench.shared import wire
 
 
 def test_every_slurm_option_is_a_line_of_the_script():
@@ -84,10 +88,22 @@ def test_gpu_pinned_by_local_rank_among_visible():
 
 
 def test_guard_lines_are_signed():
-    line = guard.sign(b"k" * 32, '{"kind": "exit", "code": -9}')
-    assert guard.verify(b"k" * 32, line) == {"kind": "exit", "code": -9}
-    assert guard.verify(b"x" * 32, line) is None
-    assert guard.verify(b"k" * 32, line.replace(b"-9", b"-1")) is None
+    line = wire.sign(b"k" * 32, '{"kind": "exit", "code": -9}')
+    assert wire.verify(b"k" * 32, line) == {"kind": "exit", "code": -9}
+    assert wire.verify(b"x" * 32, line) is None
+    assert wire.verify(b"k" * 32, line.replace(b"-9", b"-1")) is None
+
+
+def test_the_guard_runs_by_path_as_ssh_and_slurm_start_it():
+    """Started as ``ssh.guard_cmd`` starts it (by path, not as a module of the package): without
+    its lifeline it refuses by name, where an import it cannot make would end it first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_LIFELINE")}
+    out = subprocess.run(
+        [*ssh.guard_cmd(sys.executable), "--", "true"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and f"{wire.ENV_LIFELINE} and {wire.ENV_LIFELINE_KEY} must be set" in out.stderr, (
+        out.stderr
+    )
 
 
 def test_the_broadcast_tree_deepens_past_256_ranks_with_leaves_of_at_most_128():

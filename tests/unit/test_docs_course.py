@@ -109,7 +109,7 @@ def test_the_magics_reference_prints_every_parser_and_every_option():
 
     page = magics_reference.magics_page()
     parsers = {words: p for c in commands.COMMANDS.values() for words, p in c.parsers().items()}
-    assert len(parsers) >= 20 and "%%distrain [--on ON] [--ranks RANKS]" in page
+    assert len(parsers) >= 20 and "usage: %%distrain [--ranks RANKS]" in page and "[--session NAME]" in page
     for words, parser in parsers.items():
         assert f"usage: %distrain {words}" in page, words
         for action in parser._actions:

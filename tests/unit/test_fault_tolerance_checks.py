@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.notebook import fault_tolerance
 from workbench.notebook.cluster import lighthouse
 from workbench.notebook.cluster.rankset import RankSetConfig
 from workbench.notebook.commands import UsageError, dispatch
+from workbench.notebook.runs import fault_tolerant
 
 
 def ranks(n=4, backend="gloo", launcher="local", forked=True):
@@ -25,7 +25,7 @@ def ranks(n=4, backend="gloo", launcher="local", forked=True):
 
 def check(rs=None, **kwargs):
     args = {"strategy": "ddp", "replicas": 2, "quorum_timeout": 5.0, "steps": 10, **kwargs}
-    return fault_tolerance.check(rs or ranks(), **args)
+    return fault_tolerant.check(rs or ranks(), **args)
 
 
 def test_a_replicated_layout_is_split_into_equal_replica_groups():
@@ -107,5 +107,5 @@ def test_a_replacement_record_says_whether_it_healed_from_a_peer_or_started_over
         "n": 1, "replica": 1, "rank": 3, "host": "h", "failed_step": 31, "ranks": [2, 3], "restart_s": 8.0,
         "checkpoint_step": first_step, "rejoined_s": 9.0, "reason": "SIGKILL",
     }  # fmt: skip
-    text = fault_tolerance.describe(rec)
+    text = fault_tolerant.describe(rec)
     assert text.startswith("replacement 1: replica 1 lost rank 3 (host h) at step 31") and text.endswith(says), text

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from workbench.engine import guard
 from workbench.engine.control import largest_size
 from workbench.notebook.cluster.lifeline import HOST_SILENCE_S, Lifeline
 from workbench.notebook.cluster.ssh import remaining_hosts
-from workbench.notebook.recovery import describe
+from workbench.notebook.runs.budget import describe
+from workbench.shared import wire
 
 
 def test_hosts_left_drop_the_lost_entries_and_fill_the_rest_in_order():
@@ -93,11 +93,11 @@ def test_a_silent_guard_names_its_host_lost_and_one_that_ended_does_not():
     try:
         assert _wait(lambda: life.exits, 20)
         ended.wait(10)
-        time.sleep(HOST_SILENCE_S + guard.BEAT_S)  # a host whose only rank ended is not lost
+        time.sleep(HOST_SILENCE_S + wire.BEAT_S)  # a host whose only rank ended is not lost
         assert lost == [] and life.lost == {}
         stuck = _guard(life, 60)
         assert _wait(lambda: len(life.hellos) == 2, 20)
-        time.sleep(2 * guard.BEAT_S)
+        time.sleep(2 * wire.BEAT_S)
         t0 = time.monotonic()
         os.kill(stuck.pid, signal.SIGSTOP)
         assert _wait(lambda: lost, HOST_SILENCE_S + 3)

@@ -48,9 +48,9 @@ def test_format_ranks():
         ("start -n 0", "argument -n: expected a whole number >= 1"),
         ("start --backend mpi", "invalid choice"),
         ("start --launcher pbs", "invalid choice"),
-        ("start --timeout -3", "argument --timeout: expected a positive number of seconds"),
+        ("start --collective-timeout -3", "argument --collective-timeout: expected a positive number of seconds"),
         ("start --bogus", "unrecognized arguments"),
-        ("launch -n 2", "unknown sub-command 'launch'"),
+        ("launch -n 2", "unknown command 'launch'"),
     ],
 )
 def test_bad_arguments_give_one_line_usage_and_start_nothing(line, fragment):

@@ -29,7 +29,7 @@ def _step(step, rank):
 
 def _session(store):
     sess = Session("night", _TwoRanks())
-    sess.store = store
+    sess.stream.store = store
     return sess
 
 
@@ -49,19 +49,19 @@ def _scalars(logdir):
 def test_a_carried_tracker_writes_on_into_the_same_run_each_step_once_with_the_waiting_one(tmp_path):
     store = EventStore(1000)
     sess = _session(store)
-    sess.trackers["tensorboard"] = trackers.Tracker(TensorBoard(), sess, str(tmp_path))
+    sess.trackers.by_kind["tensorboard"] = trackers.Tracker(TensorBoard(), sess, str(tmp_path))
     store.add([_step(s, r) for s in range(1, 6) for r in (0, 1)] + [_step(6, 0)])  # rank 1's step 6: later
-    assert sess.trackers["tensorboard"].flush()
+    assert sess.trackers.by_kind["tensorboard"].flush()
 
     carried = trackers.carry(sess)
-    assert sess.trackers == {} and len(carried) == 1
+    assert sess.trackers.by_kind == {} and len(carried) == 1
     (c,) = carried
     assert [key for key, _ in c["waiting"]] == [("r", 6)] and c["steps_written"] == 5
     moved_store, moved = pickle.loads(pickle.dumps((store, carried)))  # as the keeper gets them
 
     there = _session(moved_store)
     assert trackers.resume(there, moved) == []
-    tracker = there.trackers["tensorboard"]
+    tracker = there.trackers.by_kind["tensorboard"]
     assert tracker.run_name == c["run_name"]
     moved_store.add([_step(6, 1)] + [_step(s, r) for s in range(7, 11) for r in (0, 1)])
     tracker.close()
@@ -81,7 +81,7 @@ def test_a_carried_tracker_writes_on_into_the_same_run_each_step_once_with_the_w
 def test_a_tracker_that_cannot_open_where_it_arrives_is_named_with_what_to_do(tmp_path):
     store = EventStore(1000)
     sess = _session(store)
-    sess.trackers["tensorboard"] = trackers.Tracker(TensorBoard(), sess, str(tmp_path / "tb"))
+    sess.trackers.by_kind["tensorboard"] = trackers.Tracker(TensorBoard(), sess, str(tmp_path / "tb"))
     (c,) = trackers.carry(sess)
     c["backend"]["logdir"] = str(tmp_path / "a-file")
     (tmp_path / "a-file").write_text("")  # not a folder: the writer cannot open there
@@ -90,5 +90,5 @@ def test_a_tracker_that_cannot_open_where_it_arrives_is_named_with_what_to_do(tm
     assert note.startswith(
         f"the tensorboard tracker (run {c['run_name']} in {tmp_path / 'tb'}) could not be opened again"
     )
-    assert note.endswith(f"`%distrain track tensorboard --dir {tmp_path / 'tb'}` starts a new run")
-    assert there.trackers == {}
+    assert note.endswith(f"`%distrain track start tensorboard --dir {tmp_path / 'tb'}` starts a new run")
+    assert there.trackers.by_kind == {}

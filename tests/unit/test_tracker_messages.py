@@ -10,10 +10,13 @@ from workbench.notebook.commands import UsageError, dispatch
 
 def test_unknown_tracker_names_the_four():
     with pytest.raises(
-        UsageError,
-        match="unknown action 'neptune' for `%distrain track`: use one of tensorboard, mlflow, wandb, trackio",
+        UsageError, match="unknown action 'neptune' for `%distrain track`: use one of start, stop, list"
     ):
         dispatch("track neptune")
+    with pytest.raises(
+        UsageError, match="invalid choice: 'neptune' \\(choose from 'tensorboard', 'mlflow', 'wandb', 'trackio'\\)"
+    ):
+        dispatch("track start neptune")
     with pytest.raises(
         trackers.TrackerError, match="unknown tracker 'neptune': use one of tensorboard, mlflow, wandb, trackio"
     ):
@@ -29,14 +32,14 @@ def test_missing_package_names_the_extra(monkeypatch):
         UsageError,
         match=r"needs the 'mlflow' package, which is not installed here: pip install 'distrain-workbench\[mlflow\]'",
     ):
-        dispatch("track mlflow --dir x")
+        dispatch("track start mlflow --dir x")
 
 
 def test_no_rank_set_says_start_one_first():
     from workbench.notebook import session
 
     with session.using(None), pytest.raises(UsageError, match="no rank set to track yet: start one first"):
-        dispatch("track tensorboard")
+        dispatch("track start tensorboard")
 
 
 def test_the_magics_and_the_tracker_api_import_no_tracker_package():

@@ -2,7 +2,7 @@
 innermost frame, not a comprehension's own frame (Python 3.11 gives each one), and the innermost
 frame of the user's or the workbench's code beside it when that is another."""
 
-from workbench.notebook.watchdog import _where
+from workbench.notebook.runs.watchdog import _where
 
 COLLECT = '"/w/workbench/engine/agreement.py", line 133 in collect'
 LISTCOMP = '"/w/workbench/engine/agreement.py", line 133 in <listcomp>'

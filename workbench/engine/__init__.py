@@ -1,13 +1,9 @@
 """What a rank sees of itself: ``from workbench import engine`` inside ``%%distrain``.
 
-``engine.rank``, ``engine.world_size``, ``engine.local_rank``,
-``engine.local_world_size``, ``engine.device``, ``engine.backend`` and
-``engine.host`` (and ``engine.framework``: torch, or jax for ``--framework jax``) are read
-from the rank's bootstrapped context, so they are always
+``engine.rank``, ``world_size``, ``local_rank``, ``local_world_size``, ``device``, ``backend``,
+``host`` and ``framework`` are read from the rank's bootstrapped context, so they are always
 those of the live process group. ``engine.prepare`` lays a model out, ``engine.Trainer``
-trains it (``%distrain train start`` drives the newest one), ``engine.load_pretrained``
-reads Hugging Face weights into it. Engine-side code never imports ipywidgets or plotly.
-"""
+trains it, ``engine.load_pretrained`` reads Hugging Face weights into it."""
 
 from __future__ import annotations
 
@@ -43,6 +39,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'workbench.engine' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The rank's own names (``engine.rank``...) and the functions here: what completion and a
+    debugger's variables panel list (not the lazy classes: listing them would import them)."""
+    public = {n for n, v in globals().items() if callable(v) and not n.startswith("_") and v.__module__ == __name__}
+    return sorted(public | _CONTEXT_FIELDS)
+
+
 def context() -> runtime.RankContext:
     """The whole rank context (a frozen dataclass)."""
     return runtime.context()
@@ -51,7 +54,7 @@ def context() -> runtime.RankContext:
 def report(step: int, loss: float | None = None, *, run: str | None = None, batch=None, **metrics) -> dict:
     """Send this rank's numbers for ``step`` to the notebook's dashboard and ``workbench.metrics()``:
     the way a hand-written loop (plain, Accelerate, Lightning Fabric) reports. Step time,
-    memory and collectives are measured here; ``tokens=``/``samples=`` (or ``batch=``, counted)
+    memory and collectives are measured on the rank; ``tokens=``/``samples=`` (or ``batch=``, counted)
     give ``tps``/``samples_per_s``. See :mod:`workbench.engine.reporting`."""
     from .reporting import report as _report
 
@@ -126,7 +129,7 @@ def _refuse_unless_torch(what: str) -> None:
         raise RuntimeError(
             f"{what} works on torch.distributed, and this rank set runs {ctx.framework} "
             f"(started with --framework {ctx.framework}): start a torch set beside it with "
-            "`%distrain start -n N --name NAME` and run torch cells there"
+            "`%distrain start -n N --session NAME` and run torch cells there"
         )
 
 

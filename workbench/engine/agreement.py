@@ -1,30 +1,10 @@
 """How the ranks of a training run agree, each step, on what to do next and on the loss.
 
-Why agree at all: a pause that reached rank 0 before rank 1 must still stop both at the
-same step (DDP/FSDP collectives would otherwise mismatch and hang). Each rank holds
-:class:`Flags` (stop, pause, version, reason, hooks_due); the ranks act on their maximum, so a
-request from ANY rank wins everywhere (a step hook on one rank can pause the whole run).
-
-Why in one exchange with the loss: the trainer also needs the loss averaged over the
-data-parallel ranks before its optimizer step (every rank must decide the same about a
-non-finite loss). :meth:`Agreement.with_loss` posts ``[loss, *flags]`` when the loss is
-known and collects every rank's row before the optimizer step, so the exchange happens
-while backward runs: each rank takes the flags' maximum over all rows and the mean loss
-over the rows of its own loss group.
-
-Two transports, one protocol (every rank makes the same sequence of calls, as with
-collectives):
-
-* **A shared-memory board** (:class:`Board`) when every rank is a process of this host
-  (the local launcher). Measured on 2 CPU ranks sharing 2 cores, step by step against the
-  same step without it: the gloo all-gather cost ~1.1 ms of a 47 ms step although it
-  overlapped backward (launching it alone took 0.4 ms: it wakes gloo's worker thread on
-  a core the step is using); the board costs a few microseconds when the other rows are
-  there, which, posted before backward and collected after it, they nearly always are.
-* **A private gloo group** otherwise (ranks on several hosts), also the fallback where
-  the board cannot be set up. Both keep the default group free while a run is paused (a
-  cell, a checkpoint save may use it) and stay out of the run's collective telemetry.
-"""
+A pause that reached rank 0 before rank 1 must still stop both at the same step, or the
+step's collectives would mismatch and hang: each rank posts its :class:`Flags` with its loss
+and every rank acts on the maximum. The rows go through a shared-memory :class:`Board` where
+every rank is on this host (cheaper than a gloo collective: benchmarks/FINDINGS.md), else
+through a private gloo group, which keeps the default group free for cells while paused."""
 
 from __future__ import annotations
 
@@ -190,8 +170,8 @@ _GLOO: dict = {}  # id of the default group -> its private gloo Channel
 
 def channel() -> Channel:
     """This process's agreement channel, made once per process group on every rank at once
-    (as a trainer is built everywhere): a gloo group per trainer kept 3 threads and their
-    sockets alive for each ``train start --model`` of a session.
+    (as a trainer is built everywhere): a gloo group per trainer would keep 3 threads and
+    their sockets alive for each ``train start --gpt`` of a session.
 
     Where the default group is gloo and the board works, no group is made: the board is
     set up, and the run ids broadcast, through the default group while the trainer is

@@ -1,21 +1,9 @@
 """Which attention kernel a model really runs: fused (no stored scores) or eager.
 
-The planner's activation memory depends on it (the s x s score matrix is stored by an
-eager softmax(QK^T), never by a fused kernel), so the live census measures it rather
-than guessing from the model's class. Under a ``TorchDispatchMode`` the aten ops of a
-step are seen below autograd and below tensor subclasses:
-
-* fused: PyTorch SDPA's flash / memory-efficient / cuDNN kernels
-  (``aten._scaled_dot_product_flash_attention[_for_cpu]``,
-  ``_scaled_dot_product_efficient_attention``, ``_scaled_dot_product_cudnn_attention``,
-  ``_flash_attention_forward``, ``_efficient_attention_forward``), or FlashAttention's
-  own ops (``flash_attn::*``);
-* eager: ``aten._softmax`` over a 4-D tensor whose last two dims are both larger than 1
-  (batch, heads, queries, keys) - the score matrix, which autograd keeps. SDPA's "math"
-  fallback decomposes into exactly that, so it counts as eager, as it should.
-
-A Hugging Face model's ``config._attn_implementation`` is reported beside it.
-"""
+The planner's activation memory depends on it (an eager softmax(QK^T) stores the s x s
+scores, a fused kernel does not), so the live census sees the step's aten ops under a
+``TorchDispatchMode``, below autograd and tensor subclasses, rather than guessing from the
+model's class. SDPA's "math" fallback is a plain softmax over the scores: eager, as it should."""
 
 from __future__ import annotations
 
@@ -35,7 +23,12 @@ FUSED_OPS = (
 
 
 class AttentionProbe(TorchDispatchMode):
-    """Counts fused attention kernels and score softmaxes while it is entered."""
+    """Counts fused attention kernels and score softmaxes while it is entered.
+
+    Fused: SDPA's flash / memory-efficient / cuDNN kernels (:data:`FUSED_OPS`) or
+    FlashAttention's own ``flash_attn::*`` ops. Eager: ``aten._softmax`` over a 4-D tensor
+    whose last two dims both exceed 1 (batch, heads, queries, keys), the score matrix.
+    """
 
     def __init__(self):
         super().__init__()

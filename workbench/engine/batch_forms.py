@@ -1,15 +1,8 @@
 """The shapes of batch the trainer understands, and the forward + loss of each (rank side).
 
-- ``(x, y)``, two tensors: ``out = model(x)``; loss ``loss_fn(out, y)``, else the
-  strategy's loss (next-token cross entropy, plus a model's ``aux_loss()``);
-- a dict (Hugging Face style): ``out = model(**batch)``; loss ``loss_fn(out, batch)`` where
-  given, else ``out.loss`` (a Hugging Face model computes it when ``labels`` are in the
-  batch; they are passed through as they are);
-- anything, with ``step_fn=``: ``loss = step_fn(model, batch)``; the trainer still runs
-  backward, accumulation, clipping and the optimizer step.
-
-Any other batch is refused with one message naming what was received and what would work.
-"""
+``(x, y)``, a dict passed as ``model(**batch)``, or anything with ``step_fn=`` (the forms
+users read in docs/strategies.md); any other batch is refused with one message naming what
+was received and what would work."""
 
 from __future__ import annotations
 
@@ -108,7 +101,11 @@ def forward_loss(
     model, batch, form: str, *, loss_fn=None, compute_loss=None, step_fn=None, rank: int = 0, autocast=None
 ):
     """The loss tensor of ``batch`` (already on the device) under ``form``; ``autocast``: a
-    context factory around the model's forward (a pair's loss is taken outside it, in fp32)."""
+    context factory around the model's forward (a pair's loss is taken outside it, in fp32).
+
+    A pair: ``loss_fn(model(x), y)``, else the strategy's loss (next-token cross entropy, plus
+    a model's ``aux_loss()``); a dict: ``loss_fn(out, batch)``, else ``out.loss`` (labels
+    pass through as they are); ``step_fn(model, batch)`` otherwise."""
     ctx = autocast or contextlib.nullcontext
     if form == CUSTOM:
         with ctx():

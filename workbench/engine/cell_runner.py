@@ -1,16 +1,9 @@
-"""Runs a ``%%distrain`` cell on a rank, inside an ipyparallel apply request.
+"""Runs a ``%%distrain`` cell on a rank, inside an ipyparallel apply request (``rpc.RunCell``).
 
-The notebook applies this (``rpc.RunCell``) rather than sending an execute request:
-the apply path is lighter on both ends, and a cell in plain Python skips IPython's
-input transforms, which only matter for IPython syntax. What the cell prints,
-displays, returns (``Out:``) and raises reaches the notebook as the same IOPub
-messages as from an execute request (stream, display_data, execute_result, error),
-and the rank's shell keeps its history and execution count. Cells in IPython syntax
-(``%magic``, ``!cmd``, ``obj?``) go through the shell's full ``run_cell``, and so do
-cells with a top-level ``await`` (see :func:`run_awaiting`). The reply says whether the
-cell published anything, so that a quiet cell's notebook side need not wait for the
-output stream.
-"""
+The apply path is lighter on both ends than an execute request, and a plain-Python cell
+skips IPython's input transforms; the notebook still sees the same IOPub messages and the
+rank's shell keeps its history. Cells in IPython syntax (``%magic``, ``!cmd``, ``obj?``)
+or with a top-level ``await`` go through the shell's full ``run_cell``."""
 
 from __future__ import annotations
 
@@ -30,26 +23,37 @@ from contextlib import contextmanager
 _PASTED_PROMPT = re.compile(r"^\s*(>>>|\.\.\.|In \[\d+\]:)", re.M)
 
 
-def run(code: str) -> int | None:
+def run(code: str, debug=None, limit: int | None = None) -> int | None:
     """Run ``code`` in the rank's user namespace as an IPython cell would.
 
+    ``limit``: the characters each of stdout and stderr passes on to the notebook (head and
+    tail; the rest is in the rank's log: ``rank_log``); None passes everything on.
     Returns how many messages the rank's kernel made while the cell ran (its output,
     display data, ``Out:`` value and error among them; None where unknown): 0 tells
     the notebook that no output is on its way, so it need not wait for the output
-    stream, which the reply can overtake.
+    stream, which the reply can overtake. ``debug`` (a ``shared.debug_wire.CellDebug``):
+    where the notebook's debug link is, which notebook cell this is, and whether the cell
+    runs under JupyterLab's debugger (``cell_debugger``).
     """
     from IPython import get_ipython
+
+    from . import rank_log
 
     shell = get_ipython()
     session = getattr(getattr(shell, "kernel", None), "session", None)
     before = getattr(session, "message_count", None)
     streams = [(stream, getattr(stream, "_buffers", None)) for stream in (sys.stdout, sys.stderr)]
     tree = plain_python(shell, code)
-    if tree is None:
-        with _awaits_on_own_loop(shell):
-            shell.run_cell(code, store_history=True)
-    elif tree.body:
-        _run_plain(shell, code, tree)
+    rank_log.begin(limit)
+    try:
+        if debug is None:
+            _run_either(shell, code, tree)
+        else:
+            _run_debuggable(shell, code, tree, debug)
+    finally:
+        # the cut line and tail of a stream that printed past its limit; its own write back
+        # before the fd's marker below goes through it
+        rank_log.end()
     # what C code or a child process wrote to fd 1/2 reaches the stream first: then it
     # belongs to this cell and the count includes it
     forwarded = [_fd_forwarded(stream) for stream, _ in streams]
@@ -59,6 +63,53 @@ def run(code: str) -> int | None:
     if before is None or not all(forwarded):
         return None
     return session.message_count - before
+
+
+def _run_either(shell, code: str, tree: ast.Module | None) -> None:
+    if tree is None:
+        with _awaits_on_own_loop(shell):
+            shell.run_cell(code, store_history=True)
+    elif tree.body:
+        _run_plain(shell, code, tree)
+
+
+def _run_debuggable(shell, code: str, tree: ast.Module | None, debug) -> None:
+    """The cell with its debug link known (for ``breakpoint()``) and, with JupyterLab's
+    debugger on, under the rank's debugger; the name its code is compiled under (the kernel's
+    compiler names it from the code) is mapped to the notebook cell it came from."""
+    from . import cell_debugger, debug_link
+
+    rank = int(os.environ.get("RANK", "0"))  # set by the rank's bootstrap
+    debug_link.configure(debug.link, rank)
+    filename = shell.compile.get_code_name(code, code, shell.execution_count)
+    cell_debugger.note_cell(filename, debug.origin)
+    if not debug.visual:
+        _run_either(shell, code, tree)
+        return
+    dbg = cell_debugger.debugger()
+    with _stop_when_uncaught(shell, dbg):
+        dbg.run(debug, filename, rank, lambda: _run_either(shell, code, tree))
+
+
+@contextmanager
+def _stop_when_uncaught(shell, dbg):
+    """While JupyterLab's debugger asks to stop at uncaught exceptions: a cell that fails stops
+    in its innermost frame before its traceback is shown (the shell shows it as it is raised)."""
+    show = shell.showtraceback
+
+    def stop_then_show(*args, **kwargs):
+        if {"uncaught", "userUnhandled"} & set(dbg.exceptions) and dbg.active:
+            kind, value, tb = sys.exc_info()
+            if tb is not None and not isinstance(value, KeyboardInterrupt):
+                dbg.post_mortem(tb, f"{kind.__name__}: {value}")
+        return show(*args, **kwargs)
+
+    shell.showtraceback = stop_then_show
+    try:
+        yield
+    finally:
+        if shell.showtraceback is stop_then_show:
+            del shell.showtraceback  # the class's own again
 
 
 def _written(stream, buffers) -> bool:

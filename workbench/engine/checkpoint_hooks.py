@@ -1,17 +1,10 @@
 """Rank-side glue between training and checkpoints: ``from workbench.engine import checkpoint_hooks``.
 
-A rank says what it trains once::
-
-    state = checkpoint_hooks.track(prepared)            # a workbench.strategies.Prepared
-    for step in range(state.step, 100):                 # resumes where a load left off
-        loss = prepared.train_step(batch_at(ds, 32, step, dp_rank=..., dp_size=...))
-        checkpoint_hooks.step_done(loss)               # step += 1; runs auto-save
-
-``%distrain ckpt save|load`` then call :func:`rank_save` / :func:`rank_load` on every
-rank. :func:`autosave` makes a step hook that saves every N steps and keeps the newest K
-auto-saves; on a trainer it runs as a :class:`~.listeners.TrainerListener` (this module
-never imports the trainer: it learns of it from :mod:`.listeners`).
-"""
+A rank's loop says once what it trains (``state = checkpoint_hooks.track(prepared)``) and
+calls ``checkpoint_hooks.step_done(loss)`` after each step; ``%distrain ckpt save|load`` then
+call :func:`rank_save` / :func:`rank_load` on every rank. :func:`autosave` saves every N steps
+and keeps the newest K; on a trainer it runs as a :class:`~.listeners.TrainerListener`, so
+this module never imports the trainer."""
 
 from __future__ import annotations
 
@@ -237,7 +230,7 @@ def rank_wait(timeout: float | None = None) -> dict | None:
     return _save.wait(timeout)
 
 
-def autosave(root: str, every: int, keep: int = 3, async_: bool = True):
+def autosave(root: str, every: int, keep: int = 3, async_: bool = False):
     """A step hook ``fn(record)``: save every ``every`` steps, keep the newest ``keep`` auto-saves.
 
     ``record`` is the trainer's step record (``{"step": n, "loss": x, ...}``, ``step`` =
@@ -294,7 +287,7 @@ def _report_autosave(info: dict) -> None:
     publisher.emit(events.log_event(run=getattr(tr, "run", None) or "checkpoints", rank=rank, text=text))
 
 
-def set_autosave(root: str | None, every: int | None, keep: int = 3, async_: bool = True):
+def set_autosave(root: str | None, every: int | None, keep: int = 3, async_: bool = False):
     """Install (or with ``every=None`` remove) the auto-save hook run by :func:`step_done`."""
     global _AUTOSAVE
     _AUTOSAVE = None if not every else autosave(root or catalog.default_dir(), every, keep, async_)

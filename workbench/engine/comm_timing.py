@@ -1,36 +1,9 @@
 """Count and time the collectives a rank runs: kind, count, payload bytes, seconds.
 
-Three ways collectives happen during training, and how each is seen here:
-
-1. Python calls to ``torch.distributed.<fn>`` (the loss average, user code, and FSDP2,
-   whose ``DefaultAllGather``/``DefaultReduceScatter`` call ``dist.all_gather_single`` and
-   ``dist.reduce_scatter_single`` through the module attribute at call time, see
-   ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``): :func:`install`
-   replaces those attributes on ``torch.distributed`` and ``distributed_c10d`` with
-   timing wrappers. A wrapper inside a wrapper (``reduce_scatter_tensor`` calls
-   ``reduce_scatter_single``) counts once.
-2. DDP's bucket all-reduces run from the C++ reducer and never pass through Python:
-   :class:`DDPWatch` reads the reducer's own clock and bucket sizes after each step (a
-   Python comm hook would see them too, at a measured 3% of a small step).
-3. Functional collectives (DTensor redistribution, e.g. the FSDP2 grad-norm reduction)
-   go through ``torch.ops._c10d_functional`` and are NOT seen; they are small.
-
-Count and bytes are recorded when a collective is launched (so they belong to the step
-that launched them, exactly); time is recorded when it completes: for synchronous
-calls on CPU tensors the caller's blocked time; for calls on CUDA tensors a pair of CUDA
-events, the start recorded on the current stream before the call, the end after it (after
-the work's future completes for ``async_op=True``: see :func:`_time_async`) — the host
-clock would measure only the launch, NCCL returns once the kernel is queued — read lazily by
-:meth:`CommStats.resolve` (``event.query()``, then ``elapsed_time``; no synchronise per
-collective) when the step's figures are read, after the step's stream synchronised;
-for ``async_op=True`` work on CPU tensors launch-to-completion through
-the work's future (gloo cannot report ``work._get_duration()``: "This Backend doesn't
-support getDuration"). gloo has no real reduce-scatter: the profiler shows
-``c10d::_reduce_scatter_base_`` executed as ``gloo:all_reduce`` of the FULL buffer,
-keeping one slice (checked on torch 2.13), so on gloo a reduce-scatter moves and costs
-what an all-reduce of its input does. The bytes counted are the full input buffer (the
-nccl-tests convention for reduce-scatter), on every backend.
-"""
+Python calls to ``torch.distributed`` (FSDP2's included) are timed by the wrappers
+:func:`install` puts in place; DDP's bucket all-reduces, launched from C++, are read from
+DDP's own reducer clock (:class:`DDPWatch`); functional collectives (DTensor redistribution)
+are not seen, and are small. A count belongs to the step that launched the collective."""
 
 from __future__ import annotations
 
@@ -39,6 +12,8 @@ import inspect
 import threading
 import time
 from collections import deque
+
+from . import flight_record
 
 # function name -> (collective kind, argument holding the payload, how to size it)
 _SPECS = {
@@ -182,6 +157,9 @@ def _wrap(name: str, fn):
     sig = inspect.signature(fn)
     params = list(sig.parameters)
     pos = params.index(arg) if arg in params else None
+    gpos = params.index("group") if "group" in params else None
+    peer = next((p for p in ("dst", "src") if p in params), None)  # send/recv's other rank, broadcast's root
+    ppos = params.index(peer) if peer else None
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
@@ -193,6 +171,8 @@ def _wrap(name: str, fn):
             payload = args[pos]
         else:
             payload = kwargs.get(arg)
+        group = args[gpos] if gpos is not None and gpos < len(args) else kwargs.get("group")
+        other = args[ppos] if ppos is not None and ppos < len(args) else kwargs.get(peer, -1)
         try:
             nbytes = _size(payload, how)
         except Exception:  # an unusual argument: still count the call
@@ -201,17 +181,29 @@ def _wrap(name: str, fn):
         if not is_async and "async_op" in params:
             i = params.index("async_op")
             is_async = bool(args[i]) if i < len(args) else False
+        on_cuda = _on_cuda(payload, how)
         try:
-            events = STATS.launch_on_device() if _on_cuda(payload, how) else None
+            events = STATS.launch_on_device() if on_cuda else None
         except Exception:  # no usable CUDA timing here: the host clock, as on CPU
             events = None
         STATS.launch(kind, nbytes)
+        slot = flight_record.enter(
+            name,
+            group,
+            payload,
+            how,
+            nbytes,
+            peer=other if isinstance(other, int) else -1,
+            is_async=is_async,
+            on_device=on_cuda,
+        )
         _LOCAL.inside = True
         t0 = time.perf_counter()
         try:
             work = fn(*args, **kwargs)
         finally:
             _LOCAL.inside = False
+            flight_record.leave(slot)
         if is_async and work is not None:
             _time_async(work, kind, t0, events)
         elif events is not None:
@@ -239,15 +231,62 @@ def _time_async(work, kind: str, t0: float, events=None) -> None:
 
 
 def original(name: str):
-    """The unwrapped ``torch.distributed.<name>``: for the workbench's own collectives, which
-    are not the user's training traffic (installed or not)."""
+    """``torch.distributed.<name>`` for the workbench's own collectives, which are not the user's
+    training traffic: not timed (installed or not), but in the flight record, marked as the
+    workbench's, so that a hang in one is named with its sequence number like any other."""
     import torch.distributed as dist
 
-    return ORIGINAL.get(name) or getattr(dist, name)
+    fn = ORIGINAL.get(name) or getattr(dist, name)
+    fn = getattr(fn, "__wrapped_collective__", fn)
+    if not flight_record.installed():
+        return fn
+    own = _OWN.get(name)
+    if own is None or own.__wrapped_collective__ is not fn:
+        own = _OWN[name] = _recorded(name, fn)
+    return own
+
+
+_OWN: dict = {}  # name -> the workbench's recorded, untimed form of the collective
+
+
+def _recorded(name: str, fn):
+    _, arg, how = _SPECS[name]
+    params = list(inspect.signature(fn).parameters)
+    pos = params.index(arg) if arg in params else None
+    gpos = params.index("group") if "group" in params else None
+
+    def recorded(*args, **kwargs):
+        if getattr(_LOCAL, "inside", False):
+            return fn(*args, **kwargs)
+        payload = None if pos is None else (args[pos] if pos < len(args) else kwargs.get(arg))
+        group = args[gpos] if gpos is not None and gpos < len(args) else kwargs.get("group")
+        try:
+            nbytes = _size(payload, how)
+        except Exception:
+            nbytes = 0
+        is_async = bool(kwargs.get("async_op", False))
+        slot = flight_record.enter(name, group, payload, how, nbytes, is_async=is_async, own=True)
+        _LOCAL.inside = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _LOCAL.inside = False
+            flight_record.leave(slot)
+
+    recorded.__wrapped_collective__ = fn
+    return recorded
 
 
 def install() -> None:
-    """Wrap the ``torch.distributed`` collectives once per process (idempotent)."""
+    """Wrap the ``torch.distributed`` collectives once per process (idempotent).
+
+    Wrapped on ``torch.distributed`` and ``distributed_c10d`` both: FSDP2 calls
+    ``dist.all_gather_single`` / ``reduce_scatter_single`` through the module attribute at
+    call time. A call on CPU tensors is timed by the host clock, one on CUDA tensors by a
+    pair of events on the current stream (the host would time only the launch), read later
+    by :meth:`CommStats.resolve`. A reduce-scatter counts its full input (nccl-tests'
+    convention): gloo runs it as an all-reduce of the whole buffer.
+    """
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -266,7 +305,7 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Put the original functions back (tests; the wrappers cost ~2 us per call)."""
+    """Put the original functions back (tests)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -281,14 +320,10 @@ def uninstall() -> None:
 class DDPWatch:
     """DDP's gradient all-reduces, as DDP's own C++ reducer clocks them: count, bytes, time.
 
-    Why not a comm hook (what this module used before): any Python comm hook, torch's own
-    ``default_hooks.allreduce_hook`` as much as a timing one, made a 47 ms DDP step
-    1.2-1.5 ms slower on 2 CPU ranks (measured step by step, interleaved with the same
-    step on a DDP without a hook): the reducer calls into Python for every bucket and the
-    completion callback takes the GIL on gloo's thread. The reducer already keeps a clock
-    (first bucket launched, last bucket done, end of backward compute) for its runtime
-    logging; sampled at every iteration it costs nothing measurable, and reading it after
-    the step (``DistributedDataParallel._get_ddp_logging_data``) ~0.15 ms.
+    Not a comm hook: any Python comm hook makes the reducer call into Python for every
+    bucket and take the GIL on gloo's thread, a visible cost on a small step
+    (benchmarks/FINDINGS.md). The reducer already keeps a clock (first bucket launched, last
+    bucket done, end of backward compute) for its runtime logging, read after the step.
 
     What is recorded per synchronising backward: one ``all_reduce`` (and ``ddp_bucket``)
     per gradient bucket with the bucket's bytes (the buckets DDP rebuilt after its first

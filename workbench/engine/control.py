@@ -2,7 +2,7 @@
 
 Each returns a small plain dict, so the notebook never unpickles a torch object.
 :func:`build_default` makes the teaching setup (tiny GPT on the bundled text under a
-strategy) so that ``%distrain train start --model tiny --strategy ddp`` works with no
+strategy) so that ``%distrain train start --gpt tiny --strategy ddp`` works with no
 cell of setup code.
 """
 

@@ -1,31 +1,9 @@
 """Where the trainer's batches come from, and how far into them a run is (rank side).
 
-``Trainer(data=...)`` takes any of:
-
-- a function ``micro_batch_index -> batch``: deterministic, so a restored run sees the
-  same data (the index is the trainer's count of micro-batches consumed);
-- a ``torch.utils.data.Dataset`` (map-style: ``len`` and ``[i]``) with ``batch_size=``
-  (the *global* micro-batch, over all data-parallel ranks): the trainer shards it. Epoch
-  ``e`` is one permutation of the indices (``torch.randperm`` seeded by ``seed + e``, the
-  same on every rank; ``shuffle=False``: in order), cut into global batches of
-  ``batch_size`` (an incomplete last one is dropped, so every rank steps alike), and
-  data-parallel rank ``r`` takes the ``r``-th contiguous slice of each: every sample is
-  seen once per epoch across the ranks, and the concatenation of the ranks' slices in
-  rank order is the 1-rank batch (loss parity with a 1-rank run). A pure function of the
-  micro-batch index, hence resumable exactly;
-- a ``DataLoader`` over a map-style dataset: each rank takes whole batches of it, batch
-  ``i`` going to data-parallel rank ``i % dp_size`` (as Accelerate's default); its sampler
-  is re-seeded per epoch (a ``RandomSampler``: ``seed + epoch``, the same on every rank) so
-  that the ranks agree on the order. Restoring skips the batches already taken at the
-  sampler, without loading them. A loader whose sampler is a ``DistributedSampler`` is
-  already sharded by its user: every batch is this rank's, and ``set_epoch`` is called;
-- any other iterable (a list, a generator, an ``IterableDataset`` loader): batches as
-  given, for this rank. A re-iterable one (``iter(x) is not x``) starts over at the end of
-  a pass and is restored by re-iterating and skipping; a one-shot iterator cannot be
-  rewound (a load says so) and ends the run when exhausted.
-
-Every source reports its position as JSON (:meth:`DataSource.state`) for checkpoints.
-"""
+``Trainer(data=...)`` takes a function of the micro-batch index, a map-style ``Dataset``
+(sharded here over the data-parallel ranks), a ``DataLoader`` or any other iterable (the
+forms users read in docs/strategies.md). Every source reports its position as JSON
+(:meth:`DataSource.state`), so a checkpoint resumes the data where the run left it."""
 
 from __future__ import annotations
 
@@ -98,7 +76,11 @@ class FunctionSource(DataSource):
 
 
 class DatasetSource(DataSource):
-    """A map-style dataset sharded over the data-parallel ranks (see the module doc)."""
+    """A map-style dataset sharded over the data-parallel ranks (``batch_size``: the global
+    micro-batch). Epoch ``e`` is one permutation seeded ``seed + e`` on every rank, cut into
+    global batches (an incomplete last one dropped, so every rank steps alike); rank ``r``
+    takes the ``r``-th slice of each, so the ranks' slices in order are the 1-rank batch. A
+    pure function of the micro-batch index, hence resumable exactly."""
 
     kind = "dataset"
     pure = True
@@ -197,7 +179,11 @@ class _ShardBatches:
 
 
 class LoaderSource(DataSource):
-    """A ``DataLoader`` over a map-style dataset, sharded by batches (see the module doc)."""
+    """A ``DataLoader`` over a map-style dataset, sharded by batches: batch ``i`` goes to
+    data-parallel rank ``i % dp_size`` (as Accelerate's default), its ``RandomSampler``
+    re-seeded ``seed + epoch`` so the ranks agree on the order; a restore skips the batches
+    taken at the sampler, without loading them. A ``DistributedSampler`` loader is taken as
+    already sharded (``set_epoch`` is called)."""
 
     kind = "dataloader"
 
@@ -284,7 +270,9 @@ class LoaderSource(DataSource):
 
 
 class IterableSource(DataSource):
-    """Any other iterable: batches as given (already this rank's)."""
+    """Any other iterable: batches as given (already this rank's). A re-iterable one starts
+    over at the end of a pass and is restored by re-iterating and skipping; a one-shot
+    iterator cannot be rewound and ends the run when exhausted."""
 
     kind = "iterable"
 

@@ -1,22 +1,18 @@
 """A call that reached this rank through the controller's broadcast tree (the notebook's side:
 ``workbench.notebook.cluster.fanout``).
 
-The tree's schedulers coalesce the ranks' replies into one message, and keep only each reply's
-buffers: a rank's exception would be lost and would misalign the others' results. So a fanned
-call never raises here; :func:`run` returns ``(published, error, value)``, the error as the
-content ipyparallel would have sent. And the kernel's busy/idle status, two messages per rank
-per call that every layer would carry to the notebook only to be dropped, is not sent for such a
-call: a rank that published output ends it with one :data:`OUTPUT_DONE` data message instead,
-after its output, so that the notebook knows when that rank's output is all in.
-"""
+The tree coalesces the ranks' replies and keeps only each reply's buffers, so a raised
+exception would be lost and misalign the others' results: a fanned call never raises here
+(:func:`run` returns the error as data), and ends its output with one ``wire.OUTPUT_DONE``
+message instead of the kernel's busy/idle pair, which every layer would carry only to drop."""
 
 from __future__ import annotations
 
 import sys
 
 from ..shared.replies import CellRun
+from ..shared.wire import OUTPUT_DONE
 
-OUTPUT_DONE = "_workbench_output_done"
 _installed = False
 
 
@@ -53,10 +49,13 @@ def run(fn, *args, **kwargs) -> tuple:
 
 
 def set_names(namespace: dict) -> None:
-    """``%distrain push`` through the tree: the names set in this rank's user namespace."""
+    """``%distrain push`` through the tree: the names set in this rank's user namespace (a
+    notebook's function arrives canned, ``rpc.SetNames.of``)."""
+    from ipyparallel.serialize import uncan
     from IPython import get_ipython
 
-    get_ipython().user_ns.update(namespace)
+    ns = get_ipython().user_ns
+    ns.update({k: uncan(v, ns) for k, v in namespace.items()})
 
 
 def get_name(name: str):

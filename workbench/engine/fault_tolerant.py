@@ -1,19 +1,10 @@
 """Rank side of ``--fault-tolerant``: each replica group trains under a torchft ``Manager``.
 
-Why not the workbench :class:`~.trainer.Trainer`: its per-step agreement and DDP run over the
-whole rank set's process group, and a process group cannot lose a member and go on. Here the
-ranks of one replica group (``group_size`` consecutive ranks) share a private gloo group of
-their own (gradients averaged inside the replica), and the replicas meet only through torchft:
-a lighthouse forms a quorum every step, gradients are averaged over a reconfigurable gloo
-group of the replicas in that quorum, and a step commits only where every rank of the
-replica agrees it went well. A replica that loses a rank drops out of the quorum once its
-heartbeat stops (the lighthouse's timeout); the others keep stepping. Its replacement
-heals from a live peer over torchft's checkpoint transport (HTTP, no disk) and rejoins.
-
-One run per process (``start``); torch is imported inside (the notebook names these functions
-without importing torch). The notebook side (``notebook.fault_tolerance``) plans the
-groups, starts the lighthouse, and replaces lost replicas.
-"""
+Not the workbench :class:`~.trainer.Trainer`: its agreement and DDP run over the whole set's
+process group, which cannot lose a member and go on. Here a replica's ranks average over a
+gloo group of their own and the replicas meet only through torchft's quorum, so the others
+keep stepping while a lost replica heals from a live peer (docs/unattended.md). torch is
+imported inside: the notebook names these functions without importing torch."""
 
 from __future__ import annotations
 
@@ -26,10 +17,10 @@ import traceback
 import urllib.request
 
 from ..shared import events
+from ..shared.replies import EXIT_REPLICA_LOST
 from . import publisher, runtime
 
 _CURRENT: FaultTolerantRun | None = None
-EXIT_REPLICA_LOST = 75  # the exit status of a rank that ended itself because its replica cannot step on
 
 
 class FaultTolerantRun:

@@ -1,26 +1,13 @@
 """A rank's guard on a host the notebook does not run on: ``python -m workbench.engine.guard -- CMD``.
 
-Slurm (through ``srun``) and SSH start this instead of the ipyparallel engine; it starts
-the engine as its child and holds one TCP connection to the notebook (the "lifeline"):
-
-- the engine ends: the guard is its parent, so it knows the exit status and reports it
-  at once (``rank 3 (host b, pid 77) killed by SIGKILL``, not a heartbeat timeout);
-- the notebook process is gone (its end of the connection closes, or TCP keepalive gives
-  up on a dead link): the guard ends the engine, and under Slurm cancels the job, so a
-  killed kernel leaves no rank on any host;
-- it beats every ``BEAT_S`` seconds: the notebook names a host whose guards all fall silent
-  (a link down, a host powered off: no exit is ever seen) as lost (``cluster.lifeline``).
-
-The lifeline address and key come in the environment (``WORKBENCH_LIFELINE``,
-``WORKBENCH_LIFELINE_KEY``), which Slurm and ipyparallel's SSH launcher carry, not on
-the command line; every line sent carries an HMAC-SHA256 of itself under that key.
-Plain standard library: this runs before torch or the engine is imported.
-"""
+Slurm, SSH and Ray start this around the ipyparallel engine and it holds one signed TCP
+lifeline to the notebook: as the engine's parent it reports a rank's exit at once; when the
+notebook is gone it ends the engine (and the Slurm job), so a killed kernel leaves no rank
+behind; its beats let the notebook name a host that fell silent. Plain standard library: it
+runs before torch or the engine is imported."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import signal
@@ -30,30 +17,12 @@ import sys
 import threading
 import time
 
-ENV_ADDRESS = "WORKBENCH_LIFELINE"
-ENV_KEY = "WORKBENCH_LIFELINE_KEY"
-ENV_SLOT = "WORKBENCH_HOST_SLOT"  # which --hosts entry started this rank (for rank order)
+from workbench.shared import wire  # absolute: the guard runs by path (ssh.guard_cmd), not as a module
+
 END_GRACE_S = 2.0
-BEAT_S = 0.5  # a beat line this often; the notebook allows ``lifeline.HOST_SILENCE_S`` of silence
 # unacknowledged beats on a dead link: the connection is given up after this long (without it
 # the kernel retransmits for ~15 minutes before keepalive or a read sees the link is gone)
 GIVE_UP_MS = 10_000
-
-
-def sign(key: bytes, body: str) -> bytes:
-    return (hmac.new(key, body.encode(), hashlib.sha256).hexdigest() + " " + body + "\n").encode()
-
-
-def verify(key: bytes, line: bytes) -> dict | None:
-    """The message of a signed line, or None if its HMAC does not match."""
-    mac, _, body = line.decode(errors="replace").rstrip("\n").partition(" ")
-    good = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(mac, good):
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
 
 
 def _connect(address: str) -> socket.socket:
@@ -61,7 +30,8 @@ def _connect(address: str) -> socket.socket:
     sock = socket.create_connection((host, int(port)), timeout=15)
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    # a notebook host that vanishes without closing (power, network) is given up on in ~10 s
+    # a notebook host that vanishes without closing (power, network) is given up on after
+    # 4 s idle + 3 probes 2 s apart, or GIVE_UP_MS of unacknowledged beats
     for opt, value in (("TCP_KEEPIDLE", 4), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", GIVE_UP_MS)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
@@ -88,14 +58,17 @@ def _cancel_slurm_job() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Run ``CMD`` as the guarded rank. The lifeline's address and key come in the environment
+    (``WORKBENCH_LIFELINE``, ``WORKBENCH_LIFELINE_KEY``: Slurm and ipyparallel's SSH launcher
+    carry it), not on the command line; every line sent carries an HMAC-SHA256 under the key."""
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         print("usage: python -m workbench.engine.guard -- COMMAND...", file=sys.stderr)
         return 2
     cmd = argv[argv.index("--") + 1 :]
-    address = os.environ.pop(ENV_ADDRESS, "")
-    key = bytes.fromhex(os.environ.pop(ENV_KEY, ""))
+    address = os.environ.pop(wire.ENV_LIFELINE, "")
+    key = bytes.fromhex(os.environ.pop(wire.ENV_LIFELINE_KEY, ""))
     if not address or not key:
-        print(f"workbench guard: {ENV_ADDRESS} and {ENV_KEY} must be set", file=sys.stderr)
+        print(f"workbench guard: {wire.ENV_LIFELINE} and {wire.ENV_LIFELINE_KEY} must be set", file=sys.stderr)
         return 2
     try:
         sock = _connect(address)
@@ -115,7 +88,7 @@ def main(argv: list[str]) -> int:
     def send(**msg) -> None:
         with lock:
             try:
-                sock.sendall(sign(key, json.dumps(msg)))
+                sock.sendall(wire.sign(key, json.dumps(msg)))
             except OSError:
                 pass
 
@@ -124,7 +97,7 @@ def main(argv: list[str]) -> int:
         host=host,
         pid=child.pid,
         guard_pid=os.getpid(),
-        slot=os.environ.get(ENV_SLOT),
+        slot=os.environ.get(wire.ENV_HOST_SLOT),
         slurm_procid=os.environ.get("SLURM_PROCID"),
         time=time.time(),
     )
@@ -146,7 +119,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=wait_child, daemon=True).start()
 
     def beat() -> None:
-        while not ending.wait(BEAT_S):
+        while not ending.wait(wire.BEAT_S):
             send(kind="beat")
 
     threading.Thread(target=beat, daemon=True).start()

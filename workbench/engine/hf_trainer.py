@@ -1,22 +1,8 @@
 """A Hugging Face ``Trainer`` (and so trl's trainers) on the dashboard: a thin callback onto
 :func:`workbench.engine.reporting.report`, not a telemetry system of its own.
 
-``Trainer(..., callbacks=[engine.hf_callback()])`` on every rank. Each optimizer step
-becomes one step record of this rank (``source="hf"``), at ``state.global_step``:
-
-- at a step the Trainer logs (``logging_steps``), the record carries what it logged:
-  ``loss`` (the Trainer's own mean over the ranks and the steps since its last log),
-  ``lr``, ``grad_norm``, ``epoch`` (``num_input_tokens_seen`` as ``tokens_seen``,
-  ``eval_*`` as they are); the Trainer's end-of-training summary (``train_loss``...) is
-  not a step and is left out;
-- every step carries what :func:`report` measures (step time, memory, collectives) and
-  ``tokens``/``samples``: the model's main input (``input_ids``) counted by a forward
-  pre-hook on this rank in training mode, so ``tps`` is this rank's, over all the
-  forwards of a step (gradient accumulation included).
-
-The run id is rank 0's clock (``hf-YYYYmmdd-HHMMSS-mmm``), broadcast at ``on_train_begin``
-so every rank's records land in the same run; ``hf_callback(run="name")`` names it instead.
-"""
+``Trainer(..., callbacks=[engine.hf_callback()])`` on every rank; what each step record holds
+is tabled in docs/other-trainers.md."""
 
 from __future__ import annotations
 
@@ -52,7 +38,9 @@ def agreed_run_id() -> str:
 
 
 class WorkbenchCallback(TrainerCallback):
-    """See the module docstring; one instance per ``Trainer``."""
+    """One step record of this rank per optimizer step (``source="hf"``, at
+    ``state.global_step``), carrying the Trainer's log of that step where it logs and this
+    rank's own token count (a forward pre-hook, accumulation included); one per ``Trainer``."""
 
     def __init__(self, run: str | None = None):
         self.fixed_run = run

@@ -1,13 +1,9 @@
-"""JAX arrays in the LAYOUT DESCRIPTION that DTensors are drawn from (one picture language).
+"""JAX arrays in the layout description that DTensors are drawn from (one picture language).
 
-``engine.describe_jax(params)`` on every JAX rank turns a pytree of global ``jax.Array``s
-into the same per-rank dict as :mod:`workbench.strategies.layout` makes for a torch model
-(schema version 1): placements per mesh axis (``Shard(d)`` where the ``PartitionSpec``
-puts tensor dim ``d`` on that axis, else ``Replicate()``), and ``holds`` read from
-``array.addressable_shards`` (the global index each of this process's shards covers),
-never re-derived from the spec. The figures of ``workbench.notebook.dashboard.layout_figure``
-then draw it unchanged. torch is never imported here.
-"""
+``engine.describe_jax(params)`` turns a pytree of global ``jax.Array``s into the same
+per-rank dict :mod:`workbench.strategies.layout` makes for a torch model, so the layout
+figures draw it unchanged. What a rank holds is read from ``array.addressable_shards``,
+never re-derived from the spec. torch is never imported here."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """A Llama-shaped parameter set as global JAX arrays, sharded FSDP-style or TP-style.
 
-The shapes are the planner's :class:`workbench.planner.ModelSpec` (pre-norm, no biases,
-grouped-query attention, gated MLP, untied embedding and head), so that the planner's
+The shapes are the planner's :class:`workbench.planner.ModelSpec`, so that the planner's
 FSDP/TP arithmetic and the bytes each JAX rank really holds are about the same model
-(``workbench.planner.sharded_bytes``). Matrices are stored ``(in, out)``, as ``x @ w``.
-
-* ``fsdp``: every tensor's dim 0 split over all ranks (ZeRO-3 / FSDP's parameter shards).
-* ``tp``: Megatron's split: Q/K/V, gate and up by output columns, O and down by input rows,
-  embedding and head by vocabulary; norms whole on every rank.
-"""
+(``workbench.planner.sharded_bytes``). Matrices are stored ``(in, out)``, as ``x @ w``."""
 
 from __future__ import annotations
 
@@ -40,7 +34,11 @@ def llama_shapes(config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def spec_for(role: str, shape: tuple[int, ...], style: str, axis: str):
-    """The ``PartitionSpec`` of one tensor in ``style`` over the mesh axis ``axis``."""
+    """The ``PartitionSpec`` of one tensor in ``style`` over the mesh axis ``axis``.
+
+    ``fsdp``: dim 0 split over all ranks (ZeRO-3's parameter shards). ``tp``: Megatron's
+    split, Q/K/V, gate and up by output columns, O and down by input rows, embedding and
+    head by vocabulary; norms whole on every rank."""
     from jax.sharding import PartitionSpec as P
 
     if style == "fsdp":

@@ -1,48 +1,20 @@
 """Count the bytes this rank really holds for its model: a census, not an estimate.
 
-``census()`` runs ONE real training step of the current ``Prepared`` (or a given one)
-and counts, on this rank:
-
-* ``parameters`` - the local part of every parameter: a DTensor's local shard, a
-  DeepSpeed ZeRO-3 ``ds_tensor`` partition, a plain tensor otherwise. For DeepSpeed
-  ZeRO-1/2 the parameters are views into one flat buffer per group
-  (``bit16_groups_flat``), so the flat buffer (with its alignment padding) is counted.
-* ``gradients`` - counted just before the optimizer update (a step pre-hook on the
-  innermost torch optimizer), when every gradient of the step exists: local ``.grad``
-  tensors (FSDP2: the reduce-scattered shard), and for DeepSpeed the buffers it keeps
-  them in (ZeRO-1/2: ``averaged_gradients`` / ``grads_in_partition`` and the fp32
-  partition's ``.grad``; ZeRO-3: ``grad_partitions_flat_buffer`` and
-  ``fp32_partitioned_groups_flat[i].grad``, a flattened copy) - read from deepspeed
-  0.19's ``runtime/zero/stage_1_and_2.py`` and ``stage3.py``. For DeepSpeed they are also
-  counted at the end of backward (entry of ``engine.allreduce_gradients``), and the
-  larger moment is reported: ZeRO-1 holds full ``param.grad`` there and frees all but
-  its partition in ``reduce_gradients``.
-* ``buffers`` - DeepSpeed's gradient reduction buckets (``ipg_buckets[dtype].buffer``,
-  allocated whole at ``reduce_bucket_size``, 5e8 elements by default); gradients that are
-  views into them during backward are not counted twice.
-* ``optimizer`` - after the step: every tensor in the torch optimizer's ``state`` (DTensor
-  local parts), plus DeepSpeed's fp32 master partitions
-  (``single_partition_of_fp32_groups`` / ``fp32_partitioned_groups_flat``), which
-  DeepSpeed keeps even when the model itself is fp32.
-* ``activations`` - bytes saved for backward during the step's forward and loss
-  (``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd packs, minus
-  parameters, each storage once). A real measurement on any device.
-
-Each storage is counted once, in the first part that reaches it (parameters, then
-gradients, then optimizer). Sizes are storage sizes (``untyped_storage().nbytes()``), so
-padding and flat-buffer slack are included: this is what the rank holds, not what the
-model needs. Returns a plain dict (JSON-able); ``measured`` says what was measured when.
-"""
+The planner's predictions are checked against it (:mod:`workbench.planner.live`), so
+:func:`census` runs one real training step and counts each storage once, at its storage
+size (padding and flat-buffer slack included): what the rank holds, not what the model needs."""
 
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 from torch import nn
 
 __all__ = ["census", "default_batch"]
 
+# DeepSpeed's buffers, as deepspeed 0.19's runtime/zero/stage_1_and_2.py and stage3.py name them
 _DS_PARAM_ATTRS = ("bit16_groups_flat", "fp16_partitioned_groups_flat", "parallel_partitioned_bit16_groups")
 _DS_GRAD_ATTRS = (
     "averaged_gradients",
@@ -63,6 +35,14 @@ def _local(t):
     if hasattr(t, "ds_tensor"):
         return t.ds_tensor
     return t
+
+
+def _storage_id(t: torch.Tensor, storage) -> int:
+    """A storage's identity: its address; for a tensor without data (the fake tensors of
+    ``workbench.dry_run``) the storage object torch keeps for it."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return storage._cdata if is_fake(t) else storage.data_ptr()
 
 
 def _tensors(obj, depth: int = 3):
@@ -95,7 +75,7 @@ class _Counter:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # a subclass without storage
             return
-        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        ptr, nbytes = _storage_id(t, storage), storage.nbytes()
         if ptr == 0 or nbytes == 0 or ptr in self.seen:
             return
         self.seen.add(ptr)
@@ -174,10 +154,14 @@ def _count_optimizer(c: _Counter, ds_opt, inner_opt) -> None:
 
 
 class _SavedTensors:
-    """``saved_tensors_hooks`` that records each non-parameter storage packed for backward."""
+    """``saved_tensors_hooks`` that records each non-parameter storage packed for backward.
+
+    A storage is told from a later one at the same address (a micro-batch's tensors freed in
+    its backward, the next one's allocated there) by a weak reference to it."""
 
     def __init__(self, param_storages: set[int]):
-        self.storages: dict[int, int] = {}
+        self.storages: dict[int, tuple[int, weakref.ref]] = {}  # address -> (bytes, the storage)
+        self.total = 0
         self.calls = 0
         self.skipped_params = 0
         self.param_storages = param_storages
@@ -195,13 +179,16 @@ class _SavedTensors:
         try:
             local = _local(t)
             st = local.untyped_storage()
-            ptr = st.data_ptr()
+            ptr = _storage_id(local, st)
         except (RuntimeError, NotImplementedError, AttributeError):
             return t
         if self._is_param(t) or ptr in self.param_storages:
             self.skipped_params += 1
         elif ptr:
-            self.storages[ptr] = st.nbytes()
+            known = self.storages.get(ptr)
+            if known is None or known[1]() is None:
+                self.storages[ptr] = (st.nbytes(), weakref.ref(st))
+                self.total += st.nbytes()
         return t
 
     @staticmethod
@@ -210,7 +197,7 @@ class _SavedTensors:
 
     @property
     def bytes(self) -> int:
-        return sum(self.storages.values())
+        return self.total
 
 
 def default_batch(prepared, batch_size: int = 8, step: int | None = None, seed: int = 0):
@@ -233,7 +220,15 @@ def default_batch(prepared, batch_size: int = 8, step: int | None = None, seed: 
 
 
 def census(prepared=None, batch=None, *, batch_size: int = 8, count_comm: bool = True) -> dict:
-    """Run one training step and count what this rank holds (see the module docstring).
+    """Run one training step and count what this rank holds.
+
+    ``parameters``: each parameter's local part (a DTensor's shard, a ZeRO-3 partition,
+    ZeRO-1/2's flat buffer); ``gradients``: just before the optimizer update (for DeepSpeed
+    also at the end of backward, where ZeRO-1 still holds full gradients: the larger is
+    reported); ``buffers``: DeepSpeed's reduction buckets; ``optimizer``: its state after
+    the step, DeepSpeed's fp32 masters included; ``activations``: what autograd saved for
+    backward, parameters excluded. A storage counts once, in the first part that reaches it.
+    Returns a plain dict; ``measured`` says what was measured when.
 
     ``batch`` is this rank's ``(x, y)``; by default a share of a global batch of
     ``batch_size`` sequences of the bundled text. The step really trains the model

@@ -1,17 +1,9 @@
 """Out of memory on a rank: what filled it, and which strategy change would help.
 
-``with explain_oom(prepared, batch=(x, y)):`` around a step turns a
-``torch.OutOfMemoryError`` / ``MemoryError`` into one of the same type whose message
-adds a breakdown of this rank's memory — parameters, gradients, optimizer state, an
-activation estimate — and advice ranked by what dominated (shard optimizer state with
-FSDP2 / ZeRO-1/2, shard parameters and gradients with FSDP2 / ZeRO-3, activation
-checkpointing, a smaller micro-batch with gradient accumulation, bf16). The numbers
-are also on the exception as ``.memory_report`` (a dict).
-
-Activation estimate for GPT-style models (Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models"): per layer about
-``s*b*h*(34 + 5*a*s/h)`` bytes at 16-bit, doubled at fp32; elsewhere 0 unless given.
-"""
+``with explain_oom(prepared, batch=(x, y)):`` around a step turns an out-of-memory error into
+one of the same type whose message adds this rank's breakdown (parameters, gradients,
+optimizer state, an activation estimate) and advice ranked by what dominated; the numbers
+are also on the exception as ``.memory_report``."""
 
 from __future__ import annotations
 
@@ -43,6 +35,9 @@ def _unwrap(obj):
 
 
 def activation_estimate(model, batch_shape) -> int:
+    """Activation bytes of a GPT-style model (Korthikanti et al. 2022, "Reducing Activation
+    Recomputation in Large Transformer Models"): per layer ``s*b*h*(34 + 5*a*s/h)`` at 16-bit,
+    doubled at fp32, plus the logits; 0 for a model without a ``cfg``."""
     cfg = getattr(model, "cfg", None) or getattr(getattr(model, "module", None), "cfg", None)
     if cfg is None or batch_shape is None or len(batch_shape) < 2:
         return 0

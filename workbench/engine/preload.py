@@ -1,22 +1,11 @@
 """Entry point of ranks on this host:
 ``python -m workbench.engine.preload [--fork [--standby-of PID]] [--framework torch|jax] [ipengine args]``.
 
-Imports the rank's framework (torch, or jax for ``--framework jax``: a JAX rank does not
-pay for torch's import) and ipyparallel's engine first, then runs the engine. The engine would
-otherwise sit idle while the controller writes its connection file and only then import
-torch (the longest step of a rank's start); this way the two overlap.
-
-With ``--fork`` this process imports once, configures the engine (:func:`initialized_engine`)
-and forks the engines (the ranks), then stays
-as their parent: it reaps each and writes its exit status to ``<exit_dir>/<pid>`` for the
-notebook, which watches the ranks by pid but is not their parent. N ranks importing torch
-each cost N times the CPU of one import, and on a machine with fewer cores than ranks that
-is most of the start-up. Nothing in the import starts a thread or touches CUDA, so the
-forks are as fresh as a new process. The notebook starts this process before it knows the
-cluster (at ``%distrain start``, or earlier as a standby: ``notebook.cluster.standby``), so
-it sends the rest as one JSON line on stdin once it does: ``ranks`` (how many to fork),
-``env`` (the cluster to join), ``engine_args``, ``exit_dir`` and ``log`` (the ranks' output).
-End of file on stdin before that line (the notebook closed it, or died) ends this process."""
+It imports the rank's framework and ipyparallel's engine while the controller is still
+writing its connection file, and with ``--fork`` imports once and forks the ranks, staying
+their parent to report each one's exit: N ranks importing torch cost N times the CPU of one,
+most of a start on a machine with fewer cores than ranks. The notebook sends the cluster as
+one JSON line on stdin once it knows it (so this can start early, as a standby)."""
 
 from __future__ import annotations
 
@@ -26,13 +15,12 @@ import os
 import signal
 import sys
 
-# what each framework's ranks import before they fork (the same lines run as the engines'
-# startup command: launchers.preload_command)
-PRELOADS = {"torch": ("torch", "torch.distributed"), "jax": ("jax", "jax.numpy")}
-# what every engine imports once it has registered (its kernel's debugger, with debugpy: ~0.3 s
-# of CPU a rank; tornado's asyncio loop; the rank's first apply: the workbench's runtime), done
-# once here before the forks rather than once per rank after them: at 64 ranks on 2 cores the
-# ranks' own imports were most of the start's CPU. None of them starts a thread.
+from ..shared.wire import PRELOADS, READY
+
+# what every engine imports once it has registered (its kernel's debugger, tornado's asyncio
+# loop, the workbench's runtime, and rpc, whose requests every call of the notebook is, the
+# bootstrap first), done once here before the forks rather than once per rank after them
+# (benchmarks/FINDINGS.md: a 64-rank start). None starts a thread.
 ENGINE_PRELOADS = (
     "ipykernel.debugger",
     "tornado.platform.asyncio",
@@ -43,6 +31,7 @@ ENGINE_PRELOADS = (
     "pdb",
     "sqlite3",
     "workbench.engine.runtime",
+    "workbench.engine.rpc",
     "workbench.engine.publisher",
     "workbench.engine.rank_debug",
     "workbench.engine.fanout",
@@ -104,8 +93,6 @@ def end_with_parent(parent: int | None) -> None:
         os._exit(1)
 
 
-READY = "workbench preload: imported, waiting for the ranks to fork"
-
 # ipykernel leaves fd 1/2 uncaptured in a kernel whose environment says it runs under
 # pytest; a rank never does (a test's ranks are processes of their own, as a user's are),
 # so output from C code and child processes reaches the notebook there too
@@ -161,7 +148,7 @@ def main() -> None:
         pid = os.fork()
         if pid == 0:
             # each rank its own session, as torchrun starts its workers: Linux's scheduler
-            # autogroups are per session, and 4 ranks in one group doubled gloo's loop CPU
+            # autogroups are per session, and ranks sharing one lose CPU (benchmarks/FINDINGS.md)
             os.setsid()
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _reseed()
@@ -202,8 +189,8 @@ def run_engine(app) -> None:
 def initialized_engine(argv: list[str]):
     """ipyparallel's engine application, configured (its arguments and config files parsed, the
     controller's connection file read: it waits for that file) once here rather than once in
-    each rank: ~50 ms of CPU a rank, a second of a 64-rank start on 2 cores. Nothing in it
-    opens a socket or an event loop; :func:`own_engine` gives each fork its own identity."""
+    each rank. Nothing in it opens a socket or an event loop; :func:`own_engine` gives each
+    fork its own identity."""
     from ipyparallel.engine.app import IPEngine
 
     app = IPEngine.instance()

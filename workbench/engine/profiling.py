@@ -1,17 +1,9 @@
 """``torch.profiler`` on this rank for N steps of its trainer, a Chrome/Perfetto trace out.
 
-The trainer runs on its own thread, and the profiler records the thread it was started
-on, so the profiler is started and stopped ON the training thread, by a step hook
-(``Trainer.add_hook(..., pauses=False)``: no extra agreement between ranks): the first
-call after a step starts it, the N-th call after that stops it, exports the trace and
-removes the hook. So N whole steps are profiled, each marked ``ProfilerStep#k``. A
-trainer that is not running is started for exactly those steps (one more to arm) when every
-rank is profiled; a profile of some ranks only is refused at once there, since a step needs
-every rank and the others would not start theirs.
-
-State per rank: at most one profile at a time; :func:`status` says how far it is;
-:func:`cancel` stops the profiler and removes the hook wherever it is.
-"""
+The profiler records the thread it was started on and the trainer steps on its own thread,
+so a step hook (``pauses=False``: no extra agreement between ranks) starts it on the training
+thread after one step and stops it N steps later: N whole steps, each ``ProfilerStep#k``.
+At most one profile per rank at a time; :func:`status` and :func:`cancel` follow it."""
 
 from __future__ import annotations
 
@@ -38,7 +30,9 @@ def _activities():
 def arm(steps: int, out_dir: str, *, partial: str = "") -> dict:
     """Profile the next ``steps`` steps of this rank's trainer; the trace goes to
     ``out_dir/rank{r}.trace.json``. Returns at once; :func:`status` follows it.
-    ``partial`` names the profiled ranks where they are not all of them ("" for all)."""
+    ``partial`` names the profiled ranks where they are not all of them ("" for all). A
+    trainer that is not running is started for exactly those steps (one more to arm) when
+    every rank is profiled; with some ranks only that is refused, since a step needs them all."""
     from . import runtime
     from . import trainer as trainer_mod
 

@@ -1,24 +1,9 @@
 """Rank side of the event stream: a bounded queue and a sender thread PUSHing to the notebook.
 
-ipyparallel's ``publish_data`` keeps only the latest message per engine, so steps would
-be lost; instead the notebook binds a ZMQ PULL socket and each rank PUSHes batches to it.
-The training thread only appends to a queue (``emit`` never blocks, never touches the
-network), so a slow notebook can never slow a step; the sender thread batches whatever
-is queued whenever it wakes: ``emit`` wakes it (a flag checked without a lock, so a busy
-queue costs no system call), and an idle rank's sender sleeps until then: it never wakes
-by itself (on 2 cores every wake-up of a helper is taken from a training step). Woken, it
-gathers for ``BATCH_WINDOW_S`` before sending, and after a send gathers the next window
-straight away, so a rank stepping 20 times a second sends ~10 messages, not 20, and its
-sender wakes ~10 times a second, not 30 (each message a wake-up of this thread, of ZMQ's
-and of the notebook's collector, on cores the ranks train on); ``flush`` cuts the window
-short. Unlike the notebook's helpers it keeps the rank's CPU priority: it shares the GIL
-with the training thread, and a lowered thread preempted while holding the GIL holds up
-the step (see ``workbench.notebook.background``). The queue is bounded: should the notebook stop
-reading for long, new events are counted as dropped (reported, never silent) rather than
-growing memory without limit. ``flush`` waits until everything queued is sent, which the
-trainer calls at the end of a run. Each batch goes with an HMAC-SHA256 of its bytes
-under the rank set's key: the notebook drops (and counts) anything unsigned.
-"""
+ipyparallel's ``publish_data`` keeps only each engine's latest message, so steps would be
+lost: each rank PUSHes signed batches to the notebook's PULL socket instead. The training
+thread only appends to the queue, so a slow notebook never slows a step; a full queue counts
+what it drops rather than growing without limit."""
 
 from __future__ import annotations
 
@@ -92,6 +77,10 @@ class Publisher:
             self._wake.set()
 
     def _run(self) -> None:
+        """The sender: asleep until an ``emit`` (on 2 cores every helper's wake-up is taken from
+        a step), then it gathers ``BATCH_WINDOW_S`` before each send: one message a window, not one
+        a step. It keeps the rank's CPU priority: it shares the GIL with
+        the training thread, and a lowered thread preempted holding the GIL stalls the step."""
         import zmq
 
         gathered = False  # a window has passed since the last send: what is queued goes now
@@ -122,8 +111,8 @@ class Publisher:
             with self._cv:
                 self._sent += len(batch)
                 self._cv.notify_all()
-            # while a run streams, the next window gathers right away: one wake-up a window
-            # (woken by the first emit and then by the window's end, it was two)
+            # while a run streams, the next window gathers right away: one wake-up a window,
+            # not one for its first emit and another for its end
             if len(self._queue) < BATCH:
                 self._hurry.wait(BATCH_WINDOW_S)
             gathered = True

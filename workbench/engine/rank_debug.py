@@ -1,118 +1,155 @@
-"""pdb on a rank, driven from the notebook over a loopback socket.
+"""pdb on a rank, its terminal the notebook's input box, over the rank's debug link.
 
-``breakpoint()`` on a rank (and ``%distrain debug --rank N`` after an exception)
-opens a listening socket on 127.0.0.1 only, announces its port and a one-time token
-in a file of the rank set's state folder, and runs pdb on the one connection that
-presents the token. The notebook side (``cluster.debugging``) relays pdb's output
-to the cell and the user's commands back.
+``breakpoint()`` on a rank (and ``%distrain debug --ranks N`` after an exception) opens the
+rank's debug link to the notebook (``debug_link``: the signed connection every rank, on this
+host or another, makes to its notebook) and asks for a pdb session; the cell running in the
+notebook (``cluster.debugging``) attaches, shows pdb's output tagged with the rank and asks for
+each command with ``input()``. Where JupyterLab's debugger runs the cell (``cell_debugger``),
+``breakpoint()`` in the cell's thread stops there instead, as it does in the kernel itself.
 """
 
 from __future__ import annotations
 
-import os
 import pdb
-import secrets
-import socket
+import queue
 import sys
+import threading
+
+from ..shared import debug_wire
+from . import cell_debugger, debug_link
 
 ACCEPT_S = 600.0  # how long a rank waits for the notebook to attach before going on
-_DIR: str | None = None
 _RANK = 0
 
 
-def install(debug_dir: str, rank: int) -> None:
+def install(rank: int) -> None:
     """Make ``breakpoint()`` on this rank open a session for the notebook."""
-    global _DIR, _RANK
-    os.makedirs(debug_dir, exist_ok=True)
-    _DIR, _RANK = debug_dir, rank
+    global _RANK
+    _RANK = rank
     sys.breakpointhook = _breakpoint
 
 
-class _SocketPdb(pdb.Pdb):
-    """pdb whose terminal is one socket; the session ends on continue or quit."""
+class _Terminal:
+    """pdb's stdin and stdout: output gathers until pdb reads a command, then goes with the prompt."""
 
-    def __init__(self, conn: socket.socket):
-        self._conn = conn
-        self._file = conn.makefile("rw", buffering=1, encoding="utf-8", newline="\n")
-        super().__init__(stdin=self._file, stdout=self._file, nosigint=True)
+    def __init__(self, link: debug_link.Link, inbox: queue.Queue, prompt: str):
+        self._link, self._inbox, self._prompt = link, inbox, prompt
+        self._text: list[str] = []
+        self.closed = False
+
+    def write(self, text: str) -> int:
+        self._text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def taken(self) -> str:
+        text, self._text = "".join(self._text), []
+        return text
+
+    def readline(self) -> str:
+        text = self.taken()
+        if text.endswith(self._prompt):
+            text = text[: -len(self._prompt)]
+        self._link.send({"op": "pdb", "kind": "prompt", "text": text, "prompt": self._prompt})
+        while True:
+            try:
+                message = self._inbox.get(timeout=ACCEPT_S)
+            except queue.Empty:
+                return "c\n"  # nobody answers any more: go on rather than hold the rank
+            if message.get("op") == "line":
+                return str(message.get("line", "")) + "\n"
+
+
+class _LinkPdb(pdb.Pdb):
+    """pdb whose terminal is the link; the session ends on continue or quit."""
+
+    def __init__(self, terminal: _Terminal, session: _Session):
+        super().__init__(stdin=terminal, stdout=terminal, nosigint=True)
         self.use_rawinput = False
         self.prompt = f"(Pdb rank {_RANK}) "
-        self._ended = False
-
-    def set_continue(self):
-        super().set_continue()
-        self._ended = True
-
-    def set_quit(self):
-        super().set_quit()
-        self._ended = True
+        self._terminal = terminal
+        self._session = session
+        self.ended = False
 
     def interaction(self, frame, tb_or_exc):
         try:
             super().interaction(frame, tb_or_exc)
         finally:
-            if self._ended:
-                self.close()
+            if self.ended:
+                self._session.close(self._terminal.taken())
 
-    def close(self) -> None:
-        self._ended = True
-        try:
-            self._file.close()
-            self._conn.close()
-        except OSError:
-            pass
+    def set_continue(self):
+        super().set_continue()
+        self.ended = True
+
+    def set_quit(self):
+        super().set_quit()
+        self.ended = True
 
 
-def _attach() -> _SocketPdb | None:
-    """Wait for the notebook to connect; None where it did not (no notebook watching)."""
-    if _DIR is None:
-        return None
-    token = secrets.token_hex(16)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        server.settimeout(ACCEPT_S)
-        path = os.path.join(_DIR, f"rank{_RANK}.session")
-        with open(path + ".tmp", "w") as fh:
-            fh.write(f"{server.getsockname()[1]} {token}\n")
-        os.chmod(path + ".tmp", 0o600)
-        os.replace(path + ".tmp", path)  # the notebook never reads half a file
-        try:
-            while True:
-                conn, _ = server.accept()
-                conn.settimeout(None)
-                if conn.makefile("r", encoding="utf-8").readline().strip() == token:
-                    return _SocketPdb(conn)
-                conn.close()  # not the notebook: wait for the right one
-        except OSError:  # timed out: nobody attached
+class _Session:
+    """One pdb session on the link: opened, attached by the notebook, then closed."""
+
+    def __init__(self):
+        self.inbox: queue.Queue = queue.Queue()
+        self.link = debug_link.open_for("pdb", self.inbox.put)
+
+    def attach(self) -> _LinkPdb | None:
+        """Announce the session and wait for the notebook; None where no notebook attached."""
+        if self.link is None:
             return None
-        finally:
-            try:
-                os.unlink(path)
-            except OSError:
+        self.link.send({"op": "pdb", "kind": "open", "thread": threading.current_thread().name})
+        try:
+            while self.inbox.get(timeout=ACCEPT_S).get("op") != "attach":
                 pass
+        except queue.Empty:
+            self.close()
+            return None
+        return _LinkPdb(_Terminal(self.link, self.inbox, f"(Pdb rank {_RANK}) "), self)
+
+    def close(self, text: str = "") -> None:
+        if self.link is None:
+            return
+        self.link.send({"op": "pdb", "kind": "close", "text": text})
+        debug_link.close_for("pdb", self.link)
+        self.link = None
 
 
 def _breakpoint(*args, **kwargs) -> None:
-    debugger = _attach()
+    frame = sys._getframe(1)
+    visual = cell_debugger.active_here()
+    if visual is not None:  # JupyterLab's debugger runs this cell: stop there
+        visual.set_trace_here(frame)
+        return
+    session = _Session()
+    debugger = session.attach()
     if debugger is None:
         print(f"rank {_RANK}: breakpoint() skipped, no notebook attached within {ACCEPT_S:g} s", file=sys.stderr)
         return
-    debugger.set_trace(sys._getframe(1))
+    debugger.set_trace(frame)
 
 
-def post_mortem() -> str:
-    """Debug the last exception a cell raised on this rank (called from the notebook)."""
+def post_mortem(link: debug_wire.LinkAddress | None = None) -> str:
+    """Debug the last exception a cell raised on this rank (called from the notebook, which
+    says where its hub is: the cell that raised may have told another)."""
     tb = getattr(sys, "last_traceback", None)
     if tb is None:
         return "no exception to debug on this rank (a cell that raised leaves one)"
-    debugger = _attach()
+    if link is not None:
+        debug_link.configure(link, _RANK)
+    session = _Session()
+    debugger = session.attach()
     if debugger is None:
         return "the notebook did not attach"
     value = getattr(sys, "last_value", None)
     if value is not None:
         debugger.message(f"post-mortem: {type(value).__name__}: {value}")
-    debugger.reset()
-    debugger.interaction(None, tb)
-    debugger.close()
+    debugger.ended = True  # the session ends with this interaction, whatever command ends it
+    try:
+        debugger.reset()
+        debugger.interaction(None, tb)
+    finally:
+        session.close(debugger._terminal.taken())
     return "ok"

@@ -1,12 +1,9 @@
 """A rank's place in a Ray cluster: the actor that holds one rank process (rank side).
 
-``%distrain start --launcher ray`` places one of these actors per rank in a placement
-group. The actor does not run the rank itself: it starts the same process the Slurm and
-SSH launchers start (the guard, ``workbench.engine.guard``, around an ipyparallel
-engine) as its child, so that every launcher's ranks are alike. The child is asked to
-end with the actor (``PR_SET_PDEATHSIG``): a killed actor, a dead node's raylet or a
-driver that went away takes its rank along. Plain standard library besides Ray.
-"""
+``%distrain start --launcher ray`` places one actor per rank; each starts the same guarded
+engine the Slurm and SSH launchers start (``workbench.engine.guard``) as its child, so every
+launcher's ranks are alike, and asks it to end with the actor (``PR_SET_PDEATHSIG``): a
+killed actor or a dead node takes its rank along. Plain standard library besides Ray."""
 
 from __future__ import annotations
 
@@ -16,6 +13,8 @@ import signal
 import socket
 import subprocess
 import sys
+
+from ..shared.wire import ENV_HOST_SLOT
 
 _PR_SET_PDEATHSIG = 1
 
@@ -39,7 +38,7 @@ class RankHost:
         # the engine's profile folder and the rank's own log, on this node's disk
         profile = env.get("IPP_PROFILE_DIR") or os.getcwd()
         os.makedirs(os.path.join(profile, "log"), exist_ok=True)
-        self.log = os.path.join(profile, "log", f"rank-slot{env.get('WORKBENCH_HOST_SLOT', '')}-{os.getpid()}.log")
+        self.log = os.path.join(profile, "log", f"rank-slot{env.get(ENV_HOST_SLOT, '')}-{os.getpid()}.log")
         with open(self.log, "ab") as out:
             # the thread that forks is the one whose end PDEATHSIG watches: Ray runs an actor's
             # constructor on the worker's main thread, which lives as long as the actor

@@ -1,19 +1,9 @@
 """``engine.report(step=..., loss=..., **metrics)``: a user's own loop into the same stream.
 
-A user who writes their training loop by hand (plain PyTorch, Accelerate, Lightning
-Fabric) gets the same dashboard and ``workbench.metrics()`` table with one call per step:
-the numbers they pass, plus what the workbench measures itself on this rank:
-
-- ``time_step_s``: wall time since this rank's previous report of the run, divided by the
-  steps between the two reports;
-- ``tps`` / ``samples_per_s``: ``tokens`` (or ``samples``) given, or counted from ``batch``
-  (its first tensor's elements and first dimension, as the workbench's trainer counts), over
-  that same wall time; so ``tokens`` means "processed since the previous report";
-- memory: RSS/USS on CPU, the CUDA allocator's counters on GPU (torchtitan's names);
-- ``comm``: the collectives this rank ran since its previous report.
-
-A number the caller passes wins over the measured one of the same name.
-"""
+A hand-written loop (plain PyTorch, Accelerate, Lightning Fabric) gets the dashboard and
+``workbench.metrics()`` with one call per step: its numbers plus what the trainer measures
+the same way here (step time, throughput, memory, collectives; docs/other-trainers.md). A
+number the caller passes wins over the measured one of the same name."""
 
 from __future__ import annotations
 

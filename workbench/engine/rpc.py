@@ -1,26 +1,31 @@
-"""Every call the notebook makes on the ranks that is more than a trainer flag: typed requests.
+"""Every call the notebook makes on the ranks, as typed requests: this file is the whole protocol.
 
-The notebook builds a frozen request and applies :func:`handle` on the ranks
-(``rs.apply(rpc.handle, rpc.SaveCheckpoint(root, tag=...))``); each request's ``run`` is
-the rank-side half, so no notebook module is ever imported on a rank and no rank function
-is called by name with positional arguments. Nothing here imports torch at module level:
-the notebook imports this module to build requests. The reply each request returns is
-a frozen dataclass of :mod:`workbench.shared.replies` (pure, so the notebook unpickles it
-without torch), named in each request's ``run``; a request that only acts replies None.
-Trainer flags (pause, start, set) go through
-:mod:`workbench.engine.control`.
-"""
+The notebook applies :func:`handle` with a frozen request (``rs.apply(rpc.handle,
+rpc.SaveCheckpoint(root, tag=...))``; through the broadcast tree wrapped in :func:`fanned`)
+whose ``run`` is the rank-side half, so no notebook module is imported on a rank and no rank
+function is called by name. Replies are frozen dataclasses of :mod:`workbench.shared.replies`
+or plain data; nothing here imports torch at module level, so the notebook can unpickle and
+build both without it. Trainer flags go through :mod:`workbench.engine.control`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from ..shared import replies
+from ..shared import debug_wire, replies
 
 
 def handle(request):
     """Runs on a rank: carry out ``request`` and return its reply."""
     return request.run()
+
+
+def fanned(fn, *args, **kwargs):
+    """Runs on a rank for a call sent through the broadcast tree: ``fn`` (:func:`handle`, or the
+    user's function of ``api.apply``) as ``(published, error, value)``, never raising there."""
+    from . import fanout
+
+    return fanout.run(fn, *args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- cells
@@ -29,15 +34,39 @@ class RunCell:
     """A ``%%distrain`` cell's code, run in the rank's user namespace (``cell_runner``).
 
     What the cell prints, displays, returns and raises arrives as the request's IOPub
-    messages, as from an execute request; the reply counts them.
+    messages, as from an execute request; the reply counts them. ``debug``: see
+    :class:`~workbench.shared.debug_wire.CellDebug`.
     """
 
+    AS_CELL: ClassVar[bool] = True  # its error is an output message (as a cell's), not a raise
+
     code: str
+    debug: debug_wire.CellDebug | None = None  # the notebook's debug link, the cell's origin, breakpoints
+    limit: int | None = None  # characters each output stream passes on (the rest: the rank's log)
 
     def run(self) -> replies.CellRun:
         from . import cell_runner
 
-        return replies.CellRun(published=cell_runner.run(self.code))
+        return replies.CellRun(published=cell_runner.run(self.code, self.debug, self.limit))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadLog:
+    """``%distrain logs`` for a rank whose log file is not on the notebook's host: the rank
+    reads its own (``shared.rank_logs``)."""
+
+    tail: int | None = None
+    grep: str | None = None
+    limit: int = 1 << 20
+
+    def run(self) -> replies.LogExcerpt:
+        from ..shared import rank_logs
+        from . import rank_log
+
+        file = rank_log.current_path()
+        if file is None:
+            return replies.LogExcerpt("", 0, (), note="this rank keeps no log (started without a state folder)")
+        return rank_logs.read(file, tail=self.tail, grep=self.grep, limit=self.limit)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -107,7 +136,7 @@ class SetAutosave:
     root: str | None = None
     every: int | None = None
     keep: int = 3
-    async_: bool = True
+    async_: bool = False
 
     def run(self) -> None:
         from . import checkpoint_hooks
@@ -313,3 +342,413 @@ class Census:
             attention_evidence=probe.evidence() + (f"; HF attn_implementation={hf}" if hf else ""),
             model_config=config_dict(model_config_of(model)),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepare:
+    """Lay ``model_name``/``opt_name`` out with ``spec`` (``engine.prepare``; ``ProbeModel`` first),
+    rebind both and ``prepared`` in the rank's namespace; the reply is the new layout. A failure
+    is shown as a cell's, from here down (and kept for ``%distrain debug``); nothing is rebound."""
+
+    AS_CELL: ClassVar[bool] = True
+
+    model_name: str
+    opt_name: str
+    spec: dict
+    device_type: str
+    blocks: tuple[str, ...] | None = None
+
+    def run(self) -> replies.LayoutReply | None:
+        from IPython import get_ipython
+
+        from ..strategies import StrategySpec
+        from . import prepare
+        from .session import current_layout
+
+        shell = get_ipython()
+        ns = shell.user_ns
+        blocks = list(self.blocks) if self.blocks is not None else None
+        try:
+            spec = StrategySpec.from_dict(self.spec)
+            prepared = prepare(
+                ns[self.model_name], ns[self.opt_name], spec, mesh_device=self.device_type, blocks=blocks
+            )
+        except (Exception, KeyboardInterrupt):
+            shell.showtraceback()
+            return None
+        ns["prepared"] = prepared
+        ns[self.model_name], ns[self.opt_name] = prepared.model, prepared.optimizer
+        return replies.LayoutReply.from_dict(current_layout())
+
+
+# ----------------------------------------------------------------------------- the rank itself
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """Before the bootstrap: host, pid, launcher ranks, host slot, and this host's address on the
+    route to ``toward`` (the notebook), which other hosts reach the rank by."""
+
+    toward: str | None = None
+
+    def run(self) -> dict:
+        from . import runtime
+
+        return runtime.identity(self.toward)
+
+
+@dataclass(frozen=True)
+class FreePort:
+    """A TCP port free on this rank's host now (a rendezvous port for rank 0)."""
+
+    def run(self) -> int:
+        from . import runtime
+
+        return runtime.free_port()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bootstrap:
+    """Make this engine rank ``rank``: environment, threads, device, process group
+    (``runtime.bootstrap``); the reply is the rank's description (``runtime.describe``)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    backend: str
+    timeout_s: float
+    threads: int
+    gpu_ids: tuple[int, ...] | None = None
+    stack_dir: str | None = None
+    sys_path: tuple[str, ...] = ()
+    parent_pid: int | None = None  # the notebook: this rank ends with it (on its host)
+    also_end: tuple[int, ...] | None = None  # rank 0: the controller's pids, ended with it
+    pin_visible_gpu: bool = False
+    interface_addr: str | None = None
+    framework: str = "torch"
+    extra_env: dict | None = None
+    process_group: bool = True  # False: a lost replica's replacement (fault tolerance)
+    store_file: str | None = None
+
+    def run(self) -> dict:
+        from . import runtime
+
+        return runtime.bootstrap(**vars(self))
+
+
+@dataclass(frozen=True)
+class BootstrapEach:
+    """One request for a large set, through the broadcast tree: each engine runs its own
+    :class:`Bootstrap` from ``table`` (engine id -> request)."""
+
+    table: dict
+
+    def run(self) -> dict:
+        from IPython import get_ipython
+
+        return self.table[get_ipython().kernel.engine_id].run()
+
+
+@dataclass(frozen=True)
+class LeaveGroup:
+    """Destroy this rank's process group, so that peers blocked in a collective with it fail at
+    once (a straggler's release); True where there was a group."""
+
+    def run(self) -> bool:
+        from . import runtime
+
+        return runtime.leave_group()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RejoinGroup:
+    """A new default process group, same ranks, rendezvous at ``master_port`` (after
+    :class:`LeaveGroup` on every rank); the reply is the rank's description."""
+
+    master_port: int
+
+    def run(self) -> dict:
+        from . import runtime
+
+        return runtime.rejoin_group(self.master_port)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rehome:
+    """From now on this rank ends with process ``owner_pid`` (``detach``: the keeper; ``attach``:
+    the kernel that took the set back)."""
+
+    owner_pid: int
+
+    def run(self) -> dict:
+        from . import runtime
+
+        return runtime.rehome(self.owner_pid)
+
+
+@dataclass(frozen=True)
+class SetNames:
+    """``%distrain push`` through the broadcast tree (a direct view pushes itself); build it with
+    :meth:`of`, which sends a notebook's functions and classes by value as ipyparallel's push does."""
+
+    namespace: dict
+
+    @classmethod
+    def of(cls, namespace: dict) -> SetNames:
+        from types import FunctionType
+
+        from ipyparallel.serialize import can
+
+        return cls({k: can(v) if isinstance(v, (FunctionType, type)) else v for k, v in namespace.items()})
+
+    def run(self) -> None:
+        from . import fanout
+
+        fanout.set_names(self.namespace)
+
+
+@dataclass(frozen=True)
+class GetName:
+    """``%distrain pull`` through the broadcast tree: ``name``'s value in the rank's namespace."""
+
+    name: str
+
+    def run(self) -> Any:
+        from . import fanout
+
+        return fanout.get_name(self.name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedDirStep:
+    """One step of the check that every host shares ``folder`` (``engine.shared_dir``): rank 0
+    leaves ``token`` ("leave", replies its host), every rank looks for it and leaves its own
+    ("answer", replies what it saw), rank 0 lists the ranks it sees ("collect")."""
+
+    step: str
+    folder: str
+    token: str
+    world_size: int = 0
+
+    def run(self) -> str | dict | list:
+        from . import runtime, shared_dir
+
+        if self.step == "leave":
+            return shared_dir.leave_token(self.folder, self.token)
+        if self.step == "answer":
+            return shared_dir.see_and_answer(self.folder, self.token, runtime.context().rank)
+        if self.step == "collect":
+            return shared_dir.collect(self.folder, self.token, self.world_size)
+        raise ValueError(f"unknown shared-folder step {self.step!r}: leave, answer, collect")
+
+
+# ----------------------------------------------------------------------------- runs: the trainer
+@dataclass(frozen=True, kw_only=True)
+class BuildTeachingTrainer:
+    """The teaching trainer (``control.build_default``: a GPT preset on the bundled text) under
+    ``strategy``; ``options``: its batch size, learning rate and trainer settings."""
+
+    strategy: str = "ddp"
+    model: str = "tiny"
+    options: dict = field(default_factory=dict)
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.build_default(self.strategy, model=self.model, **self.options))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartTraining:
+    """Run ``steps`` more steps of this rank's trainer in the background."""
+
+    steps: int
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.start(self.steps))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlTraining:
+    """``action``: pause (with ``reason``), resume or stop, at the step every rank agrees on."""
+
+    action: str
+    reason: str = ""
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.request(self.action, self.reason))
+
+
+@dataclass(frozen=True)
+class TrainerStatus:
+    """This rank's trainer state ("none" where none was built)."""
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.status())
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageHparams:
+    """Check and hold hyperparameter changes under change ``version`` (:class:`CommitTrainer` applies them)."""
+
+    version: int
+    values: dict
+
+    def run(self) -> replies.StagedHparams:
+        from . import control
+
+        return replies.StagedHparams(values=control.stage(self.version, dict(self.values)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class InjectFault:
+    """Fault drill: a NaN/Inf loss or (``oom``) a simulated out-of-memory at ``step`` on this rank."""
+
+    kind: str = "nan"
+    step: int | None = None
+
+    def run(self) -> replies.TrainerState:
+        from . import control
+
+        return replies.TrainerState.from_dict(control.inject(self.kind, self.step))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LargestSize:
+    """The most ranks, at most ``room``, the teaching trainer runs ``strategy`` on (a lost host)."""
+
+    strategy: str
+    room: int
+    batch_size: int | None = None
+
+    def run(self) -> replies.Size:
+        from . import control
+
+        return replies.Size(n=int(control.largest_size(self.strategy, self.room, self.batch_size)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndOfRun:
+    """Wait (at most ``timeout``) until nothing of run ``run_id`` still works on this rank: its
+    training thread has ended and a background save has been written. "Finished" is final only
+    then: a run's thread sends its last events and may still be saving after it says so."""
+
+    run_id: str
+    timeout: float = 30.0
+
+    def run(self) -> replies.RunEnded:
+        import concurrent.futures
+        import time
+
+        from . import fault_tolerant, runtime, trainer
+        from .checkpoint import save
+
+        deadline = time.monotonic() + self.timeout
+        rank = runtime.context().rank if runtime._CONTEXT else 0
+        ended, state = True, "none"
+        t, ft = trainer._CURRENT, fault_tolerant._CURRENT
+        if t is not None and t.run == self.run_id:
+            ended, state = t.ended(self.timeout), t.state
+        elif ft is not None and ft.run == self.run_id:
+            ft._thread.join(self.timeout)
+            ended, state = not ft._thread.is_alive(), ft.state
+        if ended:
+            try:
+                save.wait(max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                ended = False
+            except Exception:  # a failed save is reported by itself (the auto-save's log line); it is over
+                pass
+        return replies.RunEnded(rank=rank, ended=ended, state=state)
+
+
+# ----------------------------------------------------------------------------- runs: torchft replicas
+@dataclass(frozen=True, kw_only=True)
+class StartFaultTolerant:
+    """Build this rank's member of a fault-tolerant run from the notebook's ``plan``; with ``begin``
+    start stepping at once (else :class:`BeginFaultTolerant` does, once every member is built)."""
+
+    plan: dict
+    begin: bool = True
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.start(dict(self.plan), begin=self.begin))
+
+
+@dataclass(frozen=True)
+class BeginFaultTolerant:
+    """Start stepping the member :class:`StartFaultTolerant` built."""
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.begin())
+
+
+@dataclass(frozen=True)
+class FaultTolerantStatus:
+    """This rank's member of the fault-tolerant run ("none" where it has none)."""
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.status())
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopFaultTolerantAt:
+    """End the member's loop after ``step`` (the same step on every rank: ``train stop``)."""
+
+    step: int
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.stop_at(self.step))
+
+
+@dataclass(frozen=True)
+class FinishWithoutLostReplica:
+    """A lost replica will not be back (its replacement failed): take the last step without it."""
+
+    def run(self) -> replies.ReplicaMember:
+        from . import fault_tolerant
+
+        return replies.ReplicaMember.from_dict(fault_tolerant.finish_alone())
+
+
+# ----------------------------------------------------------------------------- the event stream, the debugger
+@dataclass(frozen=True)
+class ConnectStream:
+    """Point this rank's event stream at the collector listening at ``address`` (its HMAC ``key``
+    arrives over ipyparallel's signed channel)."""
+
+    address: str
+    key: bytes
+
+    def run(self) -> None:
+        from . import publisher
+
+        publisher.connect(self.address, key=self.key)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostMortem:
+    """pdb post-mortem on this rank's last exception (``%distrain debug``), over the rank set's
+    debug ``link`` (the cell that raised may have named another); the reply says how it ended."""
+
+    link: debug_wire.LinkAddress | None = None
+
+    def run(self) -> str:
+        from . import rank_debug
+
+        return rank_debug.post_mortem(self.link)

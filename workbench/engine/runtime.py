@@ -1,14 +1,9 @@
 """Rank bootstrap: environment, threads, device and the default process group.
 
-Runs inside each rank process (an ipyparallel engine). The notebook side calls
-:func:`bootstrap` once per rank, concurrently on every rank, because
-``init_process_group`` is a rendezvous. Everything the rest of the engine needs
-(rank, world size, device) is kept in one :class:`RankContext` so that nothing
-else has to read environment variables.
-
-Environment variables are set *before* torch is imported so that
-``OMP_NUM_THREADS`` and ``CUDA_VISIBLE_DEVICES`` take effect.
-"""
+The notebook calls :func:`bootstrap` on every rank at once (``init_process_group`` is a
+rendezvous). What the rest of the engine needs (rank, world size, device) is kept in one
+:class:`RankContext`, so nothing else reads environment variables; they are set before torch
+is imported, so that ``OMP_NUM_THREADS`` and ``CUDA_VISIBLE_DEVICES`` take effect."""
 
 from __future__ import annotations
 
@@ -19,6 +14,8 @@ import signal
 import socket
 import sys
 import time
+
+from ..shared.wire import ENV_HOST_SLOT, LARGE_LOCAL_FROM
 
 _CONTEXT: RankContext | None = None
 _STACK_FILE = None
@@ -68,7 +65,7 @@ def identity(toward: str | None = None) -> dict:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((toward, 9))  # a route lookup: no packet is sent
             addr = s.getsockname()[0]
-    slot = os.environ.get("WORKBENCH_HOST_SLOT")
+    slot = os.environ.get(ENV_HOST_SLOT)
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -142,9 +139,9 @@ def bootstrap(
     Returns :func:`describe` of the new context. Raises if the process group is
     already initialised (a rank set is bootstrapped once; restart makes new ranks).
     ``process_group=False``: a rank that replaces a lost replica of a fault-tolerant run
-    (``notebook.fault_tolerance``); the set's process group cannot take a new member, and the
+    (``notebook.runs.fault_tolerant``); the set's process group cannot take a new member, and the
     run talks over its replica's own groups. ``store_file``: the group meets in a file store
-    there (a large set on one host, :data:`LARGE_LOCAL_FROM`) instead of rank 0's TCP store.
+    there (a large set on one host, ``wire.LARGE_LOCAL_FROM``) instead of rank 0's TCP store.
     """
     global _CONTEXT
     env = {
@@ -181,12 +178,14 @@ def bootstrap(
         _install_stack_dump(stack_dir, rank)
         from . import rank_debug
 
-        rank_debug.install(os.path.join(os.path.dirname(stack_dir), "debug"), rank)
+        rank_debug.install(rank)
     if parent_pid:
         _exit_with_parent(parent_pid, also_end or [])
     from .cell_runner import lighten_kernel
 
     lighten_kernel()
+    if stack_dir:
+        _keep_records(os.path.dirname(stack_dir), rank, framework)
     if framework == "jax":
         from . import jax_runtime
 
@@ -263,29 +262,15 @@ def bootstrap(
     return describe(with_memory=False)
 
 
-def bootstrap_engine(table: dict[int, dict]) -> dict:
-    """:func:`bootstrap` with this engine's own arguments from ``table`` (engine id -> keyword
-    arguments): one request through the broadcast tree starts a large set, not one per rank."""
-    from IPython import get_ipython
-
-    return bootstrap(**table[get_ipython().kernel.engine_id])
-
-
 STORE_POLL_S = 0.005
-# ranks from which a set starts as large sets do: gloo pairs connected on first use
-# (lazy_gloo), and on one host a file store instead of rank 0's TCP store: torch's TCP store
-# client and server name each connection's address by a reverse DNS lookup (of ::ffff:127.0.0.1
-# here), and with tens of them at once some wait out the resolver's 5 s timeout, the server's
-# one thread blocked meanwhile for every rank (64 ranks: 5-10 s; a file store: 0.3 s)
-LARGE_LOCAL_FROM = 32
 
 
 def lazy_gloo(backend: str, world_size: int) -> bool:
     """From ``LARGE_LOCAL_FROM`` ranks, gloo connects a pair of ranks when they first talk
     (``TORCH_GLOO_LAZY_INIT``), not all pairs at start: at 64 ranks the full mesh is 2,016
-    connections and 4,032 reads of rank 0's store, each answered by its one store thread,
-    ~5-10 s of a start on 2 cores (benchmarks/FINDINGS.md). Smaller sets connect at start as
-    before; a setting of the user's own is kept. True where lazy connection is in force."""
+    connections and 4,032 reads of rank 0's store, each answered by its one store thread
+    (benchmarks/FINDINGS.md). Smaller sets connect every pair at start; a setting of the
+    user's own is kept. True where lazy connection is in force."""
     if backend != "gloo" or world_size < LARGE_LOCAL_FROM:
         return os.environ.get("TORCH_GLOO_LAZY_INIT") == "1"
     os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
@@ -297,10 +282,10 @@ def await_store(addr: str, port: int, timeout_s: float) -> bool:
 
     A rank whose first connection to the store is refused backs off for about half a
     second before it tries again (torch's TCPStore client): rank 0 binds the store only
-    when its own bootstrap runs, a few milliseconds after the others' at times, and that
-    half second was most of the process group's start. Probing every few milliseconds
+    when its own bootstrap runs, at times a few milliseconds after the others', and that
+    half second would be most of the process group's start: probing every few milliseconds
     first, the group forms in tens of milliseconds. On a timeout the process group's own
-    connect reports the failure, as before.
+    connect reports the failure.
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -374,7 +359,7 @@ def _exit_with_parent(parent_pid: int, also_end: list[int]) -> None:
             return False
 
     def nanny() -> list[int]:
-        # ipyparallel's nanny (this engine's child) would outlive us by ~3.5 s, telling a
+        # ipyparallel's nanny (this engine's child) would outlive us by seconds, telling a
         # controller that is already gone
         try:
             return [c.pid for c in psutil.Process().children() if "ipyparallel.engine.nanny" in " ".join(c.cmdline())]
@@ -425,6 +410,18 @@ def _install_stack_dump(stack_dir: str, rank: int) -> None:
     faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
 
 
+def _keep_records(folder: str, rank: int, framework: str) -> None:
+    """This rank's output log and, on torch, its collective flight record, in the set's ``folder``."""
+    from . import rank_log
+
+    rank_log.install(os.path.join(folder, "logs"), rank)
+    if framework == "torch":
+        from . import comm_timing, flight_record
+
+        flight_record.install(os.path.join(folder, "flight"), rank)
+        comm_timing.install()
+
+
 def context() -> RankContext:
     """The bootstrapped context; a clear error where the rank set was not started."""
     if _CONTEXT is None:
@@ -438,7 +435,7 @@ def context() -> RankContext:
 def describe(with_memory: bool = True) -> dict:
     """Status of this rank as a plain dict (sent to the notebook). ``with_memory=False`` at
     start-up: the notebook reads the ranks' memory itself, and USS means a walk of the rank's
-    page tables (~20-70 ms a rank, most of a 64-rank set's bootstrap CPU past the group)."""
+    page tables, most of a large set's bootstrap CPU past the group (benchmarks/FINDINGS.md)."""
     ctx = context()
     info = dataclasses.asdict(ctx)
     if with_memory:
@@ -556,4 +553,7 @@ def rejoin_group(master_port: int) -> dict:
         **kwargs,
     )
     _CONTEXT = dataclasses.replace(ctx, master_port=master_port)
+    from . import flight_record
+
+    flight_record.forget_groups()  # the new group's collectives count from 1 on every rank
     return describe(with_memory=False)

@@ -1,24 +1,9 @@
 """Supervised fine-tuning data from local files: chat-templated, prompt-masked, optionally packed.
 
-``sft_dataset(path, tokenizer)`` reads local JSON, JSONL or Parquet with ``datasets`` (no
-hub: ``data_files=`` only), each row either ``{"messages": [{"role", "content"}, ...]}`` or
-``{"prompt": ..., "completion": ...}`` (a user turn and an assistant turn), renders it with
-the tokenizer's chat template, and labels only the assistant turns: every prompt token's
-label is -100, so the loss is the answers'. The tokenizer is a local folder
-(``AutoTokenizer.from_pretrained(folder)``) or a tokenizer object.
-
-Packing (``pack=True``) concatenates whole examples, in file order, into rows of
-``max_len`` tokens. Each example's ``position_ids`` start again at 0, and the batch has no
-``attention_mask`` and ``use_cache=False``: ``transformers`` then builds a block-diagonal
-causal mask from the position ids, so no token attends across examples (the same logits
-as each example alone), and the first token of each example is never a target of the
-previous one. Unpacked rows are padded to the batch's longest (labels -100 on padding).
-
-The result is a map-style ``Dataset``: ``Trainer(data=ds, batch_size=B, collate_fn=ds.collate)``
-shards it over the data-parallel ranks and resumes it exactly from a checkpoint
-(:class:`~workbench.engine.data_sources.DatasetSource`). Every rank tokenizes the whole
-file (deterministic: the same rows in the same order on every rank).
-"""
+``sft_dataset(path, tokenizer)`` reads local JSON, JSONL or Parquet (no hub), renders each
+row with the tokenizer's chat template and labels only the assistant turns, so the loss is
+the answers'. The result is a map-style ``Dataset`` the trainer shards and resumes exactly;
+the row forms and packing are in docs/finetune.md."""
 
 from __future__ import annotations
 
@@ -109,7 +94,13 @@ def tokenize_chat(tokenizer, msgs: list[dict], *, chat_template: str | None = No
 
 
 class SFTDataset(torch.utils.data.Dataset):
-    """Tokenized, prompt-masked examples (or packed rows of them); see the module doc."""
+    """Tokenized, prompt-masked examples, or packed rows of them.
+
+    Packed: whole examples in file order fill rows of ``max_len``, each example's
+    ``position_ids`` starting at 0 and no ``attention_mask``, so ``transformers`` builds a
+    block-diagonal causal mask and no token attends across examples. Unpacked rows are
+    padded to the batch's longest, labels -100 on padding. Every rank tokenizes the whole
+    file alike, so the rows are the same everywhere."""
 
     def __init__(
         self,

@@ -1,13 +1,10 @@
 """Two-phase changes to a running trainer, the same step on every rank.
 
-A change (new hyperparameters, an auto-save hook put on or taken off) must take effect at
-one step on every rank: a hook added on one rank a step before another would make that
-rank save alone and wait for the others forever. So the notebook stages the change on
-every rank under one new version (a refusal on any rank commits nothing), then commits
-the version; the trainer agrees on the highest committed version with its step flags and
-runs every change up to it on its training thread, in order. Plain Python (no torch), so
-the notebook can import :func:`change_on_ranks`.
-"""
+A change (new hyperparameters, an auto-save hook on or off) must take effect at one step on
+every rank, or one rank would save alone and wait for the others forever: the notebook
+stages it on every rank under a new version (a refusal anywhere commits nothing), then
+commits; the trainer agrees on the highest committed version with its step flags. Plain
+Python (no torch), so the notebook can import :func:`change_on_ranks`."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """Per-step measurements on a rank: phase clocks, memory, throughput and MFU.
 
-Kept apart from the trainer so that a user's own loop (``engine.report``) and the
-trainer measure the same way, and so the costs are visible in one place: a phase clock
-is two ``perf_counter`` calls on CPU; on GPU the host clock would see only kernel launches
-(forward would look free and the optimizer would take the blame), so the clock records a
-CUDA event at each phase boundary and reads them once, at the step's end (one wait per
-step where a synchronise per phase would stall the launch queue at every phase); reading
-CPU memory is cheap for RSS (``/proc/self/statm``) but USS walks the page tables, so
-USS (and ``malloc_trim``, which returns freed heap to the OS so that RSS means
-something) runs at most every ``interval`` seconds (default 5): reading USS of a
-450 MB rank costs ~13 ms of CPU, which every 10 steps of a 100 ms step was a 1-3% tax.
-"""
+Kept apart from the trainer so that a user's own loop (``engine.report``) and the trainer
+measure the same way, and so what each measurement costs the step is seen in one place."""
 
 from __future__ import annotations
 
@@ -40,6 +31,8 @@ class PhaseClock:
     """
 
     def __init__(self, new_event=None):
+        # on GPU the host clock would see only kernel launches (forward would look free and the
+        # optimizer take the blame); one wait per step at resolve, not one per phase
         self.new_event = new_event
         self.seconds: dict[str, float] = {}
         self.spans: list[tuple[str, float, float]] = []
@@ -121,7 +114,11 @@ def _rss_bytes() -> int:
 
 
 class MemoryProbe:
-    """Memory metrics of this rank, torchtitan names on GPU, RSS/USS on CPU."""
+    """Memory metrics of this rank, torchtitan names on GPU, RSS/USS on CPU.
+
+    RSS is cheap (``/proc/self/statm``); USS walks the page tables, so it (and
+    ``malloc_trim``, which returns freed heap to the OS so that RSS means something) runs at
+    most every ``interval`` seconds."""
 
     def __init__(self, device: str, interval: float = 5.0):
         self.cuda = device.startswith("cuda")

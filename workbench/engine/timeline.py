@@ -1,26 +1,9 @@
 """The per-rank timeline of recent steps: when each phase and collective ran inside a step.
 
-The trainer already clocks every step (``telemetry.PhaseClock``: data, forward, backward,
-optimizer; on GPU from CUDA events at the phase boundaries, read at the step's end, so a
-span is device time) and every collective it sees (``comm_timing``: Python-called collectives with their
-start and end; DDP's bucket all-reduces from the reducer's own clock). This keeps those
-as spans for the last ``KEEP`` steps, so the notebook can draw a Gantt chart per rank
-(``%distrain timeline``) without any extra cost on the step path beyond a list append.
-
-A record (plain dict, version 1)::
-
-    {"version": 1, "run", "rank", "step", "wall_start": epoch s, "duration": s,
-     "spans": [{"name", "lane": "phase" | "comm", "start": s, "end": s, "wait": bool}],
-     "notes": [str]}   # what the spans cannot show (a collective no wrapper sees)
-
-``start``/``end`` are seconds from the step's start. Lanes: ``phase`` holds the trainer's
-phases and ``agreement`` (the wait for the ranks' per-step flag and loss exchange);
-``comm`` holds collectives by kind. ``wait`` marks time the rank sat blocked: synchronous
-collectives, the agreement, and DDP's exposed all-reduce (the part of the bucket
-all-reduces after backward compute ended). DDP's reducer gives durations, not start
-times: its span is placed to end where backward ended, its exposed part last.
-Ranks on one host share ``time.time()``; across hosts, steps are aligned by their clocks.
-"""
+The trainer already clocks every phase (``telemetry.PhaseClock``) and every collective it
+sees (``comm_timing``); this keeps them as spans for the last ``KEEP`` steps, so the
+notebook can draw a Gantt chart per rank (``%distrain timeline``) at the cost of a list
+append on the step path."""
 
 from __future__ import annotations
 
@@ -47,8 +30,8 @@ def _on_gc(phase: str, info: dict) -> None:
 
 
 def watch_gc() -> None:
-    """Record Python's garbage collections (a gen-2 pass over an engine's heap takes ~10 ms
-    and lands anywhere in a step; without it that time is unexplained on the timeline)."""
+    """Record Python's garbage collections (a gen-2 pass over an engine's heap lands anywhere
+    in a step; without it that time is unexplained on the timeline)."""
     if _on_gc not in gc.callbacks:
         gc.callbacks.append(_on_gc)
 
@@ -56,7 +39,14 @@ def watch_gc() -> None:
 def record(*, run: str, rank: int, step: int, t0: float, t1: float, phases, comm, ddp=None) -> dict:
     """Keep one step's spans. ``t0``/``t1``: the step's ``perf_counter`` bounds; ``phases``:
     ``(name, start, end)``; ``comm``: ``(kind, start, end, blocking)`` (only those inside the
-    step are kept); ``ddp``: ``(comm_s, exposed_s, rebuilt)`` of DDP's reducer for this step, or None."""
+    step are kept); ``ddp``: ``(comm_s, exposed_s, rebuilt)`` of DDP's reducer for this step, or None.
+
+    The record (a plain dict, ``TIMELINE_VERSION``): ``run``, ``rank``, ``step``, ``wall_start``
+    (epoch s), ``duration`` and ``spans`` of ``{name, lane, start, end, wait}``, seconds from the
+    step's start, plus ``notes`` (what the spans cannot show). Lane ``phase``: the trainer's
+    phases and ``agreement``; lane ``comm``: collectives by kind. ``wait`` marks time the rank
+    sat blocked. DDP's reducer gives durations only: its span ends where backward ended, the
+    exposed part last. Ranks on one host share ``time.time()``; across hosts, clocks align steps."""
     wall_start = time.time() - (time.perf_counter() - t0)
     spans = [
         {"name": name, "lane": "phase", "start": a - t0, "end": b - t0, "wait": name == "agreement"}

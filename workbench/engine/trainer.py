@@ -1,38 +1,10 @@
 """The training loop on a rank: runs in a background thread, obeys pause/resume/stop/set.
 
-Why a thread: an ipyparallel engine answers one request at a time, so a loop run as a
-cell would leave the notebook unable to pause it, change the learning rate or even ask
-for status. The loop runs beside the engine's main thread; the notebook's control calls
-land on the main thread and only flip flags.
-
-Why the ranks agree every step: a pause that reached rank 0 before rank 1 must still stop
-both at the same step (DDP/FSDP collectives would otherwise mismatch and hang). Each
-rank's :class:`.agreement.Flags` (stop, pause, version, reason, ...) go into one exchange per step with
-its loss, posted before backward and collected before the optimizer step
-(:mod:`.agreement`: shared memory where the ranks share a host, else a private gloo
-group); every rank acts on the same result at the next step. A command that reaches the
-ranks after the running step's row was posted is thus acted on a step later: the price
-of not stalling every step on an agreement of its own (a blocking all-reduce cost 2-3 ms
-of a ~50 ms step on 2 CPU ranks; see ``benchmarks/telemetry_bench.py``). Being a maximum,
-a request from ANY rank wins everywhere: a step hook on one rank (the checkpoint
-package's loss-divergence guard) can pause the whole run. Pauses the trainer decides
-itself (non-finite loss, spike) come from the agreed loss, so every rank takes them at
-once. A paused run, and a ``Prepared`` with its own ``train_step``, agree on the flags
-alone before each step. Its cost is measured per step as ``time_control_s``.
-
-A step (``Prepared`` whose ``train_step`` is the plain one, or a plain model +
-optimizer) is split into data / forward / backward / optimizer phases so each is timed;
-gradient accumulation skips gradient sync on all but the last micro-batch; gradients
-are clipped (``grad_clip``, default 1.0; the norm before clipping is ``grad_norm``).
-A non-finite loss or gradient norm skips the optimizer step and pauses (every rank sees
-the same averaged loss and norm, so every rank decides the same); a loss above
-``spike_factor`` times the median of the last ``spike_window`` losses pauses after the
-step. The reason is kept in ``trainer.reason`` and sent as a status event.
-
-The trainer announces itself, its steps and its state changes to the rank's
-:mod:`.listeners` (auto-save subscribes there); changes staged from the notebook go
-through :mod:`.staging`.
-"""
+An ipyparallel engine answers one request at a time, so a loop run as a cell would leave the
+notebook unable to pause it or even ask for its status: the loop runs beside the engine's
+main thread, where control calls only flip flags. The ranks agree on those flags with the
+loss once a step (:mod:`.agreement`), overlapping backward rather than stalling the step, so
+a command is acted on at the same step on every rank, at worst one step later."""
 
 from __future__ import annotations
 
@@ -70,6 +42,8 @@ REASONS = {
     3: "non-finite loss or gradient",
     4: "out of memory on a rank (its report is in its status)",
 }
+ENDED = ("finished", "stopped", "error")  # states after which the training thread only ends
+ENDING_S = 10.0  # how long a new start waits for the thread of a run that ended to be gone (its last flush)
 _CURRENT: Trainer | None = None
 _LAST_RUN_MS = [0]  # rank 0: the last run id handed out, in ms
 
@@ -82,7 +56,7 @@ class TrainerConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     spike_factor: float = 10.0  # pause when loss > factor * median of the recent window
     spike_window: int = 20
-    memory_interval_s: float = 5.0  # seconds between USS reads (malloc_trim + page walk, ~13 ms CPU)
+    memory_interval_s: float = 5.0  # seconds between USS reads (malloc_trim + a page-table walk)
     pause_poll_s: float = 0.05  # how often paused ranks re-check their flags
 
 
@@ -101,6 +75,13 @@ class Trainer:
     another shape is refused before any rank changes. Build one on every rank (its
     constructor agrees on a run id with the others), then ``start(steps)``; from the
     notebook ``%distrain train start --steps N``.
+
+    Each step is timed by phase (data, forward, backward, optimizer); gradients are clipped
+    (``grad_clip``). A non-finite loss or gradient norm skips the optimizer step and pauses
+    every rank (they agree on the averaged loss, so all decide alike); a loss above
+    ``spike_factor`` times the median of the last ``spike_window`` pauses after the step.
+    The reason is kept in ``trainer.reason``; listeners (:mod:`.listeners`, auto-save among
+    them) hear of the steps and state changes.
     """
 
     def __init__(
@@ -339,7 +320,14 @@ class Trainer:
     # ------------------------------------------------------------- running
     def start(self, steps: int) -> dict:
         """Run ``steps`` more steps in the background; returns at once."""
+        if self._thread is not None and self._thread.is_alive() and self.state in ENDED:
+            self._thread.join(ENDING_S)  # its loop is over: only its last events are still on their way
         if self._thread is not None and self._thread.is_alive():
+            if self.state in ENDED:
+                raise RuntimeError(
+                    f"rank {self.rank}: the run {self.run} {self.state} at step {self.step}, and its training "
+                    f"thread has not ended {ENDING_S:g} s later (a listener of its end is still busy); try again"
+                )
             raise RuntimeError(
                 f"rank {self.rank}: training is already {self.state} at step {self.step}: "
                 "pause/resume/stop it, or wait for it to finish"
@@ -378,6 +366,13 @@ class Trainer:
         if self._thread is not None:
             self._thread.join(timeout)
         return self.status()
+
+    def ended(self, timeout: float | None = None) -> bool:
+        """True once the training thread has ended (waiting at most ``timeout``): the run's state
+        is final and its last events were handed to the stream."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.looping
 
     def status(self) -> dict:
         return {
@@ -627,7 +622,7 @@ class Trainer:
     def _decomposed(self, clock, step: int, inject):
         """Forward/backward per micro-batch, clip, optimizer step; returns the numbers."""
         model, opt, accum = self.model, self.optimizer, self.config.grad_accum
-        if not self._settled:  # once per (re)start: ~1 ms of Python a step on a small model
+        if not self._settled:  # once per (re)start, not every step (benchmarks/FINDINGS.md)
             with clock.phase("setup"):
                 if self.prepared is not None:
                     self.prepared.check()
@@ -637,7 +632,7 @@ class Trainer:
                 self._settled = True
         elif not model.training:  # a hook switched to eval and did not switch back
             model.train()
-        with clock.phase("zero_grad"):  # its first call also sets up the optimizer's hooks (~10 ms)
+        with clock.phase("zero_grad"):  # its first call also sets up the optimizer's hooks
             opt.zero_grad(set_to_none=True)
         total = 0.0
         tokens = samples = 0
@@ -724,6 +719,6 @@ def current() -> Trainer:
     if _CURRENT is None:
         raise RuntimeError(
             f"rank {runtime.context().rank}: no trainer on this rank: build one in a %%distrain "
-            "cell (Trainer(prepared, data=...)) or `%distrain train start --model tiny`"
+            "cell (Trainer(prepared, data=...)) or `%distrain train start --gpt tiny`"
         )
     return _CURRENT

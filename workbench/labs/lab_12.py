@@ -1,13 +1,10 @@
 """Lab 12 (training across a slow link): a second "host" joined to this one by a shaped link,
 and the checks of the bytes and seconds that DDP, LocalSGD and DiLoCo measured on it.
 
-:class:`SlowLink` (notebook side) makes a network namespace and a veth pair whose two ends
-are rate-limited by ``tc`` (``tbf``; ``netem`` adds delay where the kernel has it); its
-counters are the bytes on the wire. :func:`on_host` (rank side) moves the calling thread's
-network into the namespace, so the sockets a rank opens there (gloo's, torchft's) reach the
-other rank through the link. A watchdog process removes the namespace and the veth when the
-link is closed or the kernel that made it dies, whichever comes first. Never imports torch.
-"""
+:class:`SlowLink` (notebook side) is a network namespace and a ``tc``-shaped veth pair whose
+counters are the bytes on the wire; :func:`on_host` (rank side) moves a rank's sockets into
+the namespace. A watchdog process removes both when the link is closed or the kernel that
+made it dies. Never imports torch."""
 
 from __future__ import annotations
 
@@ -54,7 +51,9 @@ class SlowLink:
     """Two hosts: this one (the ``here`` end, ``addr_here``) and network namespace ``netns``
     (the ``there`` end, ``addr_there``), joined by a veth pair shaped to ``mbit`` Mbit/s each
     way, plus ``delay_ms`` each way where the kernel has ``netem`` (else ``delay_ms`` is 0 and
-    ``delay_error`` says what ``tc`` answered)."""
+    ``delay_error`` says what ``tc`` answered). Both ends are rate-limited by ``tc``'s
+    ``tbf``; a watchdog process removes the namespace and the veth when the link is closed or
+    the kernel that made it dies, whichever comes first."""
 
     def __init__(self, mbit: float = 16.0, delay_ms: float = 5.0):
         self.mbit, self.delay_ms, self.delay_error = mbit, delay_ms, None
@@ -194,7 +193,7 @@ def on_host(netns: str | None, gloo_interface: str | None = None):
 
     Sockets opened inside stay there after the block (a socket belongs to the namespace it
     was made in); threads started inside inherit it. Both are restored after the block, so
-    the workbench's own groups made later bind as before. Rank side; needs root."""
+    the workbench's own groups made later bind where they did outside it. Rank side; needs root."""
     with _gloo_interface(gloo_interface):
         if netns is None:
             yield

@@ -1,13 +1,9 @@
 """The student version of a lab: each solution region becomes a marked blank (notebook side).
 
-Instructor notebooks use nbgrader's markers: a code cell tagged ``solution`` (its
-``metadata.tags``) holds ``### BEGIN SOLUTION`` / ``### END SOLUTION`` lines around the
-answer; check cells are tagged ``tests`` and stay as they are. A region made only of
-assignments (``my_dim = 1``) becomes ``my_dim = ...  # YOUR ANSWER HERE`` for each name, so the
-cell still runs and the check after it says what is missing; any other region becomes
-nbgrader's ``# YOUR CODE HERE`` and ``raise NotImplementedError("exercise: ...")``, the
-exercise text taken from the region's first line when that is a comment.
-"""
+Instructor notebooks use nbgrader's markers: a code cell tagged ``solution`` holds
+``### BEGIN SOLUTION`` / ``### END SOLUTION`` around the answer; check cells are tagged
+``tests`` and stay as they are. A blanked cell still runs, so the check after it can say
+what is missing."""
 
 from __future__ import annotations
 
@@ -98,7 +94,11 @@ def _exercise(body_lines: list[str]) -> str:
 
 
 def blank_cell(source: str, where: str) -> tuple[str, list[tuple[str, tuple[str, ...], str]]]:
-    """The cell source with every region blanked, and (kind, names, exercise) per region."""
+    """The cell source with every region blanked, and (kind, names, exercise) per region.
+
+    A region made only of assignments (``my_dim = 1``) becomes ``my_dim = ...  # YOUR ANSWER
+    HERE`` for each name; any other becomes nbgrader's ``# YOUR CODE HERE`` and ``raise
+    NotImplementedError("exercise: ...")``, the exercise taken from its first line's comment."""
     lines = source.split("\n")
     regions = _regions(source, where)
     if not regions:

@@ -13,8 +13,9 @@ import signal
 import socket
 import time
 
+from ..engine import rpc
 from ..notebook import registry
-from ..notebook.cluster import health
+from ..notebook.cluster import culprit, health
 from ..notebook.cluster.diagnosis import main_frames, where
 
 TRAINER_ACTIONS = ("pause", "resume", "stop")
@@ -66,10 +67,12 @@ def interrupt(monitor, entry: dict, ranks=None) -> dict:
 
 
 def stacks(monitor, entry: dict, ranks=None, wait: float = 2.0) -> dict:
-    """rank -> where it is now (innermost frame of the cell's thread) and its frames."""
+    """rank -> where it is now (innermost frame of the cell's thread) and its frames; ``culprit``:
+    the conclusion (who waits in which collective, for whom) from the ranks' flight records."""
     folder = entry["stack_dir"]
     sizes: dict[int, int] = {}
     out: dict[int, dict] = {}
+    dumps: dict[int, str] = {}
     for r in _selected(entry, ranks):
         rank, pid = r["rank"], r["pid"]
         if not _local(entry, r):
@@ -97,27 +100,28 @@ def stacks(monitor, entry: dict, ranks=None, wait: float = 2.0) -> dict:
                     fh.seek(sizes.pop(rank))
                     text = fh.read().strip()
                 out[rank] = {"where": where(text), "frames": main_frames(text)[:12]}
+                dumps[rank] = text
     for rank in sizes:
         out[rank] = {"where": "no stack arrived (the rank did not answer SIGUSR1 in time)", "frames": []}
-    return {"stacks": {str(k): out[k] for k in sorted(out)}}
+    places = {rank: culprit.place_of(dumps.get(rank) or out[rank]["where"]) for rank in out}
+    records = culprit.read_records(os.path.join(os.path.dirname(folder), "flight"), sorted(places))
+    verdict = culprit.conclude(records, places, len(entry["ranks"]))
+    return {"stacks": {str(k): out[k] for k in sorted(out)}, "culprit": verdict.text}
 
 
 def trainer(monitor, entry: dict, action: str, ranks=None, timeout: float = 5.0) -> dict:
     """pause / resume / stop the ranks' trainer through the controller.
 
-    The request runs as a small cell on the ranks; when they are busy running a cell it
-    would wait behind it, so after ``timeout`` it is withdrawn and refused instead.
+    The request (``rpc.ControlTraining``) waits behind a cell the ranks are running, so after
+    ``timeout`` it is withdrawn and refused instead.
     """
     if action not in TRAINER_ACTIONS:
         raise ActionError(f"unknown trainer action {action!r}: use one of {', '.join(TRAINER_ACTIONS)}")
     eids = [r["engine_id"] for r in _selected(entry, ranks)]
-    code = (
-        "import workbench.engine.control as _wb_control\n"
-        f"_wb_control.request({action!r}, 'requested from the JupyterLab sidebar')"
-    )
+    request = rpc.ControlTraining(action=action, reason="requested from the JupyterLab sidebar")
 
     def run(client):
-        ar = client[eids].execute(code, block=False)
+        ar = client[eids].apply_async(rpc.handle, request)
         if not ar.wait(timeout):
             client.abort(ar.msg_ids)
             return None

@@ -295,8 +295,9 @@ class Monitor:
                 "stopped_by",
                 "job_id",
                 "detached",  # held by a keeper process that outlives its kernel (%distrain detach)
-                "supervisor_pid",
+                "keeper_pid",
                 "name",
+                "run",  # the session's current run: id, kind, state, its status head line
             )
         }
         out["notebook_path"] = self._relative(entry.get("notebook"))

@@ -144,8 +144,8 @@ class GPT(nn.Module):
         # Non-persistent: recomputed, never checkpointed, never sharded.
         self.register_buffer("rope", precompute_rope(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False)
         # A constant every rank computes alike: DDP need not broadcast it from rank 0 before
-        # every forward, which it does for any buffer (measured: 0.5-2 ms of a ~42 ms CPU step
-        # of a small model on 2 gloo ranks). DDP reads this attribute of the module it wraps.
+        # every forward, which it does for any buffer (a visible share of a small step:
+        # benchmarks/FINDINGS.md). DDP reads this attribute of the module it wraps.
         self._ddp_params_and_buffers_to_ignore = ("rope",)
         self.init_weights()
 

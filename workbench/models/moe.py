@@ -1,16 +1,9 @@
 """Mixture-of-experts GPT: top-k router, capacity dropping, load-balancing loss, and
 expert parallelism over ``all_to_all_single``.
 
-References
-- GShard (Lepikhin et al. 2020, arXiv:2006.16668): top-2 gating, expert capacity, dropped
-  tokens riding the residual, auxiliary loss ``l_aux = E * sum_e f_e * P_e``.
-- Switch Transformer (Fedus et al. 2021, arXiv:2101.03961, eq. 4-6): the same loss with
-  ``f_e`` the fraction of tokens dispatched to expert ``e`` and ``P_e`` the mean router
-  probability for ``e``; minimised (value 1) by a uniform routing.
-
-Here ``f_e`` counts all k assignments of each token (divided by k), so the loss is also 1
-at perfect balance for top-k.
-"""
+GShard (Lepikhin et al. 2020, arXiv:2006.16668): top-2 gating, expert capacity, dropped
+tokens riding the residual. Switch Transformer (Fedus et al. 2021, arXiv:2101.03961, eq.
+4-6): the auxiliary loss ``E * sum_e f_e * P_e``, 1 under uniform routing."""
 
 from __future__ import annotations
 
@@ -29,7 +22,9 @@ __all__ = ["Router", "MoE", "MoEGPT", "route", "expert_parallel", "load_balancin
 def load_balancing_loss(probs: torch.Tensor, expert_idx: torch.Tensor, n_experts: int) -> torch.Tensor:
     """Switch/GShard auxiliary loss ``E * sum_e f_e * P_e`` (1.0 when perfectly balanced).
 
-    probs: ``[T, E]`` router softmax; expert_idx: ``[T, k]`` chosen experts.
+    probs: ``[T, E]`` router softmax; expert_idx: ``[T, k]`` chosen experts. ``f_e`` counts
+    all k assignments of each token (divided by k), so the loss is 1 at perfect balance for
+    top-k too; ``P_e`` is the mean router probability of expert ``e``.
     """
     k = expert_idx.shape[1]
     counts = torch.zeros(n_experts, device=probs.device, dtype=probs.dtype)

@@ -2,7 +2,7 @@
 
 Everything ``%distrain`` does is a call here, so the same steps work from a script
 or a plain Python cell: ``workbench.start(4)``, ``workbench.run("...")``,
-``workbench.stop()``. Several named sets may run at once (``start(2, name="ddp")``,
+``workbench.stop()``. Several named sets may run at once (``start(2, session="ddp")``,
 ``use("ddp")``); what one session keeps lives in its :class:`~.session.Session`.
 """
 
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import atexit
 
+from ..shared import output_cut
 from ..shared.nccl import nccl_env
 from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
 from .cluster.cell import GRACE_S, run_cell
+from .keywords import refuse
 from .session import DEFAULT, KERNEL, Session
 
 
@@ -32,7 +34,7 @@ def on(event: str, fn) -> None:
 
 def _others(but: str | None) -> str:
     others = [n for n in KERNEL.running() if n != but]
-    return f"; running: {', '.join(others)} (`%distrain use NAME`)" if others else ""
+    return f"; running: {', '.join(others)} (`%distrain use --session NAME`)" if others else ""
 
 
 def current() -> RankSet:
@@ -62,12 +64,12 @@ def is_running() -> bool:
     return sess is not None and sess.running
 
 
-def session(name: str | None = None) -> Session:
+def session(name: str | None = None, /) -> Session:
     """The session named ``name`` (default: the current one)."""
     if name is None:
         sess = KERNEL.current()
         if sess is None:
-            raise NotRunning("no session yet: start one with `%distrain start -n 2 [--name NAME]`")
+            raise NotRunning("no session yet: start one with `%distrain start -n 2 [--session NAME]`")
         return sess
     return KERNEL.get(name)
 
@@ -77,10 +79,13 @@ def sessions() -> dict[str, Session]:
     return dict(KERNEL.by_name)
 
 
-def use(name: str) -> Session:
-    """Make the session ``name`` current (``%distrain use NAME``)."""
-    sess = KERNEL.get(name)
-    KERNEL.current_name = name
+def use(session: str | None = None, **earlier) -> Session:
+    """Make the session named ``session`` current (``%distrain use --session NAME``)."""
+    refuse("workbench.use", earlier, {"name": "session"})
+    if session is None:
+        raise TypeError("workbench.use(session=NAME): name the session to make current")
+    sess = KERNEL.get(session)
+    KERNEL.current_name = session
     return sess
 
 
@@ -89,7 +94,7 @@ def start(
     *,
     backend: str = "auto",
     launcher: str = "local",
-    timeout: float = 300.0,
+    collective_timeout: float = 300.0,
     threads: int | None = None,
     launcher_options: dict | None = None,
     profile_dir: str | None = None,
@@ -101,15 +106,17 @@ def start(
     slurm=None,
     ray=None,
     progress=None,
-    name: str | None = None,
+    session: str | None = None,
     framework: str = "torch",
     nccl: str | None = None,
     nccl_preset: str | None = None,
+    **earlier,
 ) -> RankSet:
     """Start ``n`` ranks and initialise their process group (blocks until ready).
 
-    ``name``: a session of its own beside the others (default: the current session's
-    name, or ``"default"``); the new set becomes current. ``launcher="slurm"`` with
+    ``session``: a session of its own beside the others (default: the current session's
+    name, or ``"default"``); the new set becomes current. ``collective_timeout``: seconds a
+    collective on the ranks may take before torch raises. ``launcher="slurm"`` with
     ``slurm=SlurmRequest(...)`` submits one job; ``"ssh"`` with ``hosts="a:2,b:2"``
     spans hosts; ``"ray"`` with ``ray=RayRequest(address=..., cpus_per_rank=...)`` places
     the ranks in a Ray cluster's placement group. ``nccl="ALGO=Ring,PROTO=Simple"`` /
@@ -119,13 +126,15 @@ def start(
     waits in the queue. ``framework="jax"``: the ranks initialise ``jax.distributed`` instead
     of ``torch.distributed`` (and never import torch).
     """
+    refuse("workbench.start", earlier, {"name": "session", "timeout": "collective_timeout"})
+    name = session
     if name is not None and (not isinstance(name, str) or not name.isidentifier()):
         raise ValueError(f"a session name is a word of letters, digits and _ (like ddp or fsdp_tp), got {name!r}")
     config = RankSetConfig(
         n=n,
         backend=backend,
         launcher=launcher,
-        timeout=timeout,
+        timeout=collective_timeout,
         threads=threads,
         launcher_options=launcher_options or {},
         profile_dir=profile_dir,
@@ -146,17 +155,16 @@ def start(
         if taken is not None and taken.running:
             raise AlreadyRunning(
                 f"{taken.rankset.world_size} ranks are already running: use `%distrain restart -n {n}` "
-                "to replace them, `%distrain stop` first, or `--name NAME` for a second set beside them"
+                "to replace them, `%distrain stop` first, or `--session NAME` for a second set beside them"
             )
     taken = KERNEL.by_name.get(name)
     if taken is not None and taken.running:
         raise AlreadyRunning(
             f"a rank set named {name!r} is already running ({taken.rankset.world_size} ranks): "
-            f"pick another --name, or `%distrain stop --name {name}` first"
+            f"pick another --session, or `%distrain stop --session {name}` first"
         )
     new = name not in KERNEL.by_name
     sess = KERNEL.add(name)
-    sess.own_folder = name != DEFAULT
     try:
         return _launch(sess, config, progress)
     except BaseException:
@@ -171,41 +179,41 @@ def _launch(sess: Session, config: RankSetConfig, progress=None) -> RankSet:
     KERNEL.make_current(sess)  # stop() from another thread cancels a start queued meanwhile
 
     def created(rs):
-        sess.starting = rs
+        sess.ranks.starting = rs
         rs.on_queue = lambda js: [fn(rs, js) for fn in KERNEL.listeners["queued"]]
 
     try:
         rs = RankSet.start(config, progress=progress, on_created=created)
     except BaseException:
         KERNEL.pinned, KERNEL.current_name = previous
-        if sess.starting is not None:
+        if sess.ranks.starting is not None:
             for fn in KERNEL.listeners["abandoned"]:
                 try:
-                    fn(sess.starting)
+                    fn(sess.ranks.starting)
                 except Exception:
                     pass
         raise
     finally:
-        sess.starting = None
-    sess.rankset, sess.started_run = rs, None
+        sess.ranks.starting = None
+    sess.ranks.rankset = rs
     for fn in KERNEL.listeners["started"]:
         fn(rs)
     return rs
 
 
-def stop(name: str | None = None) -> list[int]:
-    """Stop the current session's ranks (or those of ``name``); the others keep running.
-
-    Returns pids that could not be ended (normally none)."""
-    sess = KERNEL.current() if name is None else KERNEL.get(name)
+def stop(session: str | None = None, **earlier) -> list[int]:
+    """Stop the current session's ranks (or those of the session named ``session``); the others keep
+    running. Returns pids that could not be ended (normally none)."""
+    refuse("workbench.stop", earlier, {"name": "session"})
+    sess = KERNEL.current() if session is None else KERNEL.get(session)
     return _stop_session(sess)
 
 
 def _stop_session(sess: Session | None) -> list[int]:
     if sess is None:
         return []
-    if sess.starting is not None:  # still starting (queued): cancel the job, stop what started
-        sess.starting.cancel()
+    if sess.ranks.starting is not None:  # still starting (queued): cancel the job, stop what started
+        sess.ranks.starting.cancel()
     rs = sess.rankset
     if rs is None:
         return []
@@ -214,20 +222,49 @@ def _stop_session(sess: Session | None) -> list[int]:
             fn(rs)
         except Exception:
             pass
-    sess.rankset = None
+    sess.ranks.rankset = None
     return rs.stop()
 
 
-def restart(n: int | None = None, *, of: Session | None = None, **overrides) -> RankSet:
+def hold(sess: Session, rankset: RankSet) -> None:
+    """``rankset``, running and handed over from another process (``attach``, a keeper), is
+    ``sess``'s now; it becomes current."""
+    sess.ranks.rankset = rankset
+    KERNEL.make_current(sess)
+
+
+def let_go(sess: Session) -> None:
+    """This process holds ``sess``'s set no more (another one does): forgotten here, not stopped."""
+    sess.ranks.rankset = None
+    KERNEL.forget(sess)
+
+
+def restart(
+    n: int | None = None,
+    *,
+    session: str | None = None,
+    backend: str | None = None,
+    collective_timeout: float | None = None,
+    hosts: str | None = None,
+    of: Session | None = None,
+    **earlier,
+) -> RankSet:
     """Stop the ranks (dead or alive) and start a new set with the same settings, or ``n`` ranks.
 
-    ``of``: the session to restart (default the current one; a recovery names its own)."""
+    ``session``: the session to restart (default the current one); ``of``: that session itself
+    (a recovery names its own). ``hosts``: ssh hosts to start on (default the same, less lost ones).
+    ``workbench.restart(n, load=...)`` (:mod:`.restart`) also repeats the setup and loads a checkpoint.
+    """
+    refuse("workbench.restart", earlier, {"timeout": "collective_timeout"})
+    if session is not None:
+        of = KERNEL.get(session)
     sess = of if of is not None else KERNEL.current()
     if sess is None or sess.rankset is None:
         raise NotRunning("there is nothing to restart: start ranks with `%distrain start -n 2`")
     import dataclasses
 
     config = sess.rankset.config
+    overrides = {"backend": backend, "timeout": collective_timeout, "hosts": hosts}
     changes = {k: v for k, v in overrides.items() if v is not None}
     if n is not None:
         changes["n"] = n
@@ -271,28 +308,40 @@ def run(
     display: bool = True,
     stream: bool | None = None,
     grace: float = GRACE_S,
-    on: str | None = None,
+    session: str | None = None,
     group: bool | None = None,
+    output: int | None = output_cut.DEFAULT_LIMIT,
+    **earlier,
 ):
     """Run a cell on the ranks; output per rank in rank order (see ``cluster.cell``).
 
+    ``timeout``: seconds to wait before the cell is reported stuck (the ranks go on running it).
     ``grace``: when a rank fails while others still run, the seconds they get to
-    finish before they are interrupted (0: at once). ``on``: the session to run on
+    finish before they are interrupted (0: at once). ``session``: the session to run on
     (default the current one), without making it current. ``group``: True shows
     identical output of several ranks once under ``[ranks 0-13,15]``, False one block
-    per rank; None groups past ``cluster.grouping.GROUP_PAST`` ranks.
+    per rank; None groups past ``cluster.grouping.GROUP_PAST`` ranks. ``output``: about the
+    most characters of printed output shown, all ranks together (a head and a tail of each
+    rank's, and what was cut; None: all); every line is in the ranks' logs (``logs``).
     """
+    refuse("workbench.run", earlier, {"on": "session"})
     if grace is None or grace < 0:
         raise ValueError(f"grace must be 0 or more seconds, got {grace!r}")
-    rs = current() if on is None else running_set(on)
-    return run_cell(rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group)
+    if output is not None and (isinstance(output, bool) or not isinstance(output, int) or output <= 0):
+        raise ValueError(f"output must be a number of characters (> 0) or None for all of it, got {output!r}")
+    rs = current() if session is None else running_set(session)
+    return run_cell(
+        rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group, output=output
+    )
 
 
 def running_set(name: str) -> RankSet:
     """The running rank set of the session ``name`` (it stays not current)."""
     sess = KERNEL.get(name)
     if not sess.running:
-        raise NotRunning(f"the rank set {name!r} is not running: `%distrain start -n 2 --name {name}`" + _others(name))
+        raise NotRunning(
+            f"the rank set {name!r} is not running: `%distrain start -n 2 --session {name}`" + _others(name)
+        )
     return sess.rankset
 
 

@@ -1,7 +1,8 @@
 """Notebook-side checkpoint API (what ``%distrain ckpt`` calls). Imports no torch.
 
 Every collective step runs on all ranks through :meth:`RankSet.apply`; pure file
-operations (list, delete, resolve) run here in the notebook.
+operations (list, delete, resolve) run here in the notebook. Owns the session's
+``checkpoints`` part (its folder and auto-save settings).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ __all__ = [
     "export",
     "wait",
     "autosave",
-    "resume",
     "get_dir",
     "set_dir",
     "describe_save",
@@ -62,8 +62,8 @@ def set_dir(path: str) -> str:
     sess = session.current()
     if sess is None:
         return catalog.set_default_dir(path)
-    sess.checkpoint_root = os.path.abspath(os.path.expanduser(path))
-    return sess.checkpoint_root
+    sess.checkpoints.root = os.path.abspath(os.path.expanduser(path))
+    return sess.checkpoints.root
 
 
 def save(
@@ -130,7 +130,7 @@ def load(
     All or nothing: the ranks verify the files first and apply nothing unless every rank has
     read its part. A damaged checkpoint raises :class:`DamagedCheckpoint` naming each bad
     file, the rank that reads it, what is wrong and the newest good checkpoint; with
-    ``skip_damaged`` (``resume``, the NaN rollback) the newest good one is loaded instead
+    ``skip_damaged`` (``restart --load``, the NaN rollback) the newest good one is loaded instead
     and ``info["skipped"]`` says what was passed over. ``at_most`` (with ``latest``): the
     newest good checkpoint of that step or an earlier one (a recovery's, see ``recovery``).
     """
@@ -192,7 +192,7 @@ def _load_on_ranks(rs, folder: str, model_only: bool) -> builtins.list[replies.L
             f"{exc}\nThe load of {os.path.basename(folder)} did not complete. The checkpoint is applied only once "
             "every rank has read its part, so each surviving rank holds either its old state or the whole "
             "checkpoint, never a mix; but the ranks no longer form a group: a restart is needed "
-            "(`%distrain restart --resume`).",
+            "(`%distrain restart --load`).",
             deaths=exc.deaths,
         ) from None
 
@@ -319,13 +319,16 @@ def export(
     return reply.to_dict()
 
 
-def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str | None = None, rankset=None):
-    """Save every ``every`` steps (from ``checkpoint_hooks.step_done`` or the trainer's hook)."""
+def autosave(every: int | None, *, keep: int = 3, async_: bool = False, root: str | None = None, rankset=None):
+    """Save every ``every`` steps (from ``checkpoint_hooks.step_done`` or the trainer's hook); each save
+    is written before training goes on unless ``async_`` (as :func:`save`)."""
     from . import session
 
     rs = _rs(rankset)
     sess = session.of(rs)
-    sess.autosave = None if not every else {"every": every, "keep": keep, "async_": async_, "root": get_dir(root)}
+    sess.checkpoints.autosave = (
+        None if not every else {"every": every, "keep": keep, "async_": async_, "root": get_dir(root)}
+    )
     if not every:
         rs.apply(rpc.handle, rpc.SetAutosave())
     else:
@@ -335,70 +338,37 @@ def autosave(every: int | None, *, keep: int = 3, async_: bool = True, root: str
     version = max(r.version for r in rs.apply(rpc.handle, rpc.NextVersion()))
     if any(r.staged for r in rs.apply(rpc.handle, rpc.StageAutosave(version=version))):
         rs.apply(rpc.handle, rpc.CommitTrainer(version=version))
-    return sess.autosave
+    return sess.checkpoints.autosave
 
 
-def resume(
-    setup=None, which: str | int = "latest", *, n: int | None = None, root: str | None = None, **restart_options
-) -> dict:
-    """Restart the ranks (dead or alive), rebuild the model with ``setup``, load ``which``.
-
-    ``setup``: code (str) run on every rank as a cell, or a function called here in the
-    notebook after the restart (e.g. ``lambda: workbench.notebook.training.setup("ddp")``); it
-    must build the model on every rank (``checkpoint_hooks.track(...)``, a Trainer, or
-    ``engine.prepare``). Remembered for the next resume. Without one, the latest
-    ``workbench.notebook.training.setup`` (``train start --model ...``) is repeated.
-    ``restart_options``: ``backend=``, ``timeout=`` for :func:`workbench.notebook.api.restart`.
-    """
-    from . import api
-
-    which = "latest" if which is None else which
-    return resume_session(api.session(), setup, which, n=n, root=root, **restart_options)
+def autosave_again(sess, rankset) -> None:
+    """The session's auto-save on its new ranks (a restart), as it was set."""
+    again = sess.checkpoints.autosave
+    if again:
+        autosave(again["every"], keep=again["keep"], async_=again["async_"], root=again["root"], rankset=rankset)
 
 
-def resume_session(
-    sess, setup=None, which: str | int | None = "latest", *, n=None, root=None, before_load=None, **restart_options
-) -> dict:
-    """:func:`resume` for the session ``sess`` (a recovery's, current or not).
+def forget_autosave(sess) -> None:
+    """The session saves no more by itself (its ranks' hook was removed, or they are gone)."""
+    sess.checkpoints.autosave = None
 
-    ``which=None``: restart and set up without loading (nothing was saved yet).
-    ``before_load(rankset)`` is called once the setup ran, before the load; a step it returns
-    bounds the checkpoint loaded (``load(at_most=)``: the newest good one at that step or before).
-    """
-    from . import api
-    from .setup_recipe import last_setup
 
-    setup = setup if setup is not None else sess.resume_setup or last_setup(sess)
-    if setup is None:
-        raise ValueError(
-            "resume needs the setup that builds the model and calls checkpoint_hooks.track(...): "
-            "workbench.notebook.checkpoints.resume(setup_code) or `%distrain ckpt resume --setup VAR` "
-            "(or build the trainer with `%distrain train start --model tiny` first)"
-        )
-    root = os.path.abspath(os.path.expanduser(root)) if root else sess.checkpoint_dir
-    latest = which in ("", "latest")
-    if which is not None:
-        try:  # refuse before restarting when there is nothing to load
-            catalog.resolve(root, which)
-        except DamagedCheckpoint:
-            if not (latest and catalog.entries(root)):
-                raise
-    sess.resume_setup = setup
-    rs = api.restart(n, of=sess, **restart_options)
-    if isinstance(setup, str):
-        api.run(setup, display=False)
-    else:
-        setup()
-    if sess.autosave:
-        again = sess.autosave
-        autosave(again["every"], keep=again["keep"], async_=again["async_"], root=again["root"], rankset=rs)
-    at_most = before_load(rs) if before_load is not None else None
-    if which is None:
-        info = {"name": None, "step": 0}
-    else:  # `latest`: the newest good one
-        info = load(which, root=root, skip_damaged=latest, rankset=rs, at_most=at_most if latest else None)
-    info["restarted"] = rs.world_size
-    return info
+def carry(sess) -> dict:
+    """The checkpoints part as it travels to another process (``detach``)."""
+    return {"autosave": sess.checkpoints.autosave, "root": sess.checkpoints.root}
+
+
+def take(sess, carried: dict) -> None:
+    sess.checkpoints.autosave = carried["autosave"]
+    sess.checkpoints.root = carried["root"]
+
+
+def resume(*args, **kwargs):
+    """Refused: ``workbench.restart(n, load=..., setup=...)`` is the one way back from a checkpoint."""
+    raise TypeError(
+        "workbench.ckpt.resume(...) is now workbench.restart(n, load='latest', setup=..., dir=...) "
+        "(`%distrain restart --load`); nothing was done"
+    )
 
 
 def describe_save(info: dict) -> str:

@@ -1,25 +1,11 @@
-"""``%distrain detach`` / ``attach`` / ``stop --name`` of a detached set: a session moved between processes.
+"""``%distrain detach`` / ``attach`` / ``stop --session`` of a detached set: a session moved between processes.
 
-A detached set is held by a keeper process (:mod:`workbench.notebook.keeper`) that outlives
-the kernel; ``attach`` from any later kernel takes it back. Either way one process gives the
-session and another takes it, in the same steps (:func:`give`, :func:`take`):
-
-1. the taker binds a paused event collector (batches wait in its socket);
-2. the giver makes the set end with the taker (each rank's watch, the controller's owner
-   file: ``cluster.adoption.rehome``), points the ranks' event stream at the taker's
-   collector, reads what was still on its way, and closes its own;
-3. the giver sends the session: the rank set's pids/addresses, the event store (its window,
-   thinned series and Parquet history folder), the setup recipe and a recovery's setup
-   (code, or a function by value with cloudpickle), auto-save, the failure budget's state
-   and the open trackers (their runs stay open); it lets go of the set without stopping it;
-4. the taker rebuilds the set on its own client, opens the trackers again on the store it
-   got, starts reading into it, and starts the failure budget's supervisor again with the
-   recoveries it had used.
-
-A training run on the ranks never notices: its trainer thread emits into a queue the whole
-time, and the switch of stream moves no event twice (the store drops duplicates) or nowhere.
-Owner files are the Lab registry's entries of the keepers (``"detached": true``).
-"""
+A keeper process (:mod:`.keeper`) holds a detached set past its kernel; ``attach`` takes it back.
+Either way the giver re-points the ranks' watch and event stream at the taker, reads what was
+still on its way, and sends the session part by part as each owner packs it (:func:`give`); the
+taker rebuilds the set on its own client and watches the run on (:func:`take`). A run on the
+ranks never notices: its trainer emits into a queue the whole time, and no event moves twice or
+nowhere."""
 
 from __future__ import annotations
 
@@ -32,10 +18,10 @@ import time
 
 from ..shared.errors import NotRunning, WorkbenchError
 from . import api, registry, session
+from .keywords import refuse
+from .session import KERNEL, Session
 
-FIELDS = ("setup_recipe", "autosave", "checkpoint_root", "own_folder", "marks", "started_run", "hangs")
 HANDOFF_TIMEOUT_S = 900.0  # a keeper finishing a recovery before it hands the set over
-RECOVERY_WAIT_S = 600.0
 _KEEPERS: dict[int, subprocess.Popen] = {}  # keepers this process started: reaped when they end
 
 
@@ -47,7 +33,7 @@ class DetachError(WorkbenchError):
 def _packed_setup(setup):
     """A recovery's setup as it travels: the code itself, a function pickled by value
     (cloudpickle: a notebook's function has no module to import it from), or None (none, or the
-    recorded ``train setup``'s own, which the recipe repeats). Raises :class:`DetachError`."""
+    recorded ``workbench.train.setup(...)``'s own, which the recipe repeats). Raises :class:`DetachError`."""
     if setup is None or isinstance(setup, str) or getattr(setup, "from_recipe", False):
         return setup if isinstance(setup, str) else None
     instead = (
@@ -88,54 +74,31 @@ def _unpacked_setup(packed, notes: list[str]):
     except Exception as exc:
         notes.append(
             f"the recovery setup (a function) could not be loaded in this process: {type(exc).__name__}: {exc}; "
-            "a recovery repeats the recorded `train setup` if there is one"
+            "a recovery repeats the recorded workbench.train.setup(...) if there is one"
         )
         return None
-
-
-def _settle_supervisor(sess) -> dict | None:
-    """Stop the failure budget's supervisor of ``sess`` (a recovery under way finishes first:
-    the set it starts is the one handed over); what the taker needs to start it again, or None."""
-    sup, sess.supervisor = sess.supervisor, None
-    if sup is None:
-        return None
-    active = not sup.done.is_set()
-    sup.close()
-    sup.join(RECOVERY_WAIT_S)
-    if not active or sup.state == "gave up":
-        return None
-    return {
-        "run": sup.run,
-        "target": sup.target,
-        "max_failures": sup.max_failures,
-        "failures": sup.failures,
-        "step_timeout": sup.step_timeout,
-    }
 
 
 def give(sess, pid: int, address: str, key: bytes) -> dict:
     """Hand ``sess``'s running set to process ``pid``, whose collector listens at ``address``;
     returns the session's state for it. This process holds the set no more afterwards."""
-    from ..engine import publisher
+    from ..engine import rpc
+    from . import checkpoints, runs, setup_recipe, stream
     from .cluster import adoption
 
-    setup = _packed_setup(sess.resume_setup)  # refused here: nothing was changed yet
-    recovery = _settle_supervisor(sess)
-    if sess.watchdog is not None:
-        sess.watchdog.close()
-        sess.watchdog = None
+    _packed_setup(sess.setup.given)  # refused here: nothing was changed yet
+    run = runs.carry(sess)  # a recovery under way finishes first: the set it starts is the one handed over
     rs = sess.rankset
     if rs is None or not rs.running:
         raise NotRunning(f"the rank set {sess.name!r} is not running (its recovery failed): nothing to hand over")
     adoption.rehome(rs, pid)
     live = [r for r in range(rs.world_size) if r not in rs.watcher.known()]
     if live:
-        rs.apply(publisher.connect, address, key=key, ranks=live, timeout=30)
-    if sess.collector is not None and sess.collector_of is rs:
-        sess.collector.drain()
+        rs.apply(rpc.handle, rpc.ConnectStream(address, key), ranks=live, timeout=30)
+    stream.drain(sess)
     store = sess.store
     carried = []
-    if sess.trackers:
+    if sess.trackers.by_kind:
         from . import trackers
 
         carried = trackers.carry(sess)  # every row the old stream took was offered to them first
@@ -148,64 +111,39 @@ def give(sess, pid: int, address: str, key: bytes) -> dict:
         "name": sess.name,
         "rankset": adoption.export(rs),
         "store": store,
-        "fields": {k: getattr(sess, k) for k in FIELDS},
-        "resume_setup": setup,
-        "recovery": recovery,
+        "setup": setup_recipe.carry(sess, _packed_setup),
+        "checkpoints": checkpoints.carry(sess),
+        "run": run,
         "trackers": carried,
     }
     adoption.release(rs)
-    _forget(sess)
+    api.let_go(sess)
     return state
-
-
-def _forget(sess) -> None:
-    kernel = session.KERNEL
-    if kernel.by_name.get(sess.name) is sess:
-        del kernel.by_name[sess.name]
-    if kernel.current_name == sess.name:
-        kernel.current_name = None
-    sess.rankset = sess.collector = sess.collector_of = None
 
 
 def take(state: dict, collector) -> session.Session:
     """Hold the set ``state`` describes in this process, reading its stream with ``collector``."""
-    from . import stream, training
+    from . import checkpoints, runs, setup_recipe, stream
     from .cluster import adoption
 
     rs = adoption.adopt(state["rankset"])
-    kernel = session.KERNEL
-    sess = kernel.add(state["name"])
-    for k, v in state["fields"].items():
-        setattr(sess, k, v)
+    sess = session.KERNEL.add(state["name"])
     notes: list[str] = []
-    sess.resume_setup = _unpacked_setup(state["resume_setup"], notes)
+    setup_recipe.take(sess, state["setup"], lambda packed: _unpacked_setup(packed, notes))
+    checkpoints.take(sess, state["checkpoints"])
     store = state["store"] if state["store"] is not None else stream.new_store(sess)
-    sess.rankset, sess.store = rs, store
-    sess.collector, sess.collector_of = collector, rs
+    api.hold(sess, rs)
+    stream.take(sess, collector, rs, store)
     if state.get("trackers"):
         from . import trackers
 
         notes += trackers.resume(sess, state["trackers"])  # before the store takes a new row
-    sess.handoff_notes = notes
+    sess.handoff.notes = notes
     for note in notes:
         print(note)  # the keeper's log, or the attaching kernel
     collector.begin(store)
-    kernel.make_current(sess)
     registry.announce(rs)
-    rec = state.get("recovery")
-    if rec is not None:
-        from . import recovery
-
-        sess.supervisor = recovery.Supervisor(
-            sess,
-            rec["run"],
-            rec["target"],
-            rec["max_failures"],
-            step_timeout=rec["step_timeout"],
-            on_hang=training._on_hang,
-            stop_run=lambda rs: training.stop(rankset=rs),
-        )
-        sess.supervisor.failures = rec["failures"]
+    runs.take(sess, state["run"])
     return sess
 
 
@@ -223,7 +161,7 @@ def _listing(sets: dict[str, dict]) -> str:
     if not sets:
         return "there are no detached sets (`%distrain detach` makes one)"
     return "the detached sets are: " + ", ".join(
-        f"{n} ({e.get('world_size')} ranks, keeper pid {e.get('supervisor_pid')})" for n, e in sorted(sets.items())
+        f"{n} ({e.get('world_size')} ranks, keeper pid {e.get('keeper_pid')})" for n, e in sorted(sets.items())
     )
 
 
@@ -242,7 +180,7 @@ def _call(entry: dict, request: dict, timeout: float = HANDOFF_TIMEOUT_S):
         conn = Client(ctl["address"], family="AF_UNIX", authkey=bytes.fromhex(ctl["key"]))
     except OSError as exc:
         raise DetachError(
-            f"the keeper of {entry['name']!r} (pid {entry.get('supervisor_pid')}) does not answer: {exc}"
+            f"the keeper of {entry['name']!r} (pid {entry.get('keeper_pid')}) does not answer: {exc}"
         ) from None
     with conn:
         conn.send(request)
@@ -255,15 +193,17 @@ def _call(entry: dict, request: dict, timeout: float = HANDOFF_TIMEOUT_S):
 
 
 # ------------------------------------------------------------------ the API behind the magics
-def detach(name: str | None = None) -> dict:
-    """Hand the set ``name`` (default: the current one) to a keeper process that outlives this
-    kernel; returns its owner entry. A run started with ``train start`` keeps training."""
-    sess = api.session(name) if name is not None else session.current()
+def detach(session: str | None = None, **earlier) -> dict:
+    """Hand the session named ``session`` (default: the current one) to a keeper process that outlives
+    this kernel; returns its owner entry. A run started with ``train start`` keeps training."""
+    refuse("workbench.detach", earlier, {"name": "session"})
+    name = session
+    sess = api.session(name) if name is not None else KERNEL.current()
     if sess is None or not sess.running:
         raise NotRunning(
             f"the rank set {sess.name!r} is not running: there is nothing to detach"
             if sess is not None
-            else "no ranks are running: there is nothing to detach (`%distrain start -n 2 --name NAME`)"
+            else "no ranks are running: there is nothing to detach (`%distrain start -n 2 --session NAME`)"
         )
     from .cluster import adoption
 
@@ -274,7 +214,7 @@ def detach(name: str | None = None) -> dict:
     taken = detached_sets()
     if sess.name in taken:
         raise DetachError(
-            f"a detached set is already named {sess.name!r}: stop it (`%distrain stop --name {sess.name}`) "
+            f"a detached set is already named {sess.name!r}: stop it (`%distrain stop --session {sess.name}`) "
             "or attach it first; nothing was changed"
         )
     busy = _busy_ranks(rs)
@@ -285,7 +225,12 @@ def detach(name: str | None = None) -> dict:
             f"ranks {format_ranks(busy)} of {sess.name!r} are running a cell: wait for it (or interrupt it) "
             "and detach again; a run started with `train start` goes on while detached. Nothing was changed"
         )
-    _packed_setup(sess.resume_setup)  # a setup function that cannot travel is refused before the keeper starts
+    _packed_setup(sess.setup.given)  # a setup function that cannot travel is refused before the keeper starts
+    from . import runs
+
+    why = runs.carry_refusal(sess)
+    if why:
+        raise DetachError(f"{why}; nothing was changed")
     return _start_keeper(sess)
 
 
@@ -356,12 +301,16 @@ def _keeper_env() -> dict:
     return env
 
 
-def attach(name: str) -> session.Session:
-    """Take the detached set ``name`` back into this process: its ranks, whole metrics history,
-    failure budget and controls; it is then this kernel's set again (ends with it)."""
+def attach(session: str | None = None, **earlier) -> Session:
+    """Take the detached session named ``session`` back into this process: its ranks, whole metrics
+    history, failure budget and controls; it is then this kernel's set again (ends with it)."""
     from .stream.collector import Collector
 
-    existing = session.KERNEL.by_name.get(name)
+    refuse("workbench.attach", earlier, {"name": "session"})
+    if session is None:
+        raise TypeError("workbench.attach(session=NAME): name the detached session (workbench.detached() lists them)")
+    name = session
+    existing = KERNEL.by_name.get(name)
     if existing is not None and existing.running:
         raise DetachError(
             f"this kernel already has a running set named {name!r}: stop it or detach it first; nothing was changed"
@@ -374,7 +323,7 @@ def attach(name: str) -> session.Session:
     except BaseException:
         collector.close()
         raise
-    _wait_gone(entry.get("supervisor_pid"), 10.0)
+    _wait_gone(entry.get("keeper_pid"), 10.0)
     return take(state, collector)
 
 
@@ -384,8 +333,8 @@ def stop(name: str) -> list[int]:
     entry = _entry(name)
     reply = _call(entry, {"op": "stop"})
     left = list(reply.get("left") or [])
-    if not _wait_gone(entry.get("supervisor_pid"), 10.0):
-        left.append(entry["supervisor_pid"])
+    if not _wait_gone(entry.get("keeper_pid"), 10.0):
+        left.append(entry["keeper_pid"])
     return left
 
 

@@ -1,21 +1,10 @@
-"""The keeper of a detached rank set: ``python -m workbench.notebook.keeper`` (started by ``%distrain detach``).
+"""The keeper of a detached rank set: ``python -m workbench.notebook.keeper`` (started by ``detach``).
 
-A small notebook-side process that outlives the kernel. It holds one set as the kernel did
-(:mod:`workbench.notebook.handoff`): the ranks and the controller end with it, it reads the
-ranks' event stream into the session's store (its bounded window and Parquet history, so
-every step trained while no kernel is attached is kept), runs the failure budget's
-supervisor, and writes the set's registry entry (``"detached": true``), which is its owner
-file: how a later kernel (``attach``, ``stop --name``) and the Lab sidebar find it.
-
-Its control socket (a Unix socket, authenticated with the key in the 0600 entry) takes two
-requests: ``handover`` (a kernel attaches: the set is given to it, then the keeper exits)
-and ``stop`` (the set is stopped, then the keeper exits). A stop from the Lab sidebar marks
-the entry; the keeper sees it and stops too. Headless use needs no kernel at all:
-``workbench.detach()`` in a script, ``workbench.attach(NAME)`` or ``stop`` in another.
-
-Protocol with the kernel that detaches: the keeper prints one JSON line (its collector's
-address and key), reads the pickled session on stdin, and prints its registry entry.
-"""
+A small notebook-side process that outlives the kernel and holds the set as the kernel did
+(:mod:`.handoff`): its ranks end with it, it reads their stream into the session's store and
+watches the session's run. Its registry entry (``"detached": true``, ``keeper_pid``) is the
+set's owner file; its Unix socket, keyed in that 0600 entry, takes ``handover`` and ``stop``.
+Protocol with the kernel that detaches: one JSON line out, the pickled session in, the entry out."""
 
 from __future__ import annotations
 
@@ -59,7 +48,7 @@ class Keeper:
             entry_id,
             detached=True,
             name=self.sess.name,
-            supervisor_pid=os.getpid(),
+            keeper_pid=os.getpid(),
             control=self.control(),
             detached_at=time.time(),
         )
@@ -110,8 +99,9 @@ class Keeper:
     def stop(self) -> list[int]:
         from . import api
 
-        if self.sess.supervisor is not None:
-            self.sess.supervisor.close()
+        run = self.sess.runs.current
+        if run is not None:
+            run.close()
         owner = self.sess.rankset.owner_file() if self.sess.rankset is not None else None
         left = api.stop(self.sess.name)
         if owner:

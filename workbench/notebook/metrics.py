@@ -15,21 +15,22 @@ from . import stream
 COLUMNS = ["run", "step", "rank", "metric", "value", "time", "source"]
 
 
-def metrics(run: str | None = "latest", *, wide: bool = False, store=None, sessions=None):
+def metrics(run: str | None = "latest", *, wide: bool = False, store=None, session=None, **earlier):
     """A DataFrame of step, rank, metric, value, time (plus run, source).
 
     ``run``: ``"latest"`` (default), a run id, or ``None`` for every run kept.
-    ``sessions``: ``"all"`` or a list of session names: their tables one under the other,
+    ``session``: a session's name, a list of them or ``"all"``: their tables one under the other,
     a ``session`` column first naming each row's session (``run`` is then per session).
     """
     import pandas as pd
 
-    if sessions is not None:
+    from .keywords import refuse
+
+    refuse("workbench.metrics", earlier, {"sessions": "session"})
+    if session is not None:
         from .session import KERNEL
 
-        names = (
-            list(KERNEL.by_name) if sessions == "all" else [sessions] if isinstance(sessions, str) else list(sessions)
-        )
+        names = list(KERNEL.by_name) if session == "all" else [session] if isinstance(session, str) else list(session)
         frames = []
         for name in names:
             one = metrics(run, wide=wide, store=stream.last_store(name))
@@ -92,7 +93,7 @@ def compare(*names: str, metric: str = "loss", run: str | None = "latest"):
     names = names or tuple(KERNEL.by_name)
     for name in names:
         KERNEL.get(name)  # an unknown name: the error lists the sessions there are
-    frame = metrics(run, sessions=list(names))
+    frame = metrics(run, session=list(names))
     known = sorted(set(frame["metric"])) if len(frame) else []
     if len(frame) and metric not in known:
         raise ValueError(f"no metric {metric!r} in these sessions' runs; they have: {', '.join(known)}")

@@ -274,6 +274,13 @@ def ranks_replaced(rankset, ranks: list[int]) -> None:
     update(entry_id, ranks=entry_for(rankset)["ranks"], deaths=deaths)
 
 
+def note_run(rankset, run: dict | None) -> None:
+    """The session's current run changed (``notebook.runs``): its id, kind, state and head line."""
+    entry_id = entry_id_of(rankset) if rankset is not None else None
+    if entry_id is not None:
+        update(entry_id, run=run)
+
+
 def entry_id_of(rankset) -> str | None:
     with _lock:
         return _entries.get(id(rankset))

@@ -1,11 +1,10 @@
 """One notebook session per rank set, and the named sessions of this kernel.
 
-A :class:`Session` holds everything the notebook keeps about one rank set: the set, its
-event stream and store, dashboard, step watchdog, setup recipe, auto-save settings,
-checkpoints folder and hang reports. Several named sessions may run side by side
-(``%distrain start -n 2 --name ddp``); the API and magics act on the current one
-(``%distrain use NAME``), or on one named per call (``%%distrain --on NAME``).
-"""
+A :class:`Session` is made of named parts, each changed only by the module that owns it (its
+``OWNER``): a field assigned from several modules has no one place that says what it means.
+Others read parts freely and change them by calling the owner (tests/unit/test_session_owners.py
+counts writes from anywhere else). The API and magics act on the current session (``%distrain
+use --session NAME``) or on one named per call (``--session NAME``)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import os
 
 from ..shared.errors import WorkbenchError
 
-DEFAULT = "default"  # the name of a set started without --name
+DEFAULT = "default"  # the name of a set started without --session
 
 
 class UnknownSession(WorkbenchError, KeyError):
@@ -23,51 +22,190 @@ class UnknownSession(WorkbenchError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class Session:
-    """One rank set and the notebook's state about it (see the module docstring)."""
+class Part:
+    """A named part of a session: plain fields, assigned only in the module ``OWNER`` (or a module
+    of that package); ``__slots__`` makes a misspelt or retired field an error, not a new one."""
 
-    def __init__(self, name: str, rankset=None) -> None:
-        self.name = name
+    OWNER = ""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"<{type(self).__name__} {fields}>"
+
+
+class Ranks(Part):
+    """The rank set, and a start still in progress (a Slurm job in the queue: ``stop()`` cancels it)."""
+
+    OWNER = "workbench.notebook.api"
+    __slots__ = ("rankset", "starting")
+
+    def __init__(self, rankset=None) -> None:
         self.rankset = rankset
-        self.starting = None  # a start in progress (a Slurm job in the queue): stop() cancels it
-        self.collector = None  # the event stream of the running set (stream.attach)
-        self.collector_of = None  # the rank set that collector listens to
-        self.store = None  # its event store, still readable after the set stopped
-        self.dashboard = None  # the live dashboard (one per session)
-        self.watchdog = None  # the StepWatchdog of the latest `train start --step-timeout`
-        self.setup_recipe: dict | None = None  # the latest training.setup(), repeated by `resume`
-        self.resume_setup = None  # the setup code/function last given to checkpoints.resume()
-        self.autosave: dict | None = None  # auto-save settings, re-applied after resume
-        self.checkpoint_root: str | None = None  # set by `ckpt dir` in this session
-        self.own_folder = False  # a named set: its checkpoints go to a sub-folder of its name
-        self.marks: dict[str, int] = {}  # run -> index of the first status event of its latest start
-        self.started_run: str | None = None  # run id of the latest start (its events may not be here yet)
-        self.hangs: list[dict] = []  # step-timeout diagnoses, newest last
-        self.supervisor = None  # the recovery.Supervisor of the latest `train start --max-failures`
-        self.recovering = False  # a supervisor restarts the set: its store and dashboard carry over
-        self.fault_tolerant = None  # the fault_tolerance.FaultTolerantRun of the latest `train start --fault-tolerant`
-        self.trackers: dict = {}  # tracker name -> trackers.Tracker mirroring this session's stream
-        self.handoff_notes: list[str] = []  # what the latest detach/attach could not carry into this process
+        self.starting = None
+
+
+class Stream(Part):
+    """The running set's event collector, the set it listens to, and the store it fills (still
+    readable after the set stopped)."""
+
+    OWNER = "workbench.notebook.stream"
+    __slots__ = ("collector", "listening_to", "store")
+
+    def __init__(self) -> None:
+        self.collector = None
+        self.listening_to = None
+        self.store = None
+
+
+class Runs(Part):
+    """The current run (a :class:`~workbench.notebook.runs.Run`), where each run's latest start
+    begins in the store's status events (``marks``), the id of the latest start (its events may
+    not be here yet), step-timeout diagnoses (newest last), and whether a restart under way
+    continues a run (its store and dashboard carry over)."""
+
+    OWNER = "workbench.notebook.runs"
+    __slots__ = ("current", "marks", "started", "hangs", "recovering")
+
+    def __init__(self) -> None:
+        self.current = None
+        self.marks: dict[str, int] = {}
+        self.started: str | None = None
+        self.hangs: list[dict] = []
+        self.recovering = False
+
+
+class Setup(Part):
+    """What a restart repeats to build the model again: the teaching trainer's recipe (``train
+    setup``) and the code or function given to ``resume``/``--setup`` (the newest of the two wins)."""
+
+    OWNER = "workbench.notebook.setup_recipe"
+    __slots__ = ("recipe", "given")
+
+    def __init__(self) -> None:
+        self.recipe: dict | None = None
+        self.given = None
+
+
+class Checkpoints(Part):
+    """Auto-save settings (applied again after a restart), the folder ``ckpt dir`` set here, and
+    whether the checkpoints go to a sub-folder of the session's name (a named session's do)."""
+
+    OWNER = "workbench.notebook.checkpoints"
+    __slots__ = ("autosave", "root", "own_folder")
+
+    def __init__(self, own_folder: bool = False) -> None:
+        self.autosave: dict | None = None
+        self.root: str | None = None
+        self.own_folder = own_folder
+
+
+class Trackers(Part):
+    """Tracker kind -> the open :class:`~workbench.notebook.trackers.Tracker` mirroring the stream."""
+
+    OWNER = "workbench.notebook.trackers"
+    __slots__ = ("by_kind",)
+
+    def __init__(self) -> None:
+        self.by_kind: dict = {}
+
+
+class Dashboard(Part):
+    """The live dashboard (one per session)."""
+
+    OWNER = "workbench.notebook.dashboard"
+    __slots__ = ("live",)
+
+    def __init__(self) -> None:
+        self.live = None
+
+
+class Handoff(Part):
+    """What the latest detach/attach could not carry into this process, a line each."""
+
+    OWNER = "workbench.notebook.handoff"
+    __slots__ = ("notes",)
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+
+PARTS = {
+    "ranks": Ranks,
+    "stream": Stream,
+    "runs": Runs,
+    "setup": Setup,
+    "checkpoints": Checkpoints,
+    "trackers": Trackers,
+    "dashboard": Dashboard,
+    "handoff": Handoff,
+}
+
+
+def _part(name: str):
+    return property(lambda self: getattr(self, "_" + name), doc=PARTS[name].__doc__)
+
+
+class Session:
+    """One rank set and the notebook's state about it, in parts (see the module docstring)."""
+
+    __slots__ = ("name", *("_" + p for p in PARTS))
+
+    ranks = _part("ranks")
+    stream = _part("stream")
+    runs = _part("runs")
+    setup = _part("setup")
+    checkpoints = _part("checkpoints")
+    trackers = _part("trackers")
+    dashboard = _part("dashboard")
+    handoff = _part("handoff")
+
+    def __init__(self, name: str, rankset=None, *, own_folder: bool = False) -> None:
+        self.name = name
+        self._ranks = Ranks(rankset)
+        self._stream = Stream()
+        self._runs = Runs()
+        self._setup = Setup()
+        self._checkpoints = Checkpoints(own_folder)
+        self._trackers = Trackers()
+        self._dashboard = Dashboard()
+        self._handoff = Handoff()
+
+    # what users read most, without naming the part
+    @property
+    def rankset(self):
+        return self._ranks.rankset
 
     @property
     def running(self) -> bool:
-        return self.rankset is not None and self.rankset.running
+        rs = self._ranks.rankset
+        return rs is not None and rs.running
+
+    @property
+    def store(self):
+        """The event store of the session's stream (None before any)."""
+        return self._stream.store
+
+    @property
+    def hangs(self) -> list[dict]:
+        """Step-timeout diagnoses (``train start --step-timeout``), newest last."""
+        return list(self._runs.hangs)
 
     @property
     def recoveries(self) -> list[dict]:
-        """What the failure budget's supervisor did (``train start --max-failures``), oldest first."""
+        """What the failure budget did (``train start --max-failures``), oldest first."""
         return list(self.store.recoveries) if self.store is not None else []
 
     @property
     def checkpoint_dir(self) -> str:
         """This session's checkpoints folder: ``ckpt dir`` if set here, else the kernel's
         default folder, with a sub-folder per named session so two sets never mix steps."""
-        if self.checkpoint_root:
-            return self.checkpoint_root
+        if self._checkpoints.root:
+            return self._checkpoints.root
         from ..shared.checkpoint import catalog
 
         base = catalog.default_dir()
-        return os.path.join(base, self.name) if self.own_folder else base
+        return os.path.join(base, self.name) if self._checkpoints.own_folder else base
 
     def __repr__(self) -> str:
         state = f"{self.rankset.world_size} ranks, running" if self.running else "stopped"
@@ -100,15 +238,23 @@ class Sessions:
             have = ", ".join(self.by_name) or "none yet"
             raise UnknownSession(
                 f"there is no rank set named {name!r}; the sessions are: {have} "
-                f"(start one with `%distrain start -n 2 --name {name}`)"
+                f"(start one with `%distrain start -n 2 --session {name}`)"
             )
         return self.by_name[name]
 
     def add(self, name: str) -> Session:
+        """The session ``name``, made when new; a named one keeps its checkpoints in a sub-folder."""
         sess = self.by_name.get(name)
         if sess is None:
-            sess = self.by_name[name] = Session(name)
+            sess = self.by_name[name] = Session(name, own_folder=name != DEFAULT)
         return sess
+
+    def forget(self, sess: Session) -> None:
+        """``sess`` is no longer this kernel's (handed to another process, or a start that failed)."""
+        if self.by_name.get(sess.name) is sess:
+            del self.by_name[sess.name]
+        if self.current_name == sess.name:
+            self.current_name = None
 
     def of(self, rankset) -> Session:
         """The session holding ``rankset``; one is made for a set started some other way."""
@@ -156,3 +302,16 @@ class using:
 
     def __exit__(self, *exc) -> None:
         KERNEL.pinned, KERNEL.current_name = self.previous
+
+
+class named(using):
+    """``with named("ddp"):`` the session ``ddp`` is the current one for the block (what
+    ``--session NAME`` does for one command); an unknown name raises :class:`UnknownSession` here."""
+
+    def __init__(self, name: str) -> None:
+        self.sess = KERNEL.get(name)
+
+    def __enter__(self):
+        self.previous = (KERNEL.pinned, KERNEL.current_name)
+        KERNEL.pinned = self.sess
+        return self.sess

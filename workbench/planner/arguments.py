@@ -41,6 +41,12 @@ def _stages(text: str) -> tuple[int, ...] | str:
 
 
 class _Parser(argparse.ArgumentParser):
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        # the spelling docs/grammar.md lists it under (its first long name), as the magics' parsers tag theirs
+        action.grammar = next((o for o in action.option_strings if o.startswith("--")), action.dest)
+        return action
+
     def error(self, message: str):  # argparse would print and sys.exit
         raise ValueError(f"{message}. {USAGE}")
 
@@ -78,8 +84,8 @@ def _parser() -> _Parser:
     return p
 
 
-def plan_from_args(argv: list[str] | str) -> Plan:
-    """Parse magic arguments (a list, or one string split like a shell) into a Plan.
+def layout_from_args(argv: list[str] | str) -> tuple[argparse.Namespace, ModelSpec, PlanLayout]:
+    """Parse magic arguments into (the parsed flags, the model, the layout), each checked.
 
     --dp fills dp_shard when ZeRO is on and dp_replicate otherwise; if neither --dp
     nor --dp-* is given and --gpus is, dp is what --gpus leaves after tp*pp*cp.
@@ -133,6 +139,16 @@ def plan_from_args(argv: list[str] | str) -> Plan:
         )
         if args.gpus and layout.world_size != args.gpus:
             raise ValueError(f"--gpus {args.gpus} but the layout uses pp*dp*cp*tp = {layout.world_size}")
+        return args, model, layout
+    except ValueError as err:
+        raise ValueError(f"{err}. {USAGE}") from None
+
+
+def plan_from_args(argv: list[str] | str) -> Plan:
+    """Parse magic arguments (a list, or one string split like a shell) into a Plan
+    (:func:`layout_from_args` says how the flags become a layout)."""
+    args, model, layout = layout_from_args(argv)
+    try:
         return plan(model, layout, args.hw, tokens=args.tokens, price=args.price)
     except ValueError as err:
         raise ValueError(f"{err}. {USAGE}") from None

@@ -1,20 +1,7 @@
-"""Collective bandwidth as nccl-tests reports it, and the alpha-beta (latency/bandwidth) model.
+"""Collective bandwidth as nccl-tests reports it (algbw, busbw), and the alpha-beta model.
 
-Pure arithmetic, used on both sides (the ranks time, the notebook fits and checks).
-
-nccl-tests (``doc/PERFORMANCE.md``, NVIDIA/nccl-tests) reports two bandwidths per run:
-
-- ``algbw = S / t``: the buffer size ``S`` (bytes) over the time ``t``;
-- ``busbw = algbw x factor``: the bytes each rank's link must carry, comparable across
-  collectives and world sizes and with the hardware's peak link bandwidth. With ``n`` ranks:
-  all-reduce ``2(n-1)/n``; reduce-scatter, all-gather and all-to-all ``(n-1)/n``;
-  broadcast and reduce ``1``.
-
-For all-gather ``S`` is the gathered (output) size, for reduce-scatter the (full) input
-size, as in nccl-tests. The alpha-beta model (Hockney 1994; Thakur, Rabenseifner & Gropp
-2005) prices a message of ``S`` bytes at ``t = alpha + S / beta_bw``: a fixed latency plus
-the bytes over a bandwidth.
-"""
+Pure arithmetic, used on both sides (the ranks time, the notebook fits and checks); the
+conventions and their sources are in docs/planner.md ("How each part is counted")."""
 
 from __future__ import annotations
 

@@ -1,41 +1,8 @@
 """Communication per training step per rank, by collective, and how long it takes.
 
-Bytes are what ONE rank sends per optimizer step under ring algorithms (Patarasuk &
-Yuan 2009; NVIDIA nccl-tests PERFORMANCE.md "bus bandwidth"), for a group of n ranks
-and a buffer of B bytes:
-
-    all_reduce      2 (n-1)/n * B
-    reduce_scatter    (n-1)/n * B      (B = the full, unsharded buffer)
-    all_gather        (n-1)/n * B
-    all_to_all        (n-1)/n * B
-
-Time = bytes / per-device link bandwidth (one direction), on the scale-up fabric when
-the group's ranks fit inside one node, on the NIC otherwise. Latency is ignored: these
-are large-message estimates.
-
-Who sends what (per step, m = micro-batches per step):
-- DDP (ZeRO-0): one all_reduce of the gradients (gradient accumulation: once per step).
-- ZeRO-1/2: reduce_scatter of gradients + all_gather of updated parameters, the same
-  2(n-1)/n volume as DDP (Rajbhandari et al. 2020, section 7). HSDP adds an all_reduce
-  of the gradient shard across dp_replicate.
-- ZeRO-3 / FSDP: all_gather of parameters before forward and again before backward,
-  per micro-batch (the params are resharded after use), + reduce_scatter of gradients:
-  1.5x DDP at m = 1 (ZeRO paper, section 7.2.2).
-- TP (Megatron-LM, Shoeybi et al. 2019; Korthikanti et al. 2022 section 4.2.2): per
-  layer and micro-batch, 2 all_reduce forward + 2 backward of the s*b*h activation, or
-  with sequence parallelism 4 all_gather + 4 reduce_scatter of the same total volume;
-  full recompute repeats the forward ones.
-- CP (ring attention, Liu et al. 2023; HF Ultra-Scale Playbook): each rank's K and V
-  chunk travels cp-1 hops forward; backward sends K, V and their gradients (3 per hop,
-  4 with full recompute). K/V are kv_heads wide (grouped-query attention), split over
-  tp or replicated when tp > kv_heads. The sends overlap the attention compute.
-- fp8: ZeRO-3 / FSDP2 gathers the parameters as fp8 (torchao's float8 all-gather), one
-  byte each; gradients are reduced and activations sent in bf16.
-- PP: the stage-boundary activation (s*b*h/tp, scatter-gather optimisation of
-  Narayanan et al. 2021) forward and its gradient backward, per micro-batch and chunk.
-- EP: all_to_all dispatch and combine of the routed tokens per MoE layer, forward and
-  backward (4 per layer; DeepSpeed-MoE, Rajbhandari et al. 2022).
-"""
+Bytes are what one rank sends per optimizer step under ring algorithms, over the link its
+group uses (scale-up fabric inside a node, the NIC across); large-message estimates, latency
+left out. Who sends what under each parallelism, with sources: docs/planner.md."""
 
 from __future__ import annotations
 

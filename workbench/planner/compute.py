@@ -1,20 +1,8 @@
 """Compute: step time, pipeline bubble, MFU, throughput, wall-clock and cost.
 
-FLOPs per token are in flops.py (the kernels' count, the planner's model FLOPs and the
-published 6N + attention convention). Time per token = matmul FLOPs / matmul peak +
-attention FLOPs / attention peak, both scaled by one achievable fraction
-(`kernel_efficiency`) for every part and every run. Under fp8 the parameter matmuls run
-at the fp8 peak and attention (and all else) at the bf16 peak, as Transformer Engine
-and torchao's float8 training do; fp32 runs its matmuls as TF32.
-
-Pipeline (pipeline.py): the busiest rank's compute sets the pace. `stage_imbalance` is
-its work over the mean work of a rank (layers plus the output head on the last stage,
-in FLOPs), and the bubble follows the real layer assignment: Narayanan et al. 2021's
-(p-1)/m for 1F1B and (p-1)/(m v) interleaved when stages are even.
-
-Step time = compute * (1 + imbalance) * (1 + bubble) + exposed communication
-            + optimizer offload (host copies and the CPU Adam step).
-"""
+Time per token is the FLOPs of :mod:`.flops` at the matmul and attention peaks, scaled by
+one achievable fraction (``kernel_efficiency``) for every part and every run; the step time
+adds stage imbalance, the bubble, exposed communication and offload (docs/planner.md)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,9 @@
 """FLOPs per token: what the kernels execute, what counts as model work, what papers report.
 
-Three counts, per trained token (h = hidden = heads * head_dim, s = seq_len, L = layers):
-
-published (Chowdhery et al. 2022, PaLM, appendix B; the MFU of most papers):
-    6 N + 12 L h s. N = active parameters, embeddings included; the attention term
-    counts the full s x s matrix (QK^T and AV, 4 L h s forward, twice that backward),
-    causal mask not halved. Narayanan et al. 2021 (eq. 3) count the same with full
-    recompute as hardware FLOPs: 8 N + 16 L h s (their "% of peak").
-
-model (the planner's MFU): 6 N_matmul + 6 L h s. N_matmul = parameters that multiply
-    activations (layers and the output head; the input embedding is a lookup, not a
-    matmul); the causal mask halves the attention work, as FlashAttention counts it.
-
-hardware (what the kernels execute, drives the step time):
-    flash  6 N_matmul + 7 L h s: causal forward 2 L h s, backward 2.5x forward (the
-           kernel recomputes QK^T: five matmuls against the forward's two; Dao 2023,
-           FlashAttention-2, section 3.2 and its benchmark convention);
-    eager  6 N_matmul + 12 L h s: the masked half of the s x s matrix is computed too;
-    + recompute: full reruns the layers' forward (2 N_matmul of the layers + the
-      attention forward; the head is not recomputed); selective
-      reruns the attention scores (4 L h s eager; nothing more for flash, whose kernel
-      already recomputes them).
-"""
+Three counts (:class:`TokenFlops`): *published* (PaLM's ``6N + 12 L h s``, most papers' MFU),
+*model* (the planner's MFU: matmul parameters, causal attention halved) and *hardware*
+(what flash or eager kernels and recompute execute, which drives the step time); the
+formulas and their sources are in docs/planner.md."""
 
 from __future__ import annotations
 

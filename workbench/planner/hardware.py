@@ -1,14 +1,6 @@
-"""Accelerator catalogue, kept as data in `hardware.json` so figures can be updated
-without touching code (and read by people who do not read Python).
-
-Conventions (stated once, used everywhere): FLOP/s are dense peak tensor-core rates;
-bandwidths are GB/s per device in one direction, the "bus bandwidth" of nccl-tests
-(NVIDIA nccl-tests doc/PERFORMANCE.md), so a ring collective takes
-bytes-moved-per-rank / bandwidth; prices are indicative 2026 quotes (low, high). Memory sizes are the datasheets' "GB" of
-HBM, which are binary: an "80GB" H100 holds 80 GiB = 85.9e9 bytes (nvidia-smi shows
-81,559 MiB; an A100 80GB 81,920 MiB; an H200 143,771 MiB for its "141GB"), so
-`memory_bytes` is `memory_gb` GiB; every other size the planner prints is decimal.
-"""
+"""Accelerator catalogue, kept as data in ``hardware.json`` so figures can be updated without
+touching code (and read by people who do not read Python). Its conventions (dense peaks,
+one-direction bus bandwidth, binary HBM "GB") are stated once in docs/planner.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """A parallelism layout: how many ranks along each axis, and how they are used.
 
-The mesh order is (pp, dp_replicate, dp_shard, cp, tp), outermost to innermost, as in
-torchtitan's `ParallelDims`: tensor parallelism is innermost so that its ranks are
-neighbours (one node, NVLink), pipeline stages are outermost so that only their small
-point-to-point sends cross the slow inter-node links. Expert parallelism (ep) borrows
-ranks from the data-parallel axes rather than adding its own, as in DeepSpeed-MoE and
-torchtitan.
-
-ZeRO / FSDP shard over `dp_shard` (times `cp`, whose ranks hold the same parameters);
-`dp_replicate` replicates. So plain DDP is `dp_replicate=N, zero_stage=0`, FSDP is
-`dp_shard=N, zero_stage=3` and HSDP is `dp_replicate=R, dp_shard=S, zero_stage=3`.
-"""
+The mesh order is ``(pp, dp_replicate, dp_shard, cp, tp)``, outermost to innermost, as
+torchtitan's ``ParallelDims``: TP ranks are neighbours in a node, only pipeline sends cross
+nodes. DDP is ``dp_replicate=N, zero_stage=0``, FSDP ``dp_shard=N, zero_stage=3``, HSDP both."""
 
 from __future__ import annotations
 
@@ -61,6 +53,16 @@ class PlanLayout:
     # LoRA rank (0: full training): every matrix of attention and the MLP gets rank-r adapters;
     # the frozen base then carries no gradient and no optimizer state (memory.model_state_bytes)
     lora_rank: int = 0
+    # the input embedding split over tp (vocab-parallel, Megatron-LM); False: whole on every tp
+    # rank, as transformers' tensor-parallel plans leave it
+    embedding_tp: bool = True
+    # the logits stay split over tp into the loss (loss parallel); False: gathered whole to every
+    # tp rank (transformers' lm_head "colwise_gather_output", the workbench's plans)
+    logits_tp: bool = True
+    # the fp32 master weights are the parameters themselves and gradients are fp32, 16-bit only
+    # inside forward and backward (torch FSDP2's MixedPrecisionPolicy, autocast): 4 + 4 + 8
+    # B/param; False: 16-bit parameters and gradients, the master copy in the optimizer (2+2+12)
+    master_params: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
@@ -191,6 +193,12 @@ class PlanLayout:
             parts.append(f"recompute={self.recompute}")
         if self.optimizer_offload:
             parts.append(f"offload=nvme({self.nvme_gbs:g} GB/s)" if self.nvme_gbs else "offload")
+        if self.tp > 1 and not self.embedding_tp:
+            parts.append("embedding-whole")
+        if self.tp > 1 and not self.logits_tp:
+            parts.append("logits-gathered")
+        if self.master_params:
+            parts.append("fp32-params")
         return " ".join(parts) or "single rank"
 
     # ------------------------------------------------------------- model validation

@@ -1,36 +1,9 @@
 """Plan the model that is on the live ranks, and set the plan beside what they hold.
 
-Notebook side, pure: no torch import. The ranks run one training step under a census
-(:mod:`workbench.engine.memory_census`) and send back plain dicts; here the ranks' model
-config becomes a planner :class:`ModelSpec`, the resolved ``StrategySpec`` and world size
-a :class:`PlanLayout`, and :func:`compare` builds the "predicted vs measured" table.
-
-Mapping of a strategy to the planner's layout (W = world size):
-
-    none      one rank's worth (every rank holds a full copy, nothing shared)
-    ddp       dp_replicate=W, zero_stage=0
-    fsdp2     dp_replicate=R, dp_shard=S, zero_stage=3 (2 with reshard_after_forward=False)
-    zero s    dp_shard=W, zero_stage=s (DeepSpeed; stage 0: dp_replicate=W)
-    tp        tp=W (sequence_parallel as in the spec)
-    fsdp2_tp  dp_shard=S x tp=T, zero_stage 3 (2 without resharding)
-    pp        pp=W, microbatches and schedule from the spec
-
-Precision: param_dtype fp32 -> the planner's fp32 profile (4 + 4 + 8 bytes/param);
-bf16/fp16 -> its mixed-precision profile (2 + 2 + 12).
-
-Attention kernel: measured, not assumed. The census step runs under
-:class:`workbench.engine.attention_probe.AttentionProbe`, which sees the aten ops: a
-fused SDPA / FlashAttention kernel -> the planner's ``attention="flash"`` (no stored
-s x s scores), a softmax over the score matrix -> ``"eager"``.
-
-``predicted_bytes`` is the planner's number plus the implementation terms the workbench
-knows and the planner's paper model leaves out (each named in ``explanation``):
-DeepSpeed keeps an fp32 master partition even for an fp32 model (+4 B/param/shard,
-``single_partition_of_fp32_groups`` / ``fp32_partitioned_groups_flat``), and ZeRO-3 makes a
-flattened fp32 copy of the gradient partition for the update
-(``_prepare_fp32_grad_for_sub_group``, +4 B/param/shard). ``planner_bytes`` is the
-planner's number alone.
-"""
+Notebook side, pure: no torch import. The ranks run one step under a census
+(:mod:`workbench.engine.memory_census`) and send plain dicts; here their model becomes a
+:class:`ModelSpec`, their strategy a :class:`PlanLayout` (the mapping: docs/planner.md),
+and :func:`compare` builds the "predicted vs measured" table."""
 
 from __future__ import annotations
 

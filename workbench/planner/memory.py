@@ -1,45 +1,10 @@
 """Memory per rank: model states (parameters, gradients, optimizer) and activations.
 
-Model states (Rajbhandari et al. 2020, "ZeRO", section 3.1): mixed-precision Adam keeps
-a 16-bit copy of the parameters (2 bytes), 16-bit gradients (2) and K = 12 bytes of
-optimizer state (fp32 master weights, momentum, variance), 16 bytes per parameter.
-Pure fp32 training keeps 4 + 4 + 8. ZeRO-1 shards the optimizer states over the
-data-parallel group, ZeRO-2 also the gradients, ZeRO-3 also the parameters (FSDP is
-ZeRO-3). fp8 training keeps the same states as bf16 (Transformer Engine and torchao
-keep bf16 weights, fp32 master weights and Adam moments; only matmul inputs are cast),
-plus, with Transformer Engine, the fp8 copy of each layer weight and of its transpose
-(cached across micro-batches for the backward on Hopper): +2 bytes per local layer
-matmul parameter. Under ZeRO-3 the weights are gathered per layer (torchao's fp8
-all-gather) and the copies are transient, so nothing is added.
-
-Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", sections 4.1-4.3) are counted tensor by tensor from the model's
-shape (`saved_tensors`), in units of s*b*h 16-bit bytes per layer and micro-batch (s
-sequence, b micro-batch, h hidden, a heads, t tensor-parallel):
-
-    norm inputs 4, attention input 2, Q 2, K and V 4*kv/a, attention output 2,
-    MLP input 2, MLP intermediates (gated: gate and up 4*ffn/h, down input 2*ffn/h;
-    plain: fc1 output and activation output 2*ffn/h each; x top_k for MoE),
-    dropout masks 2 (only when the model has dropout)
-
-For the paper's GPT (MHA, ffn = 4h GELU, dropout) this is its 34; for Llama 3 405B
-(kv = 8 of a = 128, ffn = 3.25h, no dropout) it is 31.75. With sequence parallelism
-every term is /t; without it the norm inputs, the two block inputs and the dropout
-masks (the paper's 10) stay whole and the rest is /t (its 24/t). Selective recompute
-and fused attention (FlashAttention, SDPA's flash / memory-efficient / cuDNN kernels)
-store no s x s scores; `attention="eager"` stores the softmax output, 2*a*s/h, plus the
-dropout mask and output, 3*a*s/h, with dropout: the paper's 5*a*s/h (320 against 34 at
-s = 8192, a = 128, h = 16384). Full recompute keeps 2*s*b*h (each layer's input; /t
-with SP).
-
-fp8 (Transformer Engine): the inputs saved for the backward of the linear layers
-(attention input, attention output, MLP input, down input: 14 of the GPT's 34) are kept
-in fp8, one byte instead of two: 34 -> 27. Context parallelism (HF Ultra-Scale
-Playbook) shards s: linear terms use s/cp, the score term a*(s/cp)*s.
-
-Pipeline in-flight micro-batches follow the real layer assignment (pipeline.py). The
-last stage also holds fp32 logits for the loss, 4*s*b*vocab/t bytes.
-"""
+Model states follow ZeRO (Rajbhandari et al. 2020, section 3.1: 16 bytes a parameter under
+mixed-precision Adam, sharded by stage); activations are counted tensor by tensor from the
+model's shape (Korthikanti et al. 2022, sections 4.1-4.3: :func:`saved_tensors`), or from what
+transformers' modules keep, which dry runs of the workbench's layouts measured. Every term and
+its source is in docs/planner.md and docs/dry-run.md."""
 
 from __future__ import annotations
 
@@ -52,6 +17,7 @@ from .model_spec import ModelSpec
 from .pipeline import in_flight_layers, rank_layers
 
 __all__ = [
+    "MASTER_STATE_BYTES",
     "STATE_BYTES",
     "MemoryBreakdown",
     "SavedTensor",
@@ -62,10 +28,13 @@ __all__ = [
     "logits_bytes",
     "memory_per_rank",
     "model_state_bytes",
+    "param_terms_on_stage",
     "params_on_stage",
+    "pipeline_fsdp_bytes",
     "saved_sbh",
     "saved_tensors",
     "score_sbh",
+    "state_bytes",
     "state_bytes_per_param",
     "total_model_state_bytes",
 ]
@@ -81,9 +50,18 @@ STATE_BYTES = {
 }
 
 
+# fp32 parameters (the master copy) and gradients, Adam's two moments: PlanLayout.master_params
+MASTER_STATE_BYTES = (4, 4, 8)
+
+
 def state_bytes_per_param(precision: str) -> int:
     """16 for mixed-precision Adam (2+2+12) and for fp32 (4+4+8)."""
     return sum(STATE_BYTES[precision])
+
+
+def state_bytes(layout: PlanLayout) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer) bytes per parameter of ``layout``."""
+    return MASTER_STATE_BYTES if layout.master_params else STATE_BYTES[layout.precision]
 
 
 @dataclass(frozen=True)
@@ -98,6 +76,7 @@ class MemoryBreakdown:
     stage: int
     cpu_offload: float = 0.0
     fp8_weights: float = 0.0
+    pipeline_fsdp: float = 0.0  # gathered parameters and unsharded gradients kept across micro-batches
 
     @property
     def model_states(self) -> float:
@@ -105,7 +84,7 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return self.model_states + self.activations + self.logits + self.fp8_weights
+        return self.model_states + self.activations + self.logits + self.fp8_weights + self.pipeline_fsdp
 
     def parts(self) -> dict[str, float]:
         out = {
@@ -117,6 +96,8 @@ class MemoryBreakdown:
         }
         if self.fp8_weights:
             out["fp8 weights"] = self.fp8_weights
+        if self.pipeline_fsdp:
+            out["gathered across micro-batches"] = self.pipeline_fsdp
         return out
 
     def fits(self, hardware: Hardware, usable_fraction: float = 0.9) -> bool:
@@ -144,11 +125,31 @@ class SavedTensor:
     sbh: float
     split: bool
     matmul_input: bool = False
+    fp32: bool = False  # kept in fp32 whatever the compute precision (sbh counts its 4 bytes)
+
+
+def _transformers_saved(model: ModelSpec, ffn: float) -> list[SavedTensor]:
+    """Hugging Face's eager Llama layer in 16-bit (see the module doc)."""
+    return [
+        SavedTensor("norm inputs in fp32", 8, False, fp32=True),
+        SavedTensor("norm outputs", 4, False),
+        SavedTensor("attention input", 2, False, True),
+        SavedTensor("Q", 2, True),
+        SavedTensor("K, V", 4 * model.kv_heads / model.heads, True),
+        SavedTensor("softmax log-sum-exp", 4 * model.heads / model.hidden, True, fp32=True),
+        SavedTensor("attention output", 2, True, True),
+        SavedTensor("MLP input", 2, False, True),
+        SavedTensor("gate, up", 4 * ffn, True),
+        SavedTensor("SiLU output", 2 * ffn, True),
+        SavedTensor("down input", 2 * ffn, True, True),
+    ]
 
 
 def saved_tensors(model: ModelSpec) -> tuple[SavedTensor, ...]:
     """What one transformer layer of `model` stores for its backward, scores excluded."""
     ffn = model.ffn / model.hidden * model.top_k
+    if model.implementation == "transformers" and model.gated_mlp:
+        return tuple(_transformers_saved(model, ffn))
     out = [
         SavedTensor("norm inputs", 4, False),
         SavedTensor("attention input", 2, False, True),
@@ -195,43 +196,71 @@ def activation_bytes_per_layer(model: ModelSpec, layout: PlanLayout) -> float:
     linear = 0.0
     for tensor in saved_tensors(model):
         size = tensor.sbh / 2 if layout.precision == "fp8" and tensor.matmul_input else tensor.sbh
+        size *= 1.0 if tensor.fp32 else scale
         linear += size / t if sp or tensor.split else size
     linear *= s_local * b * h
     if layout.recompute == "selective" or layout.attention == "flash":
-        return scale * linear
+        return linear
     scores = score_sbh(model) * model.heads * s_local * s * b / t
-    return scale * (linear + scores)
+    return linear + scale * scores
 
 
 def logits_bytes(model: ModelSpec, layout: PlanLayout) -> float:
-    """fp32 logits for the cross-entropy on the last stage (vocab-parallel over tp)."""
-    return 4 * (model.seq_len / layout.cp) * layout.micro_batch_size * model.vocab / layout.tp
+    """The loss's logits on the last stage: fp32 for the cross-entropy (Megatron-LM), or
+    transformers' 14 B a logit (see the module doc); split over tp where ``logits_tp``."""
+    per_logit = 4.0
+    if model.implementation == "transformers":
+        per_logit = (4 if layout.precision == "fp32" else 2) + 4 + 4 + 4
+    t = layout.tp if layout.logits_tp else 1
+    return per_logit * (model.seq_len / layout.cp) * layout.micro_batch_size * model.vocab / t
 
 
 # ------------------------------------------------------------------ model states
-def params_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[float, float]:
-    """(dense, expert) parameters held by one rank of `stage` before ZeRO sharding.
+def param_terms_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> dict[str, float]:
+    """Parameters one rank of `stage` holds before ZeRO sharding, by module: embedding,
+    attention, mlp (the experts for MoE: split over tp and ep), norms (with an MoE
+    router), head.
 
-    Attention and MLP weights split over tp, experts over ep; norms and the router are
-    small and counted unsplit. The input embedding lives on the first stage and the
-    output head on the last (a tied embedding is held by both when pp > 1, as in
-    Megatron-LM). Embeddings are vocab-parallel over tp.
+    Attention and MLP weights split over tp; norms and the router are small and unsplit. The
+    input embedding lives on the first stage (vocab-parallel over tp unless
+    ``layout.embedding_tp`` is False) and the output head, vocab-parallel, on the last; a
+    tied embedding is one matrix without pipeline stages and held by both ends with them,
+    as in Megatron-LM.
     """
     count = model.params()
     layers = rank_layers(model, layout)[stage]
     t = layout.tp
-    attention = model.attention_params_per_layer() / t
-    small = 2 * model.hidden + (model.hidden * model.experts if model.is_moe else 0)
-    expert = count.expert_per_layer / t / layout.ep
-    matrix = model.vocab * model.hidden / t
-    embed = 0.0
-    if layout.pp == 1:
-        embed = count.embedding / t + model.hidden
-    elif stage == 0:
-        embed = matrix
-    elif stage == layout.pp - 1:
-        embed = matrix + model.hidden
-    return layers * (attention + small) + embed, layers * expert
+    first, last = stage == 0, stage == layout.pp - 1
+    matrix = model.vocab * model.hidden
+    embedding = matrix / (t if layout.embedding_tp else 1) if first else 0.0
+    head = matrix / t if last and (layout.pp > 1 or not model.tied_embeddings) else 0.0
+    router = model.hidden * model.experts if model.is_moe else 0
+    return {
+        "embedding": embedding,
+        "attention": layers * model.attention_params_per_layer() / t,
+        "mlp": layers * count.expert_per_layer / t / layout.ep,
+        "norms": layers * (2 * model.hidden + router) + (model.hidden if last else 0),
+        "head": head,
+    }
+
+
+def params_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters held by one rank of `stage` before ZeRO sharding
+    (:func:`param_terms_on_stage`; the MLP is the "expert" part, sharded over what ep leaves)."""
+    terms = param_terms_on_stage(model, layout, stage)
+    return sum(v for k, v in terms.items() if k != "mlp"), terms["mlp"]
+
+
+def pipeline_fsdp_bytes(model: ModelSpec, layout: PlanLayout, stage: int) -> float:
+    """FSDP under a pipeline schedule: the stage's gathered 16-bit parameters and unsharded
+    fp32 gradients, kept from its first backward to the last micro-batch's (6 B per
+    parameter of the stage), where that is part of its peak (see the module doc); else 0."""
+    if layout.pp == 1 or layout.zero_stage < 3 or layout.shard_degree == 1 or layout.schedule == "gpipe":
+        return 0.0
+    if layout.microbatches * layout.virtual_stages <= layout.pp - stage:
+        return 0.0  # every forward runs before the first backward: no steady phase
+    gathered = 4 if layout.precision == "fp32" else 2
+    return (gathered + 4) * sum(params_on_stage(model, layout, stage))
 
 
 def lora_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[float, float]:
@@ -248,7 +277,7 @@ def lora_on_stage(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[flo
 def model_state_bytes(model: ModelSpec, layout: PlanLayout, stage: int) -> tuple[float, float, float, float]:
     """(parameters, gradients, optimizer, offloaded) bytes for one rank of `stage`."""
     dense, expert = params_on_stage(model, layout, stage)
-    p_bytes, g_bytes, o_bytes = STATE_BYTES[layout.precision]
+    p_bytes, g_bytes, o_bytes = state_bytes(layout)
     shard = layout.shard_degree
     # experts are already split ep ways; ZeRO shards them over what remains of the group
     expert_shard = max(1, shard // gcd(shard, layout.ep))
@@ -293,7 +322,15 @@ def memory_per_rank(model: ModelSpec, layout: PlanLayout) -> MemoryBreakdown:
         acts = per_layer * in_flight_layers(model, layout, stage)
         logits = logits_bytes(model, layout) if stage == layout.pp - 1 else 0.0
         candidate = MemoryBreakdown(
-            params, grads, optim, acts, logits, stage, offloaded, fp8_weight_bytes(model, layout, stage)
+            params,
+            grads,
+            optim,
+            acts,
+            logits,
+            stage,
+            offloaded,
+            fp8_weight_bytes(model, layout, stage),
+            pipeline_fsdp_bytes(model, layout, stage),
         )
         if best is None or candidate.total > best.total:
             best = candidate

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+IMPLEMENTATIONS = ("megatron", "transformers")
+
 
 @dataclass(frozen=True)
 class ParamCount:
@@ -38,6 +40,9 @@ class ModelSpec:
     output embedding share one matrix), gated_mlp (SwiGLU: three matrices, not two),
     dropout (the block applies attention and residual dropout, whose masks the backward
     keeps: the GPT of Korthikanti et al. 2022 does; Llama-style pretraining does not).
+    implementation: whose modules run the layer, which sets what its backward keeps
+    (memory.saved_tensors): "megatron" (fused kernels, the paper's inventory) or
+    "transformers" (Hugging Face's eager modules, as the workbench lays them out).
     """
 
     layers: int
@@ -53,6 +58,7 @@ class ModelSpec:
     gated_mlp: bool = True
     dropout: bool = False
     name: str = "custom"
+    implementation: str = "megatron"
 
     def __post_init__(self) -> None:
         for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "experts", "top_k"):
@@ -68,6 +74,10 @@ class ModelSpec:
             raise ValueError(
                 f"ModelSpec: heads={self.heads} is not a multiple of kv_heads={self.kv_heads}; "
                 "grouped-query attention shares each kv head among a whole number of heads"
+            )
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(
+                f"ModelSpec.implementation={self.implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}"
             )
         if self.top_k > self.experts:
             raise ValueError(

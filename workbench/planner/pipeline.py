@@ -1,30 +1,9 @@
 """Pipeline stages: which layers each stage holds, what it keeps in flight, its bubble.
 
-Layers per model chunk (pp * v chunks; chunk k runs on pipeline rank k % pp, as in the
-interleaved schedule of Narayanan et al. 2021) are, in order of precedence:
-
-- given: `PlanLayout.stage_layers`, one count per pipeline rank (split over its v chunks
-  as evenly as possible) or one per chunk (0 allowed: Llama 3 405B's first chunk holds
-  only the embedding and its last only the head, Grattafiori et al. 2024, section 3.3.2);
-- even: `layers / (pp * v)` per chunk when that divides;
-- balanced (otherwise, or `stage_layers="balanced"`): as torchtitan's
-  `generate_llm_fqn_per_model_part` (input_weight = output_weight = 1): the embedding
-  and the output head each count as one layer of work, `layers + 2` units are dealt out
-  evenly, the first chunks taking the remainder. 126 layers on 16 stages -> 7, 8 x 14, 7.
-
-Activations in flight on a rank (the peak, before its first backward):
-GPipe holds all m micro-batches; 1F1B min(p - rank, m) (Narayanan et al. 2021);
-interleaved 1F1B the warm-up forwards of Megatron-LM's schedule,
-min(2 (p - rank - 1) + (v - 1) p + 1, m v) chunk-forwards, each worth the layers of its
-own chunk (Korthikanti et al. 2022, section 4.2.3 gives L (1 + (p-1)/(p v)) for even
-chunks, which this reproduces).
-
-Bubble: the busiest rank b (most transformer layers) is busy m * L_b and idle while the
-first micro-batch fills and the last drains through the other stages, sum_{r != b} L_r / v.
-So bubble = sum_{r != b} L_r / (v m L_b), which is Narayanan et al.'s (p - 1) / (m v)
-when stages are even. The output head's extra time on the last rank is the separate
-`stage_imbalance` (compute.py), in FLOPs.
-"""
+Layers per chunk are given, even, or balanced as torchtitan deals them out; in-flight
+micro-batches follow each schedule's warm-up on that real assignment, and the bubble is the
+fill and drain through the other stages' layers, Narayanan et al. 2021's ``(p - 1)/(m v)``
+when stages are even (docs/planner.md)."""
 
 from __future__ import annotations
 

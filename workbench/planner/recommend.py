@@ -1,19 +1,9 @@
 """Search layouts for a model on N devices: keep those that fit, rank by step time.
 
-The search follows the order of the HF Ultra-Scale Playbook ("first fit a replica in
-memory, then scale the batch with DP"): tensor parallelism only inside one node's
-fast fabric (its all-reduces sit on the critical path of every layer), pipeline
-parallelism across nodes (only point-to-point sends, at the price of a bubble), ZeRO
-stages and activation recomputation as memory savers, DP with whatever is left. Context
-parallelism (ring attention) splits long sequences: it is searched from
-`LONG_CONTEXT` tokens up (or over the degrees given as `cps`), as production runs use it
-(Llama 3 turned it on only for its 128K stage); expert parallelism spreads a MoE's
-experts over data-parallel ranks; with `offload=True`, optimizer offload (ZeRO-Offload)
-is tried for each layout that does not fit without it. The global batch is held fixed, so step times
-of different layouts compare like for like. Under flash attention selective recompute
-stores what no recompute stores (the kernel already recomputes the scores), so it is
-not searched.
-"""
+The search follows the HF Ultra-Scale Playbook ("first fit a replica in memory, then scale
+the batch with DP"): TP inside a node, PP across nodes, ZeRO and recompute as memory savers,
+CP for long sequences, EP for experts, offload where nothing else fits (docs/planner.md). The
+global batch is held fixed, so step times of different layouts compare like for like."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ from .flops import token_flops
 from .hardware import Hardware, load_hardware
 from .layout import PlanLayout
 from .memory import (
-    STATE_BYTES,
     MemoryBreakdown,
     activation_bytes_per_layer,
     fmt_bytes,
@@ -31,6 +30,7 @@ from .memory import (
     params_on_stage,
     saved_tensors,
     score_sbh,
+    state_bytes,
 )
 from .model_spec import ModelSpec
 from .pipeline import describe_in_flight, describe_stages, in_flight_layers
@@ -134,7 +134,7 @@ class Plan:
             return f" = {fmt_bytes(per_layer)}/layer x {held:g} layers in flight"
         if part in ("parameters", "gradients", "optimizer"):
             index = ("parameters", "gradients", "optimizer").index(part)
-            nbytes = STATE_BYTES[layout.precision][index]
+            nbytes = state_bytes(layout)[index]
             zero_from = (3, 2, 1)[index]
             count = sum(params_on_stage(model, layout, m.stage))
             if layout.zero_stage >= zero_from and layout.shard_degree > 1:
@@ -227,7 +227,7 @@ def plan(
     comm = communication_per_step(model, layout, hw)
     offload = 0.0
     if layout.optimizer_offload:
-        optimizer_params = memory.cpu_offload / STATE_BYTES[layout.precision][2]
+        optimizer_params = memory.cpu_offload / state_bytes(layout)[2]
         offload = offload_seconds(optimizer_params, hw.host_link_bandwidth)
         offload += nvme_seconds(optimizer_params, layout.nvme_gbs * 1e9)
     first = estimate_compute(model, layout, hw, 0.0, kernel_efficiency)

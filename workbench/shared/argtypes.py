@@ -19,6 +19,8 @@ __all__ = [
     "seconds",
     "rank_selection",
     "session_names",
+    "output_limit",
+    "regex",
     "MODEL_SIZES",
 ]
 
@@ -108,8 +110,29 @@ def session_names(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def output_limit(text: str) -> int | None:
+    """``all`` (None: every line) or the most characters a cell shows: ``200k``, ``4M``."""
+    from .output_cut import parse_limit
+
+    try:
+        return parse_limit(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected `all` or a size such as 200k or 4M, got {text!r}") from None
+
+
+def regex(text: str) -> str:
+    """A Python regular expression, checked here (``--grep``)."""
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({exc}): {text!r}") from None
+    return text
+
+
 # what help and usage lines call a value of each kind (`--timeout S`, not `--timeout TIMEOUT`)
 positive_float.metavar = "X"
 non_negative_float.metavar = "X"
 seconds.metavar = "S"
 rank_selection.metavar = "RANKS"
+output_limit.metavar = "SIZE"
+regex.metavar = "PATTERN"

@@ -39,11 +39,13 @@ class RankDied(WorkbenchError):
 
 
 class CellTimeout(WorkbenchError):
-    """A cell ran past its ``--timeout``; ``diagnosis`` holds each stuck rank's stack."""
+    """A cell ran past its ``--timeout``; ``diagnosis`` holds each stuck rank's stack, ``culprit``
+    the conclusion the message leads with (who waits in which collective, for whom)."""
 
-    def __init__(self, message: str, diagnosis: dict | None = None):
+    def __init__(self, message: str, diagnosis: dict | None = None, culprit=None):
         super().__init__(message)
         self.diagnosis = diagnosis or {}
+        self.culprit = culprit
 
 
 class Interrupted(WorkbenchError):
@@ -56,3 +58,8 @@ class BadRanks(WorkbenchError, ValueError):
 
 class BudgetSpent(WorkbenchError, RuntimeError):
     """A run failed more often than ``--max-failures`` allows; the message is the summary."""
+
+
+class Refused(WorkbenchError, ValueError):
+    """A training call that cannot be done as asked (``workbench.train.start``, ``train start``...); nothing was
+    started or changed, and the message says what would work."""

@@ -1,23 +1,10 @@
 """The event schema shared by the ranks and the notebook: plain dicts, JSON on the wire.
 
-Ranks and notebook are different processes (maybe different hosts, maybe different
-versions of this package after an edit), so what crosses between them is plain data
-with a version number, never pickled objects: a rank can never make the notebook run
-code, and a schema change shows up as a clear error instead of a silent misread.
-Nothing here imports torch, ipywidgets or plotly; both sides import this module.
-
-Three kinds of event, each a dict with ``v`` (schema version), ``kind``, ``run``,
-``rank``, ``seq`` (per-rank sequence number, so gaps and duplicates are detectable)
-and ``time`` (wall clock of the rank, seconds since the epoch):
-
-- ``step``: one training step of one rank. ``step`` and ``metrics`` (name -> number or
-  None; names follow torchtitan: ``loss``, ``grad_norm``, ``tps``, ``mfu``,
-  ``memory_max_active_bytes``...), ``comm`` (collective kind -> count/bytes/time_s
-  during that step) and ``source`` (``trainer`` or ``user`` for ``engine.report``).
-- ``status``: the trainer changed state (``running``, ``paused``, ``stopped``,
-  ``finished``, ``error``) at ``step``, with a human ``reason``.
-- ``log``: a line of text worth showing in the status line.
-"""
+Ranks and notebook are different processes (maybe hosts, maybe versions of this package
+after an edit), so what crosses is plain data with a version number, never pickled objects:
+a rank can never make the notebook run code, and a schema change is a clear error instead of
+a silent misread. Every event carries ``v``, ``kind``, ``run``, ``rank``, ``seq`` (per rank,
+so gaps and duplicates show) and ``time`` (the rank's wall clock)."""
 
 from __future__ import annotations
 
@@ -96,7 +83,10 @@ def step_event(
     source: str = "trainer",
     t: float | None = None,
 ) -> dict:
-    """One step record of one rank."""
+    """One step record of one rank: ``metrics`` (name -> number or None; torchtitan's names:
+    ``loss``, ``grad_norm``, ``tps``, ``mfu``, ``memory_max_active_bytes``...), ``comm``
+    (collective kind -> count/bytes/time_s during the step) and ``source`` (``trainer``, or
+    ``user`` for ``engine.report``)."""
     return {
         "v": SCHEMA_VERSION,
         "kind": "step",
@@ -112,6 +102,7 @@ def step_event(
 
 
 def status_event(*, run: str, rank: int, state: str, step: int, reason: str = "") -> dict:
+    """The trainer changed ``state`` at ``step``, with a human ``reason``."""
     if state not in STATES:
         raise SchemaError(f"unknown trainer state {state!r}: one of {', '.join(STATES)}")
     return {
@@ -128,6 +119,7 @@ def status_event(*, run: str, rank: int, state: str, step: int, reason: str = ""
 
 
 def log_event(*, run: str, rank: int, text: str) -> dict:
+    """A line of text worth showing in the status line."""
     return {
         "v": SCHEMA_VERSION,
         "kind": "log",

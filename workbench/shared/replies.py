@@ -1,11 +1,9 @@
 """The replies of :mod:`workbench.engine.rpc`'s requests: frozen dataclasses both sides import.
 
 A rank builds its reply from the rank-side dict (``SaveInfo.from_dict(info)``); the notebook
-reads typed fields, and where its public API has always returned a dict (``ckpt.save()``,
-``timelines.records()``) it hands back ``reply.to_dict()``, the same keys as before. A key
-the reply does not know is refused on the rank, so the two sides cannot drift apart
-silently. Pure: no torch, no widgets.
-"""
+reads typed fields, and where its public API returns a dict (``ckpt.save()``,
+``timelines.records()``) it hands back ``reply.to_dict()``. A key the reply does not know is
+refused on the rank, so the two sides cannot drift apart silently. Pure: no torch, no widgets."""
 
 from __future__ import annotations
 
@@ -30,6 +28,13 @@ __all__ = [
     "ProbeReport",
     "LayoutReply",
     "CensusReply",
+    "TrainerState",
+    "StagedHparams",
+    "RunEnded",
+    "Size",
+    "ReplicaMember",
+    "EXIT_REPLICA_LOST",
+    "LogExcerpt",
 ]
 
 
@@ -259,3 +264,97 @@ class CensusReply:
         """The census with the rest beside it: the record per rank ``planner.live.compare`` reads."""
         extra = {"attention": self.attention, "attention_evidence": self.attention_evidence}
         return {**self.census, **extra, "model_config": self.model_config}
+
+
+# ----------------------------------------------------------------------------- runs
+@dataclass(frozen=True, kw_only=True)
+class TrainerState(_Reply):
+    """One rank's trainer: its run, state, step and target (``state`` "none", ``step`` 0 and
+    nothing else where no trainer was built); ``layout`` where the request built it."""
+
+    _OMIT_NONE: ClassVar[tuple[str, ...]] = ("rank", "run", "target", "reason", "notes", "layout")
+
+    state: str
+    step: int
+    rank: int | None = None
+    run: str | None = None
+    target: int | None = None
+    reason: str | None = None
+    notes: tuple[str, ...] | None = None
+    layout: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagedHparams:
+    """The hyperparameters a rank staged, as it will apply them (its types)."""
+
+    values: dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnded:
+    """Whether nothing of the run still works on this rank (its training thread and auto-save
+    ended) within the time given, and the state it ended in."""
+
+    rank: int
+    ended: bool
+    state: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Size:
+    """A number of ranks."""
+
+    n: int
+
+
+# the exit status of a rank that ended itself because its replica cannot step on (fault-tolerant runs)
+EXIT_REPLICA_LOST = 75
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaMember(_Reply):
+    """One rank of a fault-tolerant run (``state`` "none", ``step`` 0 where it has none): its replica,
+    the quorum of its newest step, the steps it healed at and whether its last step waits for a
+    lost replica."""
+
+    _OMIT_NONE: ClassVar[tuple[str, ...]] = (
+        "run",
+        "rank",
+        "replica",
+        "group_rank",
+        "reason",
+        "target",
+        "quorum",
+        "heals",
+        "waiting",
+        "wait_rounds",
+        "wait_s",
+    )
+
+    state: str
+    step: int
+    run: str | None = None
+    rank: int | None = None
+    replica: int | None = None
+    group_rank: int | None = None
+    reason: str | None = None
+    target: int | None = None
+    quorum: int | None = None
+    heals: tuple[int, ...] | None = None
+    waiting: bool | None = None
+    wait_rounds: int | None = None
+    wait_s: float | None = None
+
+
+@dataclass(frozen=True)
+class LogExcerpt:
+    """What one rank's log file gave (``shared.rank_logs``): lines as ``(number, text)``
+    (numbered from 1 where known, 0 for a tail), the lines that matched a pattern, shown or not,
+    and why nothing could be read, where nothing could."""
+
+    path: str
+    size: int  # bytes in the file (0: no file)
+    lines: tuple[tuple[int, str], ...]
+    matched: int = 0
+    note: str = ""

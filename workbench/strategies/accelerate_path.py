@@ -1,14 +1,8 @@
 """The Accelerate path: on CUDA, DDP / FSDP2 / DeepSpeed ZeRO go through
-``accelerate.Accelerator`` (``FullyShardedDataParallelPlugin(fsdp_version=2)``,
-``DeepSpeedPlugin``); on CPU the same spec takes the native path — never a silent
-downgrade: the layout's ``"path"`` and notes say which was taken and why.
-
-Accelerate keeps process-wide singletons (``PartialState``, ``AcceleratorState``,
-``GradientState``). ``prepare`` calls :func:`reset_accelerate_state` on every strategy
-switch so a previous Accelerator's plugin or mixed precision never leaks into the next.
-Accelerate never initialises the process group here: it finds the one the workbench
-runtime created (``torch.distributed.is_initialized()``).
-"""
+``accelerate.Accelerator``; on CPU the same spec takes the native path, never a silent
+downgrade: the layout's ``"path"`` and notes say which was taken and why. Accelerate finds
+the process group the workbench runtime made; its process-wide singletons are reset on every
+strategy switch (:func:`reset_accelerate_state`), so no plugin leaks into the next prepare."""
 
 from __future__ import annotations
 

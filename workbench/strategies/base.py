@@ -33,6 +33,7 @@ __all__ = [
     "factory_from_optimizer",
     "check_optimizer_matches",
     "TORCH_DTYPES",
+    "move_to",
 ]
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -97,6 +98,14 @@ def registered() -> list[str]:
 
 
 # ---------------------------------------------------------------------------- helpers
+def move_to(model: nn.Module, device: torch.device) -> None:
+    """``model.to(device)`` where some parameter or buffer is elsewhere. A model already there
+    is left as it is: its tensors may be ones ``to`` cannot swap (a dry run's fake tensors)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(t.device != device for t in tensors):
+        model.to(device)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy (positions with target -100 are ignored). Accepts a
     model output with ``.logits`` (transformers) as well as the logits tensor."""

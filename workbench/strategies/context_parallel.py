@@ -1,34 +1,10 @@
 """Context parallel: the sequence split over the ``cp`` ranks, attention as a ring
-(Liu et al. 2023, "Ring Attention"; torchtitan's ``context_parallel``), built here in plain
-torch so it runs on CPU/gloo ranks.
+(Liu et al. 2023, "Ring Attention"; torchtitan's ``context_parallel``), in plain torch so it
+runs on CPU/gloo ranks.
 
-Why not ``torch.distributed.tensor.experimental.context_parallel``: in torch 2.13 it works
-by overriding the CUDA SDPA kernels (``_scaled_dot_product_flash/efficient/cudnn_attention``);
-on CPU, SDPA dispatches to ``_scaled_dot_product_flash_attention_for_cpu``, which it does
-not handle, so attention would run on the local shard alone, silently wrong.
-
-Load balance (zig-zag): the sequence is cut into ``2 x cp`` chunks and cp rank ``r`` holds
-chunks ``r`` and ``2cp-1-r``, so under a causal mask every rank has the same work.
-Every rank keeps its queries; the key/value block travels round the ring (``cp - 1``
-send/recv steps); each step adds one block with a log-sum-exp (running max / sum) merge::
-
-    out, lse = attend(q, k_own, v_own)                     # own block: the diagonal
-    for step in 1..cp-1:
-        k, v = recv_from(prev), send_to(next)               # the ring
-        o_b, lse_b = attend(q, k, v, mask=pos_k <= pos_q)
-        lse_new = logaddexp(lse, lse_b)
-        out = out * exp(lse - lse_new) + o_b * exp(lse_b - lse_new); lse = lse_new
-
-Backward is autograd through that math; the ring step is a custom autograd ``Function``
-whose backward sends the gradient the other way round the ring. Parameters are FSDP2-
-sharded over ``dp_shard x cp`` (cp ranks share weights and see different tokens of the
-same samples), so the gradient reduce-scatter averages over both, as torchtitan does.
-
-Models: the workbench GPT (its ``Attention.attn_fn`` hook; rotary rows taken at the
-shard's global positions) and transformers models whose attention goes through
-``ALL_ATTENTION_FUNCTIONS`` (an implementation ``"workbench_cp"`` registered there;
-``position_ids`` give rotary the global positions). Anything else is refused.
-"""
+Not ``torch.distributed.tensor.experimental.context_parallel``: in torch 2.13 it overrides
+only the CUDA SDPA kernels, so on CPU attention would run on the local shard alone, silently
+wrong. The zig-zag split and the ring, naively: docs/strategies.md."""
 
 from __future__ import annotations
 
@@ -223,7 +199,13 @@ def _hf_cp_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 def apply_cp(model: nn.Module, kind: str, group, notes: list[str]) -> CPState:
     """Put ring attention into every attention module of ``model`` (``kind`` from
-    :func:`check_cp_model`); returns the shared :class:`CPState`."""
+    :func:`check_cp_model`); returns the shared :class:`CPState`.
+
+    The workbench GPT through its ``Attention.attn_fn`` hook (rotary rows at the shard's
+    global positions); a transformers model through ``ALL_ATTENTION_FUNCTIONS``
+    (``"workbench_cp"``, ``position_ids`` giving rotary the global positions). Parameters are
+    FSDP2-sharded over ``dp_shard x cp`` (the cp ranks share weights and see different
+    tokens), so the gradient reduce-scatter averages over both, as torchtitan does."""
     st = CPState(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group))
     if kind == "gpt":
         mods = _gpt_attentions(model)

@@ -1,13 +1,6 @@
 """DistributedDataParallel (Li et al. 2020, "PyTorch Distributed", VLDB): full replicas,
 gradients all-reduced in buckets overlapping backward. Also ``none``: no parallelism.
-
-Naive form, for teaching (what DDP does, minus bucketing and overlap)::
-
-    loss.backward()
-    for p in model.parameters():
-        dist.all_reduce(p.grad); p.grad /= world_size
-    optimizer.step()
-"""
+Its naive form, for teaching, is in docs/strategies.md."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
 """Expert parallel (``ep``) for the workbench's MoE layers, through ``prepare``.
 
-As in torchtitan, ``ep`` borrows ranks from ``dp_shard``: the ``dp_shard`` ranks are laid
-out as ``dp_shard_mod_ep x ep`` (row-major, so an ep group is ``ep`` neighbouring ranks).
-
-- Experts (the stacked ``w1/w2/w3`` of every :class:`workbench.models.MoE`, or every weight
-  of a transformers fused experts module, see :mod:`.hf_experts`): split by expert over
-  ``ep`` (a ``Shard(0)`` DTensor on the ``ep`` mesh dim); tokens travel to their expert's
-  rank and back over two ``all_to_all_single`` calls (GShard, Lepikhin et al. 2020).
-  FSDP2 shards each rank's experts again over ``dp_shard_mod_ep``.
-- Everything else (attention, norms, the router, embedding, head): FSDP2 over all of
-  ``dp_shard`` (the flattened ``dp_shard_mod_ep x ep``), as without ep.
-
-Gradients: an expert's gradient on its rank already sums the contributions of the tokens
-every rank of its ep group sent it; FSDP2 sums over ``dp_shard_mod_ep`` and divides by
-the whole ``dp_shard`` (``set_gradient_divide_factor``), so the step equals the mean over
-every data-parallel rank, as for the other parameters.
-"""
+As in torchtitan, ``ep`` borrows ranks from ``dp_shard`` (laid out ``dp_shard_mod_ep x ep``):
+experts are split over ``ep``, tokens travelling to their expert's rank and back over two
+``all_to_all_single`` calls (GShard, Lepikhin et al. 2020), and FSDP2 shards them again over
+``dp_shard_mod_ep``; every other weight is FSDP2-sharded over all of ``dp_shard``, as without ep."""
 
 from __future__ import annotations
 
@@ -115,7 +103,8 @@ def apply_ep(model: nn.Module, mesh, notes: list[str]) -> int:
 def shard_experts(model: nn.Module, mesh, dp_mesh, spec, dp_size: int, notes: list[str]) -> None:
     """FSDP2 units for the MoE layers, before the blocks': the router over ``dp_mesh`` (it is
     an ordinary weight), the experts over ``dp_shard_mod_ep`` with the gradient divided by
-    the whole data-parallel size."""
+    the whole data-parallel size: an expert's gradient already sums the tokens its ep group
+    sent it, so the step equals the mean over every data-parallel rank, as for the others."""
     from torch.distributed.fsdp import fully_shard
 
     efsdp = mesh["dp_shard_mod_ep"]

@@ -1,24 +1,10 @@
 """fp8 training through torchao's float8 (Micikevicius et al. 2022, "FP8 Formats for Deep
-Learning"): each block's ``nn.Linear`` becomes a ``Float8Linear`` whose three matmuls take
-E4M3 inputs and weights forward and E5M2 gradients backward, each operand scaled to its
-fp8 range just before the matmul ("dynamic" scaling: ``tensorwise`` one scale per tensor,
-``rowwise`` one per row, which tolerates outliers better and costs more).
+Learning"): each block's ``nn.Linear`` becomes a ``Float8Linear``; weights, optimizer state
+and master copies keep their dtype, the embedding and head stay in high precision.
 
-Weights, optimizer state and the master copy stay in their own dtype; only the matmul runs
-in fp8. The embedding and the output head stay in high precision (torchtitan's default: the
-head's logits are the most sensitive to rounding). With FSDP2 and ``tensorwise`` scaling the
-weights are all-gathered in fp8 (half of bf16's bytes); torchao does that for tensorwise only.
-
-Hardware fp8 matmuls (``torch._scaled_mm``) need CUDA with SM >= 8.9 (Ada, Hopper,
-Blackwell) and both matmul dimensions divisible by 16. Elsewhere torchao *emulates* the same
-casts and scales with high-precision matmuls: the numerics of fp8, none of its speed, which
-is what the CPU ranks use (``fp8_emulate=true``) to test conversion, layout and loss.
-
-Naive form of one forward matmul, for teaching::
-
-    s_x = 448 / x.abs().max();  s_w = 448 / w.abs().max()          # E4M3's largest value: 448
-    y = (x * s_x).to(e4m3) @ (w * s_w).to(e4m3).T / (s_x * s_w)     # _scaled_mm on a GPU
-"""
+Hardware fp8 matmuls need CUDA SM >= 8.9 and both dimensions divisible by 16; elsewhere
+torchao emulates the casts and scales (``fp8_emulate=true``: fp8's numerics, none of its
+speed), which is how CPU ranks test conversion, layout and loss. Naive form: docs/strategies.md."""
 
 from __future__ import annotations
 
@@ -96,6 +82,8 @@ def check_fp8(model: nn.Module, spec, blocks, tp: int, tp_plan: dict | None, dev
 
 
 def fp8_config(spec, fsdp: bool):
+    """torchao's recipe for ``spec.fp8``; under FSDP2 with tensorwise scaling the weights are
+    all-gathered in fp8 (half of bf16's bytes), which torchao does for tensorwise only."""
     from torchao.float8 import Float8LinearConfig
 
     cfg = Float8LinearConfig.from_recipe_name(spec.fp8)

@@ -1,20 +1,9 @@
 """FSDP2: ``fully_shard`` each block, then the root (Zhao et al. 2023, "PyTorch FSDP";
 ZeRO, Rajbhandari et al. 2020).
 
-Parameters become ``DTensor``s sharded on dim 0 over the ``dp_shard`` mesh dimension
-(replicated over ``dp_replicate`` for HSDP). Each block's parameters are all-gathered
-just before its forward and backward and freed after; gradients are reduce-scattered.
-``reshard_after_forward=True`` frees gathered parameters after forward (ZeRO-3-like);
-``False`` keeps them until backward (ZeRO-2-like: more memory, one all-gather fewer).
-
-Naive form, for teaching (one block)::
-
-    full = all_gather(shard)                 # forward: materialise the block
-    y = block(x, full); del full
-    full = all_gather(shard)                 # backward: again (if resharded)
-    g_full = grad(...); g_shard = reduce_scatter(g_full) / world
-    optimizer.step()                          # on the shard only
-"""
+Parameters are DTensors sharded over ``dp_shard`` (replicated over ``dp_replicate`` for
+HSDP), each block's all-gathered around its forward and backward, gradients
+reduce-scattered; the naive form, for teaching, is in docs/strategies.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Expert parallel for Hugging Face MoE models: transformers' fused experts modules.
 
-transformers 5 keeps a MoE layer's experts as one module (``Qwen3MoeExperts``,
-``MixtralExperts``, ``OlmoeExperts``...) holding stacked 3-D weights (``gate_up_proj
-[E, 2I, H]``, ``down_proj [E, H, I]``) and called as ``experts(hidden_states, top_k_index,
-top_k_weights)`` after the router chose each token's experts. Under ``ep`` each rank keeps
-``E / ep`` neighbouring experts (``Shard(0)`` DTensors over ``ep``, global shapes kept, so a
-checkpoint reshards) and the module's forward becomes a dispatch: each (token, expert)
-pair goes to its expert's rank over ``all_to_all_single``, runs through the module's own
-forward there (local expert ids, unit weights, ``num_experts`` the local count), comes back
-over a second one and is weighted by the router on the sender (GShard, Lepikhin et al.
-2020; transformers' own ``AllToAllEP`` does the same).
-"""
+transformers 5 keeps a MoE layer's experts as one module of stacked 3-D weights
+(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``). Under ``ep`` each rank keeps its
+``E / ep`` experts at their global shapes (so a checkpoint reshards), and the module's
+forward becomes a dispatch to the experts' ranks and back (as transformers' ``AllToAllEP``)."""
 
 from __future__ import annotations
 
@@ -105,7 +98,9 @@ def _local_params(m: nn.Module):
 
 
 def _dispatch(m, own_forward, hidden, top_k_index, top_k_weights, group, ep: int, n_local: int):
-    """Every (token, slot) pair to its expert's rank and back, weighted here by the router."""
+    """Every (token, slot) pair to its expert's rank and back, weighted here by the router:
+    on the expert's rank it runs through the module's own forward (local expert ids, unit
+    weights, ``num_experts`` the local count)."""
     import torch.distributed as dist
     from torch.distributed.nn.functional import all_to_all_single
 

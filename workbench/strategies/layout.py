@@ -1,30 +1,8 @@
-"""The LAYOUT DESCRIPTION: a plain, JSON-able dict saying where every parameter lives.
+"""The layout description: a plain, JSON-able dict saying where every parameter lives.
 
-Schema (version 1)::
-
-    {"version": 1, "strategy": kind, "path": "native" | "accelerate" | "deepspeed",
-     "mesh": {"shape": [...], "dim_names": [...]}, "rank": r, "world_size": w,
-     "params": [{"name", "global_shape", "local_shape", "placements": [str], "dtype",
-                 "local_bytes", "global_bytes", "holds"}],
-     "param_bytes_local": int, "param_bytes_global": int, "notes": [str],
-     "data": {"dp_rank": int, "dp_size": int}}
-
-``compute`` (optional, per param): ``"fp8 tensorwise"`` / ``"fp8 rowwise"`` (``" (emulated)"``)
-where the weight's matmuls run in fp8 (its storage keeps ``dtype``).
-
-``placements`` has one entry per mesh dimension (DTensor's ``Shard(0)``/``Replicate()``;
-``Stage(k)`` for a pipeline stage; ``ZeroShard(flat)`` for DeepSpeed ZeRO-3 partitions).
-``param_bytes_global`` is the whole model's parameter bytes, the same on every rank.
-
-``holds`` (a later addition to version 1: readers that need it say so when it is
-missing) says which elements of the global tensor this rank's local tensor covers,
-asked of the tensor itself rather than re-derived from placement names:
-``{"kind": "grid", "runs": [[[start, stop], ...] per tensor dim], "partial": bool}`` (the
-local tensor is the cartesian product of those index runs, in order; a strided shard has
-several runs), or ``{"kind": "flat", "runs": [[start, stop]]}`` for a range of the
-flattened tensor (DeepSpeed ZeRO-3 partitions). ``partial`` marks a ``Partial`` placement:
-the right shape, but a partial sum.
-"""
+One schema (:func:`make_layout`) for every strategy, and for JAX arrays too, so the
+notebook's layout pictures and the planner's comparisons read any layout alike, asked of the
+tensors themselves rather than re-derived from placement names."""
 
 from __future__ import annotations
 
@@ -58,14 +36,15 @@ def placement_name(pl) -> str:
 
 
 def index_runs(index) -> list[list[int]]:
-    """Sorted-or-not global indices -> ``[[start, stop], ...]`` runs of consecutive ones, in order."""
-    runs: list[list[int]] = []
-    for i in (int(v) for v in index):
-        if runs and runs[-1][1] == i:
-            runs[-1][1] = i + 1
-        else:
-            runs.append([i, i + 1])
-    return runs
+    """Sorted-or-not global indices -> ``[[start, stop], ...]`` runs of consecutive ones, in order.
+    Computed on the whole index at once: a vocabulary-sized dimension has 10^5 entries."""
+    t = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+    if t.numel() == 0:
+        return []
+    cuts = ((t[1:] != t[:-1] + 1).nonzero().reshape(-1) + 1).tolist()
+    starts, stops = [0, *cuts], [*cuts, t.numel()]
+    values = t.tolist()
+    return [[values[a], values[b - 1] + 1] for a, b in zip(starts, stops)]
 
 
 def _dtensor_indices(p) -> list:
@@ -95,7 +74,13 @@ def _dtensor_indices(p) -> list:
 
 
 def holdings(p: torch.Tensor) -> dict:
-    """Which global elements this rank's local copy of ``p`` covers (see the module doc).
+    """Which global elements this rank's local copy of ``p`` covers, asked of the tensor itself
+    rather than re-derived from placement names: ``{"kind": "grid", "runs": [[[start, stop],
+    ...] per tensor dim], "partial": bool}`` (the local tensor is the product of those index
+    runs, in order; a strided shard has several; ``partial``: a ``Partial`` placement, the
+    right shape but a partial sum), or ``{"kind": "flat", "runs": [[start, stop]]}`` for a
+    range of the flattened tensor (DeepSpeed ZeRO-3 partitions). Readers that need ``holds``
+    (a later addition to version 1) say so when it is missing.
 
     Checked against the local tensor's real shape: a mismatch raises rather than
     letting a picture show a shard the rank does not hold.
@@ -198,6 +183,20 @@ def make_layout(
     dp_size: int,
     param_bytes_global: int | None = None,
 ) -> dict:
+    """The layout description (``LAYOUT_VERSION``)::
+
+        {"version": 1, "strategy": kind, "path": "native" | "accelerate" | "deepspeed",
+         "mesh": {"shape": [...], "dim_names": [...]}, "rank": r, "world_size": w,
+         "params": [{"name", "global_shape", "local_shape", "placements": [str], "dtype",
+                     "local_bytes", "global_bytes", "holds", "compute"?}],
+         "param_bytes_local": int, "param_bytes_global": int, "notes": [str],
+         "data": {"dp_rank": int, "dp_size": int}}
+
+    ``placements``: one per mesh dimension (``Shard(0)``/``Replicate()``; ``Stage(k)`` for a
+    pipeline stage; ``ZeroShard(flat)`` for ZeRO-3 partitions); ``holds``: :func:`holdings`;
+    ``compute``: ``"fp8 tensorwise"`` / ``"fp8 rowwise"`` (``" (emulated)"``) where the
+    weight's matmuls run in fp8. ``param_bytes_global`` is the same on every rank.
+    """
     local = sum(p["local_bytes"] for p in params)
     glob = sum(p["global_bytes"] for p in params) if param_bytes_global is None else param_bytes_global
     return {

@@ -1,13 +1,10 @@
 """Device meshes and process groups of the layouts prepared on this rank, built over the
-EXISTING default process group: built once per layout, destroyed once no model uses them.
+existing default process group: built once per layout, destroyed once no model uses them.
 
-Every gloo group starts a thread that wakes a hundred times a second for as long as the
-group lives, so a rank that tried several layouts would otherwise carry all their groups.
-A layout (a mesh's device, shape and dimension names; DeepSpeed's engine groups) keeps the
-groups made while preparing models on it. Preparing the same layout again (a re-run
-training cell) reuses them; at the end of a prepare, the groups of every other layout
-whose models are all gone (or ``close()``-d) are destroyed, on every rank at once.
-"""
+Every gloo group keeps a thread that wakes a hundred times a second for as long as it
+lives, so a rank that tried several layouts would carry all their groups: preparing the same
+layout again (a re-run cell) reuses its groups, and at the end of a prepare the groups of
+every layout whose models are all gone are destroyed, on every rank at once."""
 
 from __future__ import annotations
 

@@ -1,26 +1,9 @@
 """``parallelize``: apply the degrees of a resolved spec to one rank's model, in a fixed order.
 
-The order (torchtitan's ``parallelize_llama``), each step a small ``apply_*`` of its own:
-
-1. pipeline split (``pp``)          -- the stage keeps its blocks, embedding first, norm/head last
-   fp8 (``fp8=``)                   -- block linears -> torchao ``Float8Linear``, before TP and
-                                       FSDP shard them (see ``float8``)
-2. tensor parallel (``tp``, + SP)   -- DTensor plan from the model, transformers or ``tp_plan=``
-3. context parallel (``cp``)        -- ring attention in the model's attention; the sequence
-                                       sharded per step (zig-zag), see ``context_parallel``
-   expert parallel (``ep``)         -- MoE experts split over ``ep`` ranks borrowed from
-                                       ``dp_shard``, see ``expert_parallel``
-4. activation checkpointing         -- per block
-5. compile                          -- per block (``cuda_graphs``: mode="reduce-overhead")
-6. data parallel, last              -- FSDP2 (``dp_shard``, x ``cp`` when on; experts over
-                                       ``dp_shard_mod_ep``), HSDP
-                                       (``dp_replicate x dp_shard[x cp]``) per block + root,
-                                       or DDP (``dp_replicate`` alone)
-
-TP before FSDP so FSDP shards the TP-sharded DTensors again (2-D); AC and compile wrap the
-block forwards FSDP's per-block hooks then surround. :func:`check_layout` runs every check
-that depends on the model (blocks, plan, split) before any rank changes.
-"""
+The order is torchtitan's ``parallelize_llama``, each step a small ``apply_*`` of its own:
+pipeline split, fp8, tensor parallel, context and expert parallel, activation checkpointing,
+compile, then data parallel last, so that FSDP shards the TP-sharded DTensors again (2-D).
+:func:`check_layout` runs every check that depends on the model before any rank changes."""
 
 from __future__ import annotations
 
@@ -37,6 +20,7 @@ from .base import (
     PrepareError,
     build_optimizer,
     check_optimizer_matches,
+    move_to,
     register,
 )
 from .blocks import Blocks, apply_activation_checkpointing, apply_compile, find_blocks
@@ -170,7 +154,13 @@ def _params(model, names, stage_idx) -> list[dict]:
 
 
 def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
-    """Apply ``ctx.spec``'s degrees to ``model`` in the documented order; build the optimizer."""
+    """Apply ``ctx.spec``'s degrees to ``model`` in the module's order; build the optimizer.
+
+    Data parallel comes last: FSDP2 over ``dp_shard`` (x ``cp`` when on; experts over
+    ``dp_shard_mod_ep``), HSDP over ``dp_replicate x dp_shard``, per block and root, or DDP
+    over ``dp_replicate`` alone; activation checkpointing and compile wrap the block forwards
+    that FSDP's per-block hooks then surround. fp8 swaps the block linears before TP and FSDP
+    shard them."""
     s = ctx.spec
     d = s.dims(ctx.world_size)
     check = check_layout(model, s, ctx.world_size, ctx.hints)
@@ -214,7 +204,7 @@ def parallelize(model: nn.Module, optimizer, ctx: Context) -> Prepared:
     elif "dp_replicate" in names:
         wrapped = apply_ddp(model, ctx, mesh.get_group("dp_replicate"))
     if stage_idx is not None:
-        model.to(ctx.device)
+        move_to(model, ctx.device)
         schedule = make_schedule(model, stage_idx, d.pp, ctx.device, mesh.get_group("pp"), s, ctx.loss_fn)
     if "tp" in names and prepared_cls is not FSDP2Prepared:  # after model.to(), which drops tensor hooks
         keep_grad_placements(model, ctx.notes)

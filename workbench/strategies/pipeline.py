@@ -1,19 +1,8 @@
 """Pipeline parallel with ``torch.distributed.pipelining``: each pipeline rank is one stage
-that owns a contiguous slice of the blocks (stage 0 also the embedding, the last stage the
-final norm and output head), torchtitan style: the stage deletes what it does not own, so
-parameter names stay those of the whole model.
-
-Two kinds of decoder split here: models with ``keep_stage(stage, n_stages)`` (the
-workbench GPT) and transformers causal LMs of the Llama family (``model.embed_tokens``,
-``model.layers``, ``model.norm``, ``model.rotary_emb``, ``lm_head``), whose stage forward
-runs embedding -> owned layers (causal mask, rotary positions) -> norm/head. Anything
-else is refused, naming why. With ``dp_shard`` each stage is FSDP2-sharded over its data-
-parallel group (``pp x dp_shard [x tp]``).
-
-Schedules: GPipe (Huang et al. 2019) runs all microbatch forwards, then all backwards;
-1F1B (PipeDream-Flush, Narayanan et al. 2021) interleaves them so at most ``pp``
-microbatches of activations are alive. Both compute the same gradients.
-"""
+owning a contiguous slice of the blocks (stage 0 also the embedding, the last stage the norm
+and head), torchtitan style: the stage deletes what it does not own, so parameter names stay
+those of the whole model. Schedules: GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush,
+Narayanan et al. 2021), which compute the same gradients."""
 
 from __future__ import annotations
 
@@ -84,7 +73,11 @@ def _hf_parts(model: nn.Module):
 
 
 def check_splittable(model: nn.Module, pp: int, boundaries=None) -> list[list[str]]:
-    """Refuse, before any rank changes, a model this module cannot split into ``pp`` stages."""
+    """Refuse, before any rank changes, a model this module cannot split into ``pp`` stages.
+
+    Two kinds split: models with ``keep_stage(stage, n_stages)`` (the workbench GPT) and
+    transformers causal LMs of the Llama family (``model.embed_tokens``, ``model.layers``,
+    ``model.norm``, ``model.rotary_emb``, ``lm_head``); anything else is refused, naming why."""
     if hasattr(model, "keep_stage") and hasattr(model, "layers"):
         return split_points(list(model.layers.keys()), pp, boundaries)
     parts = _hf_parts(model)
@@ -233,15 +226,18 @@ class PipelinePrepared(Prepared):
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
         self._blocks, t0, wall = [], time.perf_counter(), time.time()
+        # return_outputs=False: the last stage would otherwise keep every micro-batch's
+        # output (the logits) until the step ends, to return them merged; the loss is all
+        # the step needs
         with self._autocast_ctx():
             if self.is_first and self.is_last:
-                self.schedule.step(x, target=y, losses=losses)
+                self.schedule.step(x, target=y, losses=losses, return_outputs=False)
             elif self.is_first:
-                self.schedule.step(x)
+                self.schedule.step(x, return_outputs=False)
             elif self.is_last:
-                self.schedule.step(target=y, losses=losses)
+                self.schedule.step(target=y, losses=losses, return_outputs=False)
             else:
-                self.schedule.step()
+                self.schedule.step(return_outputs=False)
         blocks, self._blocks = self._blocks, None
         self.last_run = {
             "stage": self.stage_idx,

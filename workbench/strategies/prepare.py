@@ -13,7 +13,7 @@ from torch import nn
 
 from . import ddp, parallelize, zero  # noqa: F401  (registration)
 from .accelerate_path import accelerate_prepare, choose_path, reset_accelerate_state
-from .base import Context, ModelHints, Prepared, PrepareError, get_strategy, lm_loss
+from .base import Context, ModelHints, Prepared, PrepareError, get_strategy, lm_loss, move_to
 from .meshes import layout_scope
 from .parallelize import check_layout
 from .spec import SpecError, StrategySpec
@@ -102,7 +102,7 @@ def prepare(
     if resolved.kind not in ("none", "zero") or resolved.fp8 != "none" or resolved.cuda_graphs:
         check_layout(model, resolved, world, hints, device)  # model checks, still before anything changes
     reset_accelerate_state()
-    model.to(device)
+    move_to(model, device)
     path, reason = choose_path(resolved, mesh_device)
     ctx = Context(
         spec=resolved,

@@ -1,22 +1,9 @@
 """Tensor parallel (Megatron-LM, Shoeybi et al. 2019) with DTensor's ``parallelize_module``.
 
-Column-parallel q/k/v and w1/w3 split heads and hidden units over ranks; row-parallel wo
-and w2 sum the partial outputs (one all-reduce per attention and per MLP). With
-sequence parallel (Korthikanti et al. 2022) the norms and residual stream are split along
-the sequence and the all-reduce becomes a reduce-scatter + all-gather pair.
-
-Plans come from, in order: a ``tp_plan=`` dict the user gives (module patterns -> style
-names or ``ParallelStyle`` objects), the model's own ``tp_plan(sequence_parallel)`` method
-(the workbench GPT), or a Hugging Face model's ``tp_plan`` (``base_model_tp_plan`` +
-``_tp_plan``). Patterns are expanded to module names and checked before any rank changes.
-Column-parallel outputs are local tensors, so attention that reshapes with
-``view(b, s, -1, head_dim)`` (HF Llama) sees ``heads / tp`` local heads.
-
-Naive form, for teaching (one MLP)::
-
-    h_local = silu(x @ W1[:, mine]) * (x @ W3[:, mine])   # column split: no comm
-    y = all_reduce(h_local @ W2[mine, :])                 # row split: one all-reduce
-"""
+Plans come from, in order: a user's ``tp_plan=`` dict, the model's own
+``tp_plan(sequence_parallel)`` (the workbench GPT), or a Hugging Face model's ``tp_plan``;
+patterns are expanded to module names and checked before any rank changes. What column and
+row splits do, naively: docs/strategies.md."""
 
 from __future__ import annotations
 
@@ -191,6 +178,8 @@ def resolve_tp_plan(
 
 
 def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, notes: list[str]) -> nn.Module:
+    """Apply ``plan`` over ``tp_mesh``. Column-parallel outputs are local tensors, so attention
+    that reshapes with ``view(b, s, -1, head_dim)`` (HF Llama) sees its ``heads / tp`` heads."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     parallelize_module(model, tp_mesh, plan.entries)

@@ -1,14 +1,7 @@
 """DeepSpeed ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
 Trillion Parameter Models"): stage 1 partitions optimizer state, stage 2 also gradients,
 stage 3 also parameters. Stage 0 is plain data parallel through the DeepSpeed engine.
-
-DeepSpeed picks its accelerator once per process (``deepspeed.accelerator.get_accelerator``,
-cached): ``DS_ACCELERATOR`` if set, else it probes for CUDA and friends and falls back to
-``CPU_Accelerator``, whose communication backend is ``gloo`` when oneCCL is absent. We set
-``DS_ACCELERATOR`` to the mesh device before the first DeepSpeed import on the rank, and
-because the default process group already exists, ``deepspeed.comm.init_distributed``
-wraps it (``TorchBackend``) instead of creating one. The engine reads ``LOCAL_RANK``.
-"""
+DeepSpeed wraps the workbench's existing process group rather than creating one."""
 
 from __future__ import annotations
 
@@ -36,7 +29,12 @@ __all__ = [
 
 
 def import_deepspeed(device_type: str):
-    """Import DeepSpeed with the accelerator matching ``device_type`` (see module doc)."""
+    """Import DeepSpeed with the accelerator matching ``device_type``.
+
+    DeepSpeed picks its accelerator once per process (``DS_ACCELERATOR`` if set, else a probe
+    for CUDA and friends, falling back to its CPU accelerator on gloo), so it is set to the
+    mesh device before the rank's first DeepSpeed import. The default process group already
+    exists, so ``deepspeed.comm.init_distributed`` wraps it; the engine reads ``LOCAL_RANK``."""
     want = "cuda" if device_type == "cuda" else "cpu"
     os.environ.setdefault("DS_ACCELERATOR", want)
     ninja_beside_python()
@@ -53,7 +51,7 @@ def import_deepspeed(device_type: str):
         )
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     if want == "cpu":
-        # TorchBackend JIT-compiles a shared-memory all-reduce kernel (~100 s, needs a C++
+        # TorchBackend JIT-compiles a shared-memory all-reduce kernel (slow, needs a C++
         # compiler) on first use; it only serves inference all-reduce. Training uses gloo.
         import sys
 
@@ -98,6 +96,27 @@ def check_nvme(spec) -> None:
             "offload to nvme needs DeepSpeed's async I/O op, built against libaio on first use: install "
             "libaio-dev (apt-get install libaio-dev) and a C++ compiler, or drop offload_param/offload_optimizer=nvme"
         )
+    load_op(builder, "DeepSpeed's async I/O op (for offload to nvme)")
+
+
+def load_op(builder, what: str) -> None:
+    """Build (first use) or load a DeepSpeed op now, so that a wait on another process's build
+    says what it waits for, and a lock left by a build ended part-way is refused, named."""
+    import sys
+
+    from .extension_lock import StaleLock, named_waits
+
+    rank = os.environ.get("RANK", "?")
+
+    def say(text: str) -> None:
+        print(f"rank {rank}: {text}", file=sys.stderr, flush=True)
+
+    ninja_beside_python()
+    try:
+        with named_waits(what, say):
+            builder.load(verbose=False)
+    except StaleLock as exc:
+        raise PrepareError(str(exc)) from None
 
 
 def swap_folders(spec, rank: int) -> list[str]:

@@ -1,13 +1,9 @@
 """Export an adapter checkpoint as peft's folder, or merged into its base as a model folder.
 
-:func:`export_adapter` writes what ``PeftModel.from_pretrained`` and serving stacks load:
-``adapter_config.json`` (the peft config kept in the manifest, ``base_model_name_or_path``
-pointing at the saved base) and ``adapter_model.safetensors`` under peft's saved names (the
-adapter's name taken out, as ``get_peft_model_state_dict`` does). :func:`export_merged`
-loads the saved base with ``from_pretrained``, applies the exported adapter with peft and
-merges it (``merge_and_unload``), so the merge is peft's own arithmetic for every LoRA
-variant, then writes the model with ``save_pretrained``. One process, no process group.
-"""
+:func:`export_adapter` writes what ``PeftModel.from_pretrained`` loads (peft's config and
+saved names, pointing at the saved base); :func:`export_merged` merges with peft's own
+``merge_and_unload`` on the saved base, so every LoRA variant merges as peft merges it.
+One process, no process group."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """Adapter (peft LoRA) checkpoints: the trainable tensors saved every time, the frozen base once.
 
-A peft model's state dict is mostly its frozen base. A checkpoint of one holds only the
-parameters that train (``requires_grad``) and their optimizer state; the base is written
-once per root, as a folder ``from_pretrained`` loads (``ROOT/bases/<fingerprint>/``:
-``config.json`` + safetensors under the base model's own Hugging Face names), and the
-checkpoint's manifest names it by fingerprint. The fingerprint is a hash of every frozen
-tensor's full bytes, names, shapes and dtypes, so it is the same under any layout or world
-size (DTensors are gathered one tensor at a time to hash them); a restore recomputes it on
-the model it is applied to and refuses a different base. It is remembered per model while
-no frozen tensor changed (their version counters), so only a model's first save gathers.
-"""
+A peft model's state dict is mostly its frozen base, so a checkpoint holds only what trains
+and its optimizer state; the base is written once per root (``ROOT/bases/<fingerprint>/``,
+a folder ``from_pretrained`` loads) and named by a fingerprint that is the same under any
+layout or world size, so a restore can refuse a different base (docs/finetune.md)."""
 
 from __future__ import annotations
 

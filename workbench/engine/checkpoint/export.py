@@ -1,18 +1,9 @@
-"""Export a checkpoint's model as ONE consolidated ``.safetensors`` file, or as a Hugging Face folder.
+"""Export a checkpoint's model as one consolidated ``.safetensors`` file, or as a Hugging Face folder.
 
-Reads the sharded DCP checkpoint in one process (no process group needed: ``no_dist``),
-reassembling every tensor at its full global shape, and writes it with
-``safetensors.torch.save_file`` under the model's own parameter names (no ``model.``
-prefix), ready for ``safetensors.torch.load_file`` or ``model.load_state_dict``. The
-manifest's step, strategy and world size go into the file's string metadata.
-
-:func:`export_hf` writes what ``transformers``' ``from_pretrained`` loads: ``config.json``
-(the model's config, kept in the checkpoint's manifest when it was saved) and
-``model.safetensors`` (or shards and their index) under the model's own names, which for
-a ``transformers`` model are the Hugging Face names (stacked MoE experts are written one
-expert at a time, as ``save_pretrained`` does). Any layout, any world size: DCP
-reassembles the global tensors first.
-"""
+Read in one process (no process group: ``no_dist``), every tensor reassembled at its global
+shape, so a checkpoint from any layout and world size exports alike; written under the
+model's own parameter names, which for a ``transformers`` model are the Hugging Face names
+(:func:`export_hf` adds the ``config.json`` the manifest kept)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """Loading a checkpoint into the live model, at any world size and strategy (every rank).
 
-Resharding is DCP's: each rank asks for the tensors its model holds *now* (full
-tensors under DDP, its shards under FSDP2/TP, its stage's under pipeline), with their
-global shapes, and DCP reads exactly those slices from whichever files hold them. So a
-checkpoint saved from FSDP2 on 4 ranks loads into DDP on 2, or DeepSpeed, or 1 rank.
-
-Before any tensor is read: every file's size and checksum is checked against the
-manifest (:func:`verify`, each file by the rank that reads it), DCP's ``.metadata`` is read
-through the restricted unpickler of :mod:`.safety` (a tampered file is refused), and
-the checkpoint's tensor names and shapes are compared with the model's on every rank;
-a mismatch raises :class:`~.safety.IncompatibleCheckpoint` naming the tensors, with
-the model untouched. Tensors are read into staging storage of their own (one more copy of
-this rank's model and optimizer state, on the device they live on) and applied only when
-every rank has read its part: a failed load never leaves a mix of old and new state.
-"""
+Each rank asks DCP for the tensors its model holds now and DCP reads those slices, so
+resharding is DCP's. Files are verified, the metadata read safely and names and shapes
+compared before any tensor is read; tensors go to staging storage and are applied only once
+every rank has read its part, so a failed load never leaves a mix (docs/checkpoints.md)."""
 
 from __future__ import annotations
 

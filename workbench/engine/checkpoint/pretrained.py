@@ -1,27 +1,10 @@
 """Hugging Face weights into a model already laid out on the ranks (rank side; no hub access).
 
-:func:`load_pretrained` reads a local ``save_pretrained`` folder (``model.safetensors``, or
-the shards named by ``model.safetensors.index.json``) into the model as it is now: each
-rank reads, through safetensors' lazy slices, only what it holds. A DTensor parameter
-(FSDP2, TP) gets its local slice of the global tensor (the box of global indices its
-placements give it); a parameter whose placement is not a box (FSDP2 over TP's strided
-shards) is read whole and cut up locally (``distribute_tensor(..., src_data_rank=None)``,
-no communication). A plain one (DDP, no strategy) is read whole. No collective runs, so
-a rank that refuses cannot leave the others waiting.
-
-Names: the model's own parameter names (wrappers' ``_checkpoint_wrapped_module.``,
-``_orig_mod.``, DDP's ``module.`` removed; a peft model's frozen base under its base model's
-names, its adapters left as they are), matched to the file's keys as they are, or
-with the model's ``base_model_prefix`` added or removed (a ``LlamaModel`` from a
-``LlamaForCausalLM`` folder and back). Stacked expert weights (transformers 5's fused MoE
-experts) are also found one expert at a time (``experts.{e}.gate_proj.weight`` and
-``up_proj`` concatenated, ``down_proj``), as ``save_pretrained`` writes them: a rank under
-expert parallel reads only its experts. Every missing or mis-shaped tensor is named before
-anything is written: the model is left as it was.
-
-:func:`model_config` is what a checkpoint keeps of a ``transformers`` model so that
-:func:`workbench.engine.checkpoint.export.export_hf` can write a folder ``from_pretrained`` loads.
-"""
+:func:`load_pretrained` reads a local ``save_pretrained`` folder through safetensors' lazy
+slices, each rank only what it holds, with no collective: a rank that refuses cannot leave
+the others waiting, and every missing or mis-shaped tensor is named before anything is
+written. :func:`model_config` is what a checkpoint keeps so that ``export_hf`` can write a
+folder ``from_pretrained`` loads."""
 
 from __future__ import annotations
 

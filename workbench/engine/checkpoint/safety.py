@@ -1,21 +1,10 @@
 """Loading never runs code from a checkpoint, and never loads one into the wrong model.
 
-Two ways a DCP checkpoint could run code on load, both closed here:
-
-1. ``FileSystemReader.read_metadata`` (torch 2.13) reads ``.metadata`` with plain
-   ``pickle.load``: a tampered file executes whatever it names. :class:`SafeReader`
-   replaces it with :class:`MetadataUnpickler`, which resolves only DCP's own metadata
-   dataclasses, ``torch.Size``, torch dtypes/layouts and ``pathlib`` paths, and refuses
-   everything else, naming the global it found.
-2. Non-tensor entries (``BytesStorageMetadata``) are read back with
-   ``torch.load(weights_only=False)`` by ``DefaultLoadPlanner.load_bytes``. The workbench
-   never writes such entries (non-tensor state goes to JSON), so :func:`check_metadata`
-   refuses a checkpoint that has any, and :class:`SafeLoadPlanner` refuses them again.
-
-Tensor payloads are read by DCP with ``torch.load(weights_only=True)``.
-
-:func:`compare` names the tensors whose keys or shapes do not match the model.
-"""
+DCP reads ``.metadata`` with plain ``pickle.load`` and non-tensor entries with
+``torch.load(weights_only=False)``: :class:`SafeReader` reads the metadata through
+:class:`MetadataUnpickler`, and :func:`check_metadata` and :class:`SafeLoadPlanner` refuse
+non-tensor entries, which the workbench never writes. :func:`compare` names the tensors
+whose keys or shapes do not match the model."""
 
 from __future__ import annotations
 

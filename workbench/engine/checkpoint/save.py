@@ -1,26 +1,9 @@
 """Saving a distributed checkpoint, synchronously or in the background (runs on every rank).
 
-Rank 0 makes ``ROOT/NAME.tmp-TOKEN/``; before any shard is written every rank checks
-that it sees that folder (one folder shared by all ranks), writes its
-``rank-RRRRR.json`` (RNG states, data position) into it, and that the estimated size
-fits the free space: a failure is one :class:`StorageError` naming the rank, the path
-and the cause, on every rank, the folder removed. Then every rank writes its own part
-with ``torch.distributed.checkpoint`` (its tensors written by :mod:`.shard_writer`; DCP
-writes ``.metadata`` once all parts are written), reads its files back for their size and
-checksum (:mod:`.integrity`), and the
-ranks exchange what they wrote (or the error they met: ENOSPC, EROFS...). Rank 0 writes
-``manifest.json`` with every file's size and checksum, fsyncs it and the folder, and
-renames ``NAME.tmp-TOKEN`` to ``NAME`` (replacing an older checkpoint of the same name
-only after the new one is whole). A storage fault removes the partial folder; a crash
-or kill before the rename leaves a ``*.tmp-*`` folder that is never listed or loaded
-(and is cleaned on the next save); the previous checkpoint is never touched.
-
-Async: the state is first copied to CPU memory on the training thread (the only time
-training is blocked), then written by one background thread per rank. Checkpoint
-collectives run on a process group of their own (gloo), so they do not interleave
-with training's collectives. A new save or a load first waits for the one in flight
-(:func:`wait`): two saves never race.
-"""
+Written into ``ROOT/NAME.tmp-TOKEN/`` and renamed into place only once every rank's files
+are written, read back and recorded in ``manifest.json``, so a crash or a storage fault
+never leaves a checkpoint that looks whole, and the previous one is never touched (the
+steps: docs/checkpoints.md). An async save blocks training only to copy the state to CPU."""
 
 from __future__ import annotations
 
@@ -140,7 +123,7 @@ def _stage(state: dict, prefix: str = "") -> dict:
     Buffers are kept and reused by the next async save of the same shapes (the previous
     save has always finished by then: saves are serialized), and so is a DTensor's
     wrapper around its buffer: one copy per tensor, nothing allocated or wrapped again
-    (``DTensor.from_local`` costs ~0.1 ms a tensor, as much as the copy of a small one).
+    (``DTensor.from_local`` costs as much as the copy of a small tensor: benchmarks/FINDINGS.md).
     """
     with torch.no_grad():
         return _stage_dict(state, prefix)
@@ -182,8 +165,8 @@ def _stage_tensor(key: str, v: torch.Tensor) -> torch.Tensor:
 
 
 def _local(v) -> torch.Tensor:
-    """A DTensor's shard on this rank. ``to_local()`` is an autograd function (~25 us a tensor,
-    a few ms a save on the blocking path); the shard itself is all staging and sizing read."""
+    """A DTensor's shard on this rank. ``to_local()`` is an autograd function, a cost per tensor
+    on the blocking path; the shard itself is all staging and sizing read."""
     local = getattr(v, "_local_tensor", None)
     return local if isinstance(local, torch.Tensor) else v.to_local()
 
@@ -403,8 +386,8 @@ def _preflight(state, rank_info, root, tmp, name, made, pg, rank) -> None:
     if err is None:
         try:
             with open(os.path.join(tmp, rank_file(rank)), "w", encoding="utf-8") as fh:
-                # one C-encoded string, not json.dump's chunk-by-chunk writes (~1250 RNG ints:
-                # ~2.5 ms of a blocking save); fsynced by the write, off the training thread
+                # one C-encoded string, not json.dump's chunk-by-chunk writes of ~1250 RNG ints
+                # on the blocking path; fsynced by the write, off the training thread
                 fh.write(json.dumps(rank_info))
         except OSError as exc:
             err = f"rank {rank} cannot write {exc.filename or tmp}: {_cause(exc)}"
@@ -493,7 +476,7 @@ def _planner(staged: bool = False):
     ``staged``: the state holds this module's staging buffers (an async save). Those are the same
     objects from save to save while their shapes hold, so when every one of them is the object
     the cached plan was made from, this rank's local plan is that plan, and building it again
-    (~8 ms of the writer's CPU a save on the tiny model, one write item per tensor) is skipped.
+    (one write item per tensor, in the writer's Python) is skipped.
     """
     global _PLANNER_CLS
     if _PLANNER_CLS is None:

@@ -1,14 +1,10 @@
 """DCP's per-rank shard files (``__R_0.distcp``) written without a ``torch.save`` per tensor.
 
-DCP's ``FileSystemWriter`` runs ``torch.save`` (a zip archive, a pickle) for every tensor:
-~0.4 ms of Python each, ~60 a rank on the tiny model, most of what a background write costs
-the training thread, which waits for the GIL while the writer holds it. A tensor saved in
-``torch.save``'s legacy (non-zip) format is a header that depends only on its dtype and shape,
-then its raw bytes; so the header is made once per (dtype, shape) and each tensor is one
-``write`` of header and bytes (the GIL released). The files are byte for byte what
-``torch.save(t, f, _use_new_zipfile_serialization=False)`` writes: DCP's stock
-``FileSystemReader`` (``torch.load(weights_only=True)``) reads them, inside the workbench or out.
-"""
+DCP's ``FileSystemWriter`` pickles every tensor in a zip archive, Python that holds the GIL
+the training thread waits for (benchmarks/FINDINGS.md). A tensor in ``torch.save``'s legacy
+format is a header that depends only on dtype and shape, then its raw bytes: so each tensor
+is one ``write`` of a cached header and its bytes, byte for byte what
+``torch.save(t, f, _use_new_zipfile_serialization=False)`` writes, which DCP's stock reader reads."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
 """What a checkpoint captures on a rank: model + optimizer tensors, step, data position, RNG.
 
-Model and optimizer go through ``torch.distributed.checkpoint.state_dict.get_state_dict``
-with ``flatten_optimizer_state_dict=True``: keys are the model's own parameter names
-(no ``module.`` prefix from DDP, global shapes for FSDP2/TP DTensors), and optimizer
-state is keyed ``state.<param fqn>.<name>``. That is what makes a checkpoint saved under
-one strategy and world size loadable under another (DCP reshards on read).
-
-Non-tensor optimizer entries (``param_groups.<fqn>.lr``, betas...) and all other
-non-tensor state (step, data position, RNG states) go to JSON, never to pickles.
-
-DeepSpeed: its ZeRO optimizer keeps flat fp32 partitions, not per-parameter state, so
-``get_state_dict`` cannot read it. The DeepSpeed engine is read and written through
-``deepspeed.utils.safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state`` (and
-their ``safe_set_*`` twins), which gather full per-parameter tensors under every ZeRO
-stage; they are stored under the same keys as the torch path, so a DeepSpeed checkpoint
-loads into DDP/FSDP2 and back, at any world size.
-"""
+Keys are the model's own parameter names at global shapes (``get_state_dict``, flattened
+optimizer state), and DeepSpeed's engine is read into the same keys, so a checkpoint saved
+under one strategy and world size loads under another. Everything that is not a tensor goes
+to JSON, never to pickles."""
 
 from __future__ import annotations
 

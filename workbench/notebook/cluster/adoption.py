@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+from ...engine import rpc
 from . import health
 from .rankset import RankSet
 
@@ -83,9 +84,7 @@ def rehome(rs, pid: int) -> None:
     write_owner(rs, pid)
     live = [r for r in range(rs.world_size) if r not in (rs.watcher.known() if rs.watcher else {})]
     if live:
-        from ...engine import runtime
-
-        rs.apply(runtime.rehome, pid, ranks=live, timeout=30)
+        rs.apply(rpc.handle, rpc.Rehome(owner_pid=pid), ranks=live, timeout=30)
 
 
 def write_owner(rs, pid: int) -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import sys
 import time
 
+from ...shared import output_cut
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
-from . import debugging, grouping, stragglers
+from .. import debugger
+from . import culprit, debugging, grouping, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
 from .health import death_message
 from .live import LIVE_POLL_S, LiveOutput, in_kernel, tag
@@ -31,7 +33,7 @@ BATCH_MAX_S = 0.6
 
 def run_cell(
     rankset,
-    code: str,
+    code,
     ranks=None,
     timeout: float | None = None,
     *,
@@ -39,17 +41,30 @@ def run_cell(
     stream: bool | None = None,
     grace: float = GRACE_S,
     group: bool | None = None,
+    output: int | None = output_cut.DEFAULT_LIMIT,
 ):
-    """Run ``code`` on ``ranks``; show output; raise naming the rank on failure.
+    """Run ``code`` (or a request of ``rpc`` that runs like a cell) on ``ranks``; show output;
+    raise naming the rank on failure.
 
     Returns the :class:`RankCall`. No timeout unless one is given; on timeout the
     ranks keep running and the error holds each stuck rank's stack. When a rank
     fails while others still run, its traceback is shown at once and the others
     get ``grace`` seconds to finish before they are interrupted. ``group``: identical
     output of several ranks shown once under their ranks (None: past
-    ``grouping.GROUP_PAST`` ranks).
+    ``grouping.GROUP_PAST`` ranks). ``output``: about the most characters of printed output
+    the cell shows, all ranks together (a head and a tail of each rank's; None: all of it);
+    every line is in the ranks' log files (``%distrain logs``).
     """
-    call = rankset.execute_async(code, ranks)
+    selected = rankset.select(ranks)
+    call = rankset.execute_async(code, selected, debug=debugger.for_cell(rankset, selected, code), output=output)
+    try:
+        return _follow(rankset, call, timeout, display, stream, grace, group)
+    finally:
+        debugger.cell_ended()
+
+
+def _follow(rankset, call, timeout, display, stream, grace, group):
+    """Show ``call``'s output as it comes and wait for it (see :func:`run_cell`)."""
     group = grouping.resolve(group, len(call.ranks))
     regroup = display and in_kernel()
     live = LiveOutput(call, regroup=regroup)
@@ -66,13 +81,25 @@ def run_cell(
     try:
         while True:
             budget = poll if timeout is None else max(0.0, min(poll, start + timeout - time.monotonic()))
+            before = time.monotonic()
             done = call.wait(budget, poll=poll)
             if done or call.deaths():
                 break
+            held = 0.0
             for rank in debugging.waiting_sessions(rankset):
                 if display and rank in call.ranks:  # breakpoint() on a rank: pdb here
+                    since = time.monotonic()
                     live.poll()
                     debugging.attach(rankset, rank, [r for r in call.pending() if r != rank])
+                    held += time.monotonic() - since
+            if debugger.held():
+                held = time.monotonic() - before
+            if held:
+                # time in a debugger (JupyterLab's, or pdb above) is no time of the cell's:
+                # its timeout and a failed rank's grace wait while a rank is stopped in one
+                start += held
+                failed_at = failed_at + held if failed_at is not None else None
+                batch_since = batch_since + held if batch_since is not None else None
             now = time.monotonic()
             if display and now - start > stream_after:
                 live.poll()
@@ -124,7 +151,10 @@ def run_cell(
     if not done:
         stuck = call.pending()
         stacks = collect_stacks(rankset, stuck)
-        raise CellTimeout(timeout_message(timeout, stuck, stacks), stacks)
+        others = {r: "done with the cell" for r in call.ranks if r not in stuck}
+        others.update({r: "not running this cell" for r in range(rankset.world_size) if r not in call.ranks})
+        verdict = culprit.for_rankset(rankset, stacks, code=rankset.last_cell, others=others)
+        raise CellTimeout(timeout_message(timeout, stuck, stacks, verdict.text), stacks, verdict)
     if failures:
         raise RankFailure(
             "the cell failed on rank(s) " + format_ranks(sorted(failures)) + " (tracebacks above)",
@@ -150,11 +180,13 @@ def traceback_text(failure: tuple) -> str:
     return tb or f"{ename}: {evalue}"
 
 
-def timeout_message(timeout, stuck: list[int], stacks: dict[int, str]) -> str:
-    lines = [
+def timeout_message(timeout, stuck: list[int], stacks: dict[int, str], conclusion: str = "") -> str:
+    """The conclusion first (``culprit``), then where each stuck rank is and its frames."""
+    lines = [conclusion] if conclusion else []
+    lines.append(
         f"the cell is still running after {timeout} s on ranks {format_ranks(stuck)} "
         "(left running; `%distrain stop` or Ctrl-C / interrupt to end it). Where each rank is:"
-    ]
+    )
     for rank, stack in stacks.items():
         lines.append(f"  [rank {rank}] {where(stack)}")
     for rank, stack in stacks.items():
@@ -208,7 +240,7 @@ def show_grouped(ranks, rest, displays, results, failures, skip=()) -> None:
     stdout, then stderr, rich outputs, results and tracebacks (the first failing rank's first)."""
     for j, stream in enumerate((sys.stdout, sys.stderr)):
         for group, text in grouping.group_identical((r, rest[i][j]) for i, r in enumerate(ranks) if rest[i][j]):
-            stream.write(grouping.tag_ranks(group, text))
+            stream.write(grouping.tag_ranks(group, output_cut.render(text, format_ranks(group))))
         stream.flush()
     items = [(r, item) for i, r in enumerate(ranks) for item in displays[i] or []]
     for group, item in grouping.group_identical(items, key=grouping.bundle_key):

@@ -6,7 +6,7 @@ cell grows with the rank count. Through ipyparallel's broadcast scheduler the no
 request, the tree of schedulers sends it on to the ranks, and with ``is_coalescing`` the tree
 gathers the replies into one message, each distinct reply once (``controller_process``
 merges them by content on the way up). The ranks send no status for such a call
-(``workbench.engine.fanout``); their output still comes per rank on IOPub, filed under
+(``rpc.fanned``); their output still comes per rank on IOPub, filed under
 ``<request id>_<engine uuid>``, and a rank that published anything ends it with a marker.
 """
 
@@ -16,7 +16,8 @@ import time
 import weakref
 from types import MappingProxyType
 
-from ...engine import fanout as rank_fanout
+from ...engine import rpc
+from ...shared.wire import OUTPUT_DONE
 
 COALESCED = "_workbench_coalesced"  # a merged reply's header (controller_process.merge_replies)
 FANOUT_FROM = 8  # ranks; fewer go through a direct view (its figures on 4 ranks are the benchmark's)
@@ -57,8 +58,9 @@ def _remember_targets(client) -> None:
 
 
 def submit(bview, fn, args, kwargs):
-    """``fn`` on every engine of ``bview``, wrapped so that it never raises there."""
-    return bview.apply_async(rank_fanout.run, fn, *args, **kwargs)
+    """``fn`` (``rpc.handle``, or ``api.apply``'s function) on every engine of ``bview``, wrapped
+    so that it never raises there."""
+    return bview.apply_async(rpc.fanned, fn, *args, **kwargs)
 
 
 class Coalesced:
@@ -103,7 +105,7 @@ class Coalesced:
         deadline = time.monotonic() + timeout
         md = self.client.metadata
         while waiting:
-            waiting = [i for i in waiting if rank_fanout.OUTPUT_DONE not in ((md.get(i) or {}).get("data") or {})]
+            waiting = [i for i in waiting if OUTPUT_DONE not in ((md.get(i) or {}).get("data") or {})]
             if not waiting:
                 break
             if time.monotonic() >= deadline:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...engine.preload import PRELOADS, READY
+from ...shared.wire import PRELOADS, READY
 
 LAUNCHERS = ("local", "mpi", "slurm", "ssh", "ray")
 

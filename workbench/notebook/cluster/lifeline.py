@@ -6,7 +6,7 @@ whose HMAC does not match the rank set's key is dropped and counted. The noteboo
 writes: when this process dies the kernel closes every connection, and the guards end
 their ranks.
 
-Each guard also beats every ``guard.BEAT_S``. A link that goes down (or a host that loses
+Each guard also beats every ``wire.BEAT_S``. A link that goes down (or a host that loses
 power) shows no exit and closes nothing: silence is the only sign. When every open
 connection from one host has been silent for ``HOST_SILENCE_S``, the host is lost:
 ``on_lost(host, silent_s)`` is called once, and its ranks are named dead with it.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from ...engine import guard
+from ...shared import wire
 
 HOST_SILENCE_S = 3.0  # six missed beats: a loaded host still beats, a link down does not
 
@@ -43,7 +43,7 @@ class Lifeline:
         threading.Thread(target=self._accept, name="workbench-lifeline", daemon=True).start()
 
     def env(self) -> dict:
-        return {guard.ENV_ADDRESS: self.address, guard.ENV_KEY: self.key.hex()}
+        return {wire.ENV_LIFELINE: self.address, wire.ENV_LIFELINE_KEY: self.key.hex()}
 
     def _accept(self) -> None:
         while not self._closed:
@@ -64,7 +64,7 @@ class Lifeline:
         cannot be read again once a read timed out."""
         import time
 
-        conn.settimeout(guard.BEAT_S)
+        conn.settimeout(wire.BEAT_S)
         with self._lock:
             self._heard[conn] = (None, time.monotonic())
         buf = b""
@@ -91,7 +91,7 @@ class Lifeline:
     def _line(self, conn: socket.socket, line: bytes) -> None:
         import time
 
-        msg = guard.verify(self.key, line)
+        msg = wire.verify(self.key, line)
         if msg is None:
             self.rejected += 1
             return

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sys
 
+from ...shared import output_cut
+
 LIVE_POLL_S = 0.1  # how often a running cell looks for new output
 
 
@@ -27,7 +29,18 @@ def in_kernel() -> bool:
 
 
 def tag(rank: int, text: str) -> str:
-    return "".join(f"[rank {rank}] {line}\n" for line in text.splitlines())
+    """Every line under ``[rank N]``, a cut line saying how to see what was cut."""
+    return "".join(f"[rank {rank}] {line}\n" for line in output_cut.render(text, str(rank)).splitlines())
+
+
+def cut_so_far(rank: int, data) -> list[str]:
+    """A rank's live line while it cuts its output: how much so far, and its latest line."""
+    live = (data or {}).get(output_cut.LIVE_KEY) or {}
+    return [
+        f"[rank {rank}] … {lines:,} lines ({output_cut.size_text(chars)}) cut so far "
+        f"(`%distrain logs --ranks {rank}` shows them); latest: {last}"
+        for lines, chars, last in (live.get(name) for name in ("stdout", "stderr") if name in live)
+    ]
 
 
 class LiveOutput:
@@ -48,9 +61,12 @@ class LiveOutput:
 
     def poll(self) -> None:
         outs, errs = self.call.per_rank("stdout"), self.call.per_rank("stderr")
+        data = self.call.per_rank("data") if self.regroup else []
         new: list[tuple[int, str]] = []
         tails: list[str] = []
         for i, rank in enumerate(self.call.ranks):
+            if data:
+                tails.extend(cut_so_far(rank, data[i]))
             for j, text in enumerate((outs[i] or "", errs[i] or "")):
                 # a line still being rewritten with carriage returns (a tqdm bar): the
                 # client keeps only its latest state, shown live and replaced in place

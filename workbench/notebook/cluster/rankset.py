@@ -18,9 +18,10 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
-from ...engine import fanout as rank_fanout
 from ...engine import rpc
+from ...shared import output_cut
 from ...shared.errors import Interrupted, NotRunning, RankDied
+from ...shared.wire import LARGE_LOCAL_FROM
 from ..shell_compat import mark_kernelless
 from . import fanout, health, launchers, local_launch, network, ray_launcher, slurm, ssh
 from .gpu_plan import plan_gpus
@@ -161,6 +162,7 @@ class RankSet:
         self._fan_views: dict[tuple[int, ...], object] = {}
         # calls on this many ranks or more go through the controller's broadcast tree (fanout)
         self.fanout_from = fanout.FANOUT_FROM
+        self.last_cell: str | None = None  # the code of the latest cell sent to the ranks
         # fanned calls not yet answered: the controller's queues do not see the broadcast tree's
         self._fanned_calls: list[weakref.ref] = []
         self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
@@ -364,8 +366,6 @@ class RankSet:
         return out
 
     def _bootstrap(self) -> None:
-        from ...engine import runtime
-
         cfg = self.config
         ids = sorted(self.client.ids)[: cfg.n]
         here = socket.gethostname()
@@ -375,7 +375,7 @@ class RankSet:
             local = {"host": here, "pid": None, "addr": "127.0.0.1", "slot": None}
             idents = [{**local, "launcher_rank": None, "launcher_local_rank": None} for _ in ids]
         else:
-            idents = self.client[ids].apply_async(runtime.identity, self.listen_ip).get(timeout=60)
+            idents = self.client[ids].apply_async(rpc.handle, rpc.Identity(toward=self.listen_ip)).get(timeout=60)
         order = sorted(
             range(len(ids)),
             key=lambda i: (
@@ -393,7 +393,7 @@ class RankSet:
         if one_host and master_host == here:
             master_port = network.free_port()  # rank 0 is on this host: no round trip to ask it
         else:
-            master_port = self.client[self.engine_ids[0]].apply_sync(runtime.free_port)
+            master_port = self.client[self.engine_ids[0]].apply_sync(rpc.handle, rpc.FreePort())
         remote_launch = cfg.remote_launch()
         # Slurm/SSH: each rank pins from the GPUs its own host (and Slurm) makes visible to it
         backend, gpu_ids = cfg.backend, []
@@ -402,7 +402,7 @@ class RankSet:
             backend, gpu_ids = plan.backend, list(plan.gpu_ids)
         stack_dir = os.path.join(self.state_dir(), "stacks")
         controller = self._controller_pids()
-        if cfg.framework == "torch" and one_host and master_host == here and cfg.n >= runtime.LARGE_LOCAL_FROM:
+        if cfg.framework == "torch" and one_host and master_host == here and cfg.n >= LARGE_LOCAL_FROM:
             os.makedirs(self.state_dir(), exist_ok=True)
             self.store_file = os.path.join(self.state_dir(), f"store-{master_port}")
             if os.path.exists(self.store_file):
@@ -411,7 +411,7 @@ class RankSet:
         for rank in range(len(self.engine_ids)):
             same_host = [r for r, h in enumerate(hosts) if h == hosts[rank]]
             launcher_local = idents[rank].get("launcher_local_rank")
-            kwargs = dict(
+            request = rpc.Bootstrap(
                 rank=rank,
                 world_size=cfg.n,
                 local_rank=launcher_local if launcher_local is not None else same_host.index(rank),
@@ -421,26 +421,26 @@ class RankSet:
                 backend=backend,
                 timeout_s=cfg.timeout,
                 threads=cfg.threads_per_rank(),
-                gpu_ids=gpu_ids or None,
+                gpu_ids=tuple(gpu_ids) or None,
                 pin_visible_gpu=remote_launch and cfg.backend != "gloo",
                 interface_addr=None if one_host else idents[rank]["addr"],
                 stack_dir=stack_dir,
-                sys_path=[os.getcwd(), *cfg.sys_path],
+                sys_path=(os.getcwd(), *cfg.sys_path),
                 # ranks on this host end themselves (rank 0 the controller too) should the
                 # notebook process die without stopping them
                 parent_pid=os.getpid() if hosts[rank] == here else None,
-                also_end=controller if rank == 0 and hosts[rank] == here else None,
+                also_end=tuple(controller) if rank == 0 and hosts[rank] == here else None,
                 framework=cfg.framework,
                 extra_env=dict(cfg.nccl_env) or None,
                 store_file=self.store_file,
             )
-            per_rank.append(kwargs)
+            per_rank.append(request)
         wait_s = max(120, cfg.timeout)
         if len(self.engine_ids) >= self.fanout_from:  # one request down the broadcast tree
             table = dict(zip(self.engine_ids, per_rank))
-            self.info = self.apply(runtime.bootstrap_engine, table, timeout=wait_s)
+            self.info = self.apply(rpc.handle, rpc.BootstrapEach(table), timeout=wait_s)
         else:
-            pending = [self.client[e].apply_async(runtime.bootstrap, **kw) for e, kw in zip(self.engine_ids, per_rank)]
+            pending = [self.client[e].apply_async(rpc.handle, req) for e, req in zip(self.engine_ids, per_rank)]
             self.info = [ar.get(timeout=wait_s) for ar in pending]
         idents = [{**d, "host": i["host"], "pid": i["pid"]} for d, i in zip(idents, self.info)]
         lprocs = self._launcher_procs()
@@ -585,14 +585,24 @@ class RankSet:
         """Run ``fn`` on the ranks; return results in rank order or raise naming the rank."""
         return self.submit(fn, *args, ranks=ranks, **kwargs).result(timeout=timeout)
 
-    def execute_async(self, code: str, ranks=None) -> RankCall:
-        """Run a code string on the ranks (as a cell) without waiting.
+    def execute_async(self, code, ranks=None, debug=None, output: int | None = output_cut.DEFAULT_LIMIT) -> RankCall:
+        """Run a code string on the ranks (as a cell) without waiting; or a request of ``rpc``
+        whose output is then shown as a cell's (``run_cell``: ``rpc.Prepare``).
 
         Sent as an apply of ``rpc.RunCell`` (lighter than an execute request on both
         ends, same output), top-level ``await`` included (``cell_runner.run_awaiting``).
+        ``debug``: the cell's ``shared.debug_wire.CellDebug`` (see ``notebook.debugger``).
+        ``output``: about the most characters the cell's printed output brings back, all ranks
+        together (None: all of it); every line is in the ranks' log files either way.
         """
-        call = self.submit(rpc.handle, rpc.RunCell(code), ranks=ranks)
-        call.cell = True
+        if isinstance(code, str):
+            limit = None if output is None else output_cut.per_stream(output, len(self.select(ranks)))
+            request = rpc.RunCell(code, debug, limit)
+            self.last_cell = code  # a stack's line in it is "cell line N" (``culprit``)
+        else:
+            request = code
+        call = self.submit(rpc.handle, request, ranks=ranks)
+        call.cell = getattr(request, "AS_CELL", False)  # its error is an output message, not a raise
         return call
 
     def execute(self, code: str, ranks=None, timeout: float | None = None) -> RankCall:
@@ -605,7 +615,7 @@ class RankSet:
         """Set variables in the ranks' namespaces."""
         sel = self.select(ranks)
         if len(sel) >= self.fanout_from:  # the values travel once, to the tree, not once per rank
-            self.apply(rank_fanout.set_names, namespace, ranks=sel)
+            self.apply(rpc.handle, rpc.SetNames.of(namespace), ranks=sel)
             return
         self.view(sel).push(namespace, block=True)
 
@@ -613,7 +623,7 @@ class RankSet:
         """Fetch a variable from the ranks, in rank order."""
         sel = self.select(ranks)
         if len(sel) >= self.fanout_from:
-            return self.apply(rank_fanout.get_name, name, ranks=sel)
+            return self.apply(rpc.handle, rpc.GetName(name), ranks=sel)
         ar = self.view(sel).pull(name, block=False)
         return RankCall(self, sel, ar).result()
 

@@ -214,6 +214,7 @@ class RayLauncher:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        # a launch, not a call: like srun or ssh it starts the guarded engine, reached through rpc once registered
         from ...engine.ray_actor import RankHost
 
         bundle = self.request.bundle()

@@ -1,6 +1,6 @@
 """New ranks in the places of some ranks of a running set, the others untouched.
 
-For a fault-tolerant run (``notebook.fault_tolerance``): a replica group that lost a rank is
+For a fault-tolerant run (``notebook.runs.fault_tolerant``): a replica group that lost a rank is
 replaced while the other replicas keep training. New engines join the same controller (one
 more forking process, as ``local_launch`` starts the first ones), take the lost ranks'
 numbers, and are bootstrapped without the set's process group (a process group cannot take
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+from ...engine import rpc
 from . import health, launchers
 
 
@@ -51,8 +52,6 @@ def replace_ranks(rs, ranks: list[int], *, timeout: float | None = None) -> list
 
     Returns the new ranks' bootstrap descriptions, in the order of ``ranks``.
     """
-    from ...engine import runtime
-
     check_replaceable(rs)
     cfg = rs.config
     ranks = sorted(ranks)
@@ -90,22 +89,23 @@ def replace_ranks(rs, ranks: list[int], *, timeout: float | None = None) -> list
     backend = rs.info[0].get("backend", "gloo") if rs.info else "gloo"
     pending = [
         rs.client[eid].apply_async(
-            runtime.bootstrap,
-            rank=rank,
-            world_size=cfg.n,
-            local_rank=rank,
-            local_world_size=cfg.n,
-            master_addr="127.0.0.1",
-            master_port=0,
-            backend=backend,
-            timeout_s=cfg.timeout,
-            threads=cfg.threads_per_rank(),
-            gpu_ids=None,
-            stack_dir=stack_dir,
-            sys_path=[os.getcwd(), *cfg.sys_path],
-            parent_pid=os.getpid(),
-            framework=cfg.framework,
-            process_group=False,
+            rpc.handle,
+            rpc.Bootstrap(
+                rank=rank,
+                world_size=cfg.n,
+                local_rank=rank,
+                local_world_size=cfg.n,
+                master_addr="127.0.0.1",
+                master_port=0,
+                backend=backend,
+                timeout_s=cfg.timeout,
+                threads=cfg.threads_per_rank(),
+                stack_dir=stack_dir,
+                sys_path=(os.getcwd(), *cfg.sys_path),
+                parent_pid=os.getpid(),
+                framework=cfg.framework,
+                process_group=False,
+            ),
         )
         for rank, eid in zip(ranks, new)
     ]

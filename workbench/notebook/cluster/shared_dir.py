@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import secrets
 
+from ...engine import rpc
+
 
 class NotShared(RuntimeError):
     """Some ranks write where rank 0 cannot read (a folder local to each host)."""
@@ -17,14 +19,11 @@ def require(rankset, folder: str) -> None:
     hosts = {d.get("host") for d in (rankset.info or [])}
     if len(hosts) <= 1:
         return
-    from ...engine import shared_dir as rank_side
-
     token = secrets.token_hex(8)
-    rankset.apply(rank_side.leave_token, folder, token, ranks=[0])
-    answers = [
-        rankset.apply(rank_side.see_and_answer, folder, token, r, ranks=[r])[0] for r in range(rankset.world_size)
-    ]
-    seen = set(rankset.apply(rank_side.collect, folder, token, rankset.world_size, ranks=[0])[0])
+    rankset.apply(rpc.handle, rpc.SharedDirStep(step="leave", folder=folder, token=token), ranks=[0])
+    answers = rankset.apply(rpc.handle, rpc.SharedDirStep(step="answer", folder=folder, token=token))
+    collect = rpc.SharedDirStep(step="collect", folder=folder, token=token, world_size=rankset.world_size)
+    seen = set(rankset.apply(rpc.handle, collect, ranks=[0])[0])
     bad = [a for a in answers if not a["sees"] or a["rank"] not in seen]
     if bad:
         where = "; ".join(

@@ -14,6 +14,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from ...shared.wire import ENV_HOST_SLOT
 from . import network
 
 _HOST = re.compile(r"^(?:[A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+$")
@@ -138,7 +139,7 @@ def remaining_hosts(hosts: str, lost_entries: set[str], n: int | None = None) ->
 def remote_env(python: str | None, lifeline_env: dict, slot: int) -> dict:
     """Environment of a remote engine: the lifeline and, with the same venv path, our PYTHONPATH."""
     env = dict(lifeline_env)
-    env["WORKBENCH_HOST_SLOT"] = str(slot)
+    env[ENV_HOST_SLOT] = str(slot)
     if python is None and os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     for var in ("OMP_NUM_THREADS",):
@@ -168,7 +169,7 @@ def start(rs) -> None:
         env = remote_env(cfg.python, rs.lifeline.env(), i)
         if slot.local:
             rs.cluster.engine_launcher_class = "local"
-            rs.cluster.start_engines_sync(slot.n, environment={"WORKBENCH_HOST_SLOT": str(i)})
+            rs.cluster.start_engines_sync(slot.n, environment={ENV_HOST_SLOT: str(i)})
         else:
             rs.cluster.engine_launcher_class = engine_set_launcher()
             opts = ssh_options(cfg.ssh_config)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from ...engine import rpc
 from .diagnosis import collect_stacks, main_frames, where
 from .ranges import ranks_phrase
 
@@ -47,8 +48,6 @@ def notice(failed: list[int], running: list[int], grace: float) -> str:
 
 def release(rankset, call) -> Release:
     """Interrupt the ranks of ``call`` still running; close the process group if that is not enough."""
-    from ...engine import runtime
-
     waiting = call.pending()
     stacks = collect_stacks(rankset, waiting)
     rankset.interrupt(waiting)
@@ -62,7 +61,7 @@ def release(rankset, call) -> Release:
         if not idle:
             break
         try:
-            rankset.apply(runtime.leave_group, ranks=idle, timeout=10)
+            rankset.apply(rpc.handle, rpc.LeaveGroup(), ranks=idle, timeout=10)
         except Exception:
             break
         left.update(idle)
@@ -73,8 +72,8 @@ def release(rankset, call) -> Release:
     rejoined, note = False, ""
     if left and not stuck:
         try:
-            port = rankset.client[rankset.engine_ids[0]].apply_sync(runtime.free_port)
-            rankset.apply(runtime.rejoin_group, port, timeout=max(30.0, 10.0 * rankset.world_size))
+            (port,) = rankset.apply(rpc.handle, rpc.FreePort(), ranks=[0], timeout=30)
+            rankset.apply(rpc.handle, rpc.RejoinGroup(master_port=port), timeout=max(30.0, 10.0 * rankset.world_size))
             rejoined = True
         except Exception as exc:  # the ranks stay as they are; the message says what to do
             note = f"re-initialising it failed ({type(exc).__name__}: {exc})"

@@ -1,4 +1,4 @@
-"""``%distrain ckpt save|list|load|verify|delete|export|wait|dir|autosave|resume``: distributed checkpoints.
+"""``%distrain ckpt save|load|list|verify|delete|export|wait|dir|autosave``: distributed checkpoints.
 
 Thin: parse, then call :mod:`workbench.notebook.checkpoints`, which users may call from Python.
 Each action has a parser of its own (:data:`ACTIONS`): a flag of another action is
@@ -7,12 +7,14 @@ refused naming the actions that take it (a flag that would be ignored is never a
 
 from __future__ import annotations
 
+import shlex
+
 from ...shared.argtypes import positive_int
-from . import UsageError, command
+from . import UsageError, command, flags
 
 
 def _dir(p) -> None:
-    p.add_argument("--dir", default=None, help="checkpoint folder (default ./checkpoints, or `ckpt dir`)")
+    flags.DIR.add(p, help="the checkpoint folder (default: the session's, see `ckpt dir`)")
 
 
 def _which(p) -> None:
@@ -21,15 +23,17 @@ def _which(p) -> None:
 
 def _save_args(p) -> None:
     _dir(p)
-    p.add_argument("--tag", default=None, help="a name for this checkpoint (kept by retention)")
-    p.add_argument("--async", dest="async_", action="store_true", help="write in the background")
-    p.add_argument("--model-only", action="store_true", help="without optimizer state")
+    p.add_argument("--tag", default=None, metavar="NAME", help="a name for this checkpoint (kept by retention)")
+    flags.ASYNC.add(p)
+    flags.MODEL_ONLY.add(p, help="the model's state only, without the optimizer's")
+    flags.SESSION.add(p)
 
 
 def _load_args(p) -> None:
     _which(p)
     _dir(p)
-    p.add_argument("--model-only", action="store_true", help="only the model (keep the optimizer as it is)")
+    flags.MODEL_ONLY.add(p, help="the model's state only (the optimizer stays as it is)")
+    flags.SESSION.add(p)
 
 
 def _verify_args(p) -> None:
@@ -40,7 +44,7 @@ def _verify_args(p) -> None:
 def _delete_args(p) -> None:
     p.add_argument("names", nargs="*", help="checkpoints to delete (step-00000020, a tag)")
     _dir(p)
-    p.add_argument("--keep", type=positive_int, default=None, help="delete all but the newest K auto-saves")
+    flags.KEEP.add(p, help="delete all but the newest K auto-saves")
 
 
 def _export_args(p) -> None:
@@ -63,44 +67,46 @@ def _dir_args(p) -> None:
     p.add_argument("path", nargs="?", default=None, help="where checkpoints go from now on (none: show it)")
 
 
+def _wait_args(p) -> None:
+    flags.SESSION.add(p)
+
+
 def _autosave_args(p) -> None:
     _dir(p)
     p.add_argument("--every", type=positive_int, default=None, help="save every N steps")
-    p.add_argument("--keep", type=positive_int, default=None, help="keep the newest K auto-saves (default 3)")
-    p.add_argument("--sync", action="store_true", help="synchronous saves (default async)")
+    flags.KEEP.add(p, help="keep the newest K auto-saves (default 3)")
+    flags.ASYNC.add(p, help="write each save in the background (default: training waits until it is written)")
     p.add_argument("--off", action="store_true", help="turn auto-save off")
+    flags.SESSION.add(p)
+    p.was("--sync", None, "auto-saves return once written unless `--async` is given, as `ckpt save` does")
 
 
-def _resume_args(p) -> None:
-    _which(p)
-    _dir(p)
-    p.add_argument("-n", type=positive_int, default=None, help="number of ranks after the restart")
-    p.add_argument(
-        "--setup",
-        default=None,
-        help="notebook variable holding the setup code (a str run on every rank) "
-        "that builds the model and calls checkpoint_hooks.track(...)",
-    )
+def _earlier_resume(words: list[str]) -> str:
+    """The refusal of the earlier action ``resume`` (its checkpoint, --dir, -n, --setup), as the restart that does it now."""
+    which = words[0] if words and not words[0].startswith("-") else None
+    rest = words[1:] if which is not None else words
+    line = shlex.join(["restart", *rest[:], "--load", *([which] if which else [])])
+    return f"`ckpt resume` is now `restart --load [WHICH]` (the one way back from a checkpoint): `%distrain {line}`; nothing was run"
 
 
 ACTIONS = {
     "save": ("save the ranks' model, optimizer and trainer state", _save_args),
-    "list": ("the checkpoints in the folder", _dir),
     "load": ("load a checkpoint into the live ranks", _load_args),
+    "list": ("the checkpoints in the folder", _dir),
     "verify": ("check a checkpoint's files against their checksums (no ranks needed)", _verify_args),
     "delete": ("delete checkpoints by name, or all but the newest K auto-saves", _delete_args),
-    "export": ("write the model's weights as one safetensors file or a Hugging Face folder", _export_args),
-    "wait": ("wait for the save in flight", None),
+    "export": ("the model's weights as one safetensors file or a Hugging Face folder", _export_args),
+    "wait": ("wait for the save in flight", _wait_args),
     "dir": ("show or set the checkpoint folder", _dir_args),
     "autosave": ("save every N steps while training (--off to stop)", _autosave_args),
-    "resume": ("restart the ranks, rebuild the model and load a checkpoint", _resume_args),
 }
 
 
 @command(
     "ckpt",
-    "distributed checkpoints: save | list | load | verify | delete | export | wait | dir | autosave | resume",
+    "checkpoints: save | load | list | verify | delete | export | wait | dir | autosave",
     actions=ACTIONS,
+    earlier_actions={"resume": _earlier_resume},
 )
 def _ckpt(args, shell):
     from .. import checkpoints as ck
@@ -149,33 +155,19 @@ def _ckpt(args, shell):
         return None
     if a == "autosave":
         if args.off:
-            if args.every or args.keep or args.sync or args.dir:
+            if args.every or args.keep or args.async_ or args.dir:
                 raise UsageError(
-                    "`ckpt autosave --off` takes no other flag (--every/--keep/--sync/--dir set up an auto-save)"
+                    "`ckpt autosave --off` takes no other flag (--every/--keep/--async/--dir set up an auto-save)"
                 )
             ck.autosave(None)
             print("auto-save off")
             return None
         if args.every is None:
-            raise UsageError("usage: %distrain ckpt autosave --every N [--keep K] [--sync] [--dir D] | --off")
-        ck.autosave(args.every, keep=args.keep or 3, async_=not args.sync, root=args.dir)
+            raise UsageError("usage: %distrain ckpt autosave --every N [--keep K] [--async] [--dir PATH] | --off")
+        ck.autosave(args.every, keep=args.keep or 3, async_=args.async_, root=args.dir)
         print(
             f"auto-save every {args.every} steps, keeping the newest {args.keep or 3} "
-            f"({'sync' if args.sync else 'async'}) in {ck.get_dir(args.dir)}"
+            f"({'in the background' if args.async_ else 'each written before training goes on'}) in {ck.get_dir(args.dir)}"
         )
         return None
-    if a == "resume":
-        info = ck.resume(setup=setup_from(args.setup, shell), which=args.which, n=args.n, root=args.dir)
-        print(ck.describe_load(info))
-        return None
     raise UsageError(f"unknown action {a!r}")  # pragma: no cover
-
-
-def setup_from(name: str | None, shell):
-    """The setup code (or function) in notebook variable ``name``; None without a name."""
-    if not name:
-        return None
-    ns = shell.user_ns if shell is not None else {}
-    if name not in ns:
-        raise UsageError(f"no notebook variable named {name!r}: put the setup cell's code in it")
-    return ns[name]

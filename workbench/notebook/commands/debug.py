@@ -1,36 +1,39 @@
-"""``%distrain debug --rank N``: pdb, post-mortem, on the last exception a rank raised."""
+"""``%distrain debug --ranks N``: pdb, post-mortem, on the last exception a rank raised."""
 
 from __future__ import annotations
 
-from ...shared.argtypes import non_negative_int
+from ...engine import rpc
+from ...shared.errors import BadRanks
 from .. import api
 from ..cluster import debugging
-from . import UsageError, command
+from ..debugger import hub as debug_hub
+from . import UsageError, command, flags
 
 
 def _debug_args(p) -> None:
-    p.add_argument("--rank", type=non_negative_int, required=True, help="the rank whose last exception to enter")
+    flags.RANKS.add(p, help="the rank whose last exception to enter (one)", required=True)
+    flags.SESSION.add(p)
+    p.was("--rank", "--ranks", "--ranks names ranks everywhere")
 
 
-@command("debug", "enter pdb post-mortem on a rank's last exception", _debug_args)
+@command("debug", "pdb post-mortem on a rank's last exception", _debug_args)
 def _debug(args, shell):
-    from ...engine import rank_debug
-
     rs = api.current()
-    if not 0 <= args.rank < rs.world_size:
-        raise UsageError(f"--rank {args.rank} does not exist: the ranks are 0-{rs.world_size - 1}")
-    if not rs.procs[args.rank].local:
-        raise UsageError(
-            f"rank {args.rank} runs on another host: the debugger attaches over "
-            "loopback only, so it works for ranks on this host"
-        )
-    call = rs.submit(rank_debug.post_mortem, ranks=[args.rank])
+    try:
+        chosen = rs.select(args.ranks)
+    except BadRanks as exc:
+        raise UsageError(f"--ranks {args.ranks}: {exc}") from None
+    if len(chosen) != 1:
+        raise UsageError(f"--ranks {args.ranks} names {len(chosen)} ranks: debug enters one (e.g. --ranks {chosen[0]})")
+    (rank,) = chosen
+    # the rank's pdb talks to this kernel over the rank set's debug link, whichever host it is on
+    call = rs.submit(rpc.handle, rpc.PostMortem(link=debug_hub.of(rs).link), ranks=[rank])
     attached = False
     while not call.ar.ready():
-        if debugging.waiting_sessions(rs).count(args.rank):
-            attached = debugging.attach(rs, args.rank)
+        if debugging.waiting_sessions(rs).count(rank):
+            attached = debugging.attach(rs, rank)
         else:
             call.ar.wait(0.05)
     (outcome,) = call.result(timeout=10)
     if not attached and outcome != "ok":
-        print(f"rank {args.rank}: {outcome}")
+        print(f"rank {rank}: {outcome}")

@@ -1,26 +1,65 @@
-"""``%distrain plan``: memory / communication / cost of a layout, before running it.
+"""``%distrain plan``: memory, communication, time and cost of a layout, before running it.
 
-With arguments it plans a described run (``--model 70b --gpus 256 --hw h100 --tp 8
---pp 8 ...``, the planner's own options). With none it plans the model that is laid
-out on the live ranks and sets the prediction beside what the ranks hold: the ranks run
-ONE real training step under a memory census (``workbench.engine.memory_census``), and
-the "predicted vs measured" DataFrame is the cell's result
-(``workbench.notebook.plan_live.plan_live``; draw it with
-``workbench.notebook.dashboard.plan_figure.predicted_vs_measured_figure``).
+On paper with the planner's own flags (``--model 70b --gpus 256 --hw h100 --tp 8 --pp 8 ...``,
+:mod:`workbench.planner.arguments`), or ``--live``: the model laid out on the ranks, set beside
+what one real training step holds there (:func:`workbench.notebook.plan_live.plan_live`), or
+``--dry-run``: the layout laid out by the workbench's strategies at full scale on this CPU
+(:func:`workbench.notebook.dry_run.dry_run_from_args`).
 """
 
 from __future__ import annotations
 
-from . import UsageError, command
+from ...planner.arguments import _parser as planner_parser
+from . import CommandParser, UsageError, command
+
+
+def _plan_args(p: CommandParser) -> None:
+    for action in planner_parser()._actions:  # described here for `-h` and the grammar; parsed by the planner
+        p._add_action(action)
+    p.add_argument("--live", action="store_true", help="plan the model on the ranks, measured over one training step")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="lay the layout out with the workbench's strategies at full scale on this CPU, beside the planner",
+    )
+    p.add_argument(
+        "--build",
+        metavar="VAR",
+        help="with --dry-run: the notebook variable holding a function that returns the model (or its config)",
+    )
 
 
 @command(
     "plan",
-    "predict memory, communication, step time and cost (no args: the ranks' model, measured over one training step)",
+    "memory, communication, time and cost of a layout: on paper, --live for the ranks' model, or --dry-run at full scale on this CPU",
+    _plan_args,
     raw=True,
 )
 def _plan(argv: list[str], shell):
+    from . import COMMANDS
+
+    if argv in (["-h"], ["--help"]):
+        print(COMMANDS["plan"].parser.format_help())
+        return None
+    if "--dry-run" in argv:
+        if "--live" in argv:
+            raise UsageError("--live plans the ranks' model, --dry-run a layout laid out on this CPU: give one of them")
+        from ..dry_run import dry_run_from_args
+
+        return dry_run_from_args(argv, shell)
+    if "--build" in argv:
+        raise UsageError("--build VAR names the model a dry run lays out: give it with --dry-run")
     if not argv:
+        raise UsageError(
+            "`%distrain plan` plans a layout on paper (`%distrain plan --model 8b --hw h100 --tp 2`) or the ranks' "
+            "model: `%distrain plan --live`; nothing was run"
+        )
+    if "--live" in argv:
+        if argv != ["--live"]:
+            others = " ".join(w for w in argv if w != "--live")
+            raise UsageError(
+                f"--live plans the model on the ranks; {others} describe a layout on paper: give one or the other"
+            )
         from ..plan_live import plan_live
 
         return plan_live()

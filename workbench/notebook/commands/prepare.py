@@ -1,9 +1,8 @@
-"""``%distrain prepare KIND [options]`` and ``%distrain layout``: lay a model out, then look at it.
+"""``%distrain prepare KIND [options]``: lay the ranks' model out with a parallelism layout.
 
-``prepare`` validates the spec in the notebook (against the world size and the
-model's config, fetched from rank 0) before any rank changes, then runs
-``engine.prepare`` on every rank and rebinds the ranks' ``model`` and ``optimizer``
-variables to the wrapped ones.
+The spec is checked on rank 0 (against the world size and the model's config) before any
+rank changes; then ``engine.prepare`` runs on every rank (``rpc.Prepare``) and the ranks'
+model and optimizer variables are rebound to the wrapped ones.
 """
 
 from __future__ import annotations
@@ -11,10 +10,10 @@ from __future__ import annotations
 import re
 
 from ...engine import rpc
-from ...shared.argtypes import positive_int
 from ...shared.errors import WorkbenchError
 from .. import api
-from . import UsageError, command
+from ..cluster.cell import run_cell
+from . import UsageError, command, flags
 
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 
@@ -32,17 +31,25 @@ def _prepare_args(p) -> None:
     p.add_argument(
         "--blocks", default=None, help="comma-separated block class names or module paths (default: found in the model)"
     )
-    p.add_argument("--model", default="model", help="rank variable holding the model (default: model)")
     p.add_argument(
-        "--optimizer", default="optimizer", help="rank variable holding an optimizer or a factory params -> optimizer"
+        "--model-var", default="model", metavar="NAME", help="the rank variable holding the model (default: model)"
     )
+    p.add_argument(
+        "--optimizer-var",
+        default="optimizer",
+        metavar="NAME",
+        help="the rank variable holding the optimizer or a factory params -> optimizer (default: optimizer)",
+    )
+    flags.SESSION.add(p)
+    p.was("--model", "--model-var", "--model is the planner's catalogue model")
+    p.was("--optimizer", "--optimizer-var", "as --model-var")
 
 
-@command("prepare", "lay the ranks' model out with a parallelism strategy", _prepare_args)
+@command("prepare", "lay the ranks' model out with a parallelism layout", _prepare_args)
 def _prepare(args, shell):
     from ...strategies import SpecError, spec_from_args
 
-    for name in (args.model, args.optimizer):
+    for name in (args.model_var, args.optimizer_var):
         if not _IDENT.match(name):
             raise UsageError(f"{name!r} is not a variable name")
     argv = list(args.spec)
@@ -53,13 +60,13 @@ def _prepare(args, shell):
         raise UsageError(
             f"`%distrain prepare` lays out torch models and this rank set runs {rs.config.framework}: shard with "
             "NamedSharding there (`engine.describe_jax(params)` draws it), or start a torch set beside it "
-            "with `%distrain start -n N --name NAME`"
+            "with `%distrain start -n N --session NAME`"
         )
     try:
         spec = spec_from_args(argv)
     except (SpecError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    model_name, opt_name = args.model, args.optimizer
+    model_name, opt_name = args.model_var, args.optimizer_var
     device_type = "cuda" if str(rs.info[0].get("device", "cpu")).startswith("cuda") else "cpu"
     # Validate on rank 0 (it has the model's config; the notebook need not import torch)
     # before any rank changes: a bad spec leaves every rank exactly as it was.
@@ -83,18 +90,15 @@ def _prepare(args, shell):
         )
     if probe.error:
         raise WorkbenchError(f"{probe.error} (nothing was changed on the ranks)")
-    rs.push({"_workbench_spec": spec})
-    try:
-        api.run(
-            "from workbench import engine as _wb_engine\n"
-            f"prepared = _wb_engine.prepare({model_name}, {opt_name}, _workbench_spec, mesh_device={device_type!r}, "
-            f"blocks={blocks!r})\n"
-            f"{model_name}, {opt_name} = prepared.model, prepared.optimizer\n",
-            display=True,
-        )
-    finally:
-        rs.execute("globals().pop('_workbench_spec', None); globals().pop('_wb_engine', None)")
-    layouts = [lay.to_dict() for lay in rs.apply(rpc.handle, rpc.Layout())]
+    request = rpc.Prepare(
+        model_name=model_name,
+        opt_name=opt_name,
+        spec=spec.to_dict(),
+        device_type=device_type,
+        blocks=tuple(blocks) if blocks else None,
+    )
+    # run as a cell is (output per rank, a straggler released) and answered with the layouts
+    layouts = [lay.to_dict() for lay in run_cell(rs, request).result()]
     print(layout_summary(layouts))
     return None
 
@@ -117,22 +121,3 @@ def layout_summary(layouts: list[dict]) -> str:
         lines.append(f"  blocks (rank 0): {shown}")
     lines += [f"  note: {note}" for note in lay.get("notes", [])]
     return "\n".join(lines)
-
-
-def _layout_args(p) -> None:
-    p.add_argument("--tensor", default=None, help="draw this tensor's blocks and which ranks hold them")
-    p.add_argument("--match", default=None, help="only tensors whose name matches this regex")
-    p.add_argument("--max", type=positive_int, default=24, help="at most this many tensors (largest first)")
-
-
-@command("layout", "picture of which shard of which tensor lives on which rank", _layout_args)
-def _show_layout(args, shell):
-    from ..dashboard.layout_figure import layout_figure, tensor_figure
-
-    layouts = [lay.to_dict() for lay in api.current().apply(rpc.handle, rpc.Layout())]
-    if args.tensor:
-        try:
-            return tensor_figure(layouts, args.tensor)
-        except KeyError as exc:
-            raise UsageError(str(exc.args[0])) from None
-    return layout_figure(layouts, max_tensors=args.max, match=args.match)

@@ -1,33 +1,34 @@
-"""``%distrain train start|pause|resume|stop|set|status|wait`` and ``%distrain dashboard``.
+"""``%distrain train start|pause|resume|stop|set|status|wait``: the run on the ranks.
 
-Thin: parse, then call :mod:`workbench.notebook.training` / :mod:`workbench.dashboard`, which
-users may call from Python just the same.
+Parse, call :mod:`workbench.notebook.training` (which users call from Python just the same,
+with the same refusals), print.
 """
 
 from __future__ import annotations
 
 import ast
 
-from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds, session_names
-from .. import api, session, training
-from ..session import UnknownSession
-from . import UsageError, command
+from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds
+from ...shared.errors import Refused
+from .. import training
+from . import UsageError, command, flags
 
 
 def _start_args(p) -> None:
-    p.add_argument("--steps", type=positive_int, default=100, help="how many more steps (default 100)")
+    flags.STEPS.add(p, default=100, help="how many more steps (default 100)")
     p.add_argument(
-        "--model",
+        "--gpt",
         choices=MODEL_SIZES,
         default=None,
-        help="build the teaching trainer (a GPT of this size on bundled text) first",
+        metavar="SIZE",
+        help="build the teaching GPT of this size (tiny or small) on the bundled text first",
     )
-    p.add_argument("--strategy", default=None, help="strategy spec for the teaching trainer (default ddp); builds it")
+    p.add_argument("--strategy", default=None, help="the teaching GPT's layout (default ddp); builds it")
     p.add_argument(
         "--batch-size",
         type=positive_int,
         default=None,
-        help="global batch size of the teaching trainer (default 8); with --model/--strategy",
+        help="the teaching GPT's global batch size (default 8); with --gpt/--strategy",
     )
     p.add_argument(
         "--lr",
@@ -56,11 +57,9 @@ def _start_args(p) -> None:
         help="recover by itself up to K times (dead rank, hang past --step-timeout, NaN/spike pause): "
         "restart, repeat the setup, load the newest verified checkpoint, train on to the same step",
     )
-    p.add_argument(
-        "--setup",
-        default=None,
-        metavar="VAR",
-        help="with --max-failures: notebook variable holding the setup code a recovery repeats "
+    flags.SETUP.add(
+        p,
+        help="with --max-failures: the notebook variable holding the setup code a recovery repeats "
         "(default: the trainer's recorded setup)",
     )
     p.add_argument(
@@ -84,24 +83,32 @@ def _start_args(p) -> None:
         help="with --fault-tolerant: seconds the survivors wait for a silent replica before stepping without it (default 10)",
     )
     p.add_argument("--no-dashboard", action="store_true", help="do not open the dashboard")
+    flags.SESSION.add(p)
+    p.was("--model", "--gpt", "--model is the planner's catalogue model")
+
+
+def _session_only(p) -> None:
+    flags.SESSION.add(p)
 
 
 def _set_args(p) -> None:
     p.add_argument("values", nargs="+", metavar="NAME=VALUE", help="e.g. lr=3e-4 betas=0.9,0.95 grad_accum=2")
+    flags.SESSION.add(p)
 
 
 def _wait_args(p) -> None:
-    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds (default 600)")
+    flags.TIMEOUT.add(p, default=600.0, help="seconds to wait before saying where the run is (default 600)")
+    flags.SESSION.add(p)
 
 
 ACTIONS = {
-    "start": ("run N more steps in the background (--model builds the teaching trainer first)", _start_args),
-    "pause": ("pause every rank at the same step", None),
-    "resume": ("resume a paused run", None),
-    "stop": ("stop the run at the next step on every rank", None),
+    "start": ("run N more steps in the background (--gpt builds the teaching GPT first)", _start_args),
+    "pause": ("hold the run at the same step on every rank", _session_only),
+    "resume": ("let a paused run go on", _session_only),
+    "stop": ("end the run at the next step on every rank", _session_only),
     "set": ("change hyperparameters on every rank at the same step", _set_args),
-    "status": ("the trainer's state on each rank", None),
-    "wait": ("wait until the run ends", _wait_args),
+    "status": ("the run's kind and state, and each rank's trainer", _session_only),
+    "wait": ("wait until the run is finished, stopped or gave up", _wait_args),
 }
 
 
@@ -126,21 +133,19 @@ def parse_pairs(values: list[str]) -> dict:
 
 @command(
     "train",
-    "train on the ranks: start --steps N | pause | resume | stop | set lr=3e-4 | status | wait",
+    "the run on the ranks: start --steps N | pause | resume | stop | set lr=3e-4 | status | wait",
     actions=ACTIONS,
 )
 def _train(args, shell):
+    try:
+        return _act(args, shell)
+    except Refused as exc:  # the API's own refusal, said as a usage error of the command
+        raise UsageError(str(exc)) from None
+
+
+def _act(args, shell):
     if args.action == "start":
-        if args.fault_tolerant:
-            return _start_fault_tolerant(args)
-        for flag, value in (("--replicas", args.replicas), ("--quorum-timeout", args.quorum_timeout)):
-            if value is not None:
-                raise UsageError(f"{flag} goes with --fault-tolerant; nothing was started")
         return _start(args, shell)
-    current = session.KERNEL.current()  # None before any start: the calls below say so as before
-    ft = current.fault_tolerant if current is not None else None
-    if ft is not None and not ft.done.is_set() and args.action != "status" and args.action != "wait":
-        return _fault_tolerant_action(ft, args.action)
     if args.action == "set":
         applied = training.set(**parse_pairs(args.values))
         print(
@@ -148,174 +153,52 @@ def _train(args, shell):
         )
         return None
     if args.action in ("pause", "resume", "stop"):
-        getattr(training, args.action)()
-        print(f"{args.action} requested: takes effect on every rank at the same step")
+        print(getattr(training, args.action)())
         return None
     if args.action == "wait":
         return training.wait(timeout=args.timeout)
     import pandas as pd
 
-    if ft is not None and ft.rankset is api.current() and api.session().started_run == ft.run:
-        from ...engine import fault_tolerant
-
-        print(ft.status_text())
-        dead = {d["rank"] for d in api.current().dead()}  # a replica left out, a rank lost after the end
-        live = [r for r in range(api.current().world_size) if r not in dead]
-        rows = api.current().apply(fault_tolerant.status, ranks=live)
-        return pd.DataFrame(rows).set_index("rank")
-    sup = api.session().supervisor
-    if sup is not None:
-        print(sup.status_text())
-        if not api.is_running() or (sup.state == "gave up" and api.current().dead()):
-            return None  # a dead rank answers nothing: the summary above says what happened
-    rows = training.status()  # a rank without a trainer answers without its rank number
-    return pd.DataFrame([{"rank": i, **r} for i, r in enumerate(rows)]).set_index("rank")
+    run = training.current()
+    if run is None:  # a trainer built and started in cells: the ranks say how it is
+        rows = [{"rank": i, **r} for i, r in enumerate(training.status())]
+    else:
+        print(run.status_text())
+        rows = run.rank_status()
+    return pd.DataFrame(rows).set_index("rank") if rows else None
 
 
 def _start(args, shell):
-    """Build the teaching trainer when asked (--model/--strategy); otherwise --lr/--grad-accum
-    change the trainer already on the ranks. Every refusal comes before anything changes."""
-    build = args.model is not None or args.strategy is not None
-    if args.setup is not None and args.max_failures is None:
-        raise UsageError("--setup names the code a recovery repeats: it goes with --max-failures K")
     setup = None
     if args.setup is not None:
-        from .ckpt import setup_from
-
-        setup = setup_from(args.setup, shell)
-    elif args.max_failures is not None and not build:
-        from ..setup_recipe import NO_SETUP, repeatable_setup
-
-        if repeatable_setup(api.session()) is None:
-            raise UsageError(NO_SETUP)
-    changes = {k: v for k, v in (("lr", args.lr), ("grad_accum", args.grad_accum)) if v is not None}
-    if build:
-        training.setup(
-            args.strategy or "ddp",
-            model=args.model or "tiny",
-            batch_size=args.batch_size or 8,
-            lr=args.lr or 1e-3,
-            grad_accum=args.grad_accum or 1,
-        )
-    else:
-        if args.batch_size is not None:
-            raise UsageError(
-                "--batch-size sizes the teaching trainer that --model/--strategy build; a trainer "
-                "already on the ranks draws its batches from its own data: add --model tiny to "
-                "rebuild, or change the batch in your setup code; nothing was done"
-            )
-        states = {s["state"] for s in training.status()} if changes else set()
-        given = ", ".join("--" + k.replace("_", "-") for k in changes)
-        if "none" in states:
-            raise UsageError(
-                f"{given} change the trainer on the ranks, and there is none yet: add --model tiny "
-                "(builds the teaching GPT) or build a Trainer in a %%distrain cell; nothing was done"
-            )
-        if states & {"running", "paused"}:
-            raise UsageError(
-                f"training is already {'/'.join(sorted(states & {'running', 'paused'}))}, so {given} "
-                "would not start a run: `%distrain train set lr=...` changes it live; nothing was done"
-            )
-        if changes:
-            training.set(**changes)
-    run = training.start(args.steps, step_timeout=args.step_timeout, max_failures=args.max_failures, setup=setup)
-    with_ = f" with {', '.join(f'{k}={v}' for k, v in changes.items())}" if changes else ""
-    budget = f", recovering by itself up to {args.max_failures} times" if args.max_failures else ""
-    print(f"training {run}: {args.steps} steps on {api.current().world_size} ranks{with_}{budget} (in the background)")
-    if not args.no_dashboard:
-        from ..dashboard import dashboard
-
-        dashboard()
-    return None
-
-
-def _start_fault_tolerant(args):
-    """``train start --fault-tolerant``: refusals first (one line each), then the run (notebook.fault_tolerance)."""
-    from .. import fault_tolerance
-
-    given = [
-        flag
-        for flag, value in (
-            ("--max-failures", args.max_failures),
-            ("--setup", args.setup),
-            ("--step-timeout", args.step_timeout),
-            ("--grad-accum", args.grad_accum),
-        )
-        if value is not None
-    ]
-    if given:
-        raise UsageError(
-            f"{', '.join(given)} cannot go with --fault-tolerant: a fault-tolerant run replaces a lost replica "
-            "itself while the others keep stepping (--quorum-timeout bounds the wait); --max-failures restarts "
-            "the whole set instead; give one or the other; nothing was started"
-        )
-    try:
-        run = fault_tolerance.start(
+        training.check_start(
             args.steps,
+            max_failures=args.max_failures,
+            setup=args.setup,
+            fault_tolerant=args.fault_tolerant,
+            step_timeout=args.step_timeout,
+            grad_accum=args.grad_accum,
             replicas=args.replicas,
-            quorum_timeout=args.quorum_timeout or 10.0,
-            strategy=args.strategy or "ddp",
-            model=args.model or "tiny",
-            batch_size=args.batch_size or 8,
-            lr=args.lr or 1e-3,
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    print(
-        f"training {run.run}: {args.steps} steps, {run.replicas} torchft replica groups x {run.group_size} ranks"
-        + (" (each sharded over its ranks, hsdp)" if run.strategy == "hsdp" else "")
-        + ", "
-        f"quorum timeout {run.quorum_timeout:g} s (in the background)"
+            quorum_timeout=args.quorum_timeout,
+        )  # what cannot go with --setup is said before the variable is looked up
+        setup = flags.setup_from(args.setup, shell)
+    training.start(
+        args.steps,
+        model=args.gpt,
+        strategy=args.strategy,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        grad_accum=args.grad_accum,
+        step_timeout=args.step_timeout,
+        max_failures=args.max_failures,
+        setup=setup,
+        fault_tolerant=args.fault_tolerant,
+        replicas=args.replicas,
+        quorum_timeout=args.quorum_timeout,
     )
+    print(training.current().started_as)
     if not args.no_dashboard:
         from ..dashboard import dashboard
 
         dashboard()
-    return None
-
-
-def _fault_tolerant_action(ft, action: str):
-    if action != "stop":
-        raise UsageError(
-            f"`train {action}` changes the workbench trainer; the fault-tolerant run {ft.run} takes "
-            "`train stop`, `train status` and `train wait`"
-        )
-    at = ft.stop()
-    print(f"stop requested: the fault-tolerant run {ft.run} stops after step {at} on every rank")
-    return None
-
-
-def _dashboard_args(p) -> None:
-    p.add_argument("--export", default=None, metavar="PATH", help="write a standalone HTML file instead")
-    p.add_argument("--run", default=None, help="show this run (default: follow the latest)")
-    p.add_argument(
-        "--sessions",
-        type=session_names,
-        default=None,
-        metavar="A,B",
-        help="overlay the latest runs of these named sessions in one live dashboard",
-    )
-
-
-@command("dashboard", "live plots and controls of the training run (--export PATH for HTML)", _dashboard_args)
-def _dashboard(args, shell):
-    from ..dashboard import dashboard
-
-    if args.sessions is not None:
-        for flag, value in (("--run", args.run), ("--export", args.export)):
-            if value is not None:
-                raise UsageError(
-                    f"{flag} goes with one session's dashboard, not with --sessions (which follows each "
-                    "session's latest run live); for a file of both: workbench.compare(...).write_html(PATH)"
-                )
-        try:
-            dashboard(sessions=args.sessions)
-        except UnknownSession as exc:
-            raise UsageError(str(exc)) from None
-        return None
-    dash = dashboard(run=args.run, show=args.export is None)
-    if args.export:
-        path = dash.export_html(args.export)
-        print(f"dashboard written to {path}")
-        return None
     return None

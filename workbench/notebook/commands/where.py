@@ -9,26 +9,21 @@ from __future__ import annotations
 
 import re
 
-from ...shared.argtypes import rank_selection, seconds
-from . import command
+from . import command, flags
 
 # where ipykernel compiles a cell: /tmp/ipykernel_<pid>/<hash of the code>.py
 _CELL_FILE = re.compile(r"(/ipykernel_)\d+(/\d+\.py)")
 
 
 def _build(p) -> None:
-    p.add_argument("--ranks", type=rank_selection, default=None, help="0,2-3 or all (default all)")
-    p.add_argument("--full", action="store_true", help="print every thread's stack")
-    p.add_argument("--wait", type=seconds, default=2.0, help="seconds to wait for the stacks (default 2)")
+    flags.RANKS.add(p, help="the ranks to show: 0,2-3 or all (default all)")
+    p.add_argument("--full", action="store_true", help="every thread's whole stack")
+    flags.TIMEOUT.add(p, default=2.0, help="seconds to wait for the stacks (default 2)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--grouped",
-        dest="group",
-        action="store_true",
-        default=None,
-        help="ranks at the same place shown once (default past 8 ranks)",
-    )
-    g.add_argument("--per-rank", dest="group", action="store_false", help="every rank's stack on its own")
+    flags.GROUPED.add(g, help="ranks at the same place shown once (default past 8 ranks)")
+    flags.PER_RANK.add(g, help="every rank's stack on its own")
+    flags.SESSION.add(p)
+    p.was("--wait", "--timeout", "--timeout is how long a command waits")
 
 
 def where_ranks(ranks=None, *, wait: float = 2.0, rankset=None) -> dict[int, str]:
@@ -69,8 +64,18 @@ def format_where(stacks: dict[int, str], *, full: bool = False, group: bool | No
     return "\n".join(lines)
 
 
-@command("where", "print where every rank is right now (stacks; nothing is stopped)", _build)
+def conclusion(stacks: dict[int, str], rankset=None) -> str:
+    """Who waits in which collective for whom (``cluster.culprit``), "" when no rank waits."""
+    from .. import api
+    from ..cluster import culprit
+
+    rs = rankset or api.current()
+    return culprit.for_rankset(rs, stacks, code=rs.last_cell).text
+
+
+@command("where", "where every rank is right now (stacks), led by who waits for whom; nothing stopped", _build)
 def _where(args, shell):
-    stacks = where_ranks(args.ranks, wait=args.wait)
-    print(format_where(stacks, full=args.full, group=args.group))
+    stacks = where_ranks(args.ranks, wait=args.timeout)
+    lead = conclusion(stacks)
+    print((lead + "\n" if lead else "") + format_where(stacks, full=args.full, group=args.group))
     return None

@@ -1,5 +1,7 @@
 """The live training dashboard (notebook side): a plotly FigureWidget, ipywidgets controls.
 
+Owns the session's ``dashboard`` part.
+
 ``workbench.dashboard()`` (or ``%distrain dashboard``) shows loss, throughput, memory,
 collective time, the step-time breakdown and the gradient norm of the latest run (one
 figure, a panel each: see ``figures`` for why one), pause/resume/stop, an lr box, a
@@ -16,6 +18,7 @@ import sys
 import types
 
 from .. import api, session, stream
+from ..keywords import refuse
 from . import figures
 from .controls import Controls
 from .live_view import LiveView
@@ -100,10 +103,13 @@ class Dashboard(LiveView):
         loss, mfu, lr = (s.last(run, m, min(last)) if last else None for m in ("loss", "mfu", "lr"))
         total_tps = sum(v for r in last if (v := s.last(run, "tps", r)) is not None)
         quorum = s.last(run, "quorum", max(last, key=last.get)) if last else None  # --fault-tolerant runs
+        supervised = session.of(self.rankset).runs.current  # what watches the run: a budget recovering...
+        if supervised is not None and supervised.run_id == run and supervised.state != state_text:
+            state_text += f" · {supervised.kind}: {supervised.state}"
         parts = [
             f"<b>{html.escape(run)}</b>",
             f"step {max(last.values()) if last else 0}",
-            f"<b>{html.escape(state_text)}</b>",
+            f"<b class='wb-run-state'>{html.escape(state_text)}</b>",
             f"{len(last)} ranks",
             *([f"<b class='wb-quorum'>quorum {int(quorum)}</b>"] if quorum is not None else []),
             f"loss {loss:.4g}" if loss is not None else "loss -",
@@ -136,7 +142,7 @@ class Dashboard(LiveView):
             )
         recovered = self._recoveries(run)
         if recovered:
-            from ..recovery import describe
+            from ..runs import describe
 
             line += (
                 "<br><span class='wb-recoveries' style='color:#c00'>"
@@ -220,27 +226,33 @@ class Dashboard(LiveView):
 
 
 def dashboard(
-    rankset=None, *, run: str | None = None, show: bool = True, interval: float = 0.5, sessions=None
+    rankset=None, *, run: str | None = None, show: bool = True, interval: float = 0.5, session=None, **earlier
 ) -> Dashboard:
     """The live dashboard of the current ranks (the same one when called again).
 
-    ``sessions``: names of named sessions (``["ddp", "fsdp"]``): one live dashboard of all
-    their latest runs, each trace named by its session (an :class:`overlay.Overlay`).
+    ``session``: a session's name (its dashboard), or a list of names (``["ddp", "fsdp"]``): one
+    live dashboard of all their latest runs, each trace named by its session (an
+    :class:`overlay.Overlay`).
     """
-    if sessions is not None:
+    refuse("workbench.dashboard", earlier, {"sessions": "session"})
+    if isinstance(session, (list, tuple)):
         if rankset is not None or run is not None:
             raise ValueError(
-                "sessions= shows the latest run of each named session; rankset= and run= choose one "
+                "session=[...] shows the latest run of each session named; rankset= and run= choose one "
                 "session's dashboard: pass one or the other"
             )
         from .overlay import overlay
 
-        return overlay(sessions, show=show, interval=interval)
+        return overlay(session, show=show, interval=interval)
+    if session is not None:
+        if rankset is not None:
+            raise ValueError("session= and rankset= both choose the ranks: pass one or the other")
+        rankset = api.running_set(session)
     rs = rankset if rankset is not None else api.current()
-    sess = session.of(rs)
-    dash = sess.dashboard
+    sess = api.KERNEL.of(rs)  # (`session` is the keyword here)
+    dash = sess.dashboard.live
     if dash is None or dash.closed or dash.rankset is not rs:
-        dash = sess.dashboard = Dashboard(rs, run=run, interval=interval)
+        dash = sess.dashboard.live = Dashboard(rs, run=run, interval=interval)
     elif run is not None:
         dash.run = run
     if show:
@@ -248,17 +260,31 @@ def dashboard(
     return dash
 
 
-def _close_for(rankset) -> None:
+def _follow(rankset) -> None:
+    """A recovery's new ranks go on with the session's run: the same live dashboard follows it."""
     sess = session.of(rankset)
-    if sess.recovering:  # the same run goes on on new ranks: the supervisor hands it their set
-        return
-    dash, sess.dashboard = sess.dashboard, None
+    dash = sess.dashboard.live
+    if sess.runs.recovering and dash is not None and not dash.closed:
+        dash.rankset = rankset
+
+
+def close(sess) -> None:
+    """Close the session's live dashboard (drawn once more with what arrived last)."""
+    dash, sess.dashboard.live = sess.dashboard.live, None
     if dash is not None:
         dash.refresh()
         dash.close()
 
 
+def _close_for(rankset) -> None:
+    sess = session.of(rankset)
+    if sess.runs.recovering:  # the same run goes on on new ranks: the recovery hands it their set
+        return
+    close(sess)
+
+
 api.on("stopping", _close_for)
+api.on("started", _follow)
 
 
 class _CallableModule(types.ModuleType):

@@ -392,7 +392,7 @@ def _lock(fig):
 
 def recovery_shapes(recoveries: list[dict]) -> list[dict]:
     """A dotted red line across every panel at each recovery's checkpoint step (where the run
-    went on from), for ``train start --max-failures`` (``notebook.recovery``)."""
+    went on from), for ``train start --max-failures`` (``notebook.runs.budget``)."""
     return [
         {
             "type": "line",

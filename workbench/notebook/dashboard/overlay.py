@@ -1,5 +1,5 @@
-"""The live dashboard of several named sessions at once (``workbench.dashboard(sessions=[...])``,
-``%distrain dashboard --sessions ddp,fsdp``): the same panels as one session's dashboard, each
+"""The live dashboard of several named sessions at once (``workbench.dashboard(session=[...])``,
+``%distrain dashboard --session ddp,fsdp``): the same panels as one session's dashboard, each
 session's latest run drawn into them with its traces named by the session, redrawn as they train.
 
 The loss panel holds one line per session (its data-parallel mean, in the session's colour),
@@ -140,7 +140,7 @@ def overlay(names, *, show: bool = True, interval: float = 0.5) -> Overlay:
     """The live overlay of the named sessions ``names`` (the same one when asked again)."""
     names = tuple(dict.fromkeys([names] if isinstance(names, str) else names))
     if not names:
-        raise ValueError("name the sessions to overlay, e.g. sessions=['ddp', 'fsdp']")
+        raise ValueError("name the sessions to overlay, e.g. session=['ddp', 'fsdp']")
     for name in names:
         session.KERNEL.get(name)  # an unknown name: the error lists the sessions there are
     over = session.KERNEL.overlays.get(names)

@@ -2,13 +2,14 @@
 
 A collector is attached when ranks start (``api.on("started")``) or, for rank sets
 started some other way, the first time anything asks for it; it is closed when the
-ranks stop. Never imports torch.
+ranks stop. Owns the session's ``stream`` part. Never imports torch.
 """
 
 from __future__ import annotations
 
 import socket
 
+from ...engine import rpc
 from .. import api, session
 from .collector import Collector
 from .store import EventStore, Thinned
@@ -25,24 +26,32 @@ def attach(rankset) -> Collector:
     """The collector of ``rankset``, made and announced to its ranks on first use; kept in
     the rank set's session."""
     sess = session.of(rankset)
-    if sess.collector is not None and sess.collector_of is rankset:
-        return sess.collector
-    from ...engine import publisher
-
+    if sess.stream.collector is not None and sess.stream.listening_to is rankset:
+        return sess.stream.collector
     local = _all_local(rankset)
     ip = getattr(rankset, "listen_ip", "127.0.0.1")
     # a recovery's new ranks report into the store of the run they continue
-    carried = sess.store if sess.recovering else new_store(sess)
+    carried = sess.store if sess.runs.recovering else new_store(sess)
     collector = Collector(
         carried, local_only=local, bind_ip=None if local else ip, key=getattr(rankset, "secret", None)
     )
     try:
-        rankset.apply(publisher.connect, collector.address, key=collector.key, timeout=60)
+        rankset.apply(rpc.handle, rpc.ConnectStream(address=collector.address, key=collector.key), timeout=60)
     except BaseException:
         collector.close()
         raise
-    sess.collector, sess.collector_of, sess.store = collector, rankset, collector.store
+    _listen(sess, collector, rankset)
     return collector
+
+
+def _listen(sess, collector: Collector, rankset) -> None:
+    sess.stream.collector, sess.stream.listening_to, sess.stream.store = collector, rankset, collector.store
+
+
+def take(sess, collector: Collector, rankset, store: EventStore) -> None:
+    """``sess``'s set, handed over from another process, reports to ``collector`` (still paused:
+    ``collector.begin(store)`` once the store's readers are back) into ``store``, which came with it."""
+    sess.stream.collector, sess.stream.listening_to, sess.stream.store = collector, rankset, store
 
 
 WINDOW_ROWS = 50_000  # step rows a store keeps in memory; older ones are read back from its history
@@ -83,9 +92,15 @@ def last_store(name: str | None = None) -> EventStore | None:
 
 def detach(rankset) -> None:
     sess = session.of(rankset)
-    if sess.collector is not None and sess.collector_of is rankset:
-        sess.collector.close()
-        sess.collector = sess.collector_of = None
+    if sess.stream.collector is not None and sess.stream.listening_to is rankset:
+        sess.stream.collector.close()
+        sess.stream.collector = sess.stream.listening_to = None
+
+
+def drain(sess) -> None:
+    """Read what the ranks' stream still had on its way into the store (before a hand-over)."""
+    if sess.stream.collector is not None and sess.stream.listening_to is sess.rankset:
+        sess.stream.collector.drain()
 
 
 def _on_started(rankset) -> None:

@@ -15,7 +15,7 @@ checkpoint's step. The run as it now stands is what ``metrics()`` and the plots 
 rank's rows and plotted points from that step on are moved to ``superseded`` (kept, for
 a look at what was rolled back) and ``rollbacks`` is counted.
 
-A recovery (``notebook.recovery``) rebuilds the trainer on new ranks, which names a new
+A recovery (``notebook.runs.budget``) rebuilds the trainer on new ranks, which names a new
 run; :meth:`EventStore.continue_run` files that run's events under the run it recovers,
 so the same rule makes the recovered run one run with every step once.
 """

@@ -3,8 +3,9 @@
 ``workbench.untrack()``, ``workbench.tracking()``; ``%distrain track ...`` calls these.
 
 One tracker run per session and tracker (see :mod:`.mirror` for what is written); it ends
-when the session's ranks stop or on ``untrack``, and goes with a detached set (:func:`carry`). Nothing here imports a tracker's package
-before it is asked for (they take seconds to import), nor torch.
+when the session's ranks stop or on ``untrack``, and goes with a detached set (:func:`carry`).
+Owns the session's ``trackers`` part. Nothing here imports a tracker's package before it is
+asked for (they take seconds to import), nor torch.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def track(
     patterns = parse_metrics(metrics)
     sess = _session(session)
     directory = os.path.abspath(dir or default_dir(kind))
-    have = sess.trackers.get(kind)
+    have = sess.trackers.by_kind.get(kind)
     if have is not None and not have.closed:
         if have.directory == directory and have.metrics == patterns:
             return have
@@ -99,7 +100,7 @@ def track(
             f"`%distrain track stop {kind}` first to start another"
         )
     tracker = Tracker(backend, sess, directory, patterns)
-    sess.trackers[kind] = tracker
+    sess.trackers.by_kind[kind] = tracker
     return tracker
 
 
@@ -109,13 +110,13 @@ def untrack(kind: str | None = None, *, session: str | None = None) -> list[dict
     if kind is not None and kind not in BACKENDS:
         raise TrackerError(f"unknown tracker {kind!r}: use one of {', '.join(KINDS)}")
     sess = _session(session)
-    kinds = [kind] if kind is not None else list(sess.trackers)
-    if kind is not None and (kind not in sess.trackers or sess.trackers[kind].closed):
-        open_ = [k for k, t in sess.trackers.items() if not t.closed]
+    kinds = [kind] if kind is not None else list(sess.trackers.by_kind)
+    if kind is not None and (kind not in sess.trackers.by_kind or sess.trackers.by_kind[kind].closed):
+        open_ = [k for k, t in sess.trackers.by_kind.items() if not t.closed]
         raise TrackerError(f"session {sess.name!r} has no open {kind} tracker; open: {', '.join(open_) or 'none'}")
     out = []
     for k in kinds:
-        tracker = sess.trackers.pop(k)
+        tracker = sess.trackers.by_kind.pop(k)
         tracker.close()
         out.append(tracker.info())
     return out
@@ -127,15 +128,15 @@ def tracking(session: str | None = None) -> list[dict]:
     cur = sessions.current()
     if session is None and cur is not None and cur not in chosen:
         chosen.append(cur)
-    return [t.info() for s in chosen for t in s.trackers.values()]
+    return [t.info() for s in chosen for t in s.trackers.by_kind.values()]
 
 
 def carry(sess) -> list[dict]:
     """The session's open trackers, taken from this process for another one (``detach``/``attach``):
     their runs stay open; :func:`resume` there writes on into them."""
     out = []
-    for kind in list(sess.trackers):
-        tracker = sess.trackers.pop(kind)
+    for kind in list(sess.trackers.by_kind):
+        tracker = sess.trackers.by_kind.pop(kind)
         if tracker.closed:
             continue
         try:
@@ -143,7 +144,7 @@ def carry(sess) -> list[dict]:
         except Exception as exc:  # never fail a hand-over half done: say it, end the run here
             print(
                 f"the {kind} tracker could not be carried ({type(exc).__name__}: {exc}): its run "
-                f"{tracker.run_name} ends here; `%distrain track {kind} --dir {tracker.directory}` starts a new one"
+                f"{tracker.run_name} ends here; `%distrain track start {kind} --dir {tracker.directory}` starts a new one"
             )
             tracker.close()
     return out
@@ -156,11 +157,11 @@ def resume(sess, carried: list[dict]) -> list[str]:
     for c in carried or ():
         kind = c["kind"]
         try:
-            sess.trackers[kind] = Tracker.resumed(_backend(kind), sess, c)
+            sess.trackers.by_kind[kind] = Tracker.resumed(_backend(kind), sess, c)
         except Exception as exc:
             failed.append(
                 f"the {kind} tracker (run {c['run_name']} in {c['directory']}) could not be opened again here: "
-                f"{type(exc).__name__}: {exc}; `%distrain track {kind} --dir {c['directory']}` starts a new run"
+                f"{type(exc).__name__}: {exc}; `%distrain track start {kind} --dir {c['directory']}` starts a new run"
             )
     return failed
 
@@ -168,9 +169,9 @@ def resume(sess, carried: list[dict]) -> list[str]:
 def _on_stopping(rankset) -> None:
     """The ranks stop: each tracker writes what it has and ends its run."""
     sess = sessions.of(rankset)
-    for kind in list(sess.trackers):
+    for kind in list(sess.trackers.by_kind):
         try:
-            sess.trackers.pop(kind).close()
+            sess.trackers.by_kind.pop(kind).close()
         except Exception:  # never fail a stop
             pass
 

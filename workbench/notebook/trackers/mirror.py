@@ -308,7 +308,7 @@ def session_params(session) -> dict:
 def run_params(session, run: str, source: str) -> dict:
     """A run's setup (strategy, model, options of ``train.setup``) as parameters under ``<run>/``."""
     out = {f"{run}/source": source}
-    if source == "trainer" and session.setup_recipe:
-        for key, value in session.setup_recipe.items():
+    if source == "trainer" and session.setup.recipe:
+        for key, value in session.setup.recipe.items():
             out[f"{run}/{key}"] = _plain(value)
     return out

@@ -1,23 +1,9 @@
 """Is a checkpoint whole? Sizes and checksums recorded at save, checked before anything is loaded.
 
-Pure Python (no torch): the ranks check the files they read, the notebook checks a
-folder itself for ``ckpt list`` and retention. The manifest records, per file, its size
-and a checksum (``xxh3_64`` from the ``xxhash`` package, ~3.6 GB/s on one core here,
-else zlib's ``crc32``, ~0.8 GB/s; sha256 ran at ~0.4 GB/s: see
-``benchmarks/checkpoint_bench.py``). The checksum is computed from the files once they
-are written, in the save's background thread for async saves, so training is not
-blocked longer.
-
-A file is checked by one rank (:func:`reader_rank`): the rank that wrote it when the
-world size is the same, so the ranks check in parallel. What was found is a
-:class:`Problem` (the file, the rank that read it, what is wrong); a damaged checkpoint
-is refused with :class:`DamagedCheckpoint`, which names every problem and the newest
-good checkpoint to load instead.
-
-Results are remembered per file by (path, size, mtime, ctime, expected checksum), so a
-checkpoint is read once per process however often it is listed or retained; writing to
-a file changes its ctime, which no user can set back.
-"""
+Pure Python (no torch): the ranks check the files they read, each file by one rank
+(:func:`reader_rank`) so they check in parallel, and the notebook checks a folder itself for
+``ckpt list`` and retention. A damaged checkpoint is refused with :class:`DamagedCheckpoint`,
+which names every problem and the newest good checkpoint to load instead."""
 
 from __future__ import annotations
 
@@ -44,8 +30,12 @@ try:
 except ImportError:  # pragma: no cover - xxhash is a dependency; crc32 keeps old installs working
     _xxhash = None
 
+# xxh3_64 is several times faster than crc32 and sha256 on one core (benchmarks/FINDINGS.md)
 ALGO = "xxh3_64" if _xxhash is not None else "crc32"
 _CHUNK = 8 << 20
+# a file's verdict by (path, size, mtime, ctime, expected checksum): a checkpoint is read once
+# per process however often it is listed; writing to a file changes its ctime, which no user
+# can set back
 _MEMO: dict[tuple, bool] = {}
 _SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")
 _RANK_FILE = re.compile(r"^rank-(\d+)\.json$")

@@ -74,8 +74,8 @@ class Manifest:
     adapter: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
-        """One field a line, each value in C-encoded compact JSON: ``asdict`` + ``indent`` (Python's
-        encoder over every tensor entry) cost ~5 ms of a save's writer on a tiny model."""
+        """One field a line, each value in C-encoded compact JSON: ``asdict`` + ``indent`` run
+        Python's encoder over every tensor entry, in the save's writer (benchmarks/FINDINGS.md)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(d[k], sort_keys=True)}" for k in sorted(d)) + "\n}"
 

@@ -1,22 +1,11 @@
-"""Notebook side: a failure budget (``train start --max-failures K``), recovery without a person.
+"""A failure budget (``train start --max-failures K``): a run that recovers without a person.
 
-A :class:`Supervisor` thread, owned by the session like the step watchdog, watches the
-health signals that already exist: a rank's death (the rank watcher's pidfds), a step
-that hangs past ``--step-timeout`` (the watchdog's report), a trainer that raised, and
-the NaN/spike guard pausing the run. Within the budget it does what a person does at the
-keyboard: ``restart --resume`` (same size, the session's recorded setup repeated, the
-newest *verified* checkpoint loaded) and ``train start`` of the steps left to the target.
-A lost host (its guards fell silent) restarts on the hosts left instead, at the largest
-size the layout allows there (:func:`shrink`); the checkpoint reshards on load.
-The recovered trainer names a new run; the store files it under the run it continues
-(``EventStore.continue_run``), so ``metrics()`` and the dashboard show one run with every
-step once. The checkpoint loaded is the newest verified one that every rank's delivered steps
-reach (:meth:`Supervisor._bound`): a rank killed with step events still queued on its side
-takes those steps with it, so a newer checkpoint would leave them out of the metrics for good;
-an older one redoes and records them. Each recovery is a record (what failed, rank/host, exit or stack, checkpoint
-step, steps redone, seconds lost) in the store; a spent budget stops with their summary.
-Works with no cell running and in a plain script: nothing here needs a kernel.
-"""
+A thread watches what already reports a failure (a rank's death, a hang past ``--step-timeout``,
+a trainer that raised, a NaN/spike pause) and, within the budget, does what a person would:
+restart (on the hosts left when one is lost: :func:`shrink`), repeat the setup, load the newest
+verified checkpoint every rank's delivered steps reach (:meth:`FailureBudget._bound`) and train on
+to the target; the store files the new trainer's steps under the run it continues. How it
+decides, step by step: docs/unattended.md."""
 
 from __future__ import annotations
 
@@ -24,15 +13,17 @@ import os
 import threading
 import time
 
+from ...engine import rpc
+from . import begin, note_hang, recovering
+from .contract import Run, register
+
 LOSS_WORDS = ("non-finite", "spike")  # the guard's pause reasons (engine.trainer.REASONS)
+RECOVERY_WAIT_S = 600.0  # a recovery under way finishes before the run is handed to another process
+SETTLE_S = 30.0  # how long its end waits for the ranks' trainer threads (their last events, the auto-save)
 
 
 def describe(rec: dict) -> str:
-    """One line of a recovery record (a fault-tolerant run's replica replacement included)."""
-    if rec.get("replica") is not None:
-        from .fault_tolerance import describe as replacement
-
-        return replacement(rec)
+    """One line of a recovery record."""
     where = f"rank {rec['rank']} (host {rec['host']})" if rec.get("rank") is not None else "the run"
     kind = rec["kind"]
     if kind == "host lost":  # every rank there: the host is what failed
@@ -73,9 +64,8 @@ def shrink(sess, rs) -> dict:
     every rank the hosts left hold (the setup's own check then names the degrees that fit).
     Checkpoints reshard on load.
     """
-    from ..engine import control
-    from ..shared.errors import RankFailure
-    from .cluster import ssh
+    from ...shared.errors import RankFailure
+    from ..cluster import ssh
 
     lost = rs.lost_entries()
     if not lost:
@@ -84,19 +74,18 @@ def shrink(sess, rs) -> dict:
     if room == 0:
         raise ValueError(f"every host of --hosts {rs.config.hosts} is lost")
     n = room
-    recipe = sess.setup_recipe if sess.resume_setup is None else None
+    recipe = sess.setup.recipe if sess.setup.given is None else None
     dead = rs.watcher.known() if rs.watcher is not None else {}
     survivors = [r for r in range(rs.world_size) if r not in dead]
     if recipe is not None and survivors:
         try:
-            (n,) = rs.apply(
-                control.largest_size,
-                recipe["strategy"],
-                room,
-                recipe.get("batch_size"),
+            (size,) = rs.apply(
+                rpc.handle,
+                rpc.LargestSize(strategy=recipe["strategy"], room=room, batch_size=recipe.get("batch_size")),
                 ranks=survivors[:1],
                 timeout=30,
             )
+            n = size.n
         except RankFailure as exc:  # no size fits: say so rather than rebuild something else
             raise ValueError(str(exc).split(": ", 2)[-1]) from None
         except Exception:  # the survivor is stuck too: the setup's own check will speak
@@ -105,30 +94,31 @@ def shrink(sess, rs) -> dict:
     return {"n": n, "hosts": hosts}
 
 
-class Supervisor:
-    """Watches one run of ``sess`` and recovers it up to ``max_failures`` times (module doc)."""
+@register
+class FailureBudget(Run):
+    """Watches run ``run_id`` of ``sess`` and recovers it up to ``max_failures`` times (module doc)."""
+
+    kind = "failure budget"
 
     def __init__(
         self,
         sess,
-        run: str,
+        run_id: str,
         target: int,
         max_failures: int,
         *,
         step_timeout: float | None = None,
         poll: float = 0.25,
-        on_hang=None,
-        stop_run=None,
+        failures: int = 0,
     ):
-        """``on_hang(sess, store, report)``: what a hang past ``step_timeout`` records (training's);
-        ``stop_run(rankset)``: ends a run whose ranks are all alive when the budget is spent."""
+        """``failures``: recoveries already used (a run carried from another process)."""
         if max_failures < 0:
             raise ValueError(f"max_failures must be 0 or more, got {max_failures}")
-        self.sess, self.run, self.target = sess, run, int(target)
-        self.on_hang, self.stop_run = on_hang, stop_run
+        self.sess, self.run_id, self.target = sess, run_id, int(target)
         self.max_failures, self.step_timeout, self.poll = int(max_failures), step_timeout, poll
-        self.failures = 0
-        self.state = "watching"  # -> recovering -> watching ... -> finished | stopped | gave up | closed
+        self.failures = int(failures)
+        self._on_ranks = run_id  # the run id of the ranks' trainer (a recovered trainer names a new one)
+        self._state = "watching"  # -> recovering -> watching ... -> finished | stopped | gave up | closed
         self.summary = ""
         self._hang: dict | None = None
         self._stop = threading.Event()
@@ -141,17 +131,29 @@ class Supervisor:
 
     # ------------------------------------------------------------------ reading
     @property
+    def state(self) -> str:
+        return self._state
+
+    def _set(self, state: str) -> None:
+        self._state = state
+        self._changed()
+
+    @property
     def store(self):
         return self.sess.store
 
     @property
     def records(self) -> list[dict]:
-        return [r for r in self.store.recoveries if r.get("run") == self.run]
+        return [r for r in self.store.recoveries if r.get("run") == self.run_id]
+
+    @classmethod
+    def describe(cls, record: dict) -> str:
+        return describe(record)
 
     def status_text(self) -> str:
-        """What ``train status`` prints: the budget and every recovery so far."""
+        """The budget and every recovery so far."""
         head = (
-            f"training {self.run}: {self.state}; failure budget {self.failures}/{self.max_failures} used, "
+            f"training {self.run_id}: {self.state}; failure budget {self.failures}/{self.max_failures} used, "
             f"target step {self.target}"
         )
         lines = [head, *("  " + describe(r) for r in self.records)]
@@ -159,9 +161,20 @@ class Supervisor:
             lines.append(self.summary.splitlines()[0])
         return "\n".join(lines)
 
+    def rank_status(self) -> list[dict]:
+        rs = self.sess.rankset
+        if rs is None or not rs.running or (self.state == "gave up" and rs.dead()):
+            return []  # a dead rank answers nothing: the status text says what happened
+        return super().rank_status()
+
     def wait(self, timeout: float | None = None) -> bool:
-        """True once the supervisor is done (finished, stopped, gave up)."""
+        """True once the budget is done (finished, stopped, gave up, closed)."""
         return self.done.wait(timeout)
+
+    def stop(self) -> str:
+        """The trainer stops at one step on every rank; the budget then ends as stopped."""
+        self.sess.rankset.apply(rpc.handle, rpc.ControlTraining(action="stop"))
+        return "stop requested: takes effect on every rank at the same step"
 
     def close(self) -> None:
         """Stop watching (a new ``train start``, the set stopped by hand); changes nothing on the ranks."""
@@ -169,12 +182,39 @@ class Supervisor:
         if self.watchdog is not None:
             self.watchdog.close()
         if not self.done.is_set():
-            self.state = "closed"
+            self._set("closed")
             self.done.set()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end (after :meth:`close`, a recovery under way finishes first)."""
         self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ carrying
+    def to_state(self) -> dict | None:
+        """A recovery under way finishes first: the set it starts is the one handed over."""
+        active = not self.done.is_set()
+        self.close()
+        self.join(RECOVERY_WAIT_S)
+        if not active:
+            return None
+        return {
+            "run_id": self.run_id,
+            "target": self.target,
+            "max_failures": self.max_failures,
+            "failures": self.failures,
+            "step_timeout": self.step_timeout,
+        }
+
+    @classmethod
+    def from_state(cls, sess, state: dict) -> FailureBudget:
+        return cls(
+            sess,
+            state["run_id"],
+            state["target"],
+            state["max_failures"],
+            step_timeout=state["step_timeout"],
+            failures=state["failures"],
+        )
 
     # ------------------------------------------------------------------ watching
     def _watch(self, rankset) -> None:
@@ -185,15 +225,16 @@ class Supervisor:
             from .watchdog import StepWatchdog
 
             def on_hang(rep):
-                if self.on_hang is not None:
-                    self.on_hang(self.sess, self.store, rep)
+                note_hang(self.sess, rep)
                 self._hang = rep
 
-            mark = self.sess.marks.get(self.run, 0)
-            self.watchdog = StepWatchdog(rankset, self.store, self.run, self.step_timeout, mark=mark, on_hang=on_hang)
+            mark = self.sess.runs.marks.get(self.run_id, 0)
+            self.watchdog = StepWatchdog(
+                rankset, self.store, self.run_id, self.step_timeout, mark=mark, on_hang=on_hang
+            )
 
     def _loop(self) -> None:
-        from .background import lower_this_thread
+        from ..background import lower_this_thread
 
         lower_this_thread()  # gives way to ranks training on the same cores
         try:
@@ -217,7 +258,7 @@ class Supervisor:
                 if not self._recover(failure):
                     return
         except Exception as exc:  # never die silently: the run would wait for a person unannounced
-            self._give_up({"kind": "supervisor error", "rank": None, "detail": f"{type(exc).__name__}: {exc}"})
+            self._give_up({"kind": "budget error", "rank": None, "detail": f"{type(exc).__name__}: {exc}"})
 
     def _failure(self, rs, retold: bool = False) -> dict | None:
         """The first failure seen now, or None."""
@@ -237,7 +278,7 @@ class Supervisor:
                 "detail": rep["text"],
                 "time": rep.get("time", time.time()),
             }
-        for rank, e in sorted(self.store.run_state(self.run, self.sess.marks.get(self.run, 0)).items()):
+        for rank, e in sorted(self.store.run_state(self.run_id, self.sess.runs.marks.get(self.run_id, 0)).items()):
             reason = e.get("reason") or ""
             if e["state"] == "error":
                 kind = "raised"
@@ -259,7 +300,7 @@ class Supervisor:
             return None
 
     def _ended(self, rs) -> tuple[str, str] | None:
-        states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
+        states = self.store.run_state(self.run_id, self.sess.runs.marks.get(self.run_id, 0))
         if len(states) < rs.world_size:
             return None
         kinds = {e["state"] for e in states.values()}
@@ -277,7 +318,7 @@ class Supervisor:
         rs = self.sess.rankset
         size = rs.world_size if rs is not None else 0
         # the ranks that run now: after a lost host, the higher ranks of the old set never step again
-        steps = {r: s for r, s in self.store.last_steps(self.run).items() if r < size}
+        steps = {r: s for r, s in self.store.last_steps(self.run_id).items() if r < size}
         rec = pending[-1]
         if steps and min(steps.values()) >= rec["failed_step"]:
             with self.store.lock:
@@ -288,18 +329,19 @@ class Supervisor:
     def _recover(self, failure: dict) -> bool:
         """Restart, set up, load, start the steps left; False (and the run given up) when
         the recovery itself failed: a second try would rebuild the same broken thing."""
-        from ..engine import control
-        from ..shared.checkpoint import catalog
-        from . import checkpoints
+        from ...shared.checkpoint import catalog
+        from .resume import restart_from_checkpoint
 
-        self.state = "recovering"
-        rs = self.sess.rankset
-        if self.sess.collector is not None and self.sess.collector_of is rs:
+        self._set("recovering")
+        sess = self.sess
+        rs = sess.rankset
+        if sess.stream.collector is not None and sess.stream.listening_to is rs:
             # the survivors' steps already sent (their window's batch) count: the run's step at the failure
-            self.sess.collector.drain(quiet=0.2, limit=2.0)
-        steps = self.store.last_steps(self.run)
+            sess.stream.collector.drain(quiet=0.2, limit=2.0)
+        steps = self.store.last_steps(self.run_id)
         rec = {
-            "run": self.run,
+            "run": self.run_id,
+            "run_kind": self.kind,
             "n": self.failures,
             **{k: failure.get(k) for k in ("kind", "rank", "host", "detail")},
             "time": failure.get("time") or time.time(),
@@ -307,43 +349,36 @@ class Supervisor:
             "world_size": rs.world_size,
         }
         size: dict = {}  # a lost host: the size and hosts to restart on (shrink)
-        root = (self.sess.autosave or {}).get("root") or self.sess.checkpoint_dir
+        root = (sess.checkpoints.autosave or {}).get("root") or sess.checkpoint_dir
         which = "latest" if catalog.entries(root) else None
-        dash = self.sess.dashboard
         new_run: list[str] = []
         bound: dict = {}
 
         def before_load(new_rs) -> None:
-            status = new_rs.apply(control.status)
-            if status[0]["state"] == "none":
+            status = new_rs.apply(rpc.handle, rpc.TrainerStatus())
+            if status[0].state == "none":
                 raise RuntimeError("the setup built no trainer on the ranks")
-            new_run.append(status[0]["run"])
-            self.store.continue_run(status[0]["run"], self.run)
-            self.sess.marks[self.run] = len(self.store.statuses)
+            new_run.append(status[0].run)
+            self.store.continue_run(status[0].run, self.run_id)
+            begin(sess, self.run_id, len(self.store.statuses))
             bound.update(self._bound(rs.world_size, root))  # the old ranks' stream has ended by now
             return bound.get("at_most")
 
-        self.sess.recovering = True
-        try:
-            if self.watchdog is not None:
-                self.watchdog.close()
-            size = shrink(self.sess, rs)  # {} unless a host is lost (whatever was seen first)
-            info = checkpoints.resume_session(self.sess, None, which, root=root, before_load=before_load, **size)
-            new_rs = self.sess.rankset
-            left = self.target - int(info["step"])
-            if left > 0:
-                new_rs.apply(control.start, left)
-        except Exception as exc:
-            rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            self._record(rec)
-            self._give_up(failure, why=f"the recovery failed ({rec['error']})")
-            return False
-        finally:
-            self.sess.recovering = False
-        if dash is not None and not dash.closed:
-            dash.rankset = new_rs  # the same live dashboard follows the run onto the new ranks
-            self.sess.dashboard = dash
-        self.sess.started_run = self.run
+        with recovering(sess):
+            try:
+                if self.watchdog is not None:
+                    self.watchdog.close()
+                size = shrink(sess, rs)  # {} unless a host is lost (whatever was seen first)
+                info = restart_from_checkpoint(sess, None, which, root=root, before_load=before_load, **size)
+                new_rs = sess.rankset
+                left = self.target - int(info["step"])
+                if left > 0:
+                    new_rs.apply(rpc.handle, rpc.StartTraining(steps=left))
+            except Exception as exc:
+                rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                self._record(rec)
+                self._give_up(failure, why=f"the recovery failed ({rec['error']})")
+                return False
         rec.update(
             world_size=new_rs.world_size,
             **({"from_world_size": rs.world_size, "hosts": size["hosts"]} if size else {}),
@@ -361,9 +396,10 @@ class Supervisor:
             ],
         )
         self.rankset = new_rs
+        self._on_ranks = new_run[0] if new_run else self._on_ranks
         self._record(rec)
         self._watch(new_rs)
-        self.state = "watching"
+        self._set("watching")
         return True
 
     def _bound(self, ranks: int, root: str) -> dict:
@@ -373,9 +409,9 @@ class Supervisor:
         it may be loaded once every rank's step S is in the store. ``at_most``: the newest step
         every rank reached, when a checkpoint past it is passed over for an older one (which, and
         the rank that held it back, in ``passed_over``); ``delivered``: each rank's last step."""
-        from ..shared.checkpoint import catalog
+        from ...shared.checkpoint import catalog
 
-        last = self.store.last_steps(self.run)
+        last = self.store.last_steps(self.run_id)
         delivered = {r: int(last.get(r, 0)) for r in range(ranks)}
         out: dict = {"delivered": delivered}
         if not delivered:
@@ -396,49 +432,52 @@ class Supervisor:
         return out
 
     def _record(self, rec: dict) -> None:
-        from ..shared import events
+        from ...shared import events
 
         self.store.note_recovery(rec)
         text = "recovery " + describe(rec)
-        self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
+        self.store.add([events.log_event(run=self.run_id, rank=-1, text=text)])
         print(text, flush=True)
 
     def _finish(self, state: str, why: str) -> None:
-        self.state = state
-        self.summary = f"training {self.run}: {state} ({why}) after {self.failures} recoveries"
+        self.summary = f"training {self.run_id}: {state} ({why}) after {self.failures} recoveries"
         if self.watchdog is not None:
             self.watchdog.close()
+        if state in ("finished", "stopped") and self.rankset.running:  # finished is final: the ranks are done
+            from .trainer import settle
+
+            settle(self.rankset, self._on_ranks, SETTLE_S)
+        self._set(state)
         self.done.set()
 
     def _give_up(self, failure: dict, why: str = "") -> None:
-        from ..shared import events
+        from ...shared import events
 
-        steps = self.store.last_steps(self.run)
+        steps = self.store.last_steps(self.run_id)
         where = f"rank {failure['rank']} (host {failure.get('host')})" if failure.get("rank") is not None else "the run"
         kind = failure["kind"]
         if kind == "host lost":
             where, kind = f"host {failure.get('host')}", "lost"
         detail = (failure.get("detail") or "").strip()
         lines = [
-            f"training {self.run}: "
+            f"training {self.run_id}: "
             + (why or f"failure budget spent ({self.failures} of {self.max_failures} recoveries used)")
             + "; "
             f"{where} {kind} at step {max(steps.values()) if steps else 0}"
             + (f": {detail.splitlines()[0][:300]}" if detail else "")
-            + ". The run is stopped there; `%distrain restart --resume` continues from the newest verified checkpoint.",
+            + ". The run is stopped there; `%distrain restart --load` continues from the newest verified checkpoint.",
             *("  " + describe(r) for r in self.records),
         ]
         self.summary = "\n".join(lines)
-        self.state = "gave up"
         if self.watchdog is not None:
             self.watchdog.close()
         rs = self.sess.rankset
         if rs is not None and rs.running and rs.watcher is not None and not rs.watcher.known():
             try:  # every rank alive (a loss pause, a hang): end the run so nothing waits on it
-                if self.stop_run is not None:
-                    self.stop_run(rs)
+                rs.apply(rpc.handle, rpc.ControlTraining(action="stop"))
             except Exception:
                 pass
-        self.store.add([events.log_event(run=self.run, rank=-1, text=self.summary)])
+        self.store.add([events.log_event(run=self.run_id, rank=-1, text=self.summary)])
         print(self.summary, flush=True)
+        self._set("gave up")
         self.done.set()

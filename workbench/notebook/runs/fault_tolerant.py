@@ -1,17 +1,11 @@
-"""Notebook side of ``train start --fault-tolerant``: survivors keep training (torchft).
+"""Torchft replica groups (``train start --fault-tolerant``): survivors keep training.
 
-The ranks are split into replica groups of consecutive ranks (``--replicas R``: R groups of
-N/R); each trains under a torchft ``Manager`` (``engine.fault_tolerant``), and the replicas
-meet only through torchft: a lighthouse (``cluster.lighthouse``, a process of the rank set,
-ended with it) forms a quorum every step. When a rank dies, its replica drops out of the
-quorum once the lighthouse stops hearing it (``--quorum-timeout``); the other replicas keep
-stepping. A :class:`FaultTolerantRun` thread (no cell needed, as the failure budget's
-supervisor) then ends the rest of that replica by pid, starts new ranks in its place on the
-same controller (``cluster.replacements``), and starts them on the run; torchft heals them
-from a live peer over its checkpoint transport (HTTP, no disk) and they rejoin the quorum.
-Each replacement is a record in the store (dashboard, ``train status``); every step row
-carries the quorum size it was taken with (metric ``quorum``).
-"""
+The ranks form replica groups of consecutive ranks, each training under a torchft ``Manager``
+(``engine.fault_tolerant``); a lighthouse process of the set forms a quorum every step. When a
+rank dies the other replicas step on without it, and a :class:`FaultTolerantRun` thread replaces
+the lost replica's ranks on the same controller (``cluster.replacements``); torchft heals them
+from a live peer and they rejoin. Each replacement is a record in the store; how it decides:
+docs/unattended.md."""
 
 from __future__ import annotations
 
@@ -19,12 +13,16 @@ import os
 import threading
 import time
 
-from ..engine.fault_tolerant import EXIT_REPLICA_LOST
-from . import session, stream
-from .cluster import lighthouse, network, replacements
+from ...engine import rpc
+from ...shared.replies import EXIT_REPLICA_LOST
+from .. import stream
+from ..cluster import lighthouse, network, replacements
+from . import begin
+from .contract import Run, register
 
 # replicated layouts whose replicas can run as torchft replica groups here; hsdp: each replica sharded over its ranks
 STRATEGIES = ("ddp", "hsdp")
+SETTLE_S = 30.0  # how long its end waits for the ranks' loops to be gone
 AFTER_THE_END = "died after the end"  # the kind of a record of a death once every replica took the last step
 
 
@@ -101,8 +99,16 @@ def describe(rec: dict) -> str:
     return out
 
 
-class FaultTolerantRun:
+@register
+class FaultTolerantRun(Run):
     """One fault-tolerant run of ``sess``'s ranks and the thread that replaces lost replicas."""
+
+    kind = "fault-tolerant"
+    controls = ()  # its ranks run a loop of their own: the workbench trainer's controls do not reach it
+    cannot_carry = (
+        "a fault-tolerant run cannot move to a keeper while it trains: its torchft lighthouse ends with "
+        "this kernel; `%distrain train stop` it (or wait for it) first"
+    )
 
     def __init__(
         self,
@@ -118,14 +124,12 @@ class FaultTolerantRun:
         seed: int = 0,
         poll: float = 0.2,
     ):
-        from ..engine import fault_tolerant
-
         rs = sess.rankset
         self.sess, self.rankset, self.poll = sess, rs, poll
         self.replicas, self.group_size = replicas, rs.world_size // replicas
         self.strategy = (strategy or "ddp").strip().lower()  # hsdp: each replica sharded over its ranks
         self.quorum_timeout = float(quorum_timeout)
-        self.state = "starting"
+        self._state = "starting"
         self.stopping = False  # `train stop`: the ranks end at one step; a rank that ends then is not replaced
         self.error = ""
         self.left_out: dict[int, str] = {}  # replica -> why it is out of the run (its replacement failed)
@@ -143,10 +147,10 @@ class FaultTolerantRun:
             log_path=os.path.join(rs.state_dir(), "lighthouse.log"),
         )
         rs.started_pids.append(rs.lighthouse.pid)  # ended with the set, like the controller
-        self.run = f"ft-{time.strftime('%Y%m%d-%H%M%S')}-{int(time.time() * 1000) % 1000:03d}"
+        self.run_id = f"ft-{time.strftime('%Y%m%d-%H%M%S')}-{int(time.time() * 1000) % 1000:03d}"
         self.target = int(steps)
         self.plan = {
-            "run": self.run,
+            "run": self.run_id,
             "target": self.target,
             "group_size": self.group_size,
             "strategy": self.strategy,
@@ -163,20 +167,26 @@ class FaultTolerantRun:
             "seed": seed,
         }
         self.generation = dict.fromkeys(range(replicas), 0)
-        store = collector.store
-        sess.marks[self.run] = len(store.statuses)
-        sess.started_run = self.run
+        begin(sess, self.run_id, len(collector.store.statuses))
         replacements.spare(rs)  # its imports overlap the ranks' build: it is ready sooner for a failure
-        rs.apply(fault_tolerant.start, self.plan, begin=False, timeout=300)  # every replica built, then
-        rs.apply(fault_tolerant.begin, timeout=60)  # all step: none trains alone at the start
-        self.state = "running"
+        rs.apply(rpc.handle, rpc.StartFaultTolerant(plan=self.plan, begin=False), timeout=300)  # every replica built,
+        rs.apply(rpc.handle, rpc.BeginFaultTolerant(), timeout=60)  # then all step: none trains alone at the start
+        self._state = "running"
         self._thread = threading.Thread(target=self._loop, name="workbench-fault-tolerance", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ reading
     @property
+    def state(self) -> str:
+        return self._state
+
+    @property
     def store(self):
         return self.sess.store
+
+    @classmethod
+    def describe(cls, record: dict) -> str:
+        return describe(record)
 
     @property
     def records(self) -> list[dict]:
@@ -185,21 +195,21 @@ class FaultTolerantRun:
             return [
                 r
                 for r in self.store.recoveries
-                if r.get("run") == self.run and "replica" in r and r.get("kind") != AFTER_THE_END
+                if r.get("run") == self.run_id and "replica" in r and r.get("kind") != AFTER_THE_END
             ]
 
     @property
     def after_end(self) -> list[dict]:
         with self.store.lock:
-            return [r for r in self.store.recoveries if r.get("run") == self.run and r.get("kind") == AFTER_THE_END]
+            return [r for r in self.store.recoveries if r.get("run") == self.run_id and r.get("kind") == AFTER_THE_END]
 
     def quorum(self) -> tuple[int | None, int]:
         """(quorum size of the newest step, that step) as the ranks reported it."""
-        last = self.store.last_steps(self.run)
+        last = self.store.last_steps(self.run_id)
         if not last:
             return None, 0
         rank = max(last, key=last.get)
-        q = self.store.last(self.run, "quorum", rank)
+        q = self.store.last(self.run_id, "quorum", rank)
         return (int(q) if q is not None else None), last[rank]
 
     def status_text(self) -> str:
@@ -210,7 +220,7 @@ class FaultTolerantRun:
             out = ", ".join(str(r) for r in sorted(self.left_out))
             state += f" alone, without replica {out} (its replacement failed)"
         head = (
-            f"fault-tolerant run {self.run}: {state}; {self.replicas} replica groups x {self.group_size} ranks"
+            f"fault-tolerant run {self.run_id}: {state}; {self.replicas} replica groups x {self.group_size} ranks"
             + (" (each sharded over its ranks, hsdp)" if self.strategy == "hsdp" else "")
             + ", "
             f"quorum {q if q is not None else '-'} of {self.replicas} at step {step}, target step {self.target}; "
@@ -218,7 +228,7 @@ class FaultTolerantRun:
             + (f"; lighthouse {lh.address} (pid {lh.pid})" if lh is not None and lh.alive() else "")
         )
         lines = [head, *("  " + describe(r) for r in self.records + self.after_end)]
-        states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
+        states = self.store.run_state(self.run_id, self.sess.runs.marks.get(self.run_id, 0))
         for rank, e in sorted(states.items()):
             if e["state"] in ("error", "stopped") and e.get("reason"):
                 lines.append(f"  rank {rank} {e['state']}: {e['reason'].splitlines()[0][:300]}")
@@ -229,39 +239,46 @@ class FaultTolerantRun:
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
 
-    def stop(self) -> int:
+    def stop(self) -> str:
         """End the run on every rank after one step, the same for all (``engine.fault_tolerant.stop_at``)."""
-        from ..engine import fault_tolerant
-
         self.stopping = True
         live = [r for r in range(self.rankset.world_size) if r not in {d["rank"] for d in self.rankset.dead()}]
 
         def newest() -> tuple[int, float]:
             t0 = time.monotonic()
-            step = max(s["step"] for s in self.rankset.apply(fault_tolerant.status, ranks=live))
+            step = max(s.step for s in self.rankset.apply(rpc.handle, rpc.FaultTolerantStatus(), ranks=live))
             return step, time.monotonic() - t0
 
         # past every rank's step by the time the call reaches it: a rank already beyond the step would
-        # go on alone and leave its replica's others waiting in a collective. The steps can be ~15 ms
-        # and a call to the ranks a good part of a second on a loaded host: the margin is the steps
-        # taken in a few such calls' time, as measured now
+        # go on alone and leave its replica's others waiting in a collective. A step can be far
+        # shorter than a call to the ranks on a loaded host: the margin is the steps taken in a few
+        # such calls' time, timed here
         first, latency = newest()
         time.sleep(0.2)
         step, again = newest()
         rate = max(0, step - first) / (0.2 + again)
         at = step + 2 + int(rate * (0.5 + 4 * max(latency, again)))
-        self.rankset.apply(fault_tolerant.stop_at, at, ranks=live)
-        return at
+        self.rankset.apply(rpc.handle, rpc.StopFaultTolerantAt(step=at), ranks=live)
+        return f"stop requested: the fault-tolerant run {self.run_id} stops after step {at} on every rank"
+
+    def rank_status(self) -> list[dict]:
+        """Each live rank's replica member; the trainer's table where the session has since moved on."""
+        rs = self.rankset
+        if rs is not self.sess.rankset or not rs.running:
+            return super().rank_status()
+        dead = {d["rank"] for d in rs.dead()}  # a replica left out, a rank lost after the end
+        live = [r for r in range(rs.world_size) if r not in dead]
+        return [m.to_dict() for m in rs.apply(rpc.handle, rpc.FaultTolerantStatus(), ranks=live)]
 
     def close(self) -> None:
         self._stop.set()
         if not self.done.is_set():
-            self.state = "closed"
+            self._set("closed")
             self.done.set()
 
     # ------------------------------------------------------------------ watching
     def _loop(self) -> None:
-        from .background import lower_this_thread
+        from ..background import lower_this_thread
 
         lower_this_thread()
         try:
@@ -277,7 +294,7 @@ class FaultTolerantRun:
                     for replica in lost if ended is not None else ():
                         (self._note_after_the_end if ended else self._replace)(replica, deaths)
                 self._note_healed()
-                states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
+                states = self.store.run_state(self.run_id, self.sess.runs.marks.get(self.run_id, 0))
                 out = {r for r in range(rs.world_size) if r // self.group_size in self.left_out} | self._ended_dead
                 states = {r: e for r, e in states.items() if r not in out}
                 if len(states) == rs.world_size - len(out) and {e["state"] for e in states.values()} <= {
@@ -293,24 +310,34 @@ class FaultTolerantRun:
             self._finish("error")
 
     def _finish(self, state: str) -> None:
-        self.state = state
+        if state in ("finished", "stopped") and self.rankset.running:  # finished is final: the ranks are done
+            from .trainer import settle
+
+            live = set(range(self.rankset.world_size)) - {d["rank"] for d in self.rankset.dead()}
+            if live:
+                settle(self.rankset, self.run_id, SETTLE_S, ranks=sorted(live))
+        self._set(state)
         self.done.set()
+
+    def _set(self, state: str) -> None:
+        self._state = state
+        self._changed()
 
     def _taken_all_steps(self, deaths: dict) -> bool | None:
         """Whether the run had taken all its steps when these ranks died: every live rank committed the
         last step (a replica commits it only with every replica in the quorum, or alone once the
         notebook gave up on one), so a replacement would find no run to join. None while that is not
         known yet: a live rank is inside the last step and may still commit it (a few seconds at most)."""
-        from ..engine import fault_tolerant
-
         g = self.group_size
         lost = {r // g for r in deaths} | set(self.left_out)  # the lost replicas' other ranks may be ending too
         live = [r for r in range(self.rankset.world_size) if r // g not in lost]
         if not live:
             return False
         try:
-            rows = self.rankset.apply(fault_tolerant.status, ranks=live, timeout=10)
-        except Exception:  # another rank is dying: replace, as before this look
+            rows = [
+                m.to_dict() for m in self.rankset.apply(rpc.handle, rpc.FaultTolerantStatus(), ranks=live, timeout=10)
+            ]
+        except Exception:  # another rank is dying: replace, not wait for it
             return False
         if all(s["step"] >= self.target for s in rows):
             self._undecided_since = None
@@ -331,7 +358,7 @@ class FaultTolerantRun:
         """A rank of ``replica`` died once the run had taken all its steps: a record and a log line, and
         the dead ranks' state in the stream (a rank killed before it said it finished still shows the
         steps it took), not a replacement."""
-        from ..shared import events
+        from ...shared import events
 
         g = self.group_size
         ranks = [r for r in range(replica * g, (replica + 1) * g) if r in deaths]
@@ -342,13 +369,14 @@ class FaultTolerantRun:
         self.store.note_recovery(rec)
         self._mark_dead(ranks, "finished", f"died after the run's last step: {dead['exit']}")
         text = "fault tolerance: " + describe(rec)
-        self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
+        self.store.add([events.log_event(run=self.run_id, rank=-1, text=text)])
         print(text, flush=True)
 
     def _lost_record(self, kind: str, n: int, replica: int, ranks: list[int], dead: dict, step: int) -> dict:
         """The record of ``replica`` losing ``ranks`` (``dead``: the death that counts) at ``step``."""
         return {
-            "run": self.run,
+            "run": self.run_id,
+            "run_kind": self.kind,
             "n": n,
             "kind": kind,
             "replica": replica,
@@ -366,13 +394,13 @@ class FaultTolerantRun:
     def _mark_dead(self, ranks: list[int], state: str, reason: str) -> None:
         """Put the end of dead ``ranks`` in the stream, where they said nothing more (``train wait``, the
         dashboard); ``state``: finished where they had taken every step, else error."""
-        from ..shared import events
+        from ...shared import events
 
-        states = self.store.run_state(self.run, self.sess.marks.get(self.run, 0))
-        steps = self.store.last_steps(self.run)
+        states = self.store.run_state(self.run_id, self.sess.runs.marks.get(self.run_id, 0))
+        steps = self.store.last_steps(self.run_id)
         batch = [
             events.status_event(
-                run=self.run,
+                run=self.run_id,
                 rank=r,
                 state=state if state != "finished" or steps.get(r) == self.target else "error",
                 step=steps.get(r, 0),
@@ -385,8 +413,7 @@ class FaultTolerantRun:
             self.store.add(batch)
 
     def _replace(self, replica: int, deaths: dict) -> None:
-        from ..engine import fault_tolerant, publisher
-        from ..shared import events
+        from ...shared import events
 
         g = self.group_size
         ranks = list(range(replica * g, (replica + 1) * g))
@@ -395,9 +422,9 @@ class FaultTolerantRun:
             (deaths[r] for r in ranks if r in deaths),
             key=lambda d: (d.get("exit_code") == EXIT_REPLICA_LOST, d["time"], d["rank"]),
         )
-        steps = self.store.last_steps(self.run)
+        steps = self.store.last_steps(self.run_id)
         self.generation[replica] += 1
-        send_as = f"{self.run}-r{replica}g{self.generation[replica]}"
+        send_as = f"{self.run_id}-r{replica}g{self.generation[replica]}"
         rec = self._lost_record(
             "died", len(self.records) + 1, replica, ranks, dead, max(steps.values()) if steps else 0
         )
@@ -410,22 +437,22 @@ class FaultTolerantRun:
         try:
             replacements.replace_ranks(rs, ranks)
             try:  # the Lab's sidebar shows the new pids, and no death for these ranks
-                from . import registry
+                from .. import registry
 
                 registry.ranks_replaced(rs, ranks)
             except Exception:
                 pass
-            collector = self.sess.collector
-            rs.apply(publisher.connect, collector.address, key=collector.key, ranks=ranks, timeout=60)
+            collector = self.sess.stream.collector
+            rs.apply(rpc.handle, rpc.ConnectStream(collector.address, collector.key), ranks=ranks, timeout=60)
             # the new ranks' sequence numbers start again: they send under their own id, filed under the run
-            self.store.continue_run(send_as, self.run)
+            self.store.continue_run(send_as, self.run_id)
             plan = {
                 **self.plan,
                 "send_as": send_as,
                 "store_ports": {**self.plan["store_ports"], replica: network.free_port()},
             }
-            rs.apply(fault_tolerant.start, plan, begin=False, ranks=ranks, timeout=300)
-            rs.apply(fault_tolerant.begin, ranks=ranks, timeout=60)
+            rs.apply(rpc.handle, rpc.StartFaultTolerant(plan=plan, begin=False), ranks=ranks, timeout=300)
+            rs.apply(rpc.handle, rpc.BeginFaultTolerant(), ranks=ranks, timeout=60)
         except Exception as exc:  # the others finish alone; this replica is out of the run
             rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             self.left_out[replica] = rec["error"]
@@ -436,20 +463,18 @@ class FaultTolerantRun:
             rec["restart_s"] = round(time.time() - t0, 3)
             self.store.note_recovery(rec)
             text = "fault tolerance: " + describe(rec)
-            self.store.add([events.log_event(run=self.run, rank=-1, text=text)])
+            self.store.add([events.log_event(run=self.run_id, rank=-1, text=text)])
             print(text, flush=True)
 
     def _finish_alone(self, ranks: list[int]) -> None:
         """The replacement failed: the other replicas' ranks take their last step without it rather
         than wait for it for good; a rank that died meanwhile is left to the next look."""
-        from ..engine import fault_tolerant
-
         dead = {d["rank"] for d in self.rankset.dead()}
         live = [r for r in ranks if r not in dead]
         if not live:
             return
         try:
-            self.rankset.apply(fault_tolerant.finish_alone, ranks=live, timeout=30)
+            self.rankset.apply(rpc.handle, rpc.FinishWithoutLostReplica(), ranks=live, timeout=30)
         except Exception:
             pass
 
@@ -459,7 +484,7 @@ class FaultTolerantRun:
         if not pending:
             return
         with self.store.lock:
-            rows = [row for row in self.store.rows if row["run"] == self.run]
+            rows = [row for row in self.store.rows if row["run"] == self.run_id]
         for rec in pending:
             first = [
                 row
@@ -474,51 +499,44 @@ class FaultTolerantRun:
 
 
 def start(
+    sess,
     steps: int,
     *,
     replicas: int | None = None,
-    quorum_timeout: float = 10.0,
-    strategy: str = "ddp",
-    model: str = "tiny",
-    batch_size: int = 8,
-    lr: float = 1e-3,
-    rankset=None,
+    quorum_timeout: float | None = None,
+    strategy: str | None = None,
+    model: str | None = None,
+    batch_size: int | None = None,
+    lr: float | None = None,
 ) -> FaultTolerantRun:
-    """``workbench.train.fault_tolerant(...)``: train ``steps`` steps with each replica group a torchft
-    replica group (module doc); ``replicas`` defaults to 2. Returns the run (``.run``, ``.status_text()``)."""
-    from . import api
-
-    rs = rankset if rankset is not None else api.current()
-    rs.require_running()
+    """Train ``steps`` steps on ``sess``'s ranks with each replica group a torchft replica group
+    (module doc); every refusal (one line, ``ValueError``) comes before anything starts."""
+    rs = sess.rankset
     replicas = 2 if replicas is None else replicas
+    quorum_timeout = 10.0 if quorum_timeout is None else quorum_timeout
+    strategy = strategy or "ddp"
     check(rs, strategy=strategy, replicas=replicas, quorum_timeout=quorum_timeout, steps=steps)
-    from ..engine import control
-
-    sess = session.of(rs)
-    if sess.fault_tolerant is not None and not sess.fault_tolerant.done.is_set():
+    before = sess.runs.current
+    if isinstance(before, FaultTolerantRun) and not before.done.is_set():
         raise ValueError(
-            f"the fault-tolerant run {sess.fault_tolerant.run} is still training: `%distrain train stop` first; "
+            f"the fault-tolerant run {before.run_id} is still training: `%distrain train stop` first; "
             "nothing was started"
         )
     if rs.dead():
         raise ValueError("ranks of this set are dead: `%distrain restart` first; nothing was started")
-    busy = {s["state"] for s in rs.apply(control.status)} & {"running", "paused"}
+    busy = {s.state for s in rs.apply(rpc.handle, rpc.TrainerStatus())} & {"running", "paused"}
     if busy:
         raise ValueError(
             f"the workbench trainer on these ranks is {'/'.join(sorted(busy))}: `%distrain train stop` first "
             "(a fault-tolerant run trains in a loop of its own); nothing was started"
         )
-    if sess.supervisor is not None:
-        sess.supervisor.close()
-    sess.supervisor = None
-    sess.fault_tolerant = FaultTolerantRun(
+    return FaultTolerantRun(
         sess,
         steps,
         replicas=replicas,
         quorum_timeout=quorum_timeout,
         strategy=strategy,
-        model=model,
-        batch_size=batch_size,
-        lr=lr,
+        model=model or "tiny",
+        batch_size=batch_size or 8,
+        lr=lr or 1e-3,
     )
-    return sess.fault_tolerant

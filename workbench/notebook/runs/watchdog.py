@@ -1,14 +1,9 @@
-"""Notebook side: a hung training step, found and explained (``train start --step-timeout S``).
+"""A hung training step, found and explained (``train start --step-timeout S``).
 
-A thread watches the event stream of one run. When no step event has arrived for
-``timeout`` seconds while the run is "running" on every rank, it reads every rank's
-Python stacks (``cluster.diagnosis.collect_stacks``: faulthandler on SIGUSR1, answered
-even by a rank blocked in C) and reports, once per stall, which ranks are stuck and
-where: a rank whose training thread waits in a collective is waiting for the others;
-a rank whose training thread is anywhere else (a hook, the data loader, a lock) is the
-one holding everybody up. Nothing is killed or paused. The report is printed, kept in
-the session's ``hangs`` (``workbench.session().hangs``) and put into the run's stream as a log event (rank -1).
-"""
+When no step has arrived for ``timeout`` seconds while every rank runs, every rank's Python
+stacks are read (faulthandler, answered even inside C) and each rank is said to wait in a
+collective or to be stuck elsewhere, holding the others up. Nothing is killed or paused: the
+run that owns the watchdog decides (a trainer run reports it, a failure budget recovers)."""
 
 from __future__ import annotations
 
@@ -16,7 +11,9 @@ import sys
 import threading
 import time
 
-from .cluster.diagnosis import collect_stacks, stack_lines, thread_blocks
+from ..cluster import culprit
+from ..cluster.diagnosis import collect_stacks, stack_lines, thread_blocks
+from .contract import ENDED
 
 # frames of a training thread that waits for its peers: torch.distributed calls, the workbench's
 # timing wrappers, the ranks' per-step agreement (shared memory or gloo), and backward (where
@@ -51,8 +48,11 @@ def classify(stack: str) -> tuple[str, list[str]]:
     return "stuck", frames
 
 
-def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks: dict[int, str]) -> dict:
-    """The diagnosis as a dict (``stuck``, ``waiting``, ``where``, ``text``)."""
+def report(
+    run: str, timeout: float, idle_s: float, last: dict[int, int], stacks: dict[int, str], conclusion: str = ""
+) -> dict:
+    """The diagnosis as a dict (``stuck``, ``waiting``, ``where``, ``text``), led by
+    ``conclusion`` (``cluster.culprit``: who waits in which collective, for whom)."""
     kinds = {r: classify(s) for r, s in stacks.items()}
     stuck = [r for r, (k, _) in kinds.items() if k != "collective"]
     waiting = [r for r, (k, _) in kinds.items() if k == "collective"]
@@ -60,11 +60,12 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
         low = min(last.values()) if last else 0
         stuck = [r for r in waiting if last.get(r, 0) == low and len(set(last.values())) > 1]
     where = {r: _where(f) for r, (_, f) in kinds.items()}
-    lines = [
-        f"training {run}: no step for {idle_s:.1f} s (step timeout {timeout:g} s); last step per rank: "
-        + ", ".join(f"{r}: {s}" for r, s in sorted(last.items()))
-        + ". Where each rank's training thread is:"
-    ]
+    steps = "last step per rank: " + ", ".join(f"{r}: {s}" for r, s in sorted(last.items()))
+    head = f"training {run}: no step for {idle_s:.1f} s (step timeout {timeout:g} s)"
+    if conclusion:  # the conclusion leads, on the line a recovery quotes
+        lines = [f"{head}: {conclusion}", f"{steps}. Where each rank's training thread is:"]
+    else:
+        lines = [f"{head}; {steps}. Where each rank's training thread is:"]
     for r, (kind, _frames) in sorted(kinds.items()):
         label = {
             "collective": "waiting for the others in a collective",
@@ -77,7 +78,7 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
     if stuck:
         lines.append(
             f"rank(s) {', '.join(map(str, stuck))} hold the run up; nothing was stopped "
-            "(`%distrain train stop` ends the run once they return, `%distrain restart --resume` "
+            "(`%distrain train stop` ends the run once they return, `%distrain restart --load` "
             "starts over from the latest checkpoint)"
         )
     else:
@@ -93,6 +94,7 @@ def report(run: str, timeout: float, idle_s: float, last: dict[int, int], stacks
         "waiting": waiting,
         "where": where,
         "stacks": stacks,
+        "conclusion": conclusion,
         "text": "\n".join(lines),
     }
 
@@ -129,7 +131,7 @@ class StepWatchdog:
         self._stop.set()
 
     def _loop(self) -> None:
-        from .background import lower_this_thread
+        from ..background import lower_this_thread
 
         lower_this_thread()  # gives way to ranks training on the same cores
         last_seen, since, reported = None, time.monotonic(), False
@@ -138,7 +140,7 @@ class StepWatchdog:
             if not self.rankset.running:
                 return
             states = self.store.run_state(self.run, self.mark)
-            if len(states) == n and all(e["state"] in ("finished", "stopped", "error") for e in states.values()):
+            if len(states) == n and all(e["state"] in ENDED for e in states.values()):
                 return
             steps = self.store.last_steps(self.run)
             key = (tuple(sorted(steps.items())), tuple(sorted((r, e["state"]) for r, e in states.items())))
@@ -151,7 +153,8 @@ class StepWatchdog:
                 reported = True
                 try:
                     stacks = collect_stacks(self.rankset, list(range(n)))
-                    rep = report(self.run, self.timeout, idle, steps, stacks)
+                    lead = culprit.for_rankset(self.rankset, stacks, frames_of=culprit.trainer_thread).text
+                    rep = report(self.run, self.timeout, idle, steps, stacks, lead)
                 except Exception as exc:  # the watchdog must not die with the diagnosis
                     rep = {
                         "run": self.run,
