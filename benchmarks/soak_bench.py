@@ -256,9 +256,12 @@ def main(argv=None) -> int:
         p.error(f"--steps {a.steps} --sample {a.sample}: give at least two samples")
     ranks = a.sim or 2
     # from a little past the point where the store's parts are at their bounds: the window full (its
-    # first spill) and the plotted lines at 2 x max_points (a point a step until then), or a tenth
-    # of the run
-    baseline = a.baseline or max(a.sample, a.steps // 10, int(max(a.window / ranks, 2 * MAX_POINTS) * 1.05))
+    # first spill) and, in a run long enough, the plotted lines at 2 x max_points (a point a step
+    # until then); at least a tenth of the run
+    full = a.window / ranks
+    if 2 * MAX_POINTS * 1.05 <= a.steps / 2:
+        full = max(full, 2 * MAX_POINTS)
+    baseline = a.baseline or max(a.sample, a.steps // 10, int(full * 1.05))
     if baseline >= a.steps:
         p.error(f"--steps {a.steps} does not cross the window ({a.window} rows of {ranks} ranks) by enough")
     run = results.Run("soak", {**vars(a), "baseline": baseline})  # a short run is judged too: no speed figures
