@@ -21,7 +21,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import results  # noqa: E402
 
-RETRY_S = 0.1  # the fixed retry of the last step before the lighthouse wait
+RETRY_S = 0.1  # the alternative to the lighthouse wait: the last step retried at a fixed interval
 
 
 def _arm(retry_s: float | None, die_at_last: bool) -> None:

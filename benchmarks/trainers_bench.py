@@ -2,7 +2,7 @@
 
 Targets: a Hugging Face ``Trainer``'s steps/s with ``engine.hf_callback()`` / without >= 0.97,
 one ``engine.report`` <= 1% of a step; each tracker writes >= 20 steps/s, twice the tiny
-GPT's step rate on 2 cores, so a tracker never falls behind a run (the method:
+GPT's step rate (docs/trackers.md), so a tracker never falls behind a run (the method:
 docs/figures.md). Saved as ``benchmarks/results/trainers-*.json``; exit 1 on a miss::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/trainers_bench.py [--steps 40] [--repeats 5] [--only hf|trackers]"""

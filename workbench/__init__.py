@@ -25,6 +25,7 @@ _PUBLIC = {
     "start": ("workbench.notebook.api", "start"),
     "status": ("workbench.notebook.api", "status"),
     "stop": ("workbench.notebook.api", "stop"),
+    "sync": ("workbench.notebook.api", "sync"),  # the synced folders' edits to the other hosts now
     "train": ("workbench.notebook.training", None),
     "metrics": ("workbench.notebook.metrics", "metrics"),
     "compare": ("workbench.notebook.metrics", "compare"),
@@ -37,7 +38,7 @@ _PUBLIC = {
     "export_metrics": ("workbench.notebook.metrics", "export_metrics"),
     "dashboard": ("workbench.notebook.dashboard", None),  # callable: workbench.dashboard()
     "ckpt": ("workbench.notebook.checkpoints", None),  # workbench.ckpt.save() / .load("latest") / .list()
-    "timelines": ("workbench.notebook.timelines", None),
+    "timelines": ("workbench.notebook.dashboard.timelines", None),
     "profiles": ("workbench.notebook.profiles", None),
     "track": ("workbench.notebook.trackers", "track"),  # workbench.track("mlflow", dir="runs")
     "untrack": ("workbench.notebook.trackers", "untrack"),

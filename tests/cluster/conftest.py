@@ -74,7 +74,17 @@ def no_process_left():
     if _skip_reason():
         yield
         return
-    profiles = [PROFILES / n for n in ("slurm-profile", "ssh-profile", "ray-profile", "lost-host-profile")]
+    profiles = [
+        PROFILES / n
+        for n in (
+            "slurm-profile",
+            "ssh-profile",
+            "ray-profile",
+            "lost-host-profile",
+            "sync-profile",
+            "sync-ray-profile",
+        )
+    ]
     before = {pid for pid in processes_of(profiles)}
     created = {pid: _created(pid) for pid in before}
     yield

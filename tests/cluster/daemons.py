@@ -3,7 +3,8 @@
 The second host is a network namespace with its own hostname (``unshare --uts``) and
 sshd, joined to this one by a veth pair on a private /24 used only between its two ends.
 It shares the file system and pid space with this host (the same venv path works there),
-not the network: its 127.0.0.1 is its own. Every daemon is ended by the pid started
+not the network: its 127.0.0.1 is its own, and so are its ``~/.cache`` and ``/dev/shm``
+(tmpfs in its mount namespace; a host may hide more folders, ``SecondHost(hide=...)``). Every daemon is ended by the pid started
 here; the namespace and the veth are deleted by the names made here; ports are free
 ones asked of the kernel, so two suites can run at once.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shlex
 import shutil
 import signal
 import socket
@@ -20,6 +22,8 @@ import tempfile
 import time
 
 import psutil
+
+CACHE = os.path.expanduser("~/.cache")
 
 
 def free_port() -> int:
@@ -239,21 +243,63 @@ class Slurm:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class Bridge:
+    """A bridge on this host holding its address on one /24, for several hosts that reach it and
+    each other directly (no forwarding on this host)."""
+
+    def __init__(self, net: int = 233):
+        tag = f"{os.getpid() % 100000}"
+        self.name = f"wbbr{tag}"
+        subnet = 100 + os.getpid() % 150
+        self.prefix = f"10.{net}.{subnet}."
+        self.addr_here = self.prefix + "1"
+        self._last = 1
+        subprocess.run(["ip", "link", "add", "name", self.name, "type", "bridge"], check=True, capture_output=True)
+        try:
+            subprocess.run(
+                ["ip", "addr", "add", f"{self.addr_here}/24", "dev", self.name], check=True, capture_output=True
+            )
+            subprocess.run(["ip", "link", "set", self.name, "up"], check=True, capture_output=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def next_address(self) -> str:
+        self._last += 1
+        return self.prefix + str(self._last)
+
+    def close(self) -> None:
+        subprocess.run(["ip", "link", "del", self.name], capture_output=True)
+
+
 class SecondHost:
     """A network namespace ``hostb`` (own hostname, address, /dev/shm and one private folder) running sshd."""
 
-    def __init__(self):
+    def __init__(self, *, name: str = "hostb", net: int = 231, hide=(), binds=(), bridge: Bridge | None = None):
+        """``hide``: folders this host does not see (a tmpfs over each, in its mount namespace);
+        ``binds``: ``(folder, where)`` pairs it sees at another path, bound before anything is hidden
+        (an environment of its own, made of one that lies in a hidden folder); ``net``: the second
+        byte of its /24, so that two hosts of one suite do not clash; ``bridge``: on that bridge's
+        /24 instead, beside the other hosts there (which it reaches directly)."""
         tag = f"{os.getpid() % 100000}"
-        self.netns = f"wbhost{tag}"
-        self.veth_here, self.veth_there = f"wbva{tag}", f"wbvb{tag}"
+        short = name[-1]
+        self.netns = f"wb{name}{tag}"
+        self.veth_here, self.veth_there = f"wb{short}a{tag}", f"wb{short}b{tag}"
         subnet = 100 + os.getpid() % 150  # one private /24 per suite: two suites do not clash
-        self.addr_here, self.addr = f"10.231.{subnet}.1", f"10.231.{subnet}.2"
-        self.hostname = f"hostb{tag}"
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="wb-hostb-"))
+        self.addr_here, self.addr = f"10.{net}.{subnet}.1", f"10.{net}.{subnet}.2"
+        self.bridge = bridge
+        if bridge is not None:
+            self.addr_here, self.addr = bridge.addr_here, bridge.next_address()
+        self.hostname = f"{name}{tag}"
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=f"wb-{name}-"))
         self.dir.chmod(0o700)
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self._made: list[str] = []
+        # its own ~/.cache (a host-local disk): what a rank caches there stays there and goes with it
+        os.makedirs(CACHE, exist_ok=True)
+        self.hide = tuple(dict.fromkeys([*(str(h) for h in hide), CACHE]))
+        self.binds = tuple((str(a), str(b)) for a, b in binds)
         try:
             self._network()
             self._sshd()
@@ -270,7 +316,10 @@ class SecondHost:
         self._ip("link", "add", self.veth_here, "type", "veth", "peer", "name", self.veth_there)
         self._made.append("veth")
         self._ip("link", "set", self.veth_there, "netns", self.netns)
-        self._ip("addr", "add", f"{self.addr_here}/24", "dev", self.veth_here)
+        if self.bridge is not None:
+            self._ip("link", "set", self.veth_here, "master", self.bridge.name)
+        else:
+            self._ip("addr", "add", f"{self.addr_here}/24", "dev", self.veth_here)
         self._ip("link", "set", self.veth_here, "up")
         ns = ("netns", "exec", self.netns, "ip")
         self._ip(*ns, "addr", "add", f"{self.addr}/24", "dev", self.veth_there)
@@ -293,6 +342,7 @@ class SecondHost:
                     "PermitRootLogin prohibit-password",
                     "PasswordAuthentication no",
                     "UsePAM no",
+                    "MaxStartups 200",  # every engine of a large set logs in at once
                     "StrictModes no",
                     f"PidFile {d / 'sshd.pid'}",
                     "Subsystem sftp /usr/lib/openssh/sftp-server",
@@ -320,25 +370,27 @@ class SecondHost:
         # its own /dev/shm (shared memory is per host: ranks here and there cannot share a file)
         self.private = d / "private"
         self.private.mkdir()
-        self.proc = _spawn(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.netns,
-                "unshare",
-                "--uts",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                f"hostname {self.hostname} && mount -t tmpfs none {self.private} && mount -t tmpfs none /dev/shm && "
-                f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}",
-            ],
-            d / "sshd.out",
-        )
+        self.proc = _spawn(self.enter(f"exec /usr/sbin/sshd -D -e -f {d / 'sshd_config'}"), d / "sshd.out")
         _wait_for(lambda: self.ssh("true").returncode == 0, 20, "sshd in the namespace", d / "sshd.out")
+
+    def mounts(self) -> str:
+        """The shell commands that make a new mount namespace this host's: its host name, its own
+        /dev/shm and private folder, the bound folders, then a tmpfs over each hidden one."""
+        steps = [f"hostname {self.hostname}", f"mount -t tmpfs none {self.private}", "mount -t tmpfs none /dev/shm"]
+        for folder, where in self.binds:
+            os.makedirs(where, exist_ok=True)
+            steps.append(f"mount --bind {shlex.quote(folder)} {shlex.quote(where)}")
+        steps += [f"mount -t tmpfs none {shlex.quote(h)}" for h in self.hide]
+        return " && ".join(steps)
+
+    def enter(self, command: str) -> list[str]:
+        """``command`` (a shell line) run inside this host: its network and a mount namespace as sshd's."""
+        ns = ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--mount", "--propagation", "private"]
+        return [*ns, "sh", "-c", f"{self.mounts()} && {command}"]
+
+    def join(self, cmd: list[str]) -> list[str]:
+        """``cmd`` run inside this host as it is now: the namespaces of its running sshd (its disk too)."""
+        return ["nsenter", "-t", str(self.proc.pid), "-m", "-u", "-n", *cmd]
 
     def ssh(self, command: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -103,7 +103,9 @@ class RayNodes:
 
     ATTEMPTS = 2  # a node start that fails anyway (its raylet never registers) is tried once more
 
-    def __init__(self, host: SecondHost, *, cpus: int = 2):
+    def __init__(self, host: SecondHost, *, cpus: int = 2, worker_python: str | None = None, join: bool = False):
+        """``worker_python``: the worker node's own Python (a host whose folders hide this one's venv);
+        ``join``: the worker node in the host's running namespaces (its sshd's disk), not new ones."""
         self.host = host
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="wb-ray-"))
         self.port = free_port()
@@ -114,19 +116,11 @@ class RayNodes:
             head = [*RAY, "start", "--head", "--port", str(self.port), "--node-ip-address", host.addr_here]
             head += ["--temp-dir", str(self.dir / "tmp"), "--include-dashboard=false", *common, *_ports()]
             self._start(head, self.dir / "head.out")
-            worker = [*RAY, "start", "--address", self.address, "--node-ip-address", host.addr, *common]
+            ray = [worker_python, *RAY[1:]] if worker_python else RAY
+            worker = [*ray, "start", "--address", self.address, "--node-ip-address", host.addr, *common]
             worker += _ports(head=False)
-            ns = ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--mount", "--propagation", "private"]
-            self._start(
-                worker,
-                self.dir / "worker.out",
-                lambda cmd: [
-                    *ns,
-                    "sh",
-                    "-c",
-                    f"hostname {host.hostname} && mount -t tmpfs none /dev/shm && exec {shlex.join(cmd)}",
-                ],
-            )
+            inside = host.join if join else (lambda cmd: host.enter(f"exec {shlex.join(cmd)}"))
+            self._start(worker, self.dir / "worker.out", inside)
         except BaseException:
             self.close()
             raise

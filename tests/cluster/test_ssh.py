@@ -280,7 +280,7 @@ NOTEBOOK = """
 import json, sys
 from workbench.notebook.cluster import RankSet
 rs = RankSet.start(n=2, backend="gloo", threads=1, launcher="ssh", profile_dir=sys.argv[1],
-                   hosts=sys.argv[2], ssh_config=sys.argv[3])
+                   hosts=sys.argv[2], ssh_config=sys.argv[3], progress=lambda line: None)
 print(json.dumps({"ranks": [p.pid for p in rs.procs], "controller": rs._controller_pids()}), flush=True)
 import time
 time.sleep(600)

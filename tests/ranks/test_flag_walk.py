@@ -83,6 +83,8 @@ SESSION_REFUSED = {
     # their effect: tests/ranks/test_sessions.py (use), tests/ranks/test_detach.py (detach, attach)
     "use": "use --session nope",
     "detach": "detach --session nope",
+    # its effect (edits reach a host that cannot read the notebook's folder): tests/cluster/test_code_sync.py
+    "sync": "sync --session nope",
 }
 
 CASES: dict[tuple[str, str], object] = {
@@ -126,6 +128,10 @@ CASES: dict[tuple[str, str], object] = {
     ("start", "--address"): refused("start --address 127.0.0.1:6379", "--address go with --launcher ray"),
     ("start", "--cpus-per-rank"): refused("start --cpus-per-rank 2", "--cpus-per-rank go with --launcher ray"),
     ("start", "--gpus-per-rank"): refused("start --gpus-per-rank 1", "--gpus-per-rank go with --launcher ray"),
+    # their effect on a host that cannot read the notebook's folder: tests/cluster/test_code_sync.py
+    ("start", "--sync"): refused("start --sync .", "--sync, --sync-limit and --no-sync go with --launcher ssh"),
+    ("start", "--sync-limit"): refused("start --sync-limit 5Q", "a size is a number with an optional unit"),
+    ("start", "--no-sync"): refused("start --no-sync", "--sync, --sync-limit and --no-sync go with --launcher ssh"),
     ("restart", "-n"): LIFE,
     ("restart", "--backend"): LIFE,
     ("restart", "--collective-timeout"): LIFE,
@@ -220,6 +226,9 @@ CASES: dict[tuple[str, str], object] = {
     ("track start", "--metrics"): TRACK,
     # its effect (the planner beside one measured step on the ranks): tests/ranks/test_prepare_command.py
     ("plan", "--live"): refused("plan --live --tp 2", "--live plans the model on the ranks"),
+    # their effect (positions, collectives and the planner beside them): tests/ranks/test_dry_run.py
+    ("plan", "--dry-run"): refused("plan --dry-run --live", "--live plans the ranks' model, --dry-run a layout"),
+    ("plan", "--build"): refused("plan --build make_model", "--build VAR names the model a dry run lays out"),
 }
 PLAN_BASE = "--model 8b --hw h100"
 # plan flag -> (words with it, words without it), each after PLAN_BASE: the two printed plans must differ

@@ -19,8 +19,8 @@ pytest.importorskip("jax")
 
 from workbench.notebook import api  # noqa: E402
 from workbench.notebook.cluster import RankDied  # noqa: E402
-from workbench.notebook.cluster.ranges import parse_ranks  # noqa: E402
 from workbench.notebook.commands import UsageError  # noqa: E402
+from workbench.shared.ranges import parse_ranks  # noqa: E402
 
 MATMUL = """
 import jax, numpy as np

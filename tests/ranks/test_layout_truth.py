@@ -16,7 +16,6 @@ import re
 import numpy as np
 import pytest
 
-from workbench.notebook.cluster.ranges import parse_ranks
 from workbench.notebook.dashboard.layout_figure import (
     grid_shape,
     held_blocks,
@@ -24,6 +23,7 @@ from workbench.notebook.dashboard.layout_figure import (
     tensor_blocks,
     tensor_figure,
 )
+from workbench.shared.ranges import parse_ranks
 
 CFG = dict(n_layers=4, n_kv_heads=4)
 SPECS = ["ddp", "fsdp2", "fsdp2 replicate=2", "zero stage=1", "zero stage=2", "zero3", "tp", "fsdp2_tp tp=2", "pp"]

@@ -53,7 +53,7 @@ def test_each_traceback_is_shown_once_under_rank_labels_and_a_different_one_apar
 
 def expand(head: str) -> list[int]:
     """'[ranks 0-2,5]' -> [0, 1, 2, 5]."""
-    from workbench.notebook.cluster.ranges import parse_ranks
+    from workbench.shared.ranges import parse_ranks
 
     return parse_ranks(head.strip("[]").split(" ", 1)[1], 1024)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.notebook import timelines
+from workbench.notebook.dashboard import timelines
 from workbench.notebook.dashboard.pipeline_figure import (
     drawn_order,
     formula_bubble,

@@ -16,7 +16,7 @@ from conftest import RANK_SYS_PATH, alive, ranks_in_loop
 
 from workbench.notebook import session
 from workbench.notebook.cluster import RankSet
-from workbench.notebook.cluster.ranges import parse_ranks
+from workbench.shared.ranges import parse_ranks
 
 N = 64
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from conftest import clean_trainer
 
-from workbench.notebook import timelines
+from workbench.notebook.dashboard import timelines
 from workbench.notebook.dashboard.timeline_figure import stragglers, timeline_figure, timeline_table
 
 SLEEP_S = 0.3

@@ -28,19 +28,19 @@ def test_the_watch_names_a_notebook_import_made_outside_the_tests():
     that module first (a ``sys.modules`` hit), in each form rank code could ask for it; one asked
     for by a test module is not."""
     rank_code = [  # (module that asks, its package, the request)
-        ("rank_code", "", "import workbench.notebook.timelines"),
-        ("rank_from", "", "from workbench.notebook import timelines"),
-        ("workbench.engine.planted", "workbench.engine", "from ..notebook import timelines"),
-        ("rank_lazy", "", "import importlib\nimportlib.import_module('workbench.notebook.timelines')"),
+        ("rank_code", "", "import workbench.notebook.dashboard.timelines"),
+        ("rank_from", "", "from workbench.notebook.dashboard import timelines"),
+        ("workbench.engine.planted", "workbench.engine", "from ..notebook.dashboard import timelines"),
+        ("rank_lazy", "", "import importlib\nimportlib.import_module('workbench.notebook.dashboard.timelines')"),
         ("rank_package", "", "from workbench import notebook"),
     ]
     code = (
         "import rank_import_watch as w\n"
         "w.install()\n"
         # a test module imports the notebook side first, as an applied function's module does on a shared rank
-        "exec(compile('import workbench.notebook.timelines, plotly.io', w.TESTS + 'some_test.py', 'exec'), "
+        "exec(compile('import workbench.notebook.dashboard.timelines, plotly.io', w.TESTS + 'some_test.py', 'exec'), "
         "{'__name__': 'some_test'})\n"
-        "assert 'workbench.notebook.timelines' in sys.modules\n"
+        "assert 'workbench.notebook.dashboard.timelines' in sys.modules\n"
         f"for name, package, request in {rank_code!r}:\n"
         "    exec(compile(request, '/srv/' + name + '.py', 'exec'), {'__name__': name, '__package__': package})\n"
         "print(json.dumps(w.report()))"
@@ -57,6 +57,6 @@ def test_the_watch_names_a_notebook_import_made_outside_the_tests():
     named = {(origin, name) for name, origin, _ in breaches}
     assert {origin for origin, _ in named} == {name for name, _, _ in rank_code}, breaches  # each one, no test
     for origin, _, _ in rank_code:
-        assert (origin, "workbench.notebook.timelines" if origin != "rank_package" else "workbench.notebook") in named
+        assert (origin, "workbench.notebook.dashboard.timelines" if origin != "rank_package" else "workbench.notebook") in named
     assert all(place.startswith(f"/srv/{origin}.py:") for _, origin, place in breaches)
     assert not any(name.startswith("plotly") for name, _, _ in breaches)

@@ -140,7 +140,7 @@ def test_a_mix_of_holdings_gives_a_column_per_group_and_small_sets_a_column_per_
 
 def test_the_dashboards_timeline_panel_says_which_ranks_it_drew(monkeypatch):
     # the ranks' records of 256 SIMULATED ranks stand in for the pull from real ranks
-    from workbench.notebook import timelines
+    from workbench.notebook.dashboard import timelines
     from workbench.notebook.dashboard.timeline_panel import TimelinePanel
 
     recs = timeline_records(256, 3, slow=200, fast=17)

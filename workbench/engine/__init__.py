@@ -74,17 +74,9 @@ def prepare(model, optimizer, spec="ddp", **kwargs):
     """Lay ``model`` out across the ranks by ``spec`` (a ``StrategySpec`` or text like
     ``"fsdp2 tp=2"``); returns the ``Prepared`` (model, optimizer, layout, train_step)
     and keeps it as this rank's current model for the trainer and checkpoints."""
-    _refuse_unless_torch("engine.prepare")
-    from ..strategies import prepare as _prepare
-    from ..strategies.meshes import adopt_with
-    from . import session
+    from .session import prepare as _prepare
 
-    # the new model becomes current before the prepare frees unused layouts, so that the
-    # previous one's groups go now if nothing else holds it (on success only)
-    with adopt_with(session.set_prepared):
-        prepared = _prepare(model, optimizer, spec, **kwargs)
-    session.set_prepared(prepared)  # also without a process group (no layout scope ran)
-    return prepared
+    return _prepare(model, optimizer, spec, **kwargs)
 
 
 def load_pretrained(folder: str, model=None) -> dict:
@@ -116,21 +108,10 @@ def prepared():
 
 def barrier() -> None:
     """A barrier over all ranks of the default group."""
-    _refuse_unless_torch("engine.barrier")
+    runtime.refuse_unless_torch("engine.barrier")
     import torch.distributed as dist
 
     dist.barrier()
-
-
-def _refuse_unless_torch(what: str) -> None:
-    """torch and JAX never share a rank set: torch's layouts need the torch process group."""
-    ctx = runtime._CONTEXT
-    if ctx is not None and ctx.framework != "torch":
-        raise RuntimeError(
-            f"{what} works on torch.distributed, and this rank set runs {ctx.framework} "
-            f"(started with --framework {ctx.framework}): start a torch set beside it with "
-            "`%distrain start -n N --session NAME` and run torch cells there"
-        )
 
 
 __all__ = sorted(

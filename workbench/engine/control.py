@@ -104,3 +104,31 @@ def inject(kind: str = "nan", step: int | None = None) -> dict:
     t = trainer_mod.current()
     t.inject(kind, step)
     return t.status()
+
+
+def end_of_run(run_id: str, timeout: float) -> tuple[int, bool, str]:
+    """(rank, ended, state): wait at most ``timeout`` until nothing of run ``run_id`` still works on
+    this rank (its thread ended, a background save written): "finished" is final only then."""
+    import concurrent.futures
+    import time
+
+    from . import fault_tolerant, runtime
+    from .checkpoint import save
+
+    deadline = time.monotonic() + timeout
+    rank = runtime.context().rank if runtime._CONTEXT else 0
+    ended, state = True, "none"
+    t, ft = trainer_mod._CURRENT, fault_tolerant._CURRENT
+    if t is not None and t.run == run_id:
+        ended, state = t.ended(timeout), t.state
+    elif ft is not None and ft.run == run_id:
+        ft._thread.join(timeout)
+        ended, state = not ft._thread.is_alive(), ft.state
+    if ended:
+        try:
+            save.wait(max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            ended = False
+        except Exception:  # a failed save reports itself (the auto-save's log line); it is over
+            pass
+    return rank, ended, state

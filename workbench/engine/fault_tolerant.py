@@ -156,10 +156,10 @@ class FaultTolerantRun:
     def _wait_for_a_joiner(self) -> None:
         """At the last step with a replica away: wait until a replica asks the lighthouse for a quorum
         (the lost one's replacement), then form it again. Each try re-forms the replicas' gloo group
-        (a step that did not commit makes the lighthouse issue a new quorum), so trying every 0.1 s
-        rebuilt it ~7 times a second; the lighthouse's status page is read instead (an HTTP GET).
+        (a step that did not commit makes the lighthouse issue a new quorum), so rather than trying
+        again and again, the lighthouse's status page is read (an HTTP GET) until a replica asks.
         Where it cannot be read, the tries back off (0.1 s doubling to 2 s)."""
-        if self.plan.get("last_step_retry_s"):  # the fixed retry this wait replaced (benchmarks compare the two)
+        if self.plan.get("last_step_retry_s"):  # a fixed retry, which benchmarks/ft_last_step_bench.py compares
             time.sleep(float(self.plan["last_step_retry_s"]))
             return
         backoff = min(2.0, 0.1 * 2 ** max(0, self.wait_rounds - 1))

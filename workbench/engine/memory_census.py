@@ -375,3 +375,24 @@ def census(prepared=None, batch=None, *, batch_size: int = 8, count_comm: bool =
             ),
         },
     }
+
+
+def census_of_current(batch_size: int = 8) -> dict:
+    """``%distrain plan --live``'s step: the census of the rank's current Prepared, with the attention
+    kernel seen and the model's config (the fields of ``replies.CensusReply``)."""
+    from ..planner.live import config_dict
+    from ..strategies import model_config_of
+    from .attention_probe import AttentionProbe, hf_attention_implementation
+    from .session import prepared as current_prepared
+
+    prepared = current_prepared()
+    with AttentionProbe() as probe:
+        out = census(prepared, batch_size=batch_size)
+    model = prepared.unwrap()
+    hf = hf_attention_implementation(model)
+    return {
+        "census": out,
+        "attention": probe.kernel() or ({"eager": "eager"}.get(hf, "flash") if hf else None),
+        "attention_evidence": probe.evidence() + (f"; HF attn_implementation={hf}" if hf else ""),
+        "model_config": config_dict(model_config_of(model)),
+    }

@@ -279,31 +279,11 @@ class ProbeModel:
     blocks: tuple[str, ...] | None = None
 
     def run(self) -> replies.ProbeReport:
-        import __main__
+        from .prepare_cell import probe
 
-        from ..strategies import ModelHints, PrepareError, SpecError, StrategySpec, check_layout, model_config_of
-
-        ns = vars(__main__)
-        missing = [n for n in (self.model_name, self.opt_name) if n not in ns]
-        error = None
-        if not missing:
-            model = ns[self.model_name]
-            already = getattr(model, "_workbench_prepared", None)
-            if already:
-                error = (
-                    f"{self.model_name!r} was already prepared with {already!r} (its parameters were changed "
-                    "in place); build a fresh model (same seed) on the ranks for a new strategy"
-                )
-            else:
-                try:
-                    s = StrategySpec.from_dict(self.spec).validate(
-                        self.world_size, model_config_of(model), device_type=self.device_type
-                    )
-                    if s.kind not in ("none", "zero"):
-                        blocks = list(self.blocks) if self.blocks is not None else None
-                        check_layout(model, s, self.world_size, ModelHints(blocks=blocks))
-                except (SpecError, PrepareError, ValueError) as exc:
-                    error = str(exc)
+        missing, error = probe(
+            self.model_name, self.opt_name, self.spec, self.world_size, self.device_type, self.blocks
+        )
         return replies.ProbeReport(missing=tuple(missing), error=error)
 
 
@@ -325,23 +305,105 @@ class Census:
     batch_size: int = 8
 
     def run(self) -> replies.CensusReply:
-        from ..planner.live import config_dict
-        from ..strategies import model_config_of
-        from .attention_probe import AttentionProbe, hf_attention_implementation
-        from .memory_census import census
-        from .session import prepared as current_prepared
+        from .memory_census import census_of_current
 
-        prepared = current_prepared()
-        with AttentionProbe() as probe:
-            out = census(prepared, batch_size=self.batch_size)
-        model = prepared.unwrap()
-        hf = hf_attention_implementation(model)
-        return replies.CensusReply(
-            census=out,
-            attention=probe.kernel() or ({"eager": "eager"}.get(hf, "flash") if hf else None),
-            attention_evidence=probe.evidence() + (f"; HF attn_implementation={hf}" if hf else ""),
-            model_config=config_dict(model_config_of(model)),
-        )
+        return replies.CensusReply(**census_of_current(self.batch_size))
+
+
+# ----------------------------------------------------------------------------- code that travels
+@dataclass(frozen=True)
+class HostName:
+    """Before the bootstrap: this engine's host name (which engines share a host)."""
+
+    def run(self) -> replies.Host:
+        import socket
+
+        return replies.Host(host=socket.gethostname())
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostEnvironment:
+    """Before the bootstrap, on one engine per host: its Python and the versions of torch, the
+    workbench and ``packages`` (distribution names) as its Python imports them."""
+
+    packages: tuple[str, ...] = ()
+
+    def run(self) -> replies.HostEnvironment:
+        from . import host_environment
+
+        return host_environment.report(self.packages)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncPlan:
+    """On one rank per host: where the copy of folder ``key`` lives, and which of ``shas`` the
+    host's cache lacks (temporaries of writers that are gone are swept first)."""
+
+    key: str
+    shas: tuple[str, ...]
+
+    def run(self) -> replies.SyncPlanned:
+        from . import code_cache
+
+        return code_cache.plan(self.key, self.shas)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncBlobs:
+    """Contents for the host's cache as ``(sha, offset, total size, bytes)`` parts."""
+
+    parts: tuple[tuple[str, int, int, bytes], ...]
+
+    def run(self) -> replies.Stored:
+        from . import code_cache
+
+        return replies.Stored(bytes=code_cache.put(self.parts))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncCheckout:
+    """On one rank per host: make the copy of folder ``key`` hold ``entries`` (from the cache)."""
+
+    key: str
+    entries: tuple  # of shared.code_tree.FileEntry
+
+    def run(self) -> replies.SyncCheckedOut:
+        from . import code_cache
+
+        return code_cache.checkout_reply(self.key, self.entries)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncEnter:
+    """On every rank of a synced host: import from the copies (``(notebook folder, copy)``) and
+    run in ``cwd``; then reload the modules imported from ``changed`` (copy -> paths)."""
+
+    trees: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+    changed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def run(self) -> replies.Reloaded:
+        from . import code_reload
+
+        if self.trees or self.cwd:
+            code_reload.entered(self.trees, self.cwd)
+        return code_reload.reload_changed({tree: set(paths) for tree, paths in self.changed})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncEdit:
+    """Before a cell, on every rank of the synced hosts and of ``here`` (the notebook's host): the
+    folders' edits (``FolderEdit``s, contents inline); the first rank of a synced host writes them,
+    the others find them written; ranks on ``here`` read the folders themselves. Then each rank
+    reloads the modules it imported from the changed files."""
+
+    edits: tuple  # of shared.code_tree.FolderEdit
+    here: str = ""
+
+    def run(self) -> replies.SyncEdited:
+        from . import code_reload
+
+        return code_reload.apply_edits(self.edits, self.here)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -359,26 +421,10 @@ class Prepare:
     blocks: tuple[str, ...] | None = None
 
     def run(self) -> replies.LayoutReply | None:
-        from IPython import get_ipython
+        from .prepare_cell import prepare_in_namespace
 
-        from ..strategies import StrategySpec
-        from . import prepare
-        from .session import current_layout
-
-        shell = get_ipython()
-        ns = shell.user_ns
-        blocks = list(self.blocks) if self.blocks is not None else None
-        try:
-            spec = StrategySpec.from_dict(self.spec)
-            prepared = prepare(
-                ns[self.model_name], ns[self.opt_name], spec, mesh_device=self.device_type, blocks=blocks
-            )
-        except (Exception, KeyboardInterrupt):
-            shell.showtraceback()
-            return None
-        ns["prepared"] = prepared
-        ns[self.model_name], ns[self.opt_name] = prepared.model, prepared.optimizer
-        return replies.LayoutReply.from_dict(current_layout())
+        layout = prepare_in_namespace(self.model_name, self.opt_name, self.spec, self.device_type, self.blocks)
+        return None if layout is None else replies.LayoutReply.from_dict(layout)
 
 
 # ----------------------------------------------------------------------------- the rank itself
@@ -644,28 +690,9 @@ class EndOfRun:
     timeout: float = 30.0
 
     def run(self) -> replies.RunEnded:
-        import concurrent.futures
-        import time
+        from .control import end_of_run
 
-        from . import fault_tolerant, runtime, trainer
-        from .checkpoint import save
-
-        deadline = time.monotonic() + self.timeout
-        rank = runtime.context().rank if runtime._CONTEXT else 0
-        ended, state = True, "none"
-        t, ft = trainer._CURRENT, fault_tolerant._CURRENT
-        if t is not None and t.run == self.run_id:
-            ended, state = t.ended(self.timeout), t.state
-        elif ft is not None and ft.run == self.run_id:
-            ft._thread.join(self.timeout)
-            ended, state = not ft._thread.is_alive(), ft.state
-        if ended:
-            try:
-                save.wait(max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                ended = False
-            except Exception:  # a failed save is reported by itself (the auto-save's log line); it is over
-                pass
+        rank, ended, state = end_of_run(self.run_id, self.timeout)
         return replies.RunEnded(rank=rank, ended=ended, state=state)
 
 

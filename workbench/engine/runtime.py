@@ -308,8 +308,8 @@ def settle_malloc() -> bool:
 
     A rank lives through many layouts and cells, and where glibc's thresholds stand after
     that history decides whether a training step's few-MB buffers (ZeRO's gradient buckets)
-    come from the heap or from fresh pages: ~1000 page faults per step (sys time, ~5% of a
-    short step) in some prepares and none in others. ``malloc_trim`` still returns freed
+    come from the heap or from fresh pages: a bucket of fresh pages every step in some prepares
+    and none in others (benchmarks/FINDINGS.md, the ZeRO rows). ``malloc_trim`` still returns freed
     heap. Left alone where the user set glibc's malloc variables; False where not glibc."""
     if any(v in os.environ for v in _MALLOC_ENV[:3]) or "malloc" in os.environ.get(_MALLOC_ENV[3], ""):
         return False
@@ -557,3 +557,14 @@ def rejoin_group(master_port: int) -> dict:
 
     flight_record.forget_groups()  # the new group's collectives count from 1 on every rank
     return describe(with_memory=False)
+
+
+def refuse_unless_torch(what: str) -> None:
+    """torch and JAX never share a rank set: torch's layouts need the torch process group."""
+    ctx = _CONTEXT
+    if ctx is not None and ctx.framework != "torch":
+        raise RuntimeError(
+            f"{what} works on torch.distributed, and this rank set runs {ctx.framework} "
+            f"(started with --framework {ctx.framework}): start a torch set beside it with "
+            "`%distrain start -n N --session NAME` and run torch cells there"
+        )

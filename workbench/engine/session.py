@@ -49,3 +49,18 @@ def clear() -> None:
     global _PREPARED, _JAX_LAYOUT
     _PREPARED = None
     _JAX_LAYOUT = None
+
+
+def prepare(model, optimizer, spec="ddp", **kwargs):
+    """``engine.prepare``: lay the model out and keep the result as this rank's current one."""
+    from ..strategies import prepare as _prepare
+    from ..strategies.meshes import adopt_with
+    from .runtime import refuse_unless_torch
+
+    refuse_unless_torch("engine.prepare")
+    # the new model becomes current before the prepare frees unused layouts, so that the
+    # previous one's groups go now if nothing else holds it (on success only)
+    with adopt_with(set_prepared):
+        prepared = _prepare(model, optimizer, spec, **kwargs)
+    set_prepared(prepared)  # also without a process group (no layout scope ran)
+    return prepared

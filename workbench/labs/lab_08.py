@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from workbench.labs import CheckFailed, checker
+from workbench.labs.checking import CheckFailed, checker
 from workbench.planner.collectives import algbw, bus_factor, busbw
 
 __all__ = ["check_busbw", "check_alpha_beta", "check_ring", "check_ring_bytes"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from workbench.labs import CheckFailed, checker
+from workbench.labs.checking import CheckFailed, checker
 
 __all__ = ["check_attention_bytes", "check_sp_bytes", "check_ring_attention"]
 

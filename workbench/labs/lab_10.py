@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.labs import CheckFailed, checker
+from workbench.labs.checking import CheckFailed, checker
 
 __all__ = ["check_group", "check_param_bytes"]
 

@@ -3,7 +3,7 @@ produced (the ranks' stacks, their gradients, the checkpoints on disk), never on
 
 from __future__ import annotations
 
-from workbench.labs import CheckFailed, checker
+from workbench.labs.checking import CheckFailed, checker
 from workbench.notebook.cluster.diagnosis import main_frames
 
 __all__ = [

@@ -15,7 +15,7 @@ import pathlib
 import subprocess
 import threading
 
-from workbench.labs import CheckFailed, checker
+from workbench.labs.checking import CheckFailed, checker
 from workbench.labs.hints import mismatch, number
 
 __all__ = ["SlowLink", "check_ddp_link_bytes", "check_sync_ratio", "on_host"]
@@ -238,7 +238,7 @@ def check_ddp_link_bytes(value, *, measured: float, param_bytes: int) -> str:
         value,
         measured,
         what="ddp_link_bytes",
-        rtol=0.12,  # the wire adds TCP/IP headers and acknowledgements: about 7% here
+        rtol=0.12,  # the wire adds TCP/IP headers and acknowledgements (the answer says their share)
         mistakes=[
             (0.5, "that is one direction: each of the 2 ranks sends its share, and the link carries both"),
             (0.25, "parameters, not bytes: each fp32 parameter is 4 bytes (and both ranks send)"),

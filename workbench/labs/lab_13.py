@@ -3,7 +3,7 @@ torch ranks (DTensor, the profiler) and the JAX ranks (NamedSharding, the compil
 
 from __future__ import annotations
 
-from workbench.labs import CheckFailed, checker
+from workbench.labs.checking import CheckFailed, checker
 from workbench.labs.hints import mismatch
 
 __all__ = ["check_fsdp_bytes", "check_tp_collective", "collective_name"]

@@ -3,7 +3,7 @@ fake ranks, the planner's side-by-side, and what the live ranks measured."""
 
 from __future__ import annotations
 
-from workbench.labs import CheckFailed, checker
+from workbench.labs.checking import CheckFailed, checker
 from workbench.labs.hints import mismatch, number
 
 __all__ = ["check_stage_param_bytes", "check_peak_term", "check_live_optim_bytes"]

@@ -11,9 +11,11 @@ from __future__ import annotations
 import atexit
 
 from ..shared import output_cut
+from ..shared.code_tree import parse_size
 from ..shared.nccl import nccl_env
-from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig
+from .cluster import AlreadyRunning, NotRunning, RankSet, RankSetConfig, code_sync
 from .cluster.cell import GRACE_S, run_cell
+from .cluster.code_sync import DEFAULT_LIMIT, SyncSettings
 from .keywords import refuse
 from .session import DEFAULT, KERNEL, Session
 
@@ -110,6 +112,9 @@ def start(
     framework: str = "torch",
     nccl: str | None = None,
     nccl_preset: str | None = None,
+    sync: tuple[str, ...] | list[str] | None = None,
+    sync_limit: int | str | None = None,
+    no_sync: bool = False,
     **earlier,
 ) -> RankSet:
     """Start ``n`` ranks and initialise their process group (blocks until ready).
@@ -124,7 +129,9 @@ def start(
     (checked here first). ``progress(line)`` gets live lines while waiting (``queued: job N
     PENDING (Reason)``); ``stop()`` from another thread, or Ctrl-C, cancels a start that
     waits in the queue. ``framework="jax"``: the ranks initialise ``jax.distributed`` instead
-    of ``torch.distributed`` (and never import torch).
+    of ``torch.distributed`` (and never import torch). ``sync``: the folders whose files reach the
+    ranks' other hosts (default the working folder; ssh, slurm, ray), files past ``sync_limit``
+    (``"64M"``) not sent; ``no_sync=True`` sends none.
     """
     refuse("workbench.start", earlier, {"name": "session", "timeout": "collective_timeout"})
     name = session
@@ -147,6 +154,7 @@ def start(
         framework=framework,
         nccl_env=nccl_env(nccl, nccl_preset),
         ray=ray,
+        sync=_sync_settings(sync, sync_limit, no_sync),
     )
     config.validate()
     if name is None:
@@ -171,6 +179,14 @@ def start(
         if new and KERNEL.by_name.get(name) is sess and sess.rankset is None:
             del KERNEL.by_name[name]  # a start that failed leaves the sessions as they were
         raise
+
+
+def _sync_settings(sync, sync_limit, no_sync: bool) -> SyncSettings:
+    """``sync=``, ``sync_limit=``, ``no_sync=`` as the rank set's settings (checked by its config)."""
+    if isinstance(sync, str):
+        sync = (sync,)
+    limit = DEFAULT_LIMIT if sync_limit is None else parse_size(sync_limit)
+    return SyncSettings(paths=tuple(sync) if sync is not None else None, limit=limit, off=bool(no_sync))
 
 
 def _launch(sess: Session, config: RankSetConfig, progress=None) -> RankSet:
@@ -330,9 +346,24 @@ def run(
     if output is not None and (isinstance(output, bool) or not isinstance(output, int) or output <= 0):
         raise ValueError(f"output must be a number of characters (> 0) or None for all of it, got {output!r}")
     rs = current() if session is None else running_set(session)
-    return run_cell(
-        rs, code, ranks=ranks, timeout=timeout, display=display, stream=stream, grace=grace, group=group, output=output
-    )
+    ahead = None
+    if getattr(rs, "code_sync", None) is not None:  # the notebook's edits on the other hosts first
+        ahead = code_sync.before_cell(rs, ranks=ranks, display=display)
+    try:
+        return run_cell(
+            rs,
+            code,
+            ranks=ranks,
+            timeout=timeout,
+            display=display,
+            stream=stream,
+            grace=grace,
+            group=group,
+            output=output,
+        )
+    finally:
+        if ahead is not None:  # an edit the ranks took just before the cell: what it did
+            code_sync.after_cell(ahead)
 
 
 def running_set(name: str) -> RankSet:
@@ -343,6 +374,15 @@ def running_set(name: str) -> RankSet:
             f"the rank set {name!r} is not running: `%distrain start -n 2 --session {name}`" + _others(name)
         )
     return sess.rankset
+
+
+def sync(session: str | None = None) -> code_sync.SyncReport | None:
+    """Send the edits of the synced folders to the other hosts now and reload what the ranks
+    imported from them (``%distrain sync``); None where no host is synced."""
+    rs = current() if session is None else running_set(session)
+    if rs.code_sync is None or not rs.code_sync.active:
+        return None
+    return rs.code_sync.update(rs) or code_sync.SyncReport()
 
 
 def apply(fn, *args, ranks=None, **kwargs) -> list:

@@ -1,26 +1,10 @@
 """The workbench's own background threads give way to training.
 
-On a machine with a core to spare per rank this changes nothing. Where ranks share the
-cores with the workbench's helpers (a laptop, a 2-core lab machine with two busy ranks),
-a helper that wakes while both cores train takes its slice from a rank, and under data
-parallelism every rank then waits for the slowed one. Measured on 2 cores while a run
-streamed: the notebook's collector and dashboard redraw used ~4.5% of a core (now ~1.5%:
-the redraw restyles raw arrays, see ``dashboard.figures.draw``), the ipyparallel
-controller ~0.4%. So a notebook-side helper
-thread runs at a lower CPU priority (nice +10 for that thread only: on Linux the nice
-value is per thread): it still gets every idle moment (the ranks wait in collectives
-part of each step), but a rank that wakes takes the core back. The controller's
-processes are lowered too once the ranks are up: they route the notebook's cells and
-the ranks' heartbeats (every 300 ms), and at nice +10 a cell still reaches busy ranks
-within milliseconds.
-
-Only threads that share no GIL with training are lowered: a rank's event sender keeps
-the rank's priority. A lowered thread that is preempted while it holds the GIL (the
-sender encodes its batch under it) would make the training thread wait until the
-scheduler runs the lowered thread again (a priority inversion).
-
-Not ``SCHED_IDLE``: a helper must not starve when the ranks keep every core busy (the
-event queue would fill, the plots would freeze).
+Where ranks share the cores with the workbench's helpers (a laptop, a 2-core lab machine), a
+helper that wakes while every core trains takes its slice from a rank, and under data
+parallelism every rank then waits for the slowed one. So the notebook's helper threads and the
+controller's processes run at nice +10: they still get every idle moment, and a rank that wakes
+takes the core back. Which threads, and why not ``SCHED_IDLE``: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -2,18 +2,10 @@
 
     python -m workbench.notebook.demo notebooks/00_quickstart.ipynb --out runs
 
-executes the notebook with nbclient (the kernel starts in the notebook's folder, as in
-JupyterLab), writes the executed copy to ``runs/<timestamp>/``, copies there any HTML
-export the notebook wrote (a dashboard export, for instance), and prints a short
-summary: cells run, time, ranks started and each failing cell. The exit status is
-nonzero when a cell failed or the kernel could not run the notebook.
-
-A notebook that exports files can write them straight into the run folder: its path is
-in the kernel's environment as ``WORKBENCH_RUN_DIR``. HTML files it writes next to the
-notebook during the run are copied there too.
-
-Jupyter / IPython / ipyparallel state goes under ``.state/`` of the current folder
-unless ``IPYTHONDIR`` / ``JUPYTER_*`` are already set (the Makefile sets them).
+executes the notebook with nbclient (:func:`run`) and prints a short summary: cells run, time,
+ranks started and each failing cell. The exit status is nonzero when a cell failed or the
+kernel could not run the notebook. Jupyter / IPython / ipyparallel state goes under ``.state/``
+(:func:`state_env`).
 """
 
 from __future__ import annotations
@@ -81,7 +73,8 @@ class DemoResult:
 
 
 def state_env(root: pathlib.Path) -> None:
-    """Point Jupyter / IPython state at ``root/.state`` where nothing else set it."""
+    """Point Jupyter / IPython / ipyparallel state at ``root/.state`` where nothing else set it
+    (``IPYTHONDIR`` / ``JUPYTER_*``: the Makefile sets them)."""
     for var, sub in STATE_VARS:
         if not os.environ.get(var):
             os.environ[var] = str(root / ".state" / sub)
@@ -148,7 +141,12 @@ def run(
     kernel_name: str = "python3",
     startup_timeout: float = 120,
 ) -> DemoResult:
-    """Execute ``notebook``; write the executed copy and exports under ``out/<timestamp>/``."""
+    """Execute ``notebook``; write the executed copy and exports under ``out/<timestamp>/``.
+
+    The kernel starts in the notebook's folder, as in JupyterLab. A notebook that exports files
+    can write them straight into the run folder: its path is in the kernel's environment as
+    ``WORKBENCH_RUN_DIR``; HTML files it writes next to the notebook during the run (a dashboard
+    export, for instance) are copied there too."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError

@@ -12,7 +12,7 @@ import math
 
 from ..planner.memory import fmt_bytes
 from ..shared.dry_run import DryRunRequest, DryRunResult
-from .cluster.ranges import format_ranks
+from ..shared.ranges import format_ranks
 
 __all__ = ["DryRun"]
 

@@ -219,7 +219,7 @@ def detach(session: str | None = None, **earlier) -> dict:
         )
     busy = _busy_ranks(rs)
     if busy:
-        from .cluster.ranges import format_ranks
+        from ..shared.ranges import format_ranks
 
         raise DetachError(
             f"ranks {format_ranks(busy)} of {sess.name!r} are running a cell: wait for it (or interrupt it) "

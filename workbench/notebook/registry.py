@@ -1,14 +1,10 @@
 """Where the JupyterLab extension finds the rank sets this user's kernels started (notebook side).
 
-Each rank set a kernel starts writes one small JSON entry under Jupyter's runtime
-directory (``<runtime>/workbench-ranks/<id>.json``, mode 0600): the kernel, the notebook,
-ranks with host/pid/device, ipyparallel's client connection file, the stack folder and the
-address and key of the event-stream mirror. A set whose Slurm job still waits for its
-allocation has an entry with ``queue`` (job id, Slurm's reason) and ranks without hosts or
-pids yet; the started set's entry replaces it. The entry is removed at stop. The Jupyter
-server extension (:mod:`workbench.labserver`) reads these entries, so it can show and act on
-ranks while the owning kernel is busy. An entry whose kernel process is gone is stale: it is
-reported as such and cleaned. Never imports torch.
+Each rank set a kernel starts writes one small JSON entry under Jupyter's runtime directory
+(``<runtime>/workbench-ranks/<id>.json``, mode 0600, removed at stop; :func:`entry_for` says what
+it holds). The Jupyter server extension (:mod:`workbench.labserver`) reads these entries, so it
+can show and act on ranks while the owning kernel is busy. An entry whose kernel process is gone
+is stale: it is reported as such and cleaned. Never imports torch.
 """
 
 from __future__ import annotations
@@ -151,7 +147,9 @@ def _kernel_id() -> str | None:
 
 
 def entry_for(rankset, *, stream_address: str | None = None, stream_key: str | None = None) -> dict:
-    """The registry entry describing ``rankset`` (plain JSON data)."""
+    """The registry entry describing ``rankset`` (plain JSON data): the kernel, the notebook, ranks
+    with host/pid/device, ipyparallel's client connection file, the stack folder and the address
+    and key of the event-stream mirror."""
     import psutil
 
     cluster = rankset.cluster
@@ -209,7 +207,8 @@ def queue_fields(job_state) -> dict:
 def queued(rankset, job_state) -> str:
     """Write (or refresh) the entry of a rank set whose Slurm job waits for its allocation.
 
-    The ranks have no host or pid yet; ``announce`` replaces the entry (same id) once they are up.
+    It has ``queue`` (job id, Slurm's reason) and ranks with no host or pid yet; ``announce``
+    replaces the entry (same id) once they are up.
     """
     entry = entry_for(rankset)
     entry["world_size"] = rankset.config.n
@@ -302,7 +301,7 @@ def stopped_elsewhere(rankset) -> str | None:
     if entry_id is None:
         return None
     # asked before every cell: the entry is read again only when its file changed (a stat,
-    # not the runtime folder's look-up and a JSON read, ~0.3 ms of a ~20 ms trivial cell)
+    # not the runtime folder's look-up and a JSON read on every cell)
     path = _own_paths.get(entry_id) or _own_paths.setdefault(entry_id, path_of(entry_id))
     try:
         st = os.stat(path)

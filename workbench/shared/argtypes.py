@@ -19,6 +19,7 @@ __all__ = [
     "seconds",
     "rank_selection",
     "session_names",
+    "byte_size",
     "output_limit",
     "regex",
     "MODEL_SIZES",
@@ -110,6 +111,16 @@ def session_names(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def byte_size(text: str) -> int:
+    """A size in bytes written as people do: ``64M``, ``5G``, ``500k``."""
+    from .code_tree import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def output_limit(text: str) -> int | None:
     """``all`` (None: every line) or the most characters a cell shows: ``200k``, ``4M``."""
     from .output_cut import parse_limit
@@ -134,5 +145,6 @@ positive_float.metavar = "X"
 non_negative_float.metavar = "X"
 seconds.metavar = "S"
 rank_selection.metavar = "RANKS"
+byte_size.metavar = "SIZE"
 output_limit.metavar = "SIZE"
 regex.metavar = "PATTERN"

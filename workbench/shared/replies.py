@@ -28,6 +28,13 @@ __all__ = [
     "ProbeReport",
     "LayoutReply",
     "CensusReply",
+    "Host",
+    "Stored",
+    "HostEnvironment",
+    "SyncPlanned",
+    "SyncCheckedOut",
+    "Reloaded",
+    "SyncEdited",
     "TrainerState",
     "StagedHparams",
     "RunEnded",
@@ -264,6 +271,72 @@ class CensusReply:
         """The census with the rest beside it: the record per rank ``planner.live.compare`` reads."""
         extra = {"attention": self.attention, "attention_evidence": self.attention_evidence}
         return {**self.census, **extra, "model_config": self.model_config}
+
+
+# ----------------------------------------------------------------------------- code that travels
+@dataclass(frozen=True, kw_only=True)
+class Host(_Reply):
+    """The host an engine runs on."""
+
+    host: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stored(_Reply):
+    """Bytes a host's cache took in."""
+
+    bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostEnvironment(_Reply):
+    """A host's Python and the versions its Python imports (distribution -> version, None: not
+    installed), and a digest of its workbench's sources."""
+
+    host: str
+    python: str
+    versions: dict
+    workbench_digest: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncPlanned(_Reply):
+    """Where a host keeps its copy of a folder, and which contents its cache lacks."""
+
+    host: str
+    tree: str
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncCheckedOut(_Reply):
+    """A host's copy of a folder once it holds the notebook's files."""
+
+    host: str
+    tree: str
+    digest: str
+    written: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    size: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reloaded(_Reply):
+    """The modules one rank reloaded from changed files, and those it could not (name, why)."""
+
+    host: str
+    reloaded: tuple[str, ...] = ()
+    not_reloaded: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncEdited(_Reply):
+    """One rank's part of an edit: per folder applied (it wrote the files), found (another rank
+    of its host had) or out of step (the host's copy needs a full sync); then its reloads."""
+
+    host: str
+    outcomes: tuple[tuple[str, str], ...]
+    reloaded: Reloaded | None = None
 
 
 # ----------------------------------------------------------------------------- runs

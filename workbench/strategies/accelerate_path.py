@@ -43,7 +43,7 @@ def reset_accelerate_state() -> None:
     for key in ACCELERATE_ENV:
         os.environ.pop(key, None)
     # the singletons live in those modules: never imported here, there is nothing to forget
-    # (importing accelerate and transformers only to reset them cost a fresh rank seconds)
+    # (importing accelerate and transformers only to reset them would cost a fresh rank seconds)
     if "accelerate.state" in sys.modules:
         from accelerate.state import AcceleratorState, GradientState
 

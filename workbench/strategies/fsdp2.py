@@ -43,7 +43,7 @@ def apply_fsdp(model: nn.Module, blocks: list[nn.Module], mesh, spec, notes: lis
             block, mesh=mesh, reshard_after_forward=spec.reshard_after_forward, mp_policy=mp, offload_policy=offload
         )
     # the root keeps its parameters gathered into backward, which starts with them (torch's
-    # default for a root): resharding it too cost one more all-gather a step, ~3% of a short one
+    # default for a root): resharding it too costs one more all-gather a step (benchmarks/FINDINGS.md)
     root_reshard = None if spec.reshard_after_forward else False
     fully_shard(model, mesh=mesh, reshard_after_forward=root_reshard, mp_policy=mp, offload_policy=offload)
     hsdp = mesh.ndim == 2

@@ -68,12 +68,12 @@ def run_position(model: nn.Module, request, rank: int, *, fake_mode, vocab: int,
     with ``signatures`` (``{rank: class}`` over its stage) when ``group``."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from ... import engine
     from ..memory_census import census
+    from ..session import prepare
 
     t0, c0 = time.perf_counter(), time.process_time()
     dist.init_process_group("fake", rank=rank, world_size=request.world, store=FakeStore())
-    prepared = engine.prepare(
+    prepared = prepare(
         model,
         request.optimizer or _default_optimizer,
         request.spec,

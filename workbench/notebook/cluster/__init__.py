@@ -9,7 +9,7 @@ from ...shared.errors import (
     RankFailure,
     WorkbenchError,
 )
-from .ranges import format_ranks, parse_ranks
+from ...shared.ranges import format_ranks, parse_ranks
 from .rank_call import RankCall
 from .rankset import RankSet, RankSetConfig
 

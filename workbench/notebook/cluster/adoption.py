@@ -1,13 +1,10 @@
 """A running rank set passed from one notebook-side process to another (``%distrain detach``/``attach``).
 
 Everything :class:`~.rankset.RankSet` knows of its processes is pids, files and addresses, so
-another process on this host can hold the same set: it reconnects a client to the same
-controller (ipyparallel's ``Cluster.to_dict``/``from_dict``), watches the same pids and can
-stop exactly what the set started. :func:`rehome` then makes the set end with that process
-instead of this one: each rank's watch (``engine.runtime.rehome``) and the controller's owner
-file (``controller_process``). Only sets whose every process is on this host and was started
-by the notebook (``--launcher local``) can move: the guards of SSH/Slurm/Ray ranks hold a
-connection to the notebook process itself.
+another process on this host can hold the same set (:func:`adopt`: a client to the same
+controller, the same pids watched) and make it end with itself (:func:`rehome`). Only sets
+whose every process is on this host and was started by the notebook (``--launcher local``)
+can move: the guards of SSH/Slurm/Ray ranks hold a connection to the notebook process itself.
 """
 
 from __future__ import annotations
@@ -52,7 +49,8 @@ def export(rs) -> dict:
 
 
 def adopt(state: dict) -> RankSet:
-    """A :class:`RankSet` in this process for the running set ``state`` describes."""
+    """A :class:`RankSet` in this process for the running set ``state`` describes: a client to the same
+    controller (ipyparallel's ``Cluster.from_dict``), the same pids watched, exactly what the set started to stop."""
     import ipyparallel as ipp
 
     rs = RankSet(state["config"])
@@ -80,7 +78,8 @@ def _quiet_log():
 
 
 def rehome(rs, pid: int) -> None:
-    """Make ``rs`` end with process ``pid`` (it watches the ranks and may stop them) from now on."""
+    """Make ``rs`` end with process ``pid`` (it watches the ranks and may stop them) from now on:
+    each rank's watch (``engine.runtime.rehome``) and the controller's owner file (``controller_process``)."""
     write_owner(rs, pid)
     live = [r for r in range(rs.world_size) if r not in (rs.watcher.known() if rs.watcher else {})]
     if live:

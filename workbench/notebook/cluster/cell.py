@@ -1,12 +1,10 @@
 """Running a cell on the ranks and showing what each rank produced, in rank order.
 
-Output is grouped per rank and tagged ``[rank N]`` (past a few ranks, identical output
-once under ``[ranks 0-13,15]``: see ``grouping``); rich display data (HTML, images,
-DataFrames) from a rank is re-published in the notebook. In a Jupyter kernel
-output is also shown live from the first line, then regrouped when the cell ends
-(see ``live``); elsewhere a cell that runs longer than a few seconds streams its
-output for good (``stream=True`` from the start, ``stream=False`` never). A rank that
-fails while others still run is shown at once (see ``stragglers``).
+Output is tagged ``[rank N]`` (past a few ranks, identical output once under
+``[ranks 0-13,15]``: see ``grouping``); rich display data from a rank is re-published in the
+notebook. Output is shown live as it comes, then regrouped when the cell ends (see ``live``;
+where there is no kernel, a cell past ``STREAM_AFTER_S`` streams for good). A rank that fails
+while others still run is shown at once (see ``stragglers``).
 """
 
 from __future__ import annotations
@@ -16,12 +14,12 @@ import time
 
 from ...shared import output_cut
 from ...shared.errors import CellTimeout, Interrupted, RankDied, RankFailure
+from ...shared.ranges import format_ranks
 from .. import debugger
 from . import culprit, debugging, grouping, stragglers
 from .diagnosis import collect_stacks, main_frames, stack_lines, where
 from .health import death_message
 from .live import LIVE_POLL_S, LiveOutput, in_kernel, tag
-from .ranges import format_ranks
 
 STREAM_AFTER_S = 3.0  # where output cannot be regrouped (no kernel): live after this long
 GRACE_S = stragglers.GRACE_S
@@ -53,7 +51,9 @@ def run_cell(
     output of several ranks shown once under their ranks (None: past
     ``grouping.GROUP_PAST`` ranks). ``output``: about the most characters of printed output
     the cell shows, all ranks together (a head and a tail of each rank's; None: all of it);
-    every line is in the ranks' log files (``%distrain logs``).
+    every line is in the ranks' log files (``%distrain logs``). ``stream``: where output cannot
+    be regrouped (no kernel), live lines are printed for good after ``STREAM_AFTER_S`` (None),
+    from the start (True) or never (False).
     """
     selected = rankset.select(ranks)
     call = rankset.execute_async(code, selected, debug=debugger.for_cell(rankset, selected, code), output=output)

@@ -1,25 +1,10 @@
 """The controller's process: ipyparallel's controller, which ends when its notebook does.
 
-ipyparallel starts the controller in a session of its own, so a killed notebook kernel
-(SIGKILL, out of memory) does not take it along. Ranks on the notebook's host end it then
-(rank 0 watches the notebook), but Slurm and SSH ranks run elsewhere and their guards end
-them first: the controller and the schedulers it forked would live on. So the controller
-watches its parent itself and, once the notebook is gone, ends its own process group
-(itself and its schedulers, nothing else: it leads that group). A set handed to a keeper
-process (``%distrain detach``) names that process in its owner file
-(``--workbench-owner=PATH``): the controller then ends with it instead.
-
-The other way round, a controller killed from outside (SIGKILL: no clean-up) would leave its
-children (heart monitor, task and broadcast schedulers, all ``multiprocessing`` forks) to
-init: each one watches the controller's pidfd and ends with it (:func:`children_end_with_it`).
-
-It also paces the heartbeat (``--workbench-heartbeat=FAST_MS,HEARTS``, see
-:func:`settling_heartbeat`): fast while the ranks register (the controller admits an engine
-on its next beat), at the configured ``HeartMonitor.period`` once all ``HEARTS`` beat.
-
-Run by path (``runpy.run_path``), not as ``-m workbench...``: the controller imports nothing
-of the workbench, so it starts as fast as ipyparallel's own and needs no import path.
-Standard library and psutil only.
+ipyparallel starts the controller in a session of its own, so a killed kernel would leave it
+running: it ends with its owner (:func:`_end_when_orphaned`), its children end with it
+(:func:`children_end_with_it`), and it paces the heartbeat (:func:`settling_heartbeat`).
+Run by path (``runpy.run_path``), not as ``-m workbench...``: it imports nothing of the
+workbench (standard library and psutil only), so it starts as fast as ipyparallel's own.
 """
 
 from __future__ import annotations
@@ -46,7 +31,7 @@ def _gone(pid: int) -> bool:
 
 
 def _wait_for_exit(pid: int) -> None:
-    try:  # sleep until it exits (its pidfd turns readable); polling woke twice a second
+    try:  # sleep until it exits (its pidfd turns readable), not woken by a timer
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # no pidfds here, or it is gone already
         fd = None
@@ -73,6 +58,14 @@ def _next_owner(owner_file: str | None, was: int) -> int | None:
 
 
 def _end_when_orphaned(parent: int, owner_file: str | None = None) -> None:
+    """Once the owner is gone, end this process's group (itself and its schedulers, nothing else:
+    it leads that group).
+
+    A killed kernel (SIGKILL, out of memory) does not take the controller along. Ranks on the
+    notebook's host end it then (rank 0 watches the notebook), but Slurm and SSH ranks run
+    elsewhere and their guards end them first: the controller and its schedulers would live on.
+    The owner is the notebook (``parent``), or the keeper a set was handed to (``%distrain
+    detach``), named in ``owner_file`` (``--workbench-owner=PATH``)."""
     owner = parent
     while True:
         _wait_for_exit(owner)
@@ -116,7 +109,8 @@ class EndsWithController(multiprocessing.Process):
 def children_end_with_it() -> None:
     """Patched in before the controller forks: every child it starts is an :class:`EndsWithController`:
     ``app.Process`` (heart monitor, task and broadcast schedulers) and pyzmq's ``ProcessDevice``
-    launcher (the mux, control and iopub queues)."""
+    launcher (the mux, control and iopub queues). A controller killed from outside (SIGKILL: no
+    clean-up) would otherwise leave them to init."""
     from ipyparallel.controller import app
     from zmq.devices.basedevice import ProcessDevice
 
@@ -124,14 +118,16 @@ def children_end_with_it() -> None:
 
 
 def settling_heartbeat(fast_ms: int, hearts: int) -> None:
-    """Beat every ``fast_ms`` until ``hearts`` engines beat, then at ``HeartMonitor.period``.
+    """Beat every ``fast_ms`` until ``hearts`` engines beat, then at ``HeartMonitor.period``
+    (``--workbench-heartbeat=FAST_MS,HEARTS``).
 
-    Each beat wakes the heart monitor, every rank's heart thread and ZMQ's threads on both
-    sides (about 6 ms of CPU a second for 4 ranks at 300 ms, measured on 2 cores); once
-    the ranks are in, nothing waits on a beat. An engine lost or late (on probation) brings
-    the fast beat back until all beat again. The allowed silence stays the configured
-    ``period * max_heartmonitor_misses`` seconds at either pace. Patched on the class before
-    the controller forks its heart monitor process, which inherits it.
+    Fast while the ranks register: the controller admits an engine on its next beat. Each beat
+    wakes the heart monitor, every rank's heart thread and ZMQ's threads on both sides (their
+    cost: benchmarks/FINDINGS.md, the rank census); once the ranks are in, nothing waits on a
+    beat. An engine lost or late (on probation) brings the fast beat back until all beat again.
+    The allowed silence stays the configured ``period * max_heartmonitor_misses`` seconds at
+    either pace. Patched on the class before the controller forks its heart monitor process,
+    which inherits it.
     """
     from ipyparallel.controller.heartmonitor import HeartMonitor
 
@@ -204,7 +200,7 @@ def aggregating_coalescence() -> None:
     A scheduler above another one takes the order of the targets from that one's reply (it
     answers leaf by leaf): its own target list is in the client's order, which at a depth of 2
     or more is not the order of the replies it merges. Each call counts the replies it still
-    awaits: looking through all of them on every reply cost a leaf of k ranks k * k / 2 steps."""
+    awaits: looking through all of them on every reply would cost a leaf of k ranks k * k / 2 steps."""
     from ipyparallel.controller.broadcast_scheduler import BroadcastScheduler
 
     awaited: dict[tuple[int, str], int] = {}  # (scheduler, call): replies not yet in

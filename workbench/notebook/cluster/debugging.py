@@ -12,8 +12,8 @@ import queue
 import sys
 import time
 
+from ...shared.ranges import ranks_phrase
 from ..debugger import hub as debug_hub
-from .ranges import ranks_phrase
 
 
 def waiting_sessions(rankset) -> list[int]:

@@ -1,12 +1,9 @@
 """Calls that fan out to the ranks through the controller's broadcast tree (notebook side).
 
-A direct view sends one request per rank and takes one reply per rank, each signed, sent,
-received and parsed here, and the busy/idle status of every rank on top: the notebook's work per
-cell grows with the rank count. Through ipyparallel's broadcast scheduler the notebook sends one
-request, the tree of schedulers sends it on to the ranks, and with ``is_coalescing`` the tree
-gathers the replies into one message, each distinct reply once (``controller_process``
-merges them by content on the way up). The ranks send no status for such a call
-(``rpc.fanned``); their output still comes per rank on IOPub, filed under
+A direct view costs the notebook a request, a reply and a busy/idle status per rank. Through
+the broadcast tree it sends one request and, with ``is_coalescing``, takes one reply, each
+distinct reply once (``controller_process`` merges them by content on the way up); the ranks
+send no status (``rpc.fanned``). Their output still comes per rank on IOPub, filed under
 ``<request id>_<engine uuid>``, and a rank that published anything ends it with a marker.
 """
 
@@ -35,7 +32,7 @@ def view(client, engine_ids: list[int]):
 
 def _remember_targets(client) -> None:
     """A view turns its engine ids into the engines' identities on every call, each through the
-    client's traits (4 ms a call for 1024 ranks): remembered per target list while the
+    client's traits (a cost per rank on every call): remembered per target list while the
     registered engines stay the same."""
     if getattr(client, "_workbench_targets", None) is not None:
         return

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
-from .ranges import format_ranks
+from ...shared.ranges import format_ranks
 
 GROUP_PAST = 8  # rank sets larger than this show identical output once under its ranks
 

@@ -1,13 +1,10 @@
 """Watching rank processes: who is alive, who died and how, who is stuck where.
 
-A background thread watches the pids of ranks that run on this host (local and MPI
-launchers): on Linux it sleeps on a pidfd per rank, which the kernel makes readable the
-moment the process ends, so a death is known at once and a run costs no wake-ups (the
-4 polls a second it replaced took ~0.1 ms of CPU per training step on cores the ranks
-train on); elsewhere it polls every 0.25 s. Ranks on other hosts are watched through
-ipyparallel's heartbeat (the controller drops an engine after ~1.5 s of silence), or,
-where a guard runs them (SSH, Slurm, Ray), by the guard: its exit report, and its beats,
-whose silence names the whole host lost (``lifeline.HOST_SILENCE_S``).
+Ranks on this host (local and MPI launchers) are watched by pid (:class:`Watcher`): a death is
+known at once and a run costs no wake-ups. Ranks on other hosts are watched through
+ipyparallel's heartbeat (``launchers.heartbeat_args``), or, where a guard runs them (SSH, Slurm,
+Ray), by the guard: its exit report, and its beats, whose silence names the whole host lost
+(``lifeline.HOST_SILENCE_S``).
 """
 
 from __future__ import annotations
@@ -123,7 +120,10 @@ class RankProcess:
 
 
 class Watcher:
-    """Polls rank processes and records the first death of each rank."""
+    """Watches rank processes and records the first death of each rank.
+
+    On Linux its thread sleeps on a pidfd per local rank, which the kernel makes readable the
+    moment the process ends; elsewhere it polls every ``period`` seconds."""
 
     def __init__(self, procs: list[RankProcess], period: float = 0.25):
         self.procs = procs
@@ -153,7 +153,7 @@ class Watcher:
         try:
             while not self._stop.is_set():
                 ready, _, _ = select.select(list(fds), [], [], self.CHECK_EVERY_S)
-                if not ready:  # no rank ended: nothing to read (4 ranks' psutil reads cost ~4 ms)
+                if not ready:  # no rank ended: nothing to read (no psutil reads of every rank)
                     continue
                 self.poll()
                 for fd in ready:  # an ended process's pidfd stays readable: done with it

@@ -63,32 +63,14 @@ class Launcher(Protocol):
         """End exactly what this launcher started."""
 
 
-# The controller drops an engine after ``period * max_heartmonitor_misses`` of silence.
-# A short period makes engines register fast (the controller admits a new engine on the
-# second beat after it answers one), so the controller beats every ``REGISTERING_HEARTBEAT_MS``
-# until every rank beats (at 300 ms that wait was half a second of a 2.5 s start),
-# then every ``SETTLED_HEARTBEAT_MS`` (ipyparallel's default; the period engines are told):
-# a beat wakes the heart monitor, each rank's heart thread and ZMQ's threads, on the
-# cores the ranks train on (``controller_process.settling_heartbeat``). Ranks on this
-# host are watched by pid (``health.Watcher``: a death is seen at once), so there the
-# controller may wait a minute of silence: a rank stopped with SIGSTOP or under a debugger
-# is "stuck", not dead, and must still be there after SIGCONT. Ranks on other hosts
-# without a guard have only the heartbeat: 1.5 s of silence and they are reported dead
-# (the fast beat stays on); with a guard (Slurm, SSH: ``workbench.engine.guard``) a death
-# is reported at once with its exit status, and the heartbeat may be as patient as for
-# local ranks (a rank importing torch on a busy node misses beats while it registers).
+# the controller's heartbeat: its periods and allowed silences (heartbeat_args says why)
 HEARTBEAT_MS = 300
 REGISTERING_HEARTBEAT_MS = 100
 SETTLED_HEARTBEAT_MS = 3000
 SILENCE_LOCAL_MS = 60_000
 SILENCE_REMOTE_MS = 1500
 
-# ipyparallel's broadcast tree has 2**depth leaf schedulers, rank r on leaf r % 2**depth; every
-# message a leaf sends to one of its ranks carries the leaf's whole target list, so a leaf's
-# work per call grows with the square of its ranks. Past 2 * LEAF_RANKS ranks the tree is
-# made deeper, one level for each doubling, so that no leaf serves more than LEAF_RANKS ranks
-# (each level a few MiB: one scheduler process per node; measured in benchmarks/scale_bench.py).
-LEAF_RANKS = 128
+LEAF_RANKS = 128  # the most ranks a leaf of the broadcast tree serves (broadcast_depth says why)
 
 REGISTRATION_S = 600  # guarded launches: the notebook's own wait (RankSet) ends first, with a message
 
@@ -136,7 +118,7 @@ def cluster_kwargs(
     }
     if guarded:
         # an engine completes registration only after importing torch (PRELOAD), which on a
-        # busy node took 75 s here: the controller's default 30 s dropped it half-way
+        # busy node can outlast the controller's default 30 s: it would drop the engine half-way
         kwargs["controller_args"].append(f"--IPController.registration_timeout={REGISTRATION_S}")
     # the controller ends with the notebook process, wherever the ranks run (controller_process.py)
     cfg.LocalControllerLauncher.controller_cmd = CONTROLLER_CMD
@@ -168,8 +150,8 @@ def cluster_kwargs(
             *(["--framework", framework] if framework != "torch" else []),
         ]
         # no nanny process per engine: ranks on this host are signalled by pid
-        # (``RankSet.interrupt``) and watched by pid (``health.Watcher``); the nanny cost a
-        # Python start that each engine waited for before registering
+        # (``RankSet.interrupt``) and watched by pid (``health.Watcher``); a nanny costs a
+        # Python start that each engine waits for before registering
         cfg.EngineLauncher.engine_args.append("--IPEngine.enable_nanny=False")
     for key, value in (options or {}).items():
         if key == "config":
@@ -181,7 +163,12 @@ def cluster_kwargs(
 
 def broadcast_depth(n: int) -> int:
     """The broadcast tree's depth for ``n`` ranks: ipyparallel's own 1 (two leaves) up to
-    ``2 * LEAF_RANKS`` ranks, then as deep as it takes for leaves of at most ``LEAF_RANKS``."""
+    ``2 * LEAF_RANKS`` ranks, then as deep as it takes for leaves of at most ``LEAF_RANKS``.
+
+    The tree has 2**depth leaf schedulers, rank r on leaf r % 2**depth; every message a leaf
+    sends to one of its ranks carries the leaf's whole target list, so a leaf's work per call
+    grows with the square of its ranks. Each level is one more scheduler process per node (what
+    the tree costs: docs/scale.md)."""
     depth = 1
     while n > LEAF_RANKS * 2**depth:
         depth += 1
@@ -190,7 +177,23 @@ def broadcast_depth(n: int) -> int:
 
 def heartbeat_args(n: int, *, patient: bool) -> list[str]:
     """The controller's heartbeat settings for ``n`` ranks; ``patient``: a minute of silence
-    before an engine is dropped (deaths are seen otherwise), else 1.5 s and always fast."""
+    before an engine is dropped (deaths are seen otherwise), else 1.5 s and always fast.
+
+    The controller drops an engine after ``period * max_heartmonitor_misses`` of silence. A
+    short period makes engines register fast (the controller admits a new engine on the second
+    beat after it answers one), so the controller beats every ``REGISTERING_HEARTBEAT_MS``
+    until every rank beats (every beat an engine waits for is start-up time), then every
+    ``SETTLED_HEARTBEAT_MS`` (ipyparallel's default; the period engines are told): a beat wakes
+    the heart monitor, each rank's heart thread and ZMQ's threads, on the cores the ranks train
+    on (``controller_process.settling_heartbeat``).
+
+    Ranks on this host are watched by pid (``health.Watcher``: a death is seen at once), so
+    there the controller may wait a minute of silence: a rank stopped with SIGSTOP or under a
+    debugger is "stuck", not dead, and must still be there after SIGCONT. Ranks on other hosts
+    without a guard have only the heartbeat: 1.5 s of silence and they are reported dead (the
+    fast beat stays on); with a guard (Slurm, SSH: ``workbench.engine.guard``) a death is
+    reported at once with its exit status, and the heartbeat may be as patient as for local
+    ranks (a rank importing torch on a busy node misses beats while it registers)."""
     if not patient:
         return [
             f"--HeartMonitor.period={HEARTBEAT_MS}",

@@ -1,15 +1,10 @@
 """Notebook end of the rank guards' connections (see ``workbench.engine.guard``).
 
-One listening socket per rank set, on the address the remote ranks reach. Each guard
-says hello (host, the engine's pid) and, when its engine ends, the exit status; a line
-whose HMAC does not match the rank set's key is dropped and counted. The notebook never
-writes: when this process dies the kernel closes every connection, and the guards end
-their ranks.
-
-Each guard also beats every ``wire.BEAT_S``. A link that goes down (or a host that loses
-power) shows no exit and closes nothing: silence is the only sign. When every open
-connection from one host has been silent for ``HOST_SILENCE_S``, the host is lost:
-``on_lost(host, silent_s)`` is called once, and its ranks are named dead with it.
+One listening socket per rank set, on the address the remote ranks reach. Each guard says
+hello (host, the engine's pid), beats every ``wire.BEAT_S`` and, when its engine ends, sends the
+exit status; a line whose HMAC does not match the rank set's key is dropped and counted. The
+notebook never writes: when this process dies the kernel closes every connection, and the guards
+end their ranks. A host whose guards all fall silent is lost (:meth:`Lifeline._check_silence`).
 """
 
 from __future__ import annotations
@@ -108,7 +103,11 @@ class Lifeline:
                 self.on_exit(host, pid, code)
 
     def _check_silence(self, conn: socket.socket) -> None:
-        """Name this connection's host lost once every open connection from it is silent."""
+        """Name this connection's host lost once every open connection from it is silent.
+
+        A link that goes down (or a host that loses power) shows no exit and closes nothing:
+        silence is the only sign. After ``HOST_SILENCE_S`` of it from every open connection of a
+        host, ``on_lost(host, silent_s)`` is called once, and its ranks are named dead with it."""
         import time
 
         now = time.monotonic()

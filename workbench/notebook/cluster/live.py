@@ -1,12 +1,9 @@
 """Rank output shown while a cell runs, rank-tagged, in the order it arrives.
 
-A progress bar a rank redraws with carriage returns (tqdm) is one line of the live
-display, updated in place, rather than a line per redraw.
-
-In a Jupyter kernel the live lines go into one display that is updated in place and
-emptied when the cell ends, when the output is shown again grouped per rank: every
-line ends up once, in rank order. Where there is no display to update (a terminal, a
-script) live lines are printed for good and the end shows only what is left.
+In a Jupyter kernel the live lines go into one display, updated in place (a tqdm bar is one
+line) and emptied when the cell ends, when the output is shown again grouped per rank: every
+line ends up once, in rank order. Where there is no display to update (a terminal, a script)
+live lines are printed for good and the end shows only what is left.
 """
 
 from __future__ import annotations

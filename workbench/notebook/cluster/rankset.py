@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from ...engine import rpc
 from ...shared import output_cut
 from ...shared.errors import Interrupted, NotRunning, RankDied
+from ...shared.ranges import parse_ranks
 from ...shared.wire import LARGE_LOCAL_FROM
 from ..shell_compat import mark_kernelless
-from . import fanout, health, launchers, local_launch, network, ray_launcher, slurm, ssh
+from . import code_sync, fanout, health, launchers, local_launch, network, ray_launcher, slurm, ssh
 from .gpu_plan import plan_gpus
-from .ranges import parse_ranks
 from .rank_call import RankCall
 
 
@@ -63,6 +63,7 @@ class RankSetConfig:
     framework: str = "torch"  # what the ranks initialise: torch.distributed, or jax.distributed
     nccl_env: dict = field(default_factory=dict)  # NCCL_* each rank sets before its process group
     ray: ray_launcher.RayRequest | None = None
+    sync: code_sync.SyncSettings = field(default_factory=code_sync.SyncSettings)  # folders for the other hosts
 
     def validate(self) -> None:
         """Refuse bad settings before any process is started."""
@@ -110,6 +111,7 @@ class RankSetConfig:
             )
         if self.ip is not None:
             network.check_ip(self.ip)
+        self.sync.validate("ssh" if self.launcher == "ssh" and self.launcher_options else self.launcher)
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend {self.backend!r} is not known: use one of {', '.join(BACKENDS)}")
         if self.launcher not in launchers.LAUNCHERS:
@@ -184,6 +186,7 @@ class RankSet:
         self.on_queue = None  # fn(JobState) while a Slurm job waits and when it gets its nodes
         self._cancel = threading.Event()
         self._finished = threading.Event()
+        self.code_sync: code_sync.CodeSync | None = None  # the folders on the other hosts (code_sync.py)
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -213,7 +216,9 @@ class RankSet:
                 ssh.start(self)
             else:
                 local_launch.start(self)
+            code_sync.check_environment(self)  # refuses a host with another torch before any rank is made
             self._bootstrap()
+            code_sync.begin(self)  # the notebook's folders on the other hosts before the first cell
         except BaseException:
             self.stop()
             raise

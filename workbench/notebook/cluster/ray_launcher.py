@@ -1,21 +1,11 @@
 """Ranks placed by a Ray cluster: ``%distrain start -n 4 --launcher ray``.
 
-The notebook joins the Ray cluster as a driver (``--address``, else ``RAY_ADDRESS``, else
-``auto``), reserves one bundle per rank in a placement group (gang scheduling: all ranks
-or none) and places one :class:`workbench.engine.ray_actor.RankHost` actor in each bundle.
-Each actor starts the same rank process as the Slurm and SSH launchers (the guard around
-an ipyparallel engine), which reaches the notebook's controller and lifeline on the
-address this host has toward the Ray nodes.
-
-- A placement group that waits for resources shows as queued (Ray's scheduling state
-  as the reason), like a pending Slurm job; cancelling removes it.
-- A rank's death is named by its guard (exit status); an actor that dies (its worker
-  killed, its node lost) is named with Ray's own death cause.
-- Stop kills exactly the actors and the placement group made here. The actors belong to
-  this driver, so Ray ends them when the notebook process dies; the guards' lifelines
-  end their engines then too.
-
-Imports ``ray`` only when used: it is an optional extra (``pip install 'workbench[ray]'``).
+The notebook joins the Ray cluster as a driver, reserves one bundle per rank in a placement
+group (gang scheduling: all ranks or none) and places one
+:class:`workbench.engine.ray_actor.RankHost` actor in each, which starts the same guarded rank
+process as the Slurm and SSH launchers. The actors belong to this driver, so Ray ends them when
+the notebook process dies. What a user sees (queued, deaths, stop): docs/ray.md. Imports ``ray``
+only when used: it is an optional extra (``pip install 'workbench[ray]'``).
 """
 
 from __future__ import annotations

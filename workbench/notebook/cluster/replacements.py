@@ -29,15 +29,15 @@ def check_replaceable(rs) -> None:
 
 
 # what a replacement rank imports before it can step (torch._dynamo: the first optimizer's; torchft: the
-# Manager's): ~4 s of CPU a rank here, paid ahead by the spare (:func:`spare`), not after a failure
+# Manager's): seconds of CPU a rank, paid ahead by the spare (:func:`spare`), not after a failure
 SPARE_IMPORTS = ("torch._dynamo", "torchft")
 
 
 def spare(rs) -> None:
     """A forking parent for the next replacement, its imports done ahead (``rs.spare``): a replacement
-    from it is a fork away, not a process start, torch's import and the above (most of the ~15 s a
-    replacement took on 2 cores, while the others stepped). One per set, kept until used or the set
-    stops; it ends once the notebook does (end of file on its stdin)."""
+    from it is a fork away, not a process start, torch's import and the above (the replacement's
+    time with and without it: docs/unattended.md). One per set, kept until used or the set stops;
+    it ends once the notebook does (end of file on its stdin)."""
     if rs.spare is not None and rs.spare.ended() is None:
         return
     if rs.spare is not None:  # it died: its output file

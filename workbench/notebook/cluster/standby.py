@@ -1,18 +1,10 @@
 """A warm forking parent: the ranks' torch import done before ``%distrain start`` asks for it.
 
 Local ranks are forked by one process that imports torch first (``launchers.ForkedRanks``);
-that import is the longest step of a start. A notebook kernel that loads the extension is
-about to start ranks, so :func:`begin` starts that process then, and the first local start
-of the kernel (``local_launch.start``) takes it: its ranks are a fork away. Any world size;
-torch ranks only (a JAX start, or the mpi/slurm/ssh/ray launchers, start as before and
-leave the standby waiting).
-
-Its idle cost: one process holding torch's import (about 235 MB resident, 157-215 MB of
-it its own; one thread, no CPU once imported: it blocks reading stdin; measured by
-``benchmarks/startup_bench.py --idle``, figures in docs/getting-started.md). One per kernel. It ends with the kernel: the kernel's end closes its stdin, and until it
-is handed a start it is killed at once should the kernel die (``preload.end_with_parent``).
-Not started outside a kernel (a script, a terminal IPython, ``import workbench``), nor with
-``WORKBENCH_PRELOAD=0``; ``WORKBENCH_PRELOAD=1`` starts it in any IPython shell.
+that import is the longest step of a start. A kernel that loads the extension is about to start
+ranks, so :func:`begin` starts that process then, and the kernel's first local torch start takes
+it (:func:`take`): its ranks are a fork away. One per kernel, ending with it. What it costs while
+it waits, and when it is not used or not started: docs/getting-started.md ("Start-up").
 """
 
 from __future__ import annotations
@@ -32,7 +24,8 @@ _standby: ForkedRanks | None = None
 
 
 def wanted(shell) -> bool:
-    """A standby for this shell: a notebook kernel's, unless ``WORKBENCH_PRELOAD`` says otherwise."""
+    """A standby for this shell: a notebook kernel's (not a script's or a terminal IPython's),
+    unless ``WORKBENCH_PRELOAD`` says otherwise (0: never, 1: in any IPython shell)."""
     setting = os.environ.get(ENV, "").strip().lower()
     if setting in _OFF:
         return False
@@ -52,7 +45,9 @@ def wanted(shell) -> bool:
 
 def begin(framework: str = "torch") -> ForkedRanks | None:
     """Start the standby (once; a second call keeps the one there). Only from the main thread:
-    the process's watch of the notebook follows the thread that started it."""
+    the process's watch of the notebook follows the thread that started it. It ends with the
+    kernel: the kernel's end closes its stdin, and until it is handed a start it is killed at
+    once should the kernel die (``preload.end_with_parent``)."""
     global _standby
     if threading.current_thread() is not threading.main_thread():
         return None
@@ -75,8 +70,8 @@ def current() -> ForkedRanks | None:
 
 
 def take(framework: str) -> ForkedRanks | None:
-    """The standby for a local start of ``framework`` ranks, now no longer a standby; None
-    when there is none, or it could not serve this start (then it is ended)."""
+    """The standby for a local start of ``framework`` ranks (any world size), now no longer a
+    standby; None when there is none, or it could not serve this start (then it is ended)."""
     global _standby
     with _lock:
         fr = _standby

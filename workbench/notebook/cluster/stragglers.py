@@ -14,8 +14,8 @@ import dataclasses
 import time
 
 from ...engine import rpc
+from ...shared.ranges import ranks_phrase
 from .diagnosis import collect_stacks, main_frames, where
-from .ranges import ranks_phrase
 
 GRACE_S = 3.0  # how long ranks still running may take to finish after one failed
 LEAVE_WAIT_S = 5.0  # how long a peer's collective may take to notice a closed connection

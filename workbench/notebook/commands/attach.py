@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import handoff
-from . import command, flags
+from . import flags
+from .registry import command
 
 
 def _attach_args(p) -> None:

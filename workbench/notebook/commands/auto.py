@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import api, auto_cells
-from . import UsageError, command
+from .registry import UsageError, command
 
 AUTO_ON = "auto mode on: plain cells run on the ranks; magics and %%local cells run here"
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import shlex
 
 from ...shared.argtypes import positive_int
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _dir(p) -> None:

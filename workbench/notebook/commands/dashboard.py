@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..session import UnknownSession
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _dashboard_args(p) -> None:

@@ -7,7 +7,8 @@ from ...shared.errors import BadRanks
 from .. import api
 from ..cluster import debugging
 from ..debugger import hub as debug_hub
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _debug_args(p) -> None:

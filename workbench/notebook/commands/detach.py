@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import api, auto_cells, handoff, session
-from . import command, flags
+from . import flags
+from .registry import command
 
 
 def _detach_args(p) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ...shared.argtypes import positive_int, rank_selection, seconds, session_names
 from ..cluster.rankset import BACKENDS
-from . import grammar_name
+from .registry import grammar_name
 
 
 @dataclass(frozen=True, eq=False)  # one definition is one object: compared by identity
@@ -93,7 +93,7 @@ def setup_from(name: str | None, shell):
     """The setup code (or function) in notebook variable ``name`` (``--setup VAR``); None without a name."""
     if not name:
         return None
-    from . import UsageError
+    from .registry import UsageError
 
     ns = shell.user_ns if shell is not None else {}
     if name not in ns:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ...engine import rpc
 from ...shared.argtypes import positive_int
 from .. import api
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _layout_args(p) -> None:

@@ -12,7 +12,8 @@ import os
 
 from ...shared import output_cut, rank_logs
 from ...shared.argtypes import positive_int, regex
-from . import command, flags
+from . import flags
+from .registry import command
 
 DEFAULT_TAIL = 50
 REMOTE_WAIT_S = 5.0
@@ -71,8 +72,8 @@ def read_logs(
 def format_logs(excerpts: dict[int, rank_logs.Excerpt], *, grep: str | None = None, group: bool | None = None) -> str:
     """Each rank's lines under ``[rank N]`` (identical ones once, by default past 8 ranks), after
     a line saying where the files are."""
+    from ...shared.ranges import format_ranks
     from ..cluster import grouping
-    from ..cluster.ranges import format_ranks
 
     def body(e: rank_logs.Excerpt) -> str:
         if e.note:

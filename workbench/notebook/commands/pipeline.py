@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _pipeline_args(p) -> None:
@@ -16,7 +17,7 @@ def _pipeline_args(p) -> None:
 )
 def _pipeline(args, shell):
     from ...shared.errors import WorkbenchError
-    from .. import timelines
+    from ..dashboard import timelines
 
     try:
         return timelines.pipeline_schedule()

@@ -10,7 +10,7 @@ what one real training step holds there (:func:`workbench.notebook.plan_live.pla
 from __future__ import annotations
 
 from ...planner.arguments import _parser as planner_parser
-from . import CommandParser, UsageError, command
+from .registry import CommandParser, UsageError, command
 
 
 def _plan_args(p: CommandParser) -> None:
@@ -36,7 +36,7 @@ def _plan_args(p: CommandParser) -> None:
     raw=True,
 )
 def _plan(argv: list[str], shell):
-    from . import COMMANDS
+    from .registry import COMMANDS
 
     if argv in (["-h"], ["--help"]):
         print(COMMANDS["plan"].parser.format_help())

@@ -13,7 +13,8 @@ from ...engine import rpc
 from ...shared.errors import WorkbenchError
 from .. import api
 from ..cluster.cell import run_cell
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 

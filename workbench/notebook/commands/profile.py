@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _profile_args(p) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import api
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _push_args(p) -> None:

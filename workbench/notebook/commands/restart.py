@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from .. import api
 from ..restart import restart
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _restart_args(p) -> None:

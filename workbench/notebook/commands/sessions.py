@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import api, handoff, session
-from . import command
+from .registry import command
 
 
 @command("sessions", "the sessions of this kernel, which is current, and the detached ones")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from ...shared.argtypes import positive_int
+from ...shared.argtypes import byte_size, positive_int
 from .. import api, auto_cells
 from ..cluster.launchers import FRAMEWORKS, LAUNCHERS
-from . import UsageError, command, flags
+from . import flags
 from .auto import AUTO_ON
+from .registry import UsageError, command
 
 
 def _start_args(p) -> None:
@@ -34,6 +35,20 @@ def _start_args(p) -> None:
     p.add_argument("--address", default=None, help="ray: the cluster (default $RAY_ADDRESS, else auto)")
     p.add_argument("--cpus-per-rank", type=float, default=None, help="ray: CPUs reserved per rank (default 1)")
     p.add_argument("--gpus-per-rank", type=float, default=None, help="ray: GPUs reserved per rank (default 0)")
+    p.add_argument(
+        "--sync",
+        nargs="*",
+        metavar="PATH",
+        default=None,
+        help="ssh/slurm/ray: the folders whose files reach the other hosts (default the working folder)",
+    )
+    p.add_argument(
+        "--sync-limit",
+        type=byte_size,
+        default=None,
+        help="ssh/slurm/ray: a file larger than this is named and not sent (default 64M)",
+    )
+    p.add_argument("--no-sync", action="store_true", help="ssh/slurm/ray: send no folder to the other hosts")
     flags.SESSION.add(
         p,
         help="the new session's name, beside the others (`%%distrain use --session NAME` switches; default: the current one's)",
@@ -107,6 +122,9 @@ def _start(args, shell):
             framework=args.framework,
             nccl=args.nccl,
             nccl_preset=args.nccl_preset,
+            sync=tuple(args.sync) if args.sync else None,
+            sync_limit=args.sync_limit,
+            no_sync=args.no_sync,
         )
     except ValueError as exc:  # bad settings: one line, nothing started
         raise UsageError(str(exc)) from None

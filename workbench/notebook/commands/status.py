@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import api
-from . import command, flags
+from . import flags
+from .registry import command
 
 
 def _status_args(p) -> None:
@@ -16,6 +17,12 @@ def _status(args, shell):
     where = api.current().allocation()
     if where:
         print(where)
+    synced = getattr(api.current(), "code_sync", None)
+    for host in synced.status() if synced is not None else ():
+        print(
+            f"host {host['host']} (ranks {host['ranks']}): the notebook's files in {host['folder']}, "
+            f"{host['files']} files, {host['size']}, last synced {host['synced']}"
+        )
     dead = [r for r in rows if r["state"] == "dead"]
     lost = api.current().lost_hosts
     if dead:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import api, auto_cells, handoff
-from . import command, flags
+from . import flags
+from .registry import command
 
 
 def _stop_args(p) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _timeline_args(p) -> None:
@@ -22,7 +23,8 @@ def _timeline_args(p) -> None:
     _timeline_args,
 )
 def _timeline(args, shell):
-    from .. import api, timelines
+    from .. import api
+    from ..dashboard import timelines
     from ..dashboard.timeline_figure import timeline_figure, timeline_table
 
     if not 1 <= args.steps <= 200:

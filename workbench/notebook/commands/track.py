@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shlex
 
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 KINDS = ("tensorboard", "mlflow", "wandb", "trackio")  # as trackers.KINDS, without importing it here
 

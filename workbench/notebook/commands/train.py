@@ -11,7 +11,8 @@ import ast
 from ...shared.argtypes import MODEL_SIZES, positive_float, positive_int, seconds
 from ...shared.errors import Refused
 from .. import training
-from . import UsageError, command, flags
+from . import flags
+from .registry import UsageError, command
 
 
 def _start_args(p) -> None:

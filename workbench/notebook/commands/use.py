@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import api
-from . import command, flags
+from . import flags
+from .registry import command
 
 
 def _use_args(p) -> None:

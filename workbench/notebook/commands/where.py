@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-from . import command, flags
+from . import flags
+from .registry import command
 
 # where ipykernel compiles a cell: /tmp/ipykernel_<pid>/<hash of the code>.py
 _CELL_FILE = re.compile(r"(/ipykernel_)\d+(/\d+\.py)")

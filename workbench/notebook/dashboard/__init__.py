@@ -1,14 +1,10 @@
 """The live training dashboard (notebook side): a plotly FigureWidget, ipywidgets controls.
 
-Owns the session's ``dashboard`` part.
-
-``workbench.dashboard()`` (or ``%distrain dashboard``) shows loss, throughput, memory,
-collective time, the step-time breakdown and the gradient norm of the latest run (one
-figure, a panel each: see ``figures`` for why one), pause/resume/stop, an lr box, a
-checkpoint button and a status line. A background thread redraws at most
-every ``interval`` seconds and only when new events arrived, so plotting costs the
-ranks nothing (they only PUSH to a socket) and the kernel little. Calling it again
-re-shows the same live dashboard; ``export_html(path)`` writes a standalone page.
+``workbench.dashboard()`` (or ``%distrain dashboard``) shows the latest run in one figure
+(``figures.make_figure`` says why one), the trainer's controls and a status line. A background
+thread redraws at most every ``interval`` seconds and only when new events arrived, so plotting
+costs the ranks nothing (they only PUSH to a socket) and the kernel little. Owns the session's
+``dashboard`` part.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from .. import api, session, stream
 from ..keywords import refuse
 from . import figures
 from .controls import Controls
-from .live_view import LiveView
+from .live_view import LiveView, import_heavy
 
 __all__ = ["Dashboard", "dashboard"]
 
@@ -32,26 +28,17 @@ MOVED = (
 )
 
 
-def _import_heavy() -> None:
-    """Import what a redraw may import, here, before the redraw thread starts.
-
-    plotly's validators look for pandas/numpy in ``sys.modules``; were the main thread
-    importing pandas (``workbench.metrics()``) while the redraw thread validated a trace,
-    the thread would meet a half-initialized module ("partially initialized module
-    'pandas' has no attribute 'Series'").
-    """
-    import ipywidgets  # noqa: F401
-    import numpy  # noqa: F401
-    import pandas  # noqa: F401
-    import plotly.graph_objects  # noqa: F401
-
-
 class Dashboard(LiveView):
+    """Loss, throughput, memory, collective time, the step-time breakdown and the gradient norm of
+    the latest run, pause/resume/stop, an lr box, a checkpoint button and a status line. Calling
+    ``dashboard()`` again re-shows the same live dashboard; :meth:`export_html` writes a
+    standalone page."""
+
     def __init__(self, rankset=None, *, run: str | None = None, interval: float = 0.5, live: bool = True):
         self.rankset = rankset if rankset is not None else api.current()
         self.store = stream.attach(self.rankset).store
         self.run = run  # None: follow the latest run
-        _import_heavy()  # never first imported by the redraw thread (see _import_heavy)
+        import_heavy()  # never first imported by the redraw thread (see live_view.import_heavy)
         try:
             ranks = list(range(self.rankset.world_size))
         except Exception:  # a rank set that cannot say: traces are added as they appear

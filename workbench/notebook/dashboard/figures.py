@@ -1,25 +1,11 @@
 """The dashboard's plot: which series each panel shows, and how it is redrawn.
 
-The dashboard is **one** plotly ``FigureWidget`` with a panel per subplot (loss,
-throughput, memory, collective time, step-time breakdown, gradient norm), not a figure
-per panel. plotly 7's ``FigureWidget`` is an anywidget, and every anywidget *model*
-ships and imports its own copy of plotly's ~5 MB JavaScript bundle in the browser (the
-module is imported from a blob, so the browser cannot cache it). Five figures meant five
-imports: measured in headless JupyterLab on a 2-core machine with two ranks training, the
-browser's main thread was busy ~20 s and the plots first appeared after the run had
-ended, while the status line beside them (a plain ipywidget) updated live. One figure is
-one import; re-showing the dashboard adds views of the same model, which import nothing.
-
-Traces are found by ``meta`` = ``"<panel>:<name>"`` (names repeat across panels: "rank 0").
-Those known in advance (per rank, the mean, the step phases, the gradient norm) exist from
-the start; the others (collective kinds) are added the first time their series appears.
-A redraw reads the store's thinned copies (at most ~2x1000 points per line), so its cost
-does not grow with the length of the run.
-
-How the widget itself is made fit for live redraws is in ``widget``; here, a redraw
-restyles the traces made in advance (each message carries every changed line whole, so a
-message a view missed is made good by the next) and :func:`sync` re-assigns the full state
-so views made later (a re-display) start from the current data.
+The dashboard is **one** plotly ``FigureWidget`` (made fit for live redraws in ``widget``) with
+a panel per subplot, not a figure per panel (:func:`make_figure` says why). Traces are found by
+``meta`` = ``"<panel>:<name>"`` (names repeat across panels: "rank 0"); those known in advance
+exist from the start, the others (collective kinds) are added when their series appears. A
+redraw restyles the traces in place from the store's thinned copies (:func:`draw`), so its cost
+does not grow with the run; :func:`sync` re-assigns the full state for views made later.
 """
 
 from __future__ import annotations
@@ -192,11 +178,19 @@ def _trace(panel: str, name, xs, ys, style):
 def make_figure(widget: bool = True, ranks=None):
     """The dashboard figure (a FigureWidget for live use, a Figure for export).
 
+    One figure with a panel each (loss, throughput, memory, collective time, step-time
+    breakdown, gradient norm), not a figure per panel: plotly 7's ``FigureWidget`` is an
+    anywidget, and every anywidget *model* imports its own copy of plotly's JavaScript bundle in
+    the browser, from a blob the browser cannot cache. A figure per panel is an import per
+    panel, which on a small machine keeps the browser's main thread busy until the plots lag
+    far behind the run (while a plain ipywidget beside them updates live). Re-showing the
+    dashboard adds views of the same model, which import nothing.
+
     Layout and, given ``ranks``, every trace known in advance (empty) go into the
     constructor, so they are part of the state the widget opens with. A redraw then only
     restyles traces (each message carries every changed line whole, so one that never
     reached a view is made good by the next) instead of adding them: an ``addTraces``
-    that a view misses leaves it without the trace for good (see the module doc).
+    that a view misses leaves it without the trace for good.
     """
     import plotly.graph_objects as go
 
@@ -226,8 +220,8 @@ def lines_for(store, run: str) -> dict[str, list[tuple]]:
     """panel -> [(trace name, xs, ys, style)] for ``run`` from the store's thinned series.
 
     xs and ys are float64 numpy arrays (read-only, shared with the store): plotly
-    validates a list element by element and sends it as JSON (~15 ms a redraw of 2 ranks
-    at a few hundred steps, growing with the run), an array goes as a binary buffer.
+    validates a list element by element and sends it as JSON (a cost that grows with the
+    run), an array goes as a binary buffer.
     """
 
     import numpy as np
@@ -321,8 +315,8 @@ def draw(fig, lines: dict[str, list[tuple]]) -> bool:
 
     The comparison and the restyle work on the figure's raw trace dicts: setting ``trace.x``
     runs plotly's validator on every array (a dataframe-library check per assignment) and
-    reading it back builds a property object; measured, that was ~5 of the ~8 ms of CPU a
-    redraw of 2 ranks took, twice a second while a run streams, on cores the ranks train on.
+    reading it back builds a property object: most of a redraw's CPU, twice a second while a
+    run streams, on cores the ranks train on (benchmarks/FINDINGS.md, what the helpers cost).
     The arrays ``lines_for`` gives are read-only float64 arrays, already what validation
     would produce.
     """

@@ -1,23 +1,11 @@
 """A picture of a layout: which shard of which tensor lives on which rank.
 
-Input is the per-rank LAYOUT DESCRIPTION (``workbench.strategies.layout``), pulled
-from the ranks; nothing here touches torch. Two views:
-
-* :func:`layout_figure` - tensors x ranks, coloured by the fraction of the tensor the
-  rank holds, with how it is held (whole, shard, several strided blocks, partial sum),
-  the placement and local shape on hover. DDP is a solid block (everyone holds
-  everything), FSDP a 1/N wash, TP a split by layer type, 2D both at once.
-* :func:`tensor_figure` - one tensor drawn as its (rows x cols) grid, each block
-  labelled with the ranks that hold it - the "which slice of which weight" view.
-
-Past ``bands.BAND_PAST`` ranks :func:`layout_figure` draws a column per GROUP of ranks whose
-columns would be the same (same share, holding and local shape of every tensor): DDP's 1024
-replicas are one column, "ranks 0-1023", FSDP's 1024 shards one column that says they are
-1024 different shards; the title says per group whether its ranks hold the same blocks.
-
-Both draw what each rank reported holding (the layout's ``holds``: global index runs
-asked of the DTensor / DeepSpeed partition on the rank), never placement arithmetic
-redone here, which gets strided FSDP x TP shards wrong.
+Input is the per-rank layout description (``workbench.strategies.layout``), pulled from the
+ranks; nothing here touches torch. Two views: :func:`layout_figure` (tensors x ranks) and
+:func:`tensor_figure` (one tensor as a grid of the blocks each rank holds). Both draw what each
+rank reported holding (the layout's ``holds``: global index runs asked of the DTensor /
+DeepSpeed partition on the rank), never placement arithmetic redone here, which gets strided
+FSDP x TP shards wrong.
 """
 
 from __future__ import annotations
@@ -73,7 +61,7 @@ def _pick(table: pd.DataFrame, max_tensors: int, match: str | None) -> list[str]
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    from ..cluster.ranges import format_ranks
+    from ...shared.ranges import format_ranks
 
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
@@ -126,8 +114,14 @@ def rank_groups(layouts: list[dict]) -> list[dict]:
 
 
 def layout_figure(layouts: list[dict], *, max_tensors: int = 24, match: str | None = None):
-    """Heatmap of the fraction of each tensor held by each rank (past ``BAND_PAST`` ranks, by
-    each group of ranks whose columns are the same: see :func:`rank_groups`)."""
+    """Heatmap of the fraction of each tensor held by each rank, with how it is held (whole, shard,
+    several strided blocks, partial sum), the placement and local shape on hover: DDP is a solid
+    block (everyone holds everything), FSDP a 1/N wash, TP a split by layer type, 2D both at once.
+
+    Past ``BAND_PAST`` ranks, a column per group of ranks whose columns would be the same (same
+    share, holding and local shape of every tensor: :func:`rank_groups`): DDP's 1024 replicas are
+    one column, "ranks 0-1023", FSDP's 1024 shards one column that says they are 1024 different
+    shards; the title says per group whether its ranks hold the same blocks."""
     import plotly.graph_objects as go
 
     table = layout_table(layouts)
@@ -292,7 +286,8 @@ def _partial_ranks(layouts: list[dict], name: str) -> set[int]:
 
 
 def tensor_figure(layouts: list[dict], name: str):
-    """Draw one tensor as a grid and mark which ranks hold each block."""
+    """Draw one tensor as its (rows x cols) grid, each block labelled with the ranks that hold it:
+    the "which slice of which weight" view."""
     import plotly.graph_objects as go
 
     shape, placements, blocks = tensor_blocks(layouts, name)

@@ -94,3 +94,17 @@ class LiveView:
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
+
+
+def import_heavy() -> None:
+    """Import what a redraw may import, here, before the redraw thread starts.
+
+    plotly's validators look for pandas/numpy in ``sys.modules``; were the main thread
+    importing pandas (``workbench.metrics()``) while the redraw thread validated a trace,
+    the thread would meet a half-initialized module ("partially initialized module
+    'pandas' has no attribute 'Series'").
+    """
+    import ipywidgets  # noqa: F401
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+    import plotly.graph_objects  # noqa: F401

@@ -1,13 +1,8 @@
 """The live dashboard of several named sessions at once (``workbench.dashboard(session=[...])``,
 ``%distrain dashboard --session ddp,fsdp``): the same panels as one session's dashboard, each
 session's latest run drawn into them with its traces named by the session, redrawn as they train.
-
-The loss panel holds one line per session (its data-parallel mean, in the session's colour),
-so two layouts read as one comparison, as :func:`workbench.compare` draws once; the other panels
-hold each session's lines under ``"<session> <line>"``, step-time phases as lines (stacked bars
-of two sessions would add them up). A status line per session says where each run is. The
-overlay reads the sessions' event stores, never the ranks, so a session stopped meanwhile
-keeps its last lines while the others go on; it stops redrawing once none of them runs.
+It reads the sessions' event stores, never the ranks, so a session stopped meanwhile keeps its
+last lines while the others go on; it stops redrawing once none of them runs.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ import html
 
 from .. import api, session, stream
 from . import figures
-from .live_view import LiveView
+from .live_view import LiveView, import_heavy
 
 __all__ = ["Overlay", "overlay"]
 
@@ -29,12 +24,10 @@ class Overlay(LiveView):
     def __init__(self, names, *, interval: float = 0.5, live: bool = True):
         import ipywidgets as w
 
-        from . import _import_heavy
-
         self.names = tuple(names)
         for name in self.names:
             stream.last_store(name)  # attach a running session's stream here, not in the redraw thread
-        _import_heavy()
+        import_heavy()
         self.colours = {n: COLOURS[i % len(COLOURS)] for i, n in enumerate(self.names)}
         self.figure = figures.make_figure(widget=True)
         for name in self.names:  # the loss lines exist from the start (see figures.make_figure)
@@ -51,7 +44,12 @@ class Overlay(LiveView):
         return {n: session.KERNEL.get(n).store for n in self.names}
 
     def lines(self) -> dict[str, list[tuple]]:
-        """panel -> [(trace name, xs, ys, style)] of every session's latest run."""
+        """panel -> [(trace name, xs, ys, style)] of every session's latest run.
+
+        The loss panel holds one line per session (its data-parallel mean, in the session's
+        colour), so two layouts read as one comparison, as :func:`workbench.compare` draws once;
+        the other panels hold each session's lines under ``"<session> <line>"``, step-time phases
+        as lines (stacked bars of two sessions would add them up)."""
         out: dict[str, list[tuple]] = {key: [] for key in figures.PANEL_KEYS}
         for name, store in self.stores().items():
             run = store.latest_run() if store is not None else None

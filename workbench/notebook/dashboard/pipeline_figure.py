@@ -3,15 +3,9 @@
 Input: each stage's ``PipelinePrepared.last_run`` (plain dicts: the blocks its
 ``forward_one_chunk`` / ``backward_one_chunk`` calls took, in its own clock, plus the
 schedule's own order). Drawn on one time axis (ranks on one host share ``time.time()``),
-beside the bubble three ways, as lab 04 computes it:
-
-* measured: per stage ``1 - busy / step``, the step from the first block of any stage to
-  the last; averaged over stages;
-* the formula ``(p - 1) / (m + p - 1)`` (GPipe, Huang et al. 2019; the same for 1F1B);
-* the formula for stages as they ran, ``1 - m mean(t) / (sum(t) + (m - 1) max(t))`` with
-  ``t_s`` a stage's forward + backward time per micro-batch (equal to the above when the
-  stages are equal), and lab 04's replay of the measured blocks (each stage's mean F and
-  B time, every op starting when its stage is free and its input has arrived).
+beside the bubble as lab 04 computes it: measured (:func:`measured_bubble`), by the formula
+(:func:`formula_bubble`), by the formula for the stages as they ran (:func:`staged_bubble`)
+and replayed from the measured blocks (:func:`replayed_bubble`).
 """
 
 from __future__ import annotations
@@ -61,13 +55,15 @@ def _span(runs: list[dict]) -> tuple[float, float]:
 
 
 def measured_bubble(runs: list[dict]) -> list[float]:
-    """Idle fraction of the step per stage, from the blocks as they ran."""
+    """Idle fraction of the step per stage, from the blocks as they ran: ``1 - busy / step``, the
+    step from the first block of any stage to the last."""
     runs = _check(runs)
     a, b = _span(runs)
     return [1 - sum(e - s for _, _, s, e in r["blocks"]) / (b - a) for r in runs]
 
 
 def formula_bubble(p: int, m: int) -> float:
+    """``(p - 1) / (m + p - 1)`` (GPipe, Huang et al. 2019; the same for 1F1B)."""
     return (p - 1) / (m + p - 1)
 
 
@@ -76,13 +72,17 @@ def _stage_times(runs: list[dict]) -> list[float]:
 
 
 def staged_bubble(runs: list[dict]) -> float:
+    """The formula for stages as they ran, ``1 - m mean(t) / (sum(t) + (m - 1) max(t))`` with
+    ``t_s`` a stage's forward + backward time per micro-batch (:func:`formula_bubble` when the
+    stages are equal)."""
     runs = _check(runs)
     t, m = _stage_times(runs), runs[0]["microbatches"]
     return 1 - m * (sum(t) / len(t)) / (sum(t) + (m - 1) * max(t))
 
 
 def replayed_bubble(runs: list[dict]) -> float:
-    """Lab 04's replay: each stage's ops in their order with the stage's mean F / B time."""
+    """Lab 04's replay: each stage's ops in their order with the stage's mean F / B time, every op
+    starting when its stage is free and its input has arrived."""
     runs = _check(runs)
     ops = []
     for r in runs:

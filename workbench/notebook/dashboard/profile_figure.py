@@ -1,18 +1,10 @@
 """Reading torch.profiler Chrome traces (plain JSON, no torch): top ops, communication vs
 compute, idle per rank, and a merged per-rank timeline.
 
-What is counted, per rank, inside the profiled window (first ``ProfilerStep#`` start to the
-last one's end, on the thread that ran them):
-
-* an op's *self* time: its duration less that of the ops directly inside it (same thread);
-* communication: the union of collective ops (``c10d::``, ``gloo:``, ``nccl:``,
-  ``record_param_comms``, NCCL kernels) on any thread or stream;
-* compute: the union of the other ops on the training thread (and of GPU kernels, where
-  there are any), less communication;
-* idle: the window less both (Python between ops, waiting outside collectives).
-
-Holistic Trace Analysis does this for GPU traces (it reads kernels per stream); CPU-rank
-traces have no kernels, so the workbench counts from the CPU ops itself.
+Each rank's ops are counted inside its profiled window (:func:`window`): self times
+(:func:`self_times`), communication, compute and idle (:func:`rank_summary`). Holistic Trace
+Analysis does this for GPU traces (it reads kernels per stream); CPU-rank traces have no
+kernels, so the workbench counts from the CPU ops itself.
 """
 
 from __future__ import annotations
@@ -69,7 +61,8 @@ def _ops(trace: dict) -> list[dict]:
 
 
 def window(trace: dict) -> tuple[float, float, object]:
-    """(start us, end us, tid) of the profiled steps (the ``ProfilerStep#`` annotations)."""
+    """(start us, end us, tid) of the profiled steps: the first ``ProfilerStep#`` annotation's start
+    to the last one's end, on the thread that ran them."""
     steps = [e for e in _ops(trace) if str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:
         raise ValueError("the trace has no ProfilerStep# marks: it was not taken by `%distrain profile`")
@@ -77,7 +70,8 @@ def window(trace: dict) -> tuple[float, float, object]:
 
 
 def self_times(trace: dict) -> pd.DataFrame:
-    """Per op name: calls, self ms, total ms (CPU ops and kernels inside the window)."""
+    """Per op name: calls, self ms, total ms (CPU ops and kernels inside the window); an op's self
+    time is its duration less that of the ops directly inside it (same thread)."""
     t0, t1, _ = window(trace)
     by_thread: dict = {}
     for e in _ops(trace):
@@ -107,7 +101,12 @@ def self_times(trace: dict) -> pd.DataFrame:
 
 
 def rank_summary(trace: dict) -> dict:
-    """Window, communication, compute and idle milliseconds, the top op by self time."""
+    """Window, communication, compute and idle milliseconds, the top op by self time.
+
+    Communication: the union of collective ops (``COMM_MARKS``: ``c10d::``, ``gloo:``, ``nccl:``,
+    ``record_param_comms``, NCCL kernels) on any thread or stream; compute: the union of the
+    other ops on the training thread (and of GPU kernels, where there are any), less
+    communication; idle: the window less both (Python between ops, waiting outside collectives)."""
     t0, t1, tid = window(trace)
     ops = [
         e

@@ -1,15 +1,11 @@
 """A Gantt chart of the last steps on every rank: phases, collectives by kind, waiting.
 
-Input: the ranks' timeline records (``workbench.engine.timeline``, plain dicts), pulled
-by ``%distrain timeline``; nothing here touches torch. Each rank gets two lanes: its
-phases (data, forward, backward, optimizer, agreement) and its collectives (by kind,
-hatched where the rank sat blocked in them). The straggler of a step is the rank that
-waited least: in a synchronous step the others wait for it in the first collective
-they share with it, so their waiting is its lateness.
-
-Past ``bands.BAND_PAST`` ranks two lanes a rank would be thousands of lanes: the chart shows
-the ``EXTREMES`` slowest and fastest ranks (by time working, i.e. not blocked, over the steps)
-and the straggler, each lane saying why it is there; the straggler is judged over every rank.
+Input: the ranks' timeline records (``workbench.engine.timeline``, plain dicts); nothing here
+touches torch. Each rank gets two lanes: its phases (data, forward, backward, optimizer,
+agreement) and its collectives (by kind, hatched where the rank sat blocked in them). The
+straggler of a step is the rank that waited least: in a synchronous step the others wait for it
+in the first collective they share with it, so their waiting is its lateness. Past
+``bands.BAND_PAST`` ranks only some ranks get lanes (:func:`extreme_ranks`).
 """
 
 from __future__ import annotations
@@ -90,7 +86,8 @@ def _straggler(late: dict[int, int]) -> int | None:
 def extreme_ranks(records: list[dict], k: int = EXTREMES) -> dict[int, list[str]]:
     """{rank: why it is drawn} for a chart of many ranks: the ``k`` slowest and ``k`` fastest
     ranks by their mean time working (the step less the time blocked), and the straggler;
-    slowest first, fastest last."""
+    slowest first, fastest last. Two lanes for every rank would be thousands of lanes; the
+    straggler is judged over every rank."""
     table = timeline_table(records)
     work = (table["step_s"] - table["waiting_s"]).groupby(table["rank"]).mean().sort_values(ascending=False)
     order = [int(r) for r in work.index]
@@ -109,7 +106,7 @@ def _ranks_list(ranks: list[int]) -> str:
     """``0, 1, 3`` for a few ranks, ``0-511,513-1023`` past ``BAND_PAST``."""
     if len(ranks) <= BAND_PAST:
         return ", ".join(map(str, ranks))
-    from ..cluster.ranges import format_ranks
+    from ...shared.ranges import format_ranks
 
     return format_ranks(ranks)
 

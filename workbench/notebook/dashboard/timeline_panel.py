@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from .. import timelines
+from . import timelines
 from .timeline_figure import timeline_figure
 
 

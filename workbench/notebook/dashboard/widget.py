@@ -1,36 +1,10 @@
 """The dashboard's live plot widget: plotly's ``FigureWidget``, made fit to be redrawn from a
 thread for as long as a run goes on, and to be shown, cleared and shown again.
 
-plotly 7's ``FigureWidget`` is an anywidget. Four things about it matter here, each
-handled by :class:`LiveFigureWidget` (``widget_class()`` builds it on first use, so that
-importing the dashboard does not import plotly):
-
-* **Opening state.** A view draws first from the model's full state ``_widget_data`` /
-  ``_widget_layout`` and afterwards only applies the ``_py2js_*`` edit messages it
-  receives. plotly assigns that full state inside the constructor after ipywidgets has
-  already opened the comm, and re-assigns it only in ``_repr_mimebundle_``, which never
-  runs for a figure inside a ``VBox``: views would start from an empty figure. So the
-  comm opens only once layout and every trace known in advance are set.
-* **Edits lost to a reply.** An edit message is a trait set to the message and at once
-  back to ``None``. When a kernel thread handles a message from the browser for the same
-  figure (plotly answers every edit with one), traitlets holds the figure's notifications
-  and collapses a pair set meanwhile from the redraw thread into a single ``None``: the
-  edit is lost. Incoming messages take ``_edit_lock``; ``figures.draw`` holds it while
-  it sends edits.
-* **Pacing.** A view answers each edit it has drawn with its trace deltas
-  (``_js2py_traceDeltas``, carrying the edit's id). The widget notes the last id answered
-  so the dashboard can hold its next edit until the browser has caught up (:func:`view_busy`).
-  The kernel reads those answers only between cells, so while a cell runs the dashboard
-  falls back to a timeout.
-* **Views that were removed still listen.** plotly's view registers its handlers through
-  the model object it got at *initialize*, which anywidget does not clean up when the view
-  goes (a cleared or re-run output, a dashboard shown again elsewhere). The next edit
-  reaches the removed view first, which throws on its purged plot ("Cannot read properties
-  of undefined (reading 'length')"), and the views after it never get the edit: every
-  other copy of the plot stops updating. :func:`fixed_esm` wraps plotly's module so
-  that handlers registered while a view renders go through that view's own model object,
-  whose listeners anywidget removes with the view. Where plotly's bundle does not have
-  the expected shape, plotly's module is used unchanged.
+plotly 7's ``FigureWidget`` is an anywidget; four things about it matter here, each handled by
+the class :func:`widget_class` builds on first use (so that importing the dashboard does not
+import plotly): a view's opening state, edits lost to a reply, pacing (:func:`widget_class`,
+:func:`view_busy`) and views that were removed but still listen (:func:`fixed_esm`).
 """
 
 from __future__ import annotations
@@ -64,8 +38,16 @@ _EXPORT = re.compile(r"export\s*\{([^{}]*)\}\s*;?")
 
 
 def fixed_esm(source: str) -> str | None:
-    """plotly's widget module with its default export wrapped (see the module doc); None
-    when the module's last export statement has no ``X as default``."""
+    """plotly's widget module with its default export wrapped; None when the module's last export
+    statement has no ``X as default`` (plotly's module is then used unchanged).
+
+    Views that were removed still listen: plotly's view registers its handlers through the
+    model object it got at *initialize*, which anywidget does not clean up when the view goes
+    (a cleared or re-run output, a dashboard shown again elsewhere). The next edit reaches the
+    removed view first, which throws on its purged plot ("Cannot read properties of undefined
+    (reading 'length')"), and the views after it never get the edit: every other copy of the
+    plot stops updating. The wrapped export makes handlers registered while a view renders go
+    through that view's own model object, whose listeners anywidget removes with the view."""
     found = list(_EXPORT.finditer(source))
     if not found:
         return None
@@ -81,7 +63,26 @@ def fixed_esm(source: str) -> str | None:
 
 
 def widget_class():
-    """``go.FigureWidget`` fixed as the module doc says."""
+    """``go.FigureWidget`` fixed for live redraws (``LiveFigureWidget``, made once).
+
+    * **Opening state.** A view draws first from the model's full state ``_widget_data`` /
+      ``_widget_layout`` and afterwards only applies the ``_py2js_*`` edit messages it
+      receives. plotly assigns that full state inside the constructor after ipywidgets has
+      already opened the comm, and re-assigns it only in ``_repr_mimebundle_``, which never
+      runs for a figure inside a ``VBox``: views would start from an empty figure. So the
+      comm opens only once layout and every trace known in advance are set.
+    * **Edits lost to a reply.** An edit message is a trait set to the message and at once
+      back to ``None``. When a kernel thread handles a message from the browser for the same
+      figure (plotly answers every edit with one), traitlets holds the figure's notifications
+      and collapses a pair set meanwhile from the redraw thread into a single ``None``: the
+      edit is lost. Incoming messages take ``_edit_lock``; ``figures.draw`` holds it while it
+      sends edits.
+    * **Pacing.** A view answers each edit it has drawn with its trace deltas
+      (``_js2py_traceDeltas``, carrying the edit's id). The widget notes the last id answered
+      so the dashboard can hold its next edit until the browser has caught up
+      (:func:`view_busy`).
+    * **Views that were removed still listen**: its module is :func:`fixed_esm`'s.
+    """
     if _WIDGET_CLASS[0] is None:
         import pathlib
 
@@ -130,7 +131,10 @@ def widget_class():
 
 
 def view_busy(fig, timeout: float) -> bool:
-    """True while no view has drawn the last edit sent, for at most ``timeout`` seconds."""
+    """True while no view has drawn the last edit sent, for at most ``timeout`` seconds.
+
+    The kernel reads the views' answers only between cells, so while a cell runs the dashboard
+    falls back to the timeout."""
     if not hasattr(fig, "_answered"):
         return False
     return fig._answered < fig._last_trace_edit_id and time.monotonic() - fig._sent_at < timeout

@@ -14,7 +14,7 @@ import itertools
 import threading
 
 from ...shared import debug_wire
-from ..cluster.ranges import format_ranks
+from ...shared.ranges import format_ranks
 from . import cells
 from .hub import REQUEST_S, RankGone
 

@@ -14,8 +14,8 @@ import threading
 import time
 
 from ...engine import rpc
-from . import begin, note_hang, recovering
 from .contract import Run, register
+from .part import begin, note_hang, recovering
 
 LOSS_WORDS = ("non-finite", "spike")  # the guard's pause reasons (engine.trainer.REASONS)
 RECOVERY_WAIT_S = 600.0  # a recovery under way finishes before the run is handed to another process

@@ -17,8 +17,8 @@ from ...engine import rpc
 from ...shared.replies import EXIT_REPLICA_LOST
 from .. import stream
 from ..cluster import lighthouse, network, replacements
-from . import begin
 from .contract import Run, register
+from .part import begin
 
 # replicated layouts whose replicas can run as torchft replica groups here; hsdp: each replica sharded over its ranks
 STRATEGIES = ("ddp", "hsdp")

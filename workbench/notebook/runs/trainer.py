@@ -12,8 +12,8 @@ import math
 import time
 
 from ...engine import rpc
-from . import note_hang
 from .contract import ENDED, Run, register
+from .part import note_hang
 
 SETTLE_S = 30.0  # how long ``wait()`` without a timeout gives the ranks past the stream's end
 

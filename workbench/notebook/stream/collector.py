@@ -1,14 +1,11 @@
 """The notebook end of the event stream: a ZMQ PULL socket and a thread feeding a store.
 
-The notebook binds (it is the one fixed point; ranks come and go) on a free port, on
-loopback when every rank is on this host, else on the rank set's chosen address (never
-every interface). Each rank connects one PUSH socket, so a rank's events arrive in the
-order it sent them; ZMQ over TCP delivers each message once, and the store still drops
-and counts any duplicate.
-
-Every message carries an HMAC-SHA256 of its bytes under the rank set's key (shipped to
-the ranks through ipyparallel's own signed channel): a message without a valid one is
-dropped and counted in ``rejected``, never shown. One HMAC per batch, not per event.
+The notebook binds (it is the one fixed point; ranks come and go) on a free port of loopback, or
+of the rank set's chosen address when ranks are remote (never every interface). Each rank
+connects one PUSH socket, so its events arrive in the order it sent them; the store still drops
+and counts any duplicate. Every batch carries an HMAC-SHA256 under the rank set's key (shipped
+through ipyparallel's own signed channel): a batch without a valid one is dropped and counted in
+``rejected``, never shown.
 """
 
 from __future__ import annotations
@@ -52,8 +49,8 @@ class Collector:
         self.errors: list[str] = []
         self.mirror = None  # a stream.mirror.Mirror once the Lab registry asks for one
         self._stop = threading.Event()
-        # the thread sleeps until a batch arrives or close() writes a byte here, not on a timer
-        # (it polled ten times a second, on the cores the ranks train on)
+        # the thread sleeps until a batch arrives or close() writes a byte here, not on a timer:
+        # a timer would wake it on the cores the ranks train on
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="workbench-collector", daemon=True)
         if not paused:

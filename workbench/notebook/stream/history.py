@@ -2,12 +2,9 @@
 
 The store keeps a bounded window of step rows in memory (a run of hours would otherwise grow
 the notebook without end); a row that falls out of the window is written here, so
-``workbench.metrics()`` still gives every step: the file's rows, then the window's. Rows go
-in tidy form (run, rank, step, time, source, metric, value), one schema whatever metrics a
-trainer reports, in row groups of ``flush_every`` rows. A rollback that reaches rows already
-written (a recovery or a NaN rollback further back than the window) is written as a
-``ROLLBACK`` row: readers drop that rank's earlier-written rows from that step on.
-The file is opened on the first spill: a run that fits in the window writes nothing.
+``workbench.metrics()`` still gives every step: the file's rows, then the window's. Rows go in
+tidy form (:data:`COLUMNS`), one schema whatever metrics a trainer reports. Nothing is written
+before the first spill: a run that fits in the window writes nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +17,8 @@ COLUMNS = ("run", "rank", "step", "time", "source", "metric", "value")
 
 
 class History:
-    """Spilled step rows under folder ``path``: one Parquet part per flush (thread-safe).
+    """Spilled step rows under folder ``path``: one Parquet part per flush of ``flush_every`` rows
+    (thread-safe).
 
     Whole files per flush (``part-00000.parquet``...) rather than one open writer: nothing
     is held open between flushes (no file descriptor for the run's lifetime), and every part
@@ -62,7 +60,9 @@ class History:
                 self._flush_or_count()
 
     def roll_back(self, run: str, rank: int, step: int, when: float) -> None:
-        """Rows of ``run``/``rank`` written so far from ``step`` on were replaced."""
+        """Rows of ``run``/``rank`` written so far from ``step`` on were replaced (a recovery or a NaN
+        rollback further back than the window): written as a ``ROLLBACK`` row, from which readers
+        drop that rank's earlier-written rows from that step on."""
         with self._lock:
             self._pending.append((run, int(rank), int(step), float(when), "store", ROLLBACK, float(step)))
 

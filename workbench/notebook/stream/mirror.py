@@ -1,12 +1,10 @@
 """A copy of the event stream for the Jupyter server extension (the Lab's live panes).
 
-The kernel's collector hands each decoded batch here; a thread of its own re-encodes it,
-keeps it (bounded) as history and sends it to every subscriber on a ZMQ ROUTER socket bound
-to 127.0.0.1 with CURVE: only a reader that knows the socket's public key (written to the
-0600 registry entry, see :mod:`workbench.notebook.registry`) can complete the handshake. A new
-subscriber gets the history first, then every later batch, in order, on the same socket,
-so a pane opened after the run started shows the run so far. All of this runs off the
-kernel's main thread: it keeps going while a cell runs.
+The kernel's collector hands each decoded batch here; a thread of its own (so it keeps going
+while a cell runs) keeps it (bounded) as history and sends it to every subscriber on a ZMQ
+ROUTER socket bound to 127.0.0.1 with CURVE: only a reader that knows the socket's public key
+(in the 0600 registry entry, :mod:`workbench.notebook.registry`) completes the handshake. A new
+subscriber gets the history first, then every later batch, so a late pane shows the run so far.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Where the notebook keeps what the ranks sent: every step row, and thinned series for plots.
 
-Two copies, for two readers. ``rows`` holds every step record of every rank (bounded by
-``max_rows``: the oldest spilled to a Parquet ``history`` when the store has one, else
-dropped and counted) for ``workbench.metrics()``; ``series``
-holds, per (run, metric, rank), at most ~2x``max_points`` points, thinned by doubling
-the stride whenever it fills, so a plot redraw costs the same at step 100 and at step
-1,000,000. Duplicates (an event with a run, rank and sequence number already seen) are
-dropped and counted; gaps in a rank's sequence numbers are counted, so "no steps lost" is
-checked, not assumed.
-
-A trainer step that comes again with a new sequence number is a re-run: a checkpoint was
-loaded into the running run (a rollback after a NaN), and the trainer goes on from the
-checkpoint's step. The run as it now stands is what ``metrics()`` and the plots show: that
-rank's rows and plotted points from that step on are moved to ``superseded`` (kept, for
-a look at what was rolled back) and ``rollbacks`` is counted.
-
-A recovery (``notebook.runs.budget``) rebuilds the trainer on new ranks, which names a new
-run; :meth:`EventStore.continue_run` files that run's events under the run it recovers,
-so the same rule makes the recovered run one run with every step once.
+Two copies, for two readers. ``rows`` holds every step record of every rank for
+``workbench.metrics()`` (bounded by ``max_rows``: the oldest spilled to a Parquet ``history``
+when the store has one, else dropped and counted); ``series`` holds, per (run, metric, rank), at
+most 2 x ``max_points`` points (:class:`Thinned`), so a redraw costs the same at any step.
+Duplicates (a run, rank and sequence number already seen) are dropped and counted, gaps in a
+rank's sequence numbers counted: "no steps lost" is checked, not assumed.
 """
 
 from __future__ import annotations
@@ -34,11 +22,11 @@ ID_COLUMNS = ("run", "rank", "step", "time", "source")
 
 
 class Thinned:
-    """One plotted line: x/y that keep every ``stride``-th point.
+    """One plotted line: x/y that keep every ``stride``-th point, the stride doubled whenever they
+    pass 2 x ``limit`` points.
 
-    Held as ``array('d')``, 8 bytes a value: as lists of Python numbers a point cost ~60 bytes
-    and one object per value, and a dashboard of many ranks holds ~2 x 1,000 points on each of
-    hundreds of lines (docs/unattended.md, "Hours without growth").
+    Held as ``array('d')``, 8 bytes a value and no object per point: a dashboard of many ranks
+    holds hundreds of lines (docs/unattended.md, "Hours without growth").
     """
 
     __slots__ = ("xs", "ys", "stride", "n", "limit", "_arrays")
@@ -54,11 +42,11 @@ class Thinned:
     def arrays(self):
         """x and y as read-only float64 arrays, for plotting.
 
-        A redraw asks for ~40 lines of up to ~2000 points twice a second; converting the
-        whole lists each time was most of what was left of a redraw's CPU. So the arrays of
-        the last call are extended by the points added since, and rebuilt only after a
-        thinning or a truncation (both replace the lists). Read-only because they are
-        shared: the figure holds the ones it was given.
+        A redraw asks for every line twice a second while a run streams, on the cores the ranks
+        train on: rather than converting the whole lists each time, the arrays of the last call
+        are extended by the points added since, and rebuilt only after a thinning or a
+        truncation (both replace the lists). Read-only because they are shared: the figure holds
+        the ones it was given.
         """
         import numpy as np
 
@@ -235,7 +223,13 @@ class EventStore:
         return row
 
     def _roll_back(self, run: str, rank: int, step: int) -> None:
-        """Move this rank's rows and points of ``run`` from ``step`` on aside (see the module doc)."""
+        """Move this rank's rows and points of ``run`` from ``step`` on aside.
+
+        A trainer step that comes again with a new sequence number is a re-run: a checkpoint was
+        loaded into the running run (a rollback after a NaN), and the trainer goes on from the
+        checkpoint's step. The run as it now stands is what ``metrics()`` and the plots show: the
+        rows from that step on go to ``superseded`` (kept, for a look at what was rolled back)
+        and ``rollbacks`` is counted."""
         self.rollbacks += 1
         kept = deque(maxlen=self.rows.maxlen)
         for r in self.rows:
@@ -252,9 +246,11 @@ class EventStore:
                 line.truncate(step)
 
     def continue_run(self, new_run: str, run: str) -> None:
-        """File ``new_run``'s events under ``run`` from now on: a recovered trainer goes on
-        with the run it replaces, its first step (the loaded checkpoint's next) moves the
-        redone steps aside as a rollback does. Duplicates are still told by the sender's id."""
+        """File ``new_run``'s events under ``run`` from now on: a recovery (``notebook.runs.budget``)
+        rebuilds the trainer on new ranks, which names a new run, and it goes on with the run it
+        replaces; its first step (the loaded checkpoint's next) moves the redone steps aside as a
+        rollback does, so the recovered run is one run with every step once. Duplicates are still
+        told by the sender's id."""
         with self.lock:
             self.aliases[new_run] = self.aliases.get(run, run)
 

@@ -1,13 +1,11 @@
 """The four trackers, each behind the same small interface, all local and offline.
 
-``open(run_name, directory, params)`` (``<session>-<time>``), ``params(dict)``,
-``log(run, step, values, wall)``, ``artifact(folder)`` (where ``has_artifacts``),
-``flush()``, ``where()`` (what to open to read the run) and ``close()``; ``carry()`` ends this
-process's hold on the run without ending the run, returning plain data from which
-``resume(carried)`` in another process (a detached set's keeper, the kernel that attaches)
-writes on into the same run. Each imports its package only when opened (MLflow and W&B take seconds
-to import), and never anything of torch: TensorBoard's event files are written with the
-``tensorboard`` package's own writer and protos, not ``torch.utils.tensorboard``.
+The interface is :class:`Backend`: ``carry()`` ends this process's hold on the run without
+ending it, returning plain data from which ``resume(carried)`` in another process (a detached
+set's keeper, the kernel that attaches) writes on into the same run. Each imports its package
+only when opened (MLflow and W&B take seconds to import), and never anything of torch:
+TensorBoard's event files are written with the ``tensorboard`` package's own writer and protos,
+not ``torch.utils.tensorboard``.
 """
 
 from __future__ import annotations
@@ -23,6 +21,9 @@ class TrackerError(WorkbenchError):
 
 
 class Backend(Protocol):
+    """``open(run_name, directory, params)`` (the run name is ``<session>-<time>``), ``artifact``
+    where ``has_artifacts``, ``where()`` what to open to read the run."""
+
     name: str
     package: str  # the module imported, and the pyproject extra that installs it
     has_artifacts: bool
@@ -141,9 +142,9 @@ class MLflow:
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered values in transactions of up to 1000 (MLflow's limit per batch),
-        when 1000 are waiting, ``WAIT_S`` after the last write, or at the end: a transaction
-        costs MLflow's SQLite store ~0.1-0.5 s here whatever its size, so one per step (or per
-        batch from the ranks) kept up with ~15 steps/s of 2 ranks."""
+        when 1000 are waiting, ``WAIT_S`` after the last write, or at the end: a transaction costs
+        MLflow's SQLite store as much whatever its size (docs/trackers.md, "What it costs"), so
+        one per step (or per batch from the ranks) would fall behind a run."""
         import time
 
         if not (final or len(self.buffer) >= self.BATCH or time.monotonic() - self.written >= self.WAIT_S):

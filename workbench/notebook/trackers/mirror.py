@@ -1,24 +1,11 @@
 """One session's event stream mirrored into one experiment tracker run.
 
-The tracker subscribes to the session's store as the dashboard reads it: every step row
-the store keeps (the workbench's trainer, ``engine.report``, the HF callback) is queued by
-the collector's thread and written by a thread of this tracker, so a slow tracker (MLflow's
-database, W&B's service) never holds up the stream. Rows already in the store when the
-tracker starts are written first: a tracker started after training has the whole run.
-
-A step is written once every rank of the set has reported it (or when it is one of many
-waiting, or at close), as ``<run>/<metric>/rank<r>`` for each rank and
-``<run>/<metric>/mean`` over the ranks that reported it, at the workbench's step: the
-workbench run id leads each name so that a second run in the same session (steps from 1
-again) is a series of its own. Parameters: the session's layout (world size, backend,
-launcher) when the tracker opens, and each run's setup (strategy, model, options) the
-first time the run is seen, under ``<run>/``. Checkpoints saved in the session's folder
-while the tracker runs become artifacts where the tracker has them (looked for every few
-seconds).
-
-A detached set's trackers go with it (:meth:`Tracker.carry`, :meth:`Tracker.resumed`): the
-steps still waiting for a rank go too, and the new process writes only rows that reach its
-store afterwards, so every step lands in the same tracker run once.
+The tracker subscribes to the session's store as the dashboard reads it: every step row the
+store keeps is queued by the collector's thread and written by a thread of this tracker, so a
+slow tracker (MLflow's database, W&B's service) never holds up the stream. Rows already in the
+store come first: a tracker started after training has the whole run. A step is written once
+every rank has reported it (or when many wait, or at close); what is written, under which
+names: docs/trackers.md. A detached set's trackers go with it (:meth:`Tracker.carry`).
 """
 
 from __future__ import annotations
@@ -108,7 +95,9 @@ class Tracker:
     # --------------------------------------------------------------- carried to another process
     def carry(self, timeout: float = 60.0) -> dict:
         """Stop mirroring here without ending the tracker run: everything queued is written,
-        the steps still waiting for a rank are kept; plain data for :meth:`resumed`."""
+        the steps still waiting for a rank are kept; plain data for :meth:`resumed`, whose
+        process writes only rows that reach its store afterwards, so every step lands in the
+        same tracker run once."""
         self._carrying = True
         self._closed.set()
         self.store.unsubscribe(self._offer)

@@ -6,8 +6,8 @@ measures) and draws them (``workbench.notebook.dashboard.timeline_figure``).
 
 from __future__ import annotations
 
-from ..engine import rpc
-from . import api
+from ...engine import rpc
+from .. import api
 
 __all__ = ["records", "timeline", "pipeline_runs", "pipeline_schedule"]
 
@@ -26,7 +26,7 @@ def records(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None)
 
 def timeline(steps: int = 5, *, ranks=None, run: str | None = None, rankset=None):
     """A Gantt chart of the last ``steps`` steps on the selected ranks."""
-    from .dashboard.timeline_figure import timeline_figure
+    from .timeline_figure import timeline_figure
 
     return timeline_figure(records(steps, ranks=ranks, run=run, rankset=rankset))
 
@@ -39,6 +39,6 @@ def pipeline_runs(*, rankset=None) -> list[dict]:
 
 def pipeline_schedule(*, rankset=None):
     """The latest pipeline step as it ran: micro-batch x stage blocks, beside the bubble."""
-    from .dashboard.pipeline_figure import schedule_figure
+    from .pipeline_figure import schedule_figure
 
     return schedule_figure(pipeline_runs(rankset=rankset))

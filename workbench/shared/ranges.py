@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...shared.errors import BadRanks
+from .errors import BadRanks
 
 
 def parse_ranks(text: str | None, world_size: int) -> list[int]:
