@@ -52,6 +52,24 @@ def alive(pids) -> list[int]:
     return out
 
 
+def wait_until(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds. For a test
+    that must wait for something to happen (every rank inside its loop), never for a fixed time."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:g} s: {what}")
+        time.sleep(0.02)
+
+
+def ranks_in_loop(folder, n: int, timeout: float = 60.0) -> None:
+    """Wait until ``n`` ranks wrote their ``in-loop-<rank>`` file in ``folder`` (a cell's loop writes
+    it after its first collective there: every rank is then inside it)."""
+    wait_until(lambda: len(list(pathlib.Path(folder).glob("in-loop-*"))) >= n, timeout, f"{n} ranks in their loop")
+
+
 # the ranks import test helpers (and the test modules whose functions they run) from these;
 # so does this process, where a test uses another tier's helper (test file names are unique)
 RANK_SYS_PATH = tuple(str(ROOT / "tests" / sub) for sub in ("", "unit", "ranks", "notebooks", "gpu"))

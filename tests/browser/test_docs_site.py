@@ -4,15 +4,18 @@ The site is built with Sphinx's ``-W`` (a broken link between pages fails the bu
 from a local HTTP server on 127.0.0.1, and opened in Debian's Chromium: the start page, an
 area page and an executed lab, whose plotly figures must be drawn (an SVG with traces), with
 no console error, no request leaving 127.0.0.1 (the site works offline) and every internal
-link of those pages answering 200; then every other course page, drawn without an error or a
-request off the site. The lab is lab 07 (the planner: no ranks): its executed
-copy comes from the suite's run when there is one, else the build executes it (seconds).
+link of those pages answering 200; then every other course page: executed (a page rendered
+without its executed copy fails, naming it), drawing as many figures as its run drew, without an
+error or a request off the site. The lab is lab 07 (the planner: no ranks): its executed
+copy comes from the suite's run when there is one, else the build executes it (seconds); the
+other notebooks' copies come from the notebook tier, which `make test` runs before this one.
 """
 
 from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +32,44 @@ from .helpers import ROOT, STATE, shot
 
 SITE = STATE / "docs-site"
 START, AREA, LAB = "index.html", "checkpoints.html", "course/notebooks/lab_07_plan_70b.html"
+NOTEBOOKS = ROOT / "notebooks"
+EXECUTED = ROOT / ".state" / "executed-notebooks"  # where the notebook tier keeps its runs (tests/notebook_runs.py)
+UNEXECUTED = "This page shows the notebook unexecuted"  # the note docs/_ext/course.py puts on such a page
+
+
+def expected_figures(stem: str) -> tuple[int, int]:
+    """The plotly figures the suite's run of notebook ``stem`` drew and their traces, counted in its
+    executed copy: its figure outputs, and the figures inside each widget it showed (a dashboard's box
+    of FigureWidgets); (-1, -1) without a copy. The page must draw each, with every trace."""
+    path = EXECUTED / f"{stem}.ipynb"
+    if not path.is_file():
+        return -1, -1
+    nb = json.loads(path.read_text())
+    state = nb.get("metadata", {}).get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    state = state.get("state", {})
+
+    def figures_in(model_id: str, seen: set) -> list[int]:  # the traces of each figure inside the widget
+        model = state.get(model_id)
+        if model is None or model_id in seen:
+            return []
+        seen.add(model_id)
+        body = model.get("state", {})
+        if "_widget_data" in body:  # plotly 6's FigureWidget
+            return [len(body["_widget_data"] or [])]
+        if model.get("model_name") == "FigureModel":  # plotly 5's
+            return [len(body.get("_data") or [])]
+        children = [c for c in body.get("children", []) if isinstance(c, str) and c.startswith("IPY_MODEL_")]
+        return [n for c in children for n in figures_in(c.removeprefix("IPY_MODEL_"), seen)]
+
+    traces: list[int] = []
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            data = out.get("data") or {}
+            if "application/vnd.plotly.v1+json" in data:
+                traces.append(len(data["application/vnd.plotly.v1+json"].get("data", [])))
+            elif "application/vnd.jupyter.widget-view+json" in data:
+                traces += figures_in(data["application/vnd.jupyter.widget-view+json"].get("model_id", ""), set())
+    return len(traces), sum(traces)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -117,13 +158,30 @@ def test_start_area_and_lab_pages_draw_offline_and_their_links_answer(site, play
                 assert checked.get(student.first.evaluate("a => a.href").split("#")[0]) == 200
                 figures.first.scroll_into_view_if_needed()
                 shot(page, "docs_site_lab_07")
-        # every course page (what the notebooks printed and drew, as rendered): drawn without an
-        # error and without asking the network, e.g. for a plotly.js or MathJax on a CDN
-        for lab in sorted((SITE / "course" / "notebooks").glob("*.html")):
+        # every course page (what the notebooks printed and drew, as rendered): executed, each figure
+        # its run drew there and drawn, without an error and without asking the network, e.g. for a
+        # plotly.js or MathJax on a CDN
+        pages = sorted((SITE / "course" / "notebooks").glob("*.html"))
+        assert {p.stem for p in pages} == {p.stem for p in NOTEBOOKS.glob("*.ipynb")}, pages
+        unexecuted, figures_seen = [], {}
+        for lab in pages:
             before = len(console)
             page.goto(f"{site}course/notebooks/{lab.name}", wait_until="load")
-            drawn = page.evaluate("[...document.querySelectorAll('.plotly-figure')].every(d => d.querySelector('svg'))")
-            assert drawn and len(console) == before, (lab.name, console[before:])
+            if UNEXECUTED in page.inner_text("article"):
+                unexecuted.append(lab.stem)
+                continue
+            drawn = page.evaluate(  # per figure: drawn (its SVG is there), and the traces it was given
+                "[...document.querySelectorAll('.plotly-figure')].map(d => [!!d.querySelector('svg.main-svg'), "
+                "(d.data || []).length])"
+            )
+            figures_seen[lab.stem] = ((len(drawn), sum(n for _, n in drawn)), expected_figures(lab.stem))
+            assert all(svg for svg, _ in drawn) and len(console) == before, (lab.name, drawn, console[before:])
+        assert unexecuted == [], (
+            f"course pages rendered unexecuted (no executed copy in {EXECUTED}: the notebook tier writes them, "
+            f"run it first): {unexecuted}"
+        )
+        wrong = {stem: seen for stem, seen in figures_seen.items() if seen[0] != seen[1]}
+        assert wrong == {}, f"(figures, traces) on the page against those its run drew: {wrong}"
         broken = {url: status for url, status in checked.items() if status != 200}
         assert broken == {}, broken
         assert outside == [], f"the site asked the network for: {outside}"

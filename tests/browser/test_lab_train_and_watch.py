@@ -51,8 +51,6 @@ def _longer_copy() -> str:
 
 
 def test_loss_plot_renders_and_gains_points(page, lab):
-    if not (ROOT / NOTEBOOK).exists():
-        pytest.skip(f"{NOTEBOOK} is not there yet")
     before = hashlib.sha256((ROOT / NOTEBOOK).read_bytes()).hexdigest()
     open_notebook(page, lab, _longer_copy())
     run_all_cells(page)

@@ -2,7 +2,7 @@
 
 Both are started by the tests and torn down by them (by the pids and names they made);
 the suite skips them, saying why, on a machine without the packages or without root
-(``.ci/run`` installs ``slurm-wlm munge openssh-server``).
+(``.ci/run`` installs them, and under ``CI=true`` the suite's runner fails on such a skip).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def _skip_reason() -> str | None:
         return "the cluster daemons (munged, slurmd, a network namespace) need root"
     missing = missing_tools()
     if missing:
-        return f"not installed: {', '.join(missing)} (apt-get install slurm-wlm munge openssh-server)"
+        packages = sorted({m.split("(")[1].rstrip(")") for m in missing})
+        return f"not installed: {', '.join(missing)} (apt-get install {' '.join(packages)}; .ci/run installs them)"
     return None
 
 

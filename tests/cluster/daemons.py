@@ -75,9 +75,30 @@ def end_leftovers(pids, timeout: float = 10.0) -> dict[int, str]:
     return left
 
 
+# each tool the tier runs, with the Debian package that has it; found where the tests run it
+# from: on PATH, or at the full path for the two daemons started by theirs
+TOOLS = {
+    "munged": "munge",
+    "slurmctld": "slurm-wlm",
+    "slurmd": "slurm-wlm",
+    "sbatch": "slurm-wlm",
+    "squeue": "slurm-wlm",
+    "scancel": "slurm-wlm",
+    "sshd": "openssh-server",
+    "ssh": "openssh-client",
+    "ip": "iproute2",
+    "unshare": "util-linux",
+}
+BY_PATH = {"munged": "/usr/sbin/munged", "sshd": "/usr/sbin/sshd"}
+
+
 def missing_tools() -> list[str]:
-    tools = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sshd", "ssh", "ip", "unshare")
-    return [t for t in tools if not (shutil.which(t) or os.path.exists(f"/usr/sbin/{t}"))]
+    """The tools of :data:`TOOLS` not where the tests run them from, each as ``tool (package)``."""
+    return [
+        f"{t} ({pkg})"
+        for t, pkg in TOOLS.items()
+        if not (os.access(BY_PATH[t], os.X_OK) if t in BY_PATH else shutil.which(t))
+    ]
 
 
 def _spawn(args, log: pathlib.Path, env=None) -> subprocess.Popen:

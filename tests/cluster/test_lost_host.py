@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import alive as _alive
+from conftest import ranks_in_loop
 
 from workbench.notebook import api, metrics, training
 from workbench.notebook import checkpoints as ck
@@ -26,10 +27,11 @@ PROFILE = ROOT / ".state" / "test" / "lost-host-profile"
 
 # a collective every 50 ms across both hosts until the cell is ended
 ALL_REDUCE_LOOP = """
-import time, torch, torch.distributed as dist
+import os, time, torch, torch.distributed as dist
 while True:
     t = torch.ones(1)
     dist.all_reduce(t)
+    open(os.path.join({folder!r}, f"in-loop-{{dist.get_rank()}}"), "w").close()  # every rank in the loop
     time.sleep(0.05)
 """
 
@@ -55,13 +57,15 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
     return _alive(pids)
 
 
-def test_a_lost_host_is_named_in_seconds_nothing_hangs_and_restart_uses_the_host_left(second_host, fresh_ranks, capsys):
+def test_a_lost_host_is_named_in_seconds_nothing_hangs_and_restart_uses_the_host_left(
+    second_host, fresh_ranks, capsys, tmp_path
+):
     rs = _two_hosts(fresh_ranks, second_host)
     host = second_host.hostname
     over_there = [p.pid for p in rs.procs if not p.local]
     assert [p.host for p in rs.procs[2:]] == [host, host] and len(over_there) == 2
-    call = rs.execute_async(ALL_REDUCE_LOOP)
-    time.sleep(1.0)  # the loop runs: every rank in a collective with the other host
+    call = rs.execute_async(ALL_REDUCE_LOOP.format(folder=str(tmp_path)))
+    ranks_in_loop(tmp_path, 4)  # every rank in a collective with the other host
     try:
         t0 = time.monotonic()
         down = time.time()

@@ -7,8 +7,9 @@ Each test runs in a spawned world-size-1 NCCL rank (``one_gpu``). Losses are com
 steps with the same model without the feature: fp8 against bf16 (4% per step, 2% at the
 last: fp8's 3-bit mantissa on top of bf16's 8), CUDA graphs against eager (2e-2 relative:
 the same kernels fused differently), NVMe offload against plain ZeRO-3 (1e-3: the same
-arithmetic, only where the state lives differs), ZeRO++'s int8 weights / int4 gradients
-against plain ZeRO-3 (5%).
+arithmetic, only where the state lives differs); ZeRO++'s options reaching the engine, its int8
+quantizer on a weight, and its losses against plain ZeRO-3 (5%: at world size 1 the quantized
+collectives do not run, so that is all one GPU shows).
 """
 
 import os
@@ -60,7 +61,8 @@ def fp8_vs_bf16():
         out[recipe] = losses
         out[f"{recipe}_converted"] = sum(isinstance(m, Float8Linear) for m in model.modules())
     # composed with FSDP2: tensorwise weights all-gathered in fp8
-    out["fsdp2_tensorwise"], out["fsdp2_notes"], _ = _losses("fsdp2 fp8=tensorwise dtype=bf16")
+    out["fsdp2_tensorwise"], out["fsdp2_notes"], model = _losses("fsdp2 fp8=tensorwise dtype=bf16")
+    out["fsdp2_tensorwise_converted"] = sum(isinstance(m, Float8Linear) for m in model.modules())
     return out
 
 
@@ -71,9 +73,10 @@ def test_fp8_trains_within_tolerance_of_bf16_or_is_refused_below_sm89():
         return
     assert any("weights all-gathered in fp8" in n for n in r["fsdp2_notes"])
     for recipe in ("tensorwise", "rowwise", "fsdp2_tensorwise"):
-        assert r.get(f"{recipe}_converted", 14) == 14
+        assert r[f"{recipe}_converted"] == 14, (recipe, r[f"{recipe}_converted"])  # every block linear
         rel = _rel(r[recipe], r["bf16"])
         assert max(rel) < 0.04 and rel[-1] < 0.02, (recipe, rel)
+        assert max(rel) > 1e-4, (recipe, rel)  # the casts really ran: fp8 is not bf16
 
 
 def cuda_graphs_vs_eager():
@@ -167,13 +170,37 @@ def test_zero_infinity_nvme_offload_matches_plain_zero3(tmp_path):
 
 
 def zero_plus_plus():
+    from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer
+
+    from workbench.models import GPT, GPTConfig, TextDataset, batches
+    from workbench.strategies import prepare
+
     plain = _losses("zero stage=3 via=native", ZERO_CFG)[0]
-    quant = _losses("zero stage=3 quantized_weights=true quantized_gradients=true", ZERO_CFG)[0]
-    return {"plain": plain, "quant": quant}
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(**ZERO_CFG))
+    weight = next(p for n, p in model.named_parameters() if p.dim() == 2 and p.numel() % 64 == 0).detach().clone()
+    p = prepare(
+        model, lambda ps: torch.optim.AdamW(ps, lr=3e-3), "zero stage=3 quantized_weights=true quantized_gradients=true"
+    )
+    quant = [p.train_step(b) for b in batches(TextDataset(32), 8, 0, 1, seed=1, steps=STEPS)]
+    engine = p.model
+    options = {"weights": engine.zero_quantized_weights(), "gradients": engine.zero_quantized_gradients()}
+    # ZeRO++'s int8 block quantizer (the kernels qwZ all-gathers with) on one of the model's weights
+    q = CUDAQuantizer()
+    w = weight.cuda()
+    back = q.dequantize(*q.quantize(w), dtype=torch.float32)
+    p.close()
+    err = float((back - w).norm() / w.norm())
+    return {"plain": plain, "quant": quant, "options": options, "roundtrip_rel": err}
 
 
-def test_zero_plus_plus_quantized_weights_and_gradients_train_like_plain_zero3():
-    """At world size 1 the collectives are trivial; this checks the quantizer kernels build and
-    the engine trains (hpz needs 2+ GPUs and is not in this one-GPU check)."""
+def test_zero_plus_plus_options_reach_the_engine_and_its_int8_quantizer_runs_on_one_gpu():
+    """What one GPU can show of ZeRO++: the options reach DeepSpeed's engine (not dropped on the way),
+    the engine trains like plain ZeRO-3, and the quantizer kernels qwZ uses are built and quantize a
+    weight to int8 (a small error that is not zero). The quantized collectives themselves do not run
+    at world size 1 (DeepSpeed skips the weight all-gather of an unpartitioned parameter, and qgZ
+    needs 2+ nodes), so their numerics are not checked here: that needs 2+ GPUs."""
     r = on_one_gpu(zero_plus_plus, timeout=190)
+    assert r["options"] == {"weights": True, "gradients": True}, r["options"]
     assert max(_rel(r["quant"], r["plain"])) < 0.05, (r["quant"], r["plain"])
+    assert 1e-4 < r["roundtrip_rel"] < 0.02, r["roundtrip_rel"]  # int8 blocks: lossy, and close

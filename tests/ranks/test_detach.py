@@ -494,7 +494,7 @@ MARK = {mark!r}
 def rebuild():  # a notebook's own function: no module to import it from
     with open(MARK, "a") as f:
         f.write("ran ")
-    training.setup("ddp", model="tiny")
+    training.setup("ddp", model="tiny", lr=2e-3)
 
 training.start(5, max_failures=1, setup=rebuild, rankset=rs)
 training.wait(rankset=rs, timeout=120)
@@ -530,9 +530,17 @@ def test_a_recovery_setup_function_travels_to_the_keeper_and_back_and_one_that_c
         sess = handoff.attach("fsetup")  # the function went to the keeper and comes back from it
         assert callable(sess.setup.given) and sess.setup.given.__name__ == "rebuild"
         assert not mark.exists()
+        from workbench.notebook import training
+
+        trained = training.status(rankset=sess.rankset)  # the trainers that took the runs' steps
+        assert [s["state"] for s in trained] == ["finished"] * 2 and min(s["step"] for s in trained) > 0, trained
         sess.setup.given()  # what a recovery runs: it rebuilds the trainer on the ranks
         assert mark.read_text() == "ran "
-        assert sess.setup.recipe["strategy"] == "ddp"
+        # a new trainer on every rank (idle at step 0 under a new run id), built as rebuild() says, and recorded here
+        rebuilt = training.status(rankset=sess.rankset)
+        assert [(s["state"], s["step"]) for s in rebuilt] == [("idle", 0)] * 2, rebuilt
+        assert len({s["run"] for s in rebuilt}) == 1 and rebuilt[0]["run"] not in {s["run"] for s in trained}
+        assert sess.setup.recipe == {"strategy": "ddp", "model": "tiny", "lr": 2e-3}
     finally:
         if sess is not None and sess.running:
             from workbench.notebook import api

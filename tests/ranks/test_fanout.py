@@ -11,6 +11,7 @@ import re
 import time
 
 import pytest
+from conftest import ranks_in_loop
 
 from workbench.shared import wire
 from workbench.shared.errors import RankFailure
@@ -153,15 +154,17 @@ def test_output_marker_follows_output_only_for_ranks_that_printed(fanned):
 
 
 ALL_REDUCE_LOOP = """
-import torch, torch.distributed as dist
+import os, torch, torch.distributed as dist
 t = torch.ones(1)
-for _ in range(100000):
+for i in range(100000):
     dist.all_reduce(t)
     t.fill_(1)
+    if i == 0:  # every rank is in the loop
+        open(os.path.join({folder!r}, f"in-loop-{{dist.get_rank()}}"), "w").close()
 """
 
 
-def test_a_rank_killed_during_a_fanned_call_is_named_and_the_survivors_answer_after(fresh_ranks):
+def test_a_rank_killed_during_a_fanned_call_is_named_and_the_survivors_answer_after(fresh_ranks, tmp_path):
     """The tree's reply never comes when a rank dies (it waits for every rank): the death is
     seen by pid as on the direct path, and the survivors take new calls once out of their collective."""
     import os
@@ -171,8 +174,8 @@ def test_a_rank_killed_during_a_fanned_call_is_named_and_the_survivors_answer_af
 
     rs = fresh_ranks(4, collective_timeout=6)
     rs.fanout_from = 0
-    call = rs.execute_async(ALL_REDUCE_LOOP)
-    time.sleep(1.0)
+    call = rs.execute_async(ALL_REDUCE_LOOP.format(folder=str(tmp_path)))
+    ranks_in_loop(tmp_path, 4)
     victim = rs.procs[2].pid
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(RankDied) as err:

@@ -6,30 +6,37 @@ import signal
 import time
 
 import pytest
-from conftest import alive
+from conftest import alive, ranks_in_loop
 
 from workbench.notebook import api
 from workbench.notebook.cluster import RankDied
 
 ALL_REDUCE_LOOP = """
-import torch, torch.distributed as dist
+import os, torch, torch.distributed as dist
 t = torch.ones(1)
-for _ in range(100000):
+for i in range(100000):
     dist.all_reduce(t)
     t.fill_(1)
+    if i == 0:  # every rank is in the loop
+        open(os.path.join({folder!r}, f"in-loop-{{dist.get_rank()}}"), "w").close()
 """
 
+# the README: a killed rank is "named within about half a second": a 0.1 s poll sees the death, then
+# the survivors get 0.4 s to report their own errors (measured 0.50-0.60 s, docs/failures.md)
+NAMED_WITHIN_S = 0.7
 
-def test_sigkill_is_reported_by_rank_and_restart_recovers(fresh_ranks):
+
+def test_sigkill_is_reported_by_rank_and_restart_recovers(fresh_ranks, tmp_path):
     rs = fresh_ranks(4, collective_timeout=6)
     victim = rs.procs[2].pid
-    call = rs.execute_async(ALL_REDUCE_LOOP)
-    time.sleep(1.0)
+    call = rs.execute_async(ALL_REDUCE_LOOP.format(folder=str(tmp_path)))
+    ranks_in_loop(tmp_path, 4)
     os.kill(victim, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(RankDied) as err:
         call.result()
-    assert time.monotonic() - t0 < 1.0  # the README: named within about half a second
+    named = time.monotonic() - t0
+    assert named < NAMED_WITHIN_S, named
     assert f"rank 2 (host {rs.procs[2].host}, pid {victim}) killed by SIGKILL" in str(err.value)
     rows = api.status()
     assert rows[2]["state"] == "dead" and rows[2]["exit"] == "killed by SIGKILL"

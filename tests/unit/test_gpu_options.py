@@ -63,7 +63,8 @@ def test_cuda_graphs_refusals():
 def test_zero_infinity_and_zero_plus_plus_make_deepspeeds_configuration():
     s = StrategySpec.parse(
         "zero stage=3 offload_param=nvme offload_optimizer=nvme nvme_path=/mnt/NVMe0/swap "
-        "nvme_buffer_count=6 nvme_buffer_size=50000000 quantized_weights=true quantized_gradients=true hpz=2"
+        "nvme_buffer_count=6 nvme_buffer_size=50000000 nvme_max_in_cpu=0 quantized_weights=true "
+        "quantized_gradients=true hpz=2"
     ).validate(4, device_type="cuda")
     assert s.nvme_path == "/mnt/NVMe0/swap"  # a folder keeps its case
     z = deepspeed_config(s, world_size=4)["zero_optimization"]
@@ -73,6 +74,7 @@ def test_zero_infinity_and_zero_plus_plus_make_deepspeeds_configuration():
         "nvme_path": "/mnt/NVMe0/swap",
         "buffer_count": 6,
         "buffer_size": 50000000,
+        "max_in_cpu": 0,
     }
     assert z["offload_optimizer"] == {
         "device": "nvme",
@@ -99,6 +101,14 @@ def test_zero_option_refusals():
         "offload_optimizer needs ZeRO stage 3 (partitioned parameters), not stage 2; use 'zero stage=3 ...'"
     )
     assert "nothing offloaded to it" in refused("zero stage=3 nvme_path=/x", device="cuda")
+    assert refused("zero stage=3 offload_optimizer=nvme nvme_path=/x nvme_max_in_cpu=0") == (
+        "nvme_max_in_cpu is how many parameter elements offload_param=nvme keeps in memory: "
+        "add offload_param=nvme, or drop it"
+    )
+    assert "parameter elements kept in memory, 0 or more" in refused(
+        "zero stage=3 offload_param=nvme nvme_path=/x nvme_max_in_cpu=-1"
+    )
+    assert refused("fsdp2 nvme_max_in_cpu=0").startswith("nvme_max_in_cpu is a DeepSpeed ZeRO option")
     assert refused("fsdp2 hpz=2") == "hpz is a DeepSpeed ZeRO option; use 'zero stage=3 ...', or drop it"
     assert "hpz=3 must divide the 4 ZeRO ranks" in refused("zero stage=3 hpz=3", device="cuda")
     assert "ZeRO++'s quantizer kernels are CUDA only" in refused("zero stage=3 quantized_weights=true")

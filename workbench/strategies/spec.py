@@ -35,7 +35,15 @@ VIA = ("auto", "native", "accelerate")
 FP8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao float8 training recipes
 FP8_KINDS = ("none", "ddp", "fsdp2", "tp", "fsdp2_tp")
 OFFLOAD = ("none", "cpu", "nvme")  # DeepSpeed's offload_param / offload_optimizer devices
-ZERO_ONLY = ("offload_param", "offload_optimizer", "nvme_path", "quantized_weights", "quantized_gradients", "hpz")
+ZERO_ONLY = (
+    "offload_param",
+    "offload_optimizer",
+    "nvme_path",
+    "nvme_max_in_cpu",
+    "quantized_weights",
+    "quantized_gradients",
+    "hpz",
+)
 KIND_HELP = {
     "none": "no parallelism: every rank trains its own full copy",
     "ddp": "DistributedDataParallel: full replicas, gradients all-reduced (dp_replicate = all ranks)",
@@ -99,6 +107,9 @@ class StrategySpec:
     nvme_path: str | None = None  # the folder on a fast local disk that NVMe offload swaps into
     nvme_buffer_count: int = 5  # parameter swap buffers of nvme_buffer_size elements each
     nvme_buffer_size: int = 100_000_000
+    # parameter elements DeepSpeed keeps in host memory with offload_param=nvme (its max_in_cpu):
+    # a model under it is read from disk once and then trains from memory; 0 swaps every use
+    nvme_max_in_cpu: int = 1_000_000_000
     quantized_weights: bool = False  # ZeRO++ qwZ: int8 weight all-gather
     quantized_gradients: bool = False  # ZeRO++ qgZ: int4 gradient reduce-scatter
     hpz: int = 1  # ZeRO++ hpZ: a secondary weight copy sharded within groups of this many ranks
@@ -297,6 +308,13 @@ def _check_zero_options(s: StrategySpec) -> None:
         raise SpecError("nvme_path given but nothing offloaded to it: add offload_optimizer=nvme / offload_param=nvme")
     if s.nvme_buffer_count < 1 or s.nvme_buffer_size < 1:
         raise SpecError("nvme_buffer_count and nvme_buffer_size must be positive (buffers, elements per buffer)")
+    if s.nvme_max_in_cpu < 0:
+        raise SpecError(f"nvme_max_in_cpu={s.nvme_max_in_cpu}: parameter elements kept in memory, 0 or more")
+    if s.nvme_max_in_cpu != defaults["nvme_max_in_cpu"] and s.offload_param != "nvme":
+        raise SpecError(
+            "nvme_max_in_cpu is how many parameter elements offload_param=nvme keeps in memory: "
+            "add offload_param=nvme, or drop it"
+        )
     stage3 = [n for n in ("quantized_weights", "quantized_gradients") if getattr(s, n)]
     stage3 += ["offload_param"] if s.offload_param != "none" else []
     stage3 += nvme if "offload_optimizer" in nvme else []

@@ -164,7 +164,10 @@ def infinity_config(spec) -> dict:
         zero["offload_param"] = {"device": spec.offload_param, "pin_memory": True}
         if spec.offload_param == "nvme":
             zero["offload_param"].update(
-                nvme_path=spec.nvme_path, buffer_count=spec.nvme_buffer_count, buffer_size=spec.nvme_buffer_size
+                nvme_path=spec.nvme_path,
+                buffer_count=spec.nvme_buffer_count,
+                buffer_size=spec.nvme_buffer_size,
+                max_in_cpu=spec.nvme_max_in_cpu,
             )
     if spec.quantized_weights:
         zero["zero_quantized_weights"] = True  # qwZ: block-quantized int8 weights all-gathered
@@ -206,6 +209,11 @@ def deepspeed_config(spec, *, world_size: int, n_params: int | None = None) -> d
         if spec.zero_stage == 3:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     zero.update(infinity_config(spec))
+    if spec.offload_param == "nvme":
+        # DeepSpeed's NVMe prefetch swaps in a parameter whose read is already in flight and stops
+        # at its own assertion ("param N already assigned swap buffer id K") once parameters are
+        # read from disk during training (past nvme_max_in_cpu); each is then read when it is used
+        zero["stage3_prefetch_bucket_size"] = 0
     cfg = {
         "train_micro_batch_size_per_gpu": 1,  # bookkeeping only: batches come from the caller
         "gradient_accumulation_steps": 1,

@@ -333,9 +333,12 @@ class FailureBudget(Run):
         from .resume import restart_from_checkpoint
 
         self._set("recovering")
-        steps = self.store.last_steps(self.run_id)
         sess = self.sess
         rs = sess.rankset
+        if sess.stream.collector is not None and sess.stream.listening_to is rs:
+            # the survivors' steps already sent (their window's batch) count: the run's step at the failure
+            sess.stream.collector.drain(quiet=0.2, limit=2.0)
+        steps = self.store.last_steps(self.run_id)
         rec = {
             "run": self.run_id,
             "run_kind": self.kind,
@@ -366,8 +369,6 @@ class FailureBudget(Run):
                 if self.watchdog is not None:
                     self.watchdog.close()
                 size = shrink(sess, rs)  # {} unless a host is lost (whatever was seen first)
-                if sess.stream.collector is not None and sess.stream.listening_to is rs:
-                    sess.stream.collector.drain(quiet=0.2, limit=2.0)  # what reached the notebook is in the store
                 info = restart_from_checkpoint(sess, None, which, root=root, before_load=before_load, **size)
                 new_rs = sess.rankset
                 left = self.target - int(info["step"])

@@ -10,8 +10,10 @@ rank's sequence numbers counted: "no steps lost" is checked, not assumed.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from array import array
 from collections import deque
 
 from ...shared import events
@@ -20,14 +22,18 @@ ID_COLUMNS = ("run", "rank", "step", "time", "source")
 
 
 class Thinned:
-    """One plotted line: x/y lists that keep every ``stride``-th point, the stride doubled whenever
-    they pass 2 x ``limit`` points."""
+    """One plotted line: x/y that keep every ``stride``-th point, the stride doubled whenever they
+    pass 2 x ``limit`` points.
+
+    Held as ``array('d')``, 8 bytes a value and no object per point: a dashboard of many ranks
+    holds hundreds of lines (docs/unattended.md, "Hours without growth").
+    """
 
     __slots__ = ("xs", "ys", "stride", "n", "limit", "_arrays")
 
     def __init__(self, limit: int):
-        self.xs: list = []
-        self.ys: list = []
+        self.xs = array("d")
+        self.ys = array("d")
         self.stride = 1
         self.n = 0
         self.limit = limit
@@ -50,10 +56,11 @@ class Thinned:
             have = len(cached[0])
             if have == n:
                 return cached[0], cached[1]
-            xs = np.concatenate([cached[0], np.asarray(self.xs[have:], dtype=np.float64)])
-            ys = np.concatenate([cached[1], np.asarray(self.ys[have:], dtype=np.float64)])
+            # copies: an array('d') cannot grow while numpy holds a view of its buffer
+            xs = np.concatenate([cached[0], np.array(self.xs[have:], dtype=np.float64)])
+            ys = np.concatenate([cached[1], np.array(self.ys[have:], dtype=np.float64)])
         else:
-            xs, ys = np.asarray(self.xs, dtype=np.float64), np.asarray(self.ys, dtype=np.float64)
+            xs, ys = np.array(self.xs, dtype=np.float64), np.array(self.ys, dtype=np.float64)
         xs.flags.writeable = ys.flags.writeable = False
         self._arrays = (xs, ys, self.xs)
         return xs, ys
@@ -180,7 +187,8 @@ class EventStore:
         self._last_seq[key] = max(e["seq"], last if last is not None else -1)
 
     def _add_step(self, e: dict) -> dict | None:
-        key = (e.get("sent_as", e["run"]), e["rank"], e["seq"])
+        # the run id shared by every key (each event decodes its own copy of the string)
+        key = (sys.intern(e.get("sent_as", e["run"])), e["rank"], e["seq"])
         if key in self._seen:
             self.duplicates += 1
             return None
@@ -194,13 +202,14 @@ class EventStore:
         if e["source"] == "trainer":
             self._trainer_step[(e["run"], e["rank"])] = e["step"]
         flat = events.flat_metrics(e)
-        row = {"run": e["run"], "rank": e["rank"], "step": e["step"], "time": e["time"], "source": e["source"], **flat}
+        run = sys.intern(e["run"])  # one string for every row of the run
+        row = {"run": run, "rank": e["rank"], "step": e["step"], "time": e["time"], "source": e["source"], **flat}
         self.rows.append(row)
         self._n_rows += 1
         if self.history is not None and len(self.rows) > self.window:
             self.history.add_row(self.rows.popleft())
             self.spilled += 1
-        run, rank, step = e["run"], e["rank"], e["step"]
+        rank, step = e["rank"], e["step"]
         self.last_step[(run, rank)] = (
             step if e["source"] == "trainer" else max(step, self.last_step.get((run, rank), 0))
         )
