@@ -57,6 +57,9 @@ def test_the_watch_names_a_notebook_import_made_outside_the_tests():
     named = {(origin, name) for name, origin, _ in breaches}
     assert {origin for origin, _ in named} == {name for name, _, _ in rank_code}, breaches  # each one, no test
     for origin, _, _ in rank_code:
-        assert (origin, "workbench.notebook.dashboard.timelines" if origin != "rank_package" else "workbench.notebook") in named
+        assert (
+            origin,
+            "workbench.notebook.dashboard.timelines" if origin != "rank_package" else "workbench.notebook",
+        ) in named
     assert all(place.startswith(f"/srv/{origin}.py:") for _, origin, place in breaches)
     assert not any(name.startswith("plotly") for name, _, _ in breaches)
