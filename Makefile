@@ -73,9 +73,13 @@ RANKS_64 := tests/ranks/test_scale_64.py
 UNTIMED := $(addprefix !,$(RANKS_TIMED) $(NOTEBOOKS_TIMED) $(RANKS_64))
 # detach's kernels and keepers (~6 min) run in the first stream: a-f alone was the longest group
 RANKS_DETACH := tests/ranks/test_detach.py
+# and the dry runs (~3 min: 512 ranks' positions on fake tensors, and the 8 live ranks beside them)
+RANKS_DRY := tests/ranks/test_dry_run.py tests/ranks/test_dry_run_live.py
 TEST_STREAM_1 := unit=tests/unit,gpu=tests/gpu,top=tests/test_*.py,ranks-l=tests/ranks/test_l*.py,install=tests/install,\
-	ranks-g-k=tests/ranks/test_[g-k]*.py $(UNTIMED),ranks-m-p=tests/ranks/test_[m-p]*.py $(UNTIMED),ranks-detach=$(RANKS_DETACH)
-TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED) !$(RANKS_DETACH),ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED)
+	ranks-g-k=tests/ranks/test_[g-k]*.py $(UNTIMED),ranks-m-p=tests/ranks/test_[m-p]*.py $(UNTIMED),ranks-detach=$(RANKS_DETACH),\
+	ranks-dry=$(RANKS_DRY)
+TEST_STREAM_2 := ranks-a-f=tests/ranks/test_[a-f]*.py $(UNTIMED) !$(RANKS_DETACH) $(addprefix !,$(RANKS_DRY)),\
+	ranks-q-z=tests/ranks/test_[q-z]*.py $(UNTIMED)
 # One pytest process across tiers, as a contributor selects tests: a test that leaves a session,
 # a rank set or a process behind for the next one (hidden by one process per tier) fails here.
 TEST_MIXED := tests/unit/test_boundaries.py::test_import_workbench_alone_loads_nothing_but_the_package tests/ranks/test_flag_walk.py::test_named_set_flags \

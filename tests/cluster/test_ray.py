@@ -266,7 +266,7 @@ def test_the_failure_budget_brings_a_ray_run_back_in_a_new_placement_group(ray_n
     pg = rs.launcher.pg
     training.setup("ddp", rankset=rs)
     ck.autosave(10, keep=2, async_=False, root=str(tmp_path), rankset=rs)
-    api.run(KILL_HOOK.format(at=15), ranks=[1], display=False)
+    api.run(KILL_HOOK.format(at=15, flush=""), ranks=[1], display=False)
     training.start(40, max_failures=1, rankset=rs)
     assert training.wait(timeout=600) == {0: "finished", 1: "finished"}  # only waiting
     sess = api.session()
