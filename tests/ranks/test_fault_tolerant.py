@@ -29,6 +29,9 @@ QUORUM_TIMEOUT = 2.0
 # the survivors' longest wait: the quorum timeout, and at most this much more (measured: 0.03-0.14 s
 # more, docs/unattended.md)
 GAP_SLACK = 0.5
+# ... and at least this much less: the lighthouse's wait begins at the first request of the quorum,
+# which can come before rank 0's step is stamped (1.97 s seen once, the machine loaded by a spare's imports)
+GAP_EARLY = 0.1
 # a replacement's time from the spare: new processes forked, registered, connected and started on the
 # run (measured 3.4-10.2 s on the 2-core machine under other runs' load, docs/unattended.md)
 RESTART_MAX = 12.0
@@ -118,7 +121,7 @@ def test_survivors_keep_stepping_and_the_lost_replica_heals_from_a_peer(fresh_ra
             f"{QUORUM_TIMEOUT:g} s; replica 1 restarted in {rec['restart_s']:.1f} s (from the spare), rejoined at "
             f"step {rec['checkpoint_step']}, {rec['rejoined_s']:.1f} s after the kill; {len(alone)} steps alone"
         )
-    assert QUORUM_TIMEOUT <= longest <= QUORUM_TIMEOUT + GAP_SLACK, longest
+    assert QUORUM_TIMEOUT - GAP_EARLY <= longest <= QUORUM_TIMEOUT + GAP_SLACK, longest
     assert -1.0 <= began <= 0.5, began  # the gap is the failure's, not a stall before or after it
     # a replacement from the spare (forked from it, registered, connected, started on the run) is quick
     assert rec["restart_s"] <= RESTART_MAX, rec
@@ -438,7 +441,7 @@ def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_pe
             f"{rec['rejoined_s']:.1f} s after the kill; {len(alone)} steps alone; "
             f"shard {held[0]['shard_bytes']} of {full} parameter bytes per rank"
         )
-    assert QUORUM_TIMEOUT <= longest <= QUORUM_TIMEOUT + GAP_SLACK and -1.0 <= began <= 0.5, (longest, began)
+    assert QUORUM_TIMEOUT - GAP_EARLY <= longest <= QUORUM_TIMEOUT + GAP_SLACK and -1.0 <= began <= 0.5, (longest, began)
     # replica 0 kept stepping while replica 1 was away, from the failure until replica 1 healed
     assert [v for i, v in enumerate(quorum) if i == 0 or v != quorum[i - 1]] == [2, 1, 2], quorum
     assert alone == list(range(alone[0], rec["checkpoint_step"] + 1)) and len(alone) >= 2, (alone, rec)
