@@ -441,7 +441,10 @@ def test_hsdp_replicas_shard_the_model_and_a_lost_one_heals_its_shards_from_a_pe
             f"{rec['rejoined_s']:.1f} s after the kill; {len(alone)} steps alone; "
             f"shard {held[0]['shard_bytes']} of {full} parameter bytes per rank"
         )
-    assert QUORUM_TIMEOUT - GAP_EARLY <= longest <= QUORUM_TIMEOUT + GAP_SLACK and -1.0 <= began <= 0.5, (longest, began)
+    assert QUORUM_TIMEOUT - GAP_EARLY <= longest <= QUORUM_TIMEOUT + GAP_SLACK and -1.0 <= began <= 0.5, (
+        longest,
+        began,
+    )
     # replica 0 kept stepping while replica 1 was away, from the failure until replica 1 healed
     assert [v for i, v in enumerate(quorum) if i == 0 or v != quorum[i - 1]] == [2, 1, 2], quorum
     assert alone == list(range(alone[0], rec["checkpoint_step"] + 1)) and len(alone) >= 2, (alone, rec)
