@@ -12,6 +12,8 @@ import os
 import struct
 from dataclasses import dataclass
 
+from .ranges import format_ranks
+
 MAGIC = b"WBFR"
 VERSION = 1
 SLOTS = 64
@@ -84,15 +86,7 @@ class Record:
 
 def group_label(ranks: list[int]) -> str:
     """``ranks 0-3,6``: a subgroup by its members (the world group is ``world``)."""
-    ranks = sorted(ranks)
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return "ranks " + ",".join(parts)
+    return "ranks " + format_ranks(ranks)
 
 
 def members(label: str) -> list[int] | None:

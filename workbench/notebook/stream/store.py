@@ -187,8 +187,10 @@ class EventStore:
         self._last_seq[key] = max(e["seq"], last if last is not None else -1)
 
     def _add_step(self, e: dict) -> dict | None:
-        # the run id shared by every key (each event decodes its own copy of the string)
-        key = (sys.intern(e.get("sent_as", e["run"])), e["rank"], e["seq"])
+        # one run-id string for every key and row of the run (each event decodes its own copy)
+        run = sys.intern(e["run"])
+        sent = e.get("sent_as")
+        key = (run if sent is None else sys.intern(sent), e["rank"], e["seq"])
         if key in self._seen:
             self.duplicates += 1
             return None
@@ -202,7 +204,6 @@ class EventStore:
         if e["source"] == "trainer":
             self._trainer_step[(e["run"], e["rank"])] = e["step"]
         flat = events.flat_metrics(e)
-        run = sys.intern(e["run"])  # one string for every row of the run
         row = {"run": run, "rank": e["rank"], "step": e["step"], "time": e["time"], "source": e["source"], **flat}
         self.rows.append(row)
         self._n_rows += 1
