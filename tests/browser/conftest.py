@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -146,9 +147,22 @@ class Lab:
         with urllib.request.urlopen(req, timeout=20) as resp:
             return json.loads(resp.read())
 
+    def kernels(self, timeout: float = 10) -> list[dict]:
+        """The server's kernels. Jupyter Server lists a kernel the moment it has started but
+        gives it ``last_activity`` one step later, and a listing in between answers 500: that
+        answer is asked again, any other error is raised."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.api("GET", "kernels")
+            except urllib.error.HTTPError as e:
+                if e.code != 500 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
     def shutdown_kernels(self) -> None:
         """Shut every kernel down (each stops its ranks at exit); wait until they are gone."""
-        for kernel in self.api("GET", "kernels"):
+        for kernel in self.kernels():
             try:
                 self.api("DELETE", f"kernels/{kernel['id']}")
             except Exception:
@@ -397,7 +411,7 @@ def _wait_no_kernels(lab: Lab, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if not lab.api("GET", "kernels"):
+            if not lab.kernels():
                 return
         except Exception:
             return

@@ -66,7 +66,7 @@ def _ranksets(server) -> list[dict]:
 def _wait_kernel_idle(server, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        kernels = server.api("GET", "kernels")
+        kernels = server.kernels()
         if kernels and all(k["execution_state"] == "idle" for k in kernels):
             return
         assert time.monotonic() < deadline, f"the kernel is not idle after {timeout} s: {kernels}"
