@@ -103,7 +103,28 @@ class EndsWithController(multiprocessing.Process):
 
     def run(self) -> None:
         threading.Thread(target=_end_with, args=(self._controller,), name="controller-watch", daemon=True).start()
-        super().run()
+        try:
+            super().run()
+        except Exception as exc:
+            # a part that cannot run (its port taken between the controller's choice and its
+            # bind) leaves a controller that admits no engine: end it, so that a start sees it
+            print(f"{PART_FAILED} {_part_name(self)}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            try:
+                os.kill(self._controller, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            raise
+
+
+PART_FAILED = "workbench: the controller's part failed:"  # read by the notebook (cluster/controller_watch.py)
+
+
+def _part_name(proc: multiprocessing.Process) -> str:
+    """What the part runs: ipyparallel's heart monitor or a scheduler (a function), or a ZMQ
+    queue (a device's bound ``run``)."""
+    target = getattr(proc, "_target", None)
+    owner = getattr(target, "__self__", None)
+    return type(owner).__name__ if owner is not None else getattr(target, "__name__", type(proc).__name__)
 
 
 def children_end_with_it() -> None:

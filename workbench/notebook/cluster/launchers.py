@@ -328,6 +328,7 @@ def start_guarded_controller(rs, **options) -> dict:
     ``ipyparallel.Cluster`` keyword arguments (``options`` merged in)."""
     import ipyparallel as ipp
 
+    from . import controller_watch
     from .lifeline import Lifeline
 
     cfg = rs.config
@@ -338,6 +339,6 @@ def start_guarded_controller(rs, **options) -> dict:
         kwargs["profile_dir"] = cfg.profile_dir
     kwargs.update(options)
     rs.cluster = ipp.Cluster(**kwargs)
-    rs.cluster.start_controller_sync()
+    controller_watch.start_controller(rs.cluster)
     rs._note_controller()
     return kwargs

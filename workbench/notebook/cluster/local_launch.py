@@ -8,7 +8,7 @@ import os
 import time
 
 from .. import background
-from . import controller_process, launchers, standby
+from . import controller_process, controller_watch, launchers, standby
 
 
 def start(rs) -> None:
@@ -31,7 +31,7 @@ def start(rs) -> None:
     rs.cluster = ipp.Cluster(**kwargs)
     # the controller ends with this process, or with the one its owner file names (detach)
     rs.cluster.controller_args = [*rs.cluster.controller_args, controller_process.OWNER_FLAG + rs.owner_file()]
-    rs.cluster.start_controller_sync()
+    controller_watch.start_controller(rs.cluster)
     rs._note_controller()
     if rs.forked is not None:
         rs.exit_dir = os.path.join(rs.state_dir(), "exits")
@@ -47,6 +47,7 @@ def start(rs) -> None:
             rs.client.wait_for_engines(cfg.n, timeout=0.25, block=True, interactive=False)
             break
         except TimeoutError:
+            controller_watch.check(rs.cluster)
             if rs.forked is not None and rs.forked.ended() is not None:
                 raise RuntimeError(
                     f"the process that starts the ranks ended (exit {rs.forked.ended()}) before "

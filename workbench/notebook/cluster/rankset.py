@@ -24,7 +24,7 @@ from ...shared.errors import Interrupted, NotRunning, RankDied
 from ...shared.ranges import parse_ranks
 from ...shared.wire import LARGE_LOCAL_FROM
 from ..shell_compat import mark_kernelless
-from . import code_sync, fanout, health, launchers, local_launch, network, ray_launcher, slurm, ssh
+from . import code_sync, controller_watch, fanout, health, launchers, local_launch, network, ray_launcher, slurm, ssh
 from .gpu_plan import plan_gpus
 from .rank_call import RankCall
 
@@ -198,6 +198,16 @@ class RankSet:
         :meth:`cancel` a start that waits in a queue.
         """
         config = config or RankSetConfig(**kwargs)
+        try:
+            return cls._start_once(config, progress, on_created)
+        except controller_watch.ControllerEnded as ended:
+            # a part of the controller loses its port when another process takes it between the
+            # controller's choice and the part's bind: a new controller chooses other ports
+            (progress or print)(f"{ended}; starting a new controller")
+            return cls._start_once(config, progress, on_created)
+
+    @classmethod
+    def _start_once(cls, config: RankSetConfig, progress, on_created) -> RankSet:
         self = cls(config)
         if progress is not None:
             self.progress = progress
@@ -229,7 +239,11 @@ class RankSet:
 
     def _connect_client(self):
         mark_kernelless()  # a terminal IPython's shell, so that ranks' widgets do not stall calls
-        return self.cluster.connect_client_sync()
+        try:
+            return self.cluster.connect_client_sync()
+        except (TimeoutError, RuntimeError):  # no hub answered: a controller that ended is named as such
+            controller_watch.check(self.cluster)
+            raise
 
     def cancel(self, timeout: float = 60.0) -> None:
         """Abandon a start in progress (a job waiting in the queue): cancelled, nothing left."""
@@ -258,6 +272,7 @@ class RankSet:
                 pass
             if self._cancel.is_set():
                 raise Interrupted("start cancelled while the ranks were registering")
+            controller_watch.check(self.cluster)
             if self.launcher is not None:
                 self.launcher.check_registering()
             if self.job_id and slurm.job_state(self.job_id).state not in ("RUNNING", "CONFIGURING", "COMPLETING"):
