@@ -53,12 +53,20 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def _sigint_default() -> None:
+    """In the stage, before its program starts: SIGINT interrupts it even where the check itself
+    runs in the background (``nohup make gpu-check &``), whose shell starts it with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(cmd: list[str], log, env, timeout: float) -> int:
     """``cmd`` in its own process group, output to ``log``; past ``timeout``: SIGINT, then
     SIGKILL after ``GRACE_S``, and 124. Whatever it left running in its group is killed after."""
     log.write(f"$ {' '.join(cmd)}  (at most {timeout:.0f} s)\n")
     log.flush()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_sigint_default
+    )
     try:
         code = proc.wait(timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:

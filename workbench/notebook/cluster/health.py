@@ -18,6 +18,10 @@ import time
 
 import psutil
 
+# a guarded rank that the controller dropped (its nanny told it) waits this long for its guard's
+# report, which says how it ended, before it is named dead without one (RankSet.dead)
+GUARD_REPORT_S = 1.0
+
 
 def describe_exit(code: int | None) -> str:
     """'killed by SIGKILL' / 'exited with code 3' / 'exited (status unknown)'."""

@@ -170,6 +170,7 @@ class RankSet:
         self.secret = secrets.token_bytes(32)  # signs the event stream and the guards' lines
         self.listen_ip = "127.0.0.1"  # where the controller, event stream and lifeline listen
         self.lifeline = None
+        self._dropped: dict[tuple[int, int], float] = {}  # when dead() first saw (rank, engine id) dropped
         # (pid, start time) of the controller, which leads its own session: the scheduler
         # processes it forks stay in that session after it is gone (RankSet.stop)
         self._controller_session: tuple[int, float] | None = None
@@ -511,7 +512,10 @@ class RankSet:
                 # a local rank is dead when its pid is gone (the watcher); one the
                 # controller dropped while its process lives is stuck, not dead
                 if eid not in live and rank not in deaths and not self.procs[rank].local:
-                    self.watcher.mark_dead(rank, "stopped answering its heartbeat")
+                    # a guard's report (its exit status) can trail the nanny's word to the controller
+                    seen = self._dropped.setdefault((rank, eid), time.monotonic())
+                    if self.lifeline is None or time.monotonic() - seen > health.GUARD_REPORT_S:
+                        self.watcher.mark_dead(rank, "stopped answering its heartbeat")
             deaths = self.watcher.deaths
         return [deaths[r] for r in sorted(deaths)]
 
@@ -552,7 +556,9 @@ class RankSet:
             else:
                 ar = self.view(sel).apply_async(fn, *args, **kwargs)
         except KeyError:  # the controller has dropped a dead rank's engine: name the rank
-            deaths = [d for d in self.dead() if d["rank"] in sel]
+            deadline = time.monotonic() + health.GUARD_REPORT_S + 0.2
+            while not (deaths := [d for d in self.dead() if d["rank"] in sel]) and time.monotonic() < deadline:
+                time.sleep(0.05)
             if deaths:
                 raise RankDied(health.death_message(deaths), deaths) from None
             raise
