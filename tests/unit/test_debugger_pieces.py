@@ -341,6 +341,31 @@ def test_the_adapter_keeps_rank_cells_breakpoints_and_passes_plain_cells_on():
     assert inner.asked[-1] == "continue"
 
 
+def test_a_frame_that_is_gone_answers_an_empty_list_jupyterlab_can_map_over():
+    """JupyterLab maps over a scopes/variables/stackTrace reply's list without looking at
+    ``success``: a failed one (a rank that went on, the kernel's own frame gone) carries an
+    empty list, and the reason."""
+    from workbench.notebook.debugger import cells
+    from workbench.notebook.debugger.adapter import RankDebugger
+
+    class Refusing(KernelDebugger):
+        async def process_request(self, message):
+            self.asked.append(message["command"])
+            return {"success": False, "command": message["command"], "message": "Unable to find frame"}
+
+    adapter = RankDebugger(Refusing(), emit=lambda event: None)
+    # no cell runs on the ranks any more: rank 1's frame and variables are gone
+    reply = ask(adapter, "scopes", frameId=cells.encode(1, 7))
+    assert not reply["success"] and reply["body"] == {"scopes": []} and "no cell is running" in reply["message"]
+    reply = ask(adapter, "variables", variablesReference=cells.encode(1, 3))
+    assert not reply["success"] and reply["body"] == {"variables": []}
+    assert ask(adapter, "stackTrace", threadId=cells.rank_thread(1))["body"]["stackFrames"] == []
+    # the kernel's own debugger refusing a frame of its own
+    reply = ask(adapter, "scopes", frameId=3)
+    assert not reply["success"] and reply["body"] == {"scopes": []} and reply["message"] == "Unable to find frame"
+    assert "body" not in ask(adapter, "evaluate", frameId=3, expression="x")  # other replies as they came
+
+
 def test_breakpoints_the_kernel_got_before_the_adapter_was_installed_are_the_ranks():
     from ipykernel.compiler import get_file_name, get_tmp_directory
 

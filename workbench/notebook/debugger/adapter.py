@@ -234,13 +234,13 @@ class RankDebugger:
             try:
                 return await handler(message)
             except (RankGone, RuntimeError, KeyError, ValueError) as exc:
-                return _response(message, success=False, error=str(exc))
+                return _listed(message, _response(message, success=False, error=str(exc)))
         if command == "initialize":
             self.merged = (message.get("arguments") or {}).get("clientID", "jupyterlab") == "jupyterlab"
         if command == "disconnect":
             self._release_all()
         reply = await self._inner.process_request(message)
-        return self._after(message, reply)
+        return _listed(message, self._after(message, reply))
 
     def _handler(self, message: dict):
         command = message.get("command")
@@ -525,6 +525,21 @@ class RankDebugger:
         await asyncio.gather(*(self._ask(r, command, {}) for r in targets))
         every = command != "pause" and set(targets) >= set(self._stopped_ranks())
         return _response(message, {"allThreadsContinued": every})
+
+
+# what JupyterLab reads from these replies without looking at ``success`` first
+LISTS = {"scopes": "scopes", "variables": "variables", "stackTrace": "stackFrames"}
+
+
+def _listed(message: dict, reply: dict) -> dict:
+    """A failed ``scopes``/``variables``/``stackTrace`` reply (a rank that went on, a frame that
+    is gone) with an empty list in its body: JupyterLab maps over it, and throws on none."""
+    key = LISTS.get(message.get("command"))
+    if key is not None and not reply.get("success"):
+        body = reply.get("body")
+        reply["body"] = body = body if isinstance(body, dict) else {}
+        body.setdefault(key, [])
+    return reply
 
 
 def _response(message: dict, body: dict | None = None, *, success: bool = True, error: str | None = None) -> dict:
